@@ -1,0 +1,122 @@
+#!/usr/bin/python3
+"""Races `brigade bench train` against the PyTorch peer on one config.
+
+  compare_train.py CONFIG.toml [--set section.key=value ...] [--threads N]
+                   [--steps N] [--warmup N] [--brigade build/brigade] [--json]
+
+Runs Brigade, then torch_train_peer.py, as separate processes one after the
+other (side by side they would fight over the same cores), and prints both
+with the ratios Brigade / PyTorch. PyTorch's MFU is derived from Brigade's:
+same model, same FLOPs per token, same measured sgemm peak. Exits non-zero
+if either side fails.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO_ROOT = os.path.dirname(HERE)
+PEER = os.path.join(HERE, "torch_train_peer.py")
+RUN_TIMEOUT_S = 3600
+MIB = 1024 * 1024
+
+
+class RunError(Exception):
+    pass
+
+
+def run_json(name, argv):
+    """Runs one side and returns the JSON object on the last line of stdout
+    that parses as one (progress lines before it are allowed)."""
+    print(f"$ {' '.join(argv)}", file=sys.stderr, flush=True)
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    except FileNotFoundError as e:
+        raise RunError(f"{name}: cannot start {argv[0]}: {e}")
+    except subprocess.TimeoutExpired:
+        raise RunError(f"{name}: ran past {RUN_TIMEOUT_S} s")
+    if proc.returncode != 0:
+        raise RunError(f"{name} exited with status {proc.returncode}\n"
+                       f"--- stdout ---\n{proc.stdout}--- stderr ---\n{proc.stderr}")
+    for line in reversed(proc.stdout.splitlines()):
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                return json.loads(line)
+            except ValueError:
+                continue
+    raise RunError(f"{name} printed no JSON line\n--- stdout ---\n{proc.stdout}")
+
+
+def need(result, name, key):
+    value = result.get(key)
+    if not isinstance(value, (int, float)):
+        raise RunError(f"{name}'s JSON lacks a number for {key!r}: {json.dumps(result)}")
+    return float(value)
+
+
+def ratio(a, b):
+    return a / b if b else float("nan")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("config")
+    parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=10, help="timed steps")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed steps first")
+    parser.add_argument("--brigade", default=os.path.join(REPO_ROOT, "build", "brigade"))
+    parser.add_argument("--json", action="store_true", help="print the combined result as JSON")
+    args = parser.parse_args()
+
+    common = ["--threads", str(args.threads), "--steps", str(args.steps), "--warmup", str(args.warmup)]
+    for item in args.set:
+        common += ["--set", item]
+    try:
+        if not os.access(args.brigade, os.X_OK):
+            raise RunError(f"{args.brigade}: no such executable; build it first "
+                           f"(cmake --build build --target brigade) or pass --brigade PATH")
+        brigade = run_json("brigade", [args.brigade, "bench", "train", args.config, "--json"] + common)
+        torch_peer = run_json("pytorch peer", [sys.executable, PEER, args.config] + common)
+        b_tps, t_tps = need(brigade, "brigade", "tokens_per_s"), need(torch_peer, "pytorch", "tokens_per_s")
+        b_rss = need(brigade, "brigade", "peak_rss_bytes")
+        t_rss = need(torch_peer, "pytorch", "peak_rss_bytes")
+        b_mfu = need(brigade, "brigade", "mfu")
+        peak_gflops = need(brigade, "brigade", "sgemm_peak_gflops")
+    except RunError as e:
+        print(f"FAIL: {e}", file=sys.stderr)
+        return 1
+
+    if brigade.get("params") != torch_peer.get("params"):
+        # Same config should mean the same model; if not, the race is unfair.
+        print(f"warning: parameter counts differ: brigade {brigade.get('params')}, "
+              f"pytorch {torch_peer.get('params')}", file=sys.stderr)
+
+    # PyTorch does the same work per token, so its MFU (against the same
+    # sgemm peak) scales with its throughput.
+    t_mfu = b_mfu * ratio(t_tps, b_tps)
+    ratios = {"tokens_per_s": ratio(b_tps, t_tps), "peak_rss": ratio(b_rss, t_rss)}
+    combined = {"brigade": brigade, "pytorch": torch_peer, "ratios": ratios,
+                "pytorch_mfu": t_mfu, "sgemm_peak_gflops": peak_gflops}
+    if args.json:
+        print(json.dumps(combined))
+        return 0
+
+    rows = [("brigade", brigade, b_mfu), ("pytorch", torch_peer, t_mfu)]
+    print(f"{'impl':<8} {'tokens/s':>10} {'step ms':>9} {'peak RSS MiB':>13} {'MFU':>7} {'GFLOP/s':>8}")
+    for name, result, mfu in rows:
+        print(f"{name:<8} {result['tokens_per_s']:10.1f} {result['step_ms']:9.1f} "
+              f"{result['peak_rss_bytes'] / MIB:13.1f} {100 * mfu:6.1f}% {mfu * peak_gflops:8.1f}")
+    print(f"\nbrigade / pytorch: tokens/s x{ratios['tokens_per_s']:.2f}, "
+          f"peak RSS x{ratios['peak_rss']:.2f}")
+    print(f"MFU is against the measured sgemm peak of {peak_gflops:.1f} GFLOP/s "
+          f"on {args.threads} threads")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,215 @@
+#include "brigade/ckpt/safetensors.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+#include "brigade/core/error.h"
+#include "brigade/core/files.h"
+
+namespace brigade {
+namespace {
+
+int64_t dtype_width(const std::string& dtype) {
+  if (dtype == "F64" || dtype == "I64" || dtype == "U64") return 8;
+  if (dtype == "F32" || dtype == "I32" || dtype == "U32") return 4;
+  if (dtype == "F16" || dtype == "BF16" || dtype == "I16" || dtype == "U16") return 2;
+  if (dtype == "I8" || dtype == "U8" || dtype == "BOOL") return 1;
+  return 0;
+}
+
+float half_to_float(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
+  uint32_t exp = (h >> 10) & 0x1f, mant = h & 0x3ff, bits;
+  if (exp == 0) {
+    if (mant == 0) {
+      bits = sign;
+    } else {  // subnormal: renormalise
+      exp = 127 - 15 + 1;
+      while ((mant & 0x400) == 0) {
+        mant <<= 1;
+        --exp;
+      }
+      bits = sign | (exp << 23) | ((mant & 0x3ff) << 13);
+    }
+  } else if (exp == 31) {
+    bits = sign | 0x7f800000 | (mant << 13);
+  } else {
+    bits = sign | ((exp + 127 - 15) << 23) | (mant << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+}  // namespace
+
+int64_t TensorEntry::numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+std::string shape_string(const std::vector<int64_t>& shape) {
+  std::string s = "(";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + ")";
+}
+
+void SafetensorsWriter::add(const std::string& name, const std::string& dtype,
+                            std::vector<int64_t> shape, const void* data, int64_t bytes) {
+  tensors_.push_back({name, dtype, std::move(shape), data, bytes});
+}
+
+void SafetensorsWriter::add_f32(const std::string& name, std::vector<int64_t> shape,
+                                const float* data) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  add(name, "F32", std::move(shape), data, n * 4);
+}
+
+void SafetensorsWriter::set_metadata(const std::string& key, const std::string& value) {
+  metadata_[key] = value;
+}
+
+void SafetensorsWriter::write(const std::filesystem::path& path) const {
+  nlohmann::ordered_json header;
+  if (!metadata_.empty()) header["__metadata__"] = metadata_;
+  int64_t offset = 0;
+  for (const Pending& t : tensors_) {
+    header[t.name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {offset, offset + t.bytes}}};
+    offset += t.bytes;
+  }
+  std::string text = header.dump();
+  // Pad so the data section starts 8-byte aligned, as the format recommends.
+  text.append((8 - text.size() % 8) % 8, ' ');
+  const uint64_t header_size = text.size();
+  AtomicFileWriter out(path);
+  out.write(&header_size, sizeof(header_size));
+  out.write(text);
+  for (const Pending& t : tensors_) out.write(t.data, static_cast<size_t>(t.bytes));
+  out.commit();
+}
+
+SafetensorsFile::SafetensorsFile(const std::filesystem::path& path) : path_(path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    throw_error("cannot open {}: {}", path.string(),
+                errno == ENOENT ? "no such file" : std::strerror(errno));
+  }
+  struct stat st {};
+  ::fstat(fd, &st);
+  map_bytes_ = static_cast<size_t>(st.st_size);
+  if (map_bytes_ < 8) {
+    ::close(fd);
+    throw_error("{} is not a safetensors file: only {} bytes", path.string(), map_bytes_);
+  }
+  map_ = ::mmap(nullptr, map_bytes_, PROT_READ, MAP_PRIVATE, fd, 0);
+  ::close(fd);
+  if (map_ == MAP_FAILED) {
+    map_ = nullptr;
+    throw_error("cannot map {}: {}", path.string(), std::strerror(errno));
+  }
+  uint64_t header_size = 0;
+  std::memcpy(&header_size, map_, 8);
+  if (header_size > map_bytes_ - 8 || header_size > (uint64_t{100} << 20)) {
+    ::munmap(map_, map_bytes_);
+    map_ = nullptr;
+    throw_error("{} is not a safetensors file or is truncated: header size {} but file size {}",
+                path.string(), header_size, st.st_size);
+  }
+  const char* base = static_cast<const char*>(map_);
+  data_section_ = base + 8 + header_size;
+  const int64_t data_bytes = static_cast<int64_t>(map_bytes_ - 8 - header_size);
+  nlohmann::json header;
+  try {
+    header = nlohmann::json::parse(base + 8, base + 8 + header_size);
+  } catch (const nlohmann::json::exception& e) {
+    ::munmap(map_, map_bytes_);
+    map_ = nullptr;
+    throw_error("{}: corrupt safetensors header: {}", path.string(), e.what());
+  }
+  try {
+    for (auto& [name, value] : header.items()) {
+      if (name == "__metadata__") {
+        for (auto& [k, v] : value.items()) metadata_[k] = v.get<std::string>();
+        continue;
+      }
+      TensorEntry e;
+      e.dtype = value.at("dtype").get<std::string>();
+      e.shape = value.at("shape").get<std::vector<int64_t>>();
+      e.begin = value.at("data_offsets").at(0).get<int64_t>();
+      e.end = value.at("data_offsets").at(1).get<int64_t>();
+      const int64_t width = dtype_width(e.dtype);
+      if (width == 0) throw_error("{}: tensor {} has unknown dtype {}", path.string(), name, e.dtype);
+      if (e.begin < 0 || e.end < e.begin || e.end > data_bytes) {
+        throw_error("{} is truncated or corrupt: tensor {} spans bytes [{}, {}) but the data "
+                    "section holds {} bytes",
+                    path.string(), name, e.begin, e.end, data_bytes);
+      }
+      if (e.end - e.begin != e.numel() * width) {
+        throw_error("{}: tensor {} has shape {} of {} but {} bytes", path.string(), name,
+                    shape_string(e.shape), e.dtype, e.end - e.begin);
+      }
+      tensors_.emplace(name, std::move(e));
+    }
+  } catch (const nlohmann::json::exception& e) {
+    ::munmap(map_, map_bytes_);
+    map_ = nullptr;
+    throw_error("{}: malformed safetensors header: {}", path.string(), e.what());
+  } catch (...) {
+    ::munmap(map_, map_bytes_);
+    map_ = nullptr;
+    throw;
+  }
+}
+
+SafetensorsFile::~SafetensorsFile() {
+  if (map_ != nullptr) ::munmap(map_, map_bytes_);
+}
+
+const TensorEntry* SafetensorsFile::find(const std::string& name) const {
+  auto it = tensors_.find(name);
+  return it == tensors_.end() ? nullptr : &it->second;
+}
+
+const void* SafetensorsFile::data(const TensorEntry& entry) const {
+  return data_section_ + entry.begin;
+}
+
+void SafetensorsFile::read_f32(const std::string& name, const std::vector<int64_t>& shape,
+                               float* dst) const {
+  const TensorEntry* e = find(name);
+  if (e == nullptr) throw_error("{} has no tensor {}", path_.string(), name);
+  if (e->shape != shape) {
+    throw_error("{}: tensor {} has shape {} but the model expects {}", path_.string(), name,
+                shape_string(e->shape), shape_string(shape));
+  }
+  const int64_t n = e->numel();
+  const char* src = data_section_ + e->begin;
+  if (e->dtype == "F32") {
+    std::memcpy(dst, src, static_cast<size_t>(n) * 4);
+  } else if (e->dtype == "BF16" || e->dtype == "F16") {
+    const bool bf16 = e->dtype == "BF16";
+    for (int64_t i = 0; i < n; ++i) {
+      uint16_t h;
+      std::memcpy(&h, src + 2 * i, 2);
+      if (bf16) {
+        const uint32_t bits = static_cast<uint32_t>(h) << 16;
+        std::memcpy(dst + i, &bits, 4);
+      } else {
+        dst[i] = half_to_float(h);
+      }
+    }
+  } else {
+    throw_error("{}: tensor {} has dtype {}; expected F32, F16 or BF16", path_.string(), name,
+                e->dtype);
+  }
+}
+
+}  // namespace brigade

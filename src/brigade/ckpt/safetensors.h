@@ -1,0 +1,77 @@
+// The safetensors format (Hugging Face): an 8-byte little-endian header size
+// N, N bytes of JSON {name: {dtype, shape, data_offsets: [begin, end]},
+// "__metadata__": {string: string}}, then the tensor bytes, offsets relative
+// to the end of the header. Chosen because every tool in the ecosystem reads
+// it and it cannot execute code on load.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace brigade {
+
+struct TensorEntry {
+  std::string dtype;  // "F32", "F16", "BF16", "I32", "I64", "U8", ...
+  std::vector<int64_t> shape;
+  int64_t begin = 0;  // byte offsets into the data section
+  int64_t end = 0;
+  int64_t numel() const;
+};
+
+// Builds a file in memory-order of add() calls and writes it atomically.
+class SafetensorsWriter {
+ public:
+  // Records the tensor; `data` must stay valid until write().
+  void add(const std::string& name, const std::string& dtype, std::vector<int64_t> shape,
+           const void* data, int64_t bytes);
+  void add_f32(const std::string& name, std::vector<int64_t> shape, const float* data);
+  void set_metadata(const std::string& key, const std::string& value);
+  void write(const std::filesystem::path& path) const;
+
+ private:
+  struct Pending {
+    std::string name;
+    std::string dtype;
+    std::vector<int64_t> shape;
+    const void* data;
+    int64_t bytes;
+  };
+  std::vector<Pending> tensors_;
+  std::map<std::string, std::string> metadata_;
+};
+
+// A safetensors file opened read-only through mmap. The header is validated
+// on open (size, JSON, every offset inside the file, bytes = numel * width),
+// so a truncated or corrupt file is an Error naming the file and the tensor.
+class SafetensorsFile {
+ public:
+  explicit SafetensorsFile(const std::filesystem::path& path);
+  ~SafetensorsFile();
+  SafetensorsFile(const SafetensorsFile&) = delete;
+  SafetensorsFile& operator=(const SafetensorsFile&) = delete;
+
+  const std::map<std::string, TensorEntry>& tensors() const { return tensors_; }
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  const TensorEntry* find(const std::string& name) const;
+  const void* data(const TensorEntry& entry) const;
+  const std::filesystem::path& path() const { return path_; }
+
+  // Copies tensor `name` into dst as float32, converting F16/BF16; the shape
+  // must equal `shape` (Error otherwise, naming both).
+  void read_f32(const std::string& name, const std::vector<int64_t>& shape, float* dst) const;
+
+ private:
+  std::filesystem::path path_;
+  void* map_ = nullptr;
+  size_t map_bytes_ = 0;
+  const char* data_section_ = nullptr;
+  std::map<std::string, TensorEntry> tensors_;
+  std::map<std::string, std::string> metadata_;
+};
+
+std::string shape_string(const std::vector<int64_t>& shape);
+
+}  // namespace brigade

@@ -1,0 +1,17 @@
+// The `brigade` verbs. Each verb lives in its own cmd_<verb>.cc and adds
+// itself to the CLI11 app; main.cc only wires them together and turns errors
+// into one line and an exit code.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace brigade::cli {
+
+void add_train_command(CLI::App& app);
+void add_eval_command(CLI::App& app);
+void add_sample_command(CLI::App& app);
+void add_bench_command(CLI::App& app);
+void add_tokenizer_command(CLI::App& app);
+void add_data_command(CLI::App& app);
+
+}  // namespace brigade::cli

@@ -1,0 +1,30 @@
+#include "brigade/cli/inference_model.h"
+
+#include <filesystem>
+
+#include "brigade/ckpt/checkpoint.h"
+#include "brigade/ckpt/model_weights.h"
+#include "brigade/core/error.h"
+
+namespace brigade::cli {
+namespace fs = std::filesystem;
+
+InferenceModel load_inference_model(const std::string& path) {
+  fs::path weights = path;
+  if (!fs::exists(weights)) throw_error("--ckpt {}: no such file or directory", path);
+  if (fs::is_directory(weights)) weights = resolve_checkpoint(weights) / "model.safetensors";
+  const SafetensorsFile file(weights);
+  const GptConfig config = read_weights_config(file);
+  InferenceModel m;
+  m.weights_path = weights.string();
+  const ParamLayout layout(config);
+  m.params = FloatBuffer(layout.size());
+  load_model_weights(file, layout, m.params.data());
+  m.model = std::make_unique<Gpt>(config, m.params.data(), nullptr);
+  if (auto it = file.metadata().find("tokenizer"); it != file.metadata().end()) {
+    m.tokenizer_spec = it->second;
+  }
+  return m;
+}
+
+}  // namespace brigade::cli

@@ -1,0 +1,29 @@
+// brigade <verb> ...: see README.md for the list of verbs.
+#include <cstdio>
+#include <exception>
+
+#include "brigade/cli/commands.h"
+#include "brigade/core/error.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"Brigade: train GPT-style language models across many workers"};
+  app.require_subcommand(1);
+  brigade::cli::add_train_command(app);
+  brigade::cli::add_eval_command(app);
+  brigade::cli::add_sample_command(app);
+  brigade::cli::add_bench_command(app);
+  brigade::cli::add_tokenizer_command(app);
+  brigade::cli::add_data_command(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const brigade::Error& e) {
+    std::fprintf(stderr, "brigade: error: %s\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "brigade: unexpected error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,89 @@
+#include "brigade/core/files.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "brigade/core/error.h"
+
+namespace brigade {
+namespace fs = std::filesystem;
+
+std::string read_file(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    throw_error("cannot open {}: {}", path.string(),
+                fs::exists(path) ? std::strerror(errno) : "no such file");
+  }
+  std::ostringstream buffer;
+  buffer << in.rdbuf();
+  if (in.bad()) throw_error("cannot read {}: {}", path.string(), std::strerror(errno));
+  return std::move(buffer).str();
+}
+
+namespace {
+void fsync_directory(const fs::path& dir) {
+  const int fd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY);
+  if (fd >= 0) {
+    ::fsync(fd);
+    ::close(fd);
+  }
+}
+}  // namespace
+
+AtomicFileWriter::AtomicFileWriter(fs::path path) : path_(std::move(path)) {
+  if (path_.has_parent_path()) {
+    std::error_code ec;
+    fs::create_directories(path_.parent_path(), ec);
+    if (ec) throw_error("cannot create directory {}: {}", path_.parent_path().string(), ec.message());
+  }
+  tmp_path_ = path_;
+  tmp_path_ += fmt::format(".tmp.{}", ::getpid());
+  fd_ = ::open(tmp_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd_ < 0) throw_error("cannot write {}: {}", tmp_path_.string(), std::strerror(errno));
+}
+
+AtomicFileWriter::~AtomicFileWriter() {
+  if (fd_ >= 0) {
+    ::close(fd_);
+    ::unlink(tmp_path_.c_str());
+  }
+}
+
+void AtomicFileWriter::write(const void* data, size_t bytes) {
+  const char* p = static_cast<const char*>(data);
+  while (bytes > 0) {
+    const ssize_t n = ::write(fd_, p, bytes);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      throw_error("cannot write {}: {}", tmp_path_.string(), std::strerror(errno));
+    }
+    p += n;
+    bytes -= static_cast<size_t>(n);
+  }
+}
+
+void AtomicFileWriter::commit() {
+  BRIGADE_CHECK(fd_ >= 0, "commit() called twice");
+  if (::fsync(fd_) != 0) throw_error("cannot fsync {}: {}", tmp_path_.string(), std::strerror(errno));
+  ::close(fd_);
+  fd_ = -1;
+  if (::rename(tmp_path_.c_str(), path_.c_str()) != 0) {
+    const std::string reason = std::strerror(errno);
+    ::unlink(tmp_path_.c_str());
+    throw_error("cannot rename {} to {}: {}", tmp_path_.string(), path_.string(), reason);
+  }
+  fsync_directory(path_.parent_path());
+}
+
+void write_file_atomic(const fs::path& path, std::string_view bytes) {
+  AtomicFileWriter writer(path);
+  writer.write(bytes);
+  writer.commit();
+}
+
+}  // namespace brigade

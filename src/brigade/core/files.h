@@ -1,0 +1,43 @@
+// Whole-file reads and crash-safe writes.
+//
+// Every file Brigade writes for a user (checkpoints, token shards, tokenizer
+// files) goes through write_file_atomic: the bytes land in a temporary file
+// next to the target, are fsynced, and only then renamed over it. A crash or a
+// failed write leaves either the old file or the new one, never half of one.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <string_view>
+
+namespace brigade {
+
+// Reads the whole file; throws Error naming the path if it cannot.
+std::string read_file(const std::filesystem::path& path);
+
+// Writes `bytes` to `path` atomically (temp file, fsync, rename, fsync dir).
+// Creates missing parent directories.
+void write_file_atomic(const std::filesystem::path& path, std::string_view bytes);
+
+// Streams data into a temporary file and renames it into place on commit().
+// If the object is destroyed without commit(), the temporary is removed and
+// the target is untouched.
+class AtomicFileWriter {
+ public:
+  explicit AtomicFileWriter(std::filesystem::path path);
+  ~AtomicFileWriter();
+  AtomicFileWriter(const AtomicFileWriter&) = delete;
+  AtomicFileWriter& operator=(const AtomicFileWriter&) = delete;
+
+  void write(const void* data, size_t bytes);
+  void write(std::string_view bytes) { write(bytes.data(), bytes.size()); }
+  void commit();
+
+ private:
+  std::filesystem::path path_;
+  std::filesystem::path tmp_path_;
+  int fd_ = -1;
+};
+
+}  // namespace brigade

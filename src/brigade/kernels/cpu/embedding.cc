@@ -1,0 +1,41 @@
+#include "brigade/kernels/cpu/embedding.h"
+
+#include <algorithm>
+
+namespace brigade::cpu {
+
+void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
+                       int64_t b, int64_t t, int64_t c) {
+#pragma omp parallel for schedule(static)
+  for (int64_t row = 0; row < b * t; ++row) {
+    const float* te = wte + static_cast<int64_t>(tokens[row]) * c;
+    const float* pe = wpe + (row % t) * c;
+    float* o = out + row * c;
+#pragma omp simd
+    for (int64_t i = 0; i < c; ++i) o[i] = te[i] + pe[i];
+  }
+}
+
+void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
+                        int64_t b, int64_t t, int64_t c) {
+  // The same token can appear in many rows, so rows cannot be split between
+  // threads; columns can: each thread owns a slice of every embedding row.
+  constexpr int64_t kColumnBlock = 32;
+  const int64_t num_blocks = (c + kColumnBlock - 1) / kColumnBlock;
+#pragma omp parallel for schedule(static)
+  for (int64_t blk = 0; blk < num_blocks; ++blk) {
+    const int64_t c0 = blk * kColumnBlock, c1 = std::min(c, c0 + kColumnBlock);
+    for (int64_t row = 0; row < b * t; ++row) {
+      const float* g = dout + row * c;
+      float* te = dwte + static_cast<int64_t>(tokens[row]) * c;
+      float* pe = dwpe + (row % t) * c;
+#pragma omp simd
+      for (int64_t i = c0; i < c1; ++i) {
+        te[i] += g[i];
+        pe[i] += g[i];
+      }
+    }
+  }
+}
+
+}  // namespace brigade::cpu

@@ -1,0 +1,64 @@
+#include "brigade/kernels/cpu/lm_head_loss.h"
+
+#include <cblas.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <memory>
+
+#include "brigade/core/error.h"
+
+namespace brigade::cpu {
+namespace {
+// About 8 MiB of logits per chunk: fits in cache-friendly pieces and keeps
+// each GEMM large (for GPT-2's vocabulary: 40 rows of 50257).
+constexpr int64_t kChunkFloats = int64_t{2} << 20;
+}  // namespace
+
+void lm_head_logits(float* logits, const float* x, const float* wte, int64_t n, int64_t c,
+                    int64_t v) {
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, v, c, 1.0f, x, c, wte, c, 0.0f, logits,
+              v);
+}
+
+void lm_head_loss(const LmHeadLossArgs& a) {
+  const bool want_grads = a.dx != nullptr;
+  BRIGADE_CHECK(want_grads == (a.dwte != nullptr), "dx and dwte go together");
+  // At least 64 rows, so the dwte GEMM has a reasonable inner dimension.
+  const int64_t chunk_rows = std::min(a.n, std::max<int64_t>(64, kChunkFloats / a.v));
+  std::unique_ptr<float[]> logits(new float[static_cast<size_t>(chunk_rows * a.v)]);
+  for (int64_t r0 = 0; r0 < a.n; r0 += chunk_rows) {
+    const int64_t rows = std::min(chunk_rows, a.n - r0);
+    const float* xc = a.x + r0 * a.c;
+    lm_head_logits(logits.get(), xc, a.wte, rows, a.c, a.v);
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+      float* lr = logits.get() + r * a.v;
+      const int32_t target = a.targets[r0 + r];
+      float mx = -std::numeric_limits<float>::infinity();
+      for (int64_t j = 0; j < a.v; ++j) mx = std::max(mx, lr[j]);
+      float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+      for (int64_t j = 0; j < a.v; ++j) sum += std::exp(lr[j] - mx);
+      const float lse = mx + std::log(sum);
+      a.losses[r0 + r] = lse - lr[target];
+      if (want_grads) {
+        const float s = a.loss_scale;
+#pragma omp simd
+        for (int64_t j = 0; j < a.v; ++j) lr[j] = std::exp(lr[j] - lse) * s;
+        lr[target] -= s;
+      }
+    }
+    if (!want_grads) continue;
+    // dx (rows,C) = dlogits (rows,V) @ wte (V,C)
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, a.c, a.v, 1.0f, logits.get(),
+                a.v, a.wte, a.c, 0.0f, a.dx + r0 * a.c, a.c);
+    // dwte (V,C) += dlogits^T (V,rows) @ x (rows,C)
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, a.v, a.c, rows, 1.0f, logits.get(), a.v,
+                xc, a.c, 1.0f, a.dwte, a.c);
+  }
+}
+
+}  // namespace brigade::cpu

@@ -1,0 +1,323 @@
+#include "brigade/model/gpt.h"
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "brigade/core/error.h"
+#include "brigade/core/philox.h"
+#include "brigade/kernels/cpu/attention.h"
+#include "brigade/kernels/cpu/embedding.h"
+#include "brigade/kernels/cpu/gelu.h"
+#include "brigade/kernels/cpu/layernorm.h"
+#include "brigade/kernels/cpu/linear.h"
+#include "brigade/kernels/cpu/lm_head_loss.h"
+
+namespace brigade {
+
+// Activations one block keeps for its backward pass.
+struct Gpt::Stash {
+  float* ln1;        // (N,C)  ln_1 output, input of c_attn
+  float* ln1_mean;   // (N)
+  float* ln1_rstd;   // (N)
+  float* qkv;        // (N,3C)
+  float* attn;       // (N,C)  attention output, input of attn.c_proj
+  float* lse;        // (B,H,T)
+  float* resid_mid;  // (N,C)  x + attn.c_proj(...), input of ln_2
+  float* ln2;        // (N,C)
+  float* ln2_mean;   // (N)
+  float* ln2_rstd;   // (N)
+  float* fc_pre;     // (N,4C) c_fc output before GELU
+};
+
+struct Gpt::Workspace {
+  int64_t b = 0, t = 0;
+  // With Recompute::kNone one stash per block; with kFull a single stash
+  // that every block overwrites in turn.
+  std::vector<Stash> stashes;
+  std::vector<float*> resid;  // L+1 of (N,C): resid[l] is block l's input
+  float* lnf;                 // (N,C)
+  float* lnf_mean;            // (N)
+  float* lnf_rstd;            // (N)
+  float* losses;              // (N)
+  // Scratch, live only inside one layer's forward or backward.
+  float* c_a;    // (N,C)
+  float* c_b;    // (N,C)
+  float* c3;     // (N,3C)
+  float* c4_a;   // (N,4C)
+  float* c4_b;   // (N,4C)
+  float* dresid; // (N,C)
+};
+
+void Gpt::WorkspaceDeleter::operator()(Workspace* w) const { delete w; }
+
+Gpt::Gpt(const GptConfig& config, float* params, float* grads)
+    : config_(config), layout_(config), params_(params), grads_(grads) {
+  config_.validate();
+}
+
+const Gpt::Stash& Gpt::stash(int64_t layer) const {
+  return config_.recompute == Recompute::kFull ? ws_->stashes[0] : ws_->stashes[layer];
+}
+
+namespace {
+
+// Carves named views out of one allocation; each view 64-byte aligned.
+class Carver {
+ public:
+  explicit Carver(float* base) : base_(base) {}
+  float* take(int64_t floats) {
+    float* p = base_ == nullptr ? nullptr : base_ + used_;
+    used_ += (floats + 15) / 16 * 16;
+    return p;
+  }
+  int64_t used() const { return used_; }
+
+ private:
+  float* base_;
+  int64_t used_ = 0;
+};
+
+template <typename Ws, typename StashT>
+void carve(Carver& cv, Ws& ws, const GptConfig& cfg, int64_t b, int64_t t) {
+  const int64_t n = b * t, c = cfg.n_embd;
+  const int64_t num_stashes = cfg.recompute == Recompute::kFull ? 1 : cfg.n_layer;
+  ws.stashes.assign(num_stashes, StashT{});
+  for (StashT& s : ws.stashes) {
+    s.ln1 = cv.take(n * c);
+    s.ln1_mean = cv.take(n);
+    s.ln1_rstd = cv.take(n);
+    s.qkv = cv.take(n * 3 * c);
+    s.attn = cv.take(n * c);
+    s.lse = cv.take(b * cfg.n_head * t);
+    s.resid_mid = cv.take(n * c);
+    s.ln2 = cv.take(n * c);
+    s.ln2_mean = cv.take(n);
+    s.ln2_rstd = cv.take(n);
+    s.fc_pre = cv.take(n * 4 * c);
+  }
+  ws.resid.assign(cfg.n_layer + 1, nullptr);
+  for (float*& r : ws.resid) r = cv.take(n * c);
+  ws.lnf = cv.take(n * c);
+  ws.lnf_mean = cv.take(n);
+  ws.lnf_rstd = cv.take(n);
+  ws.losses = cv.take(n);
+  ws.c_a = cv.take(n * c);
+  ws.c_b = cv.take(n * c);
+  ws.c3 = cv.take(n * 3 * c);
+  ws.c4_a = cv.take(n * 4 * c);
+  ws.c4_b = cv.take(n * 4 * c);
+  ws.dresid = cv.take(n * c);
+}
+
+}  // namespace
+
+int64_t Gpt::activation_bytes(int64_t b, int64_t t) const {
+  Workspace ws;
+  Carver cv(nullptr);
+  carve<Workspace, Stash>(cv, ws, config_, b, t);
+  return cv.used() * static_cast<int64_t>(sizeof(float));
+}
+
+void Gpt::ensure_workspace(int64_t b, int64_t t) {
+  if (t > config_.block_size) {
+    throw_error("sequence length {} exceeds the model's block_size {}", t, config_.block_size);
+  }
+  if (ws_ && ws_->b == b && ws_->t == t) return;
+  ws_.reset(new Workspace);
+  Carver sizer(nullptr);
+  carve<Workspace, Stash>(sizer, *ws_, config_, b, t);
+  if (arena_.size() < sizer.used()) arena_ = FloatBuffer(sizer.used());
+  Carver cv(arena_.data());
+  carve<Workspace, Stash>(cv, *ws_, config_, b, t);
+  ws_->b = b;
+  ws_->t = t;
+}
+
+void Gpt::block_forward(int64_t layer, const Stash& s, const float* resid_in, float* mlp_out,
+                        int64_t b, int64_t t) {
+  const BlockOffsets& o = layout_.block(layer);
+  const float* p = params_;
+  const int64_t n = b * t, c = config_.n_embd;
+  Workspace& ws = *ws_;
+  // qkv (N,3C) = ln1 @ c_attn.weight (C,3C) + bias
+  cpu::linear_forward(s.qkv, s.ln1, p + o.c_attn_w, p + o.c_attn_b, n, c, 3 * c);
+  cpu::attention_forward(s.attn, s.lse, s.qkv, b, t, c, config_.n_head);
+  // c_a (N,C) = attn @ attn.c_proj.weight (C,C) + bias
+  cpu::linear_forward(ws.c_a, s.attn, p + o.attn_proj_w, p + o.attn_proj_b, n, c, c);
+  // resid_mid = resid_in + c_a;  ln2 = LayerNorm(resid_mid)
+  cpu::residual_layernorm_forward(s.resid_mid, s.ln2, s.ln2_mean, s.ln2_rstd, resid_in, ws.c_a,
+                                  p + o.ln_2_w, p + o.ln_2_b, n, c);
+  // fc_pre (N,4C) = ln2 @ c_fc.weight (C,4C) + bias;  c4_a = gelu(fc_pre)
+  cpu::linear_forward(s.fc_pre, s.ln2, p + o.c_fc_w, p + o.c_fc_b, n, c, 4 * c);
+  cpu::gelu_forward(ws.c4_a, s.fc_pre, n * 4 * c);
+  // mlp_out (N,C) = c4_a @ mlp.c_proj.weight (4C,C) + bias
+  cpu::linear_forward(mlp_out, ws.c4_a, p + o.mlp_proj_w, p + o.mlp_proj_b, n, 4 * c, c);
+}
+
+void Gpt::forward_trunk(const int32_t* inputs, int64_t b, int64_t t) {
+  ensure_workspace(b, t);
+  Workspace& ws = *ws_;
+  const float* p = params_;
+  const int64_t n = b * t, c = config_.n_embd, v = config_.vocab_size;
+  for (int64_t i = 0; i < n; ++i) {
+    if (inputs[i] < 0 || inputs[i] >= v) {
+      throw_error("token id {} at position {} is outside the model's vocabulary of {}", inputs[i],
+                  i, v);
+    }
+  }
+  cpu::embedding_forward(ws.resid[0], inputs, p + layout_.wte(), p + layout_.wpe(), b, t, c);
+  const BlockOffsets& first = layout_.block(0);
+  cpu::layernorm_forward(stash(0).ln1, stash(0).ln1_mean, stash(0).ln1_rstd, ws.resid[0],
+                         p + first.ln_1_w, p + first.ln_1_b, n, c);
+  for (int64_t l = 0; l < config_.n_layer; ++l) {
+    const Stash& s = stash(l);
+    block_forward(l, s, ws.resid[l], ws.c_b, b, t);
+    // The block's closing residual add is fused with the next LayerNorm:
+    // resid[l+1] = resid_mid + mlp_out, then ln_1 of block l+1 (or ln_f).
+    const bool last = l + 1 == config_.n_layer;
+    const Stash& next = stash(last ? l : l + 1);
+    const BlockOffsets* nb = last ? nullptr : &layout_.block(l + 1);
+    cpu::residual_layernorm_forward(
+        ws.resid[l + 1], last ? ws.lnf : next.ln1, last ? ws.lnf_mean : next.ln1_mean,
+        last ? ws.lnf_rstd : next.ln1_rstd, s.resid_mid, ws.c_b,
+        p + (last ? layout_.ln_f_w() : nb->ln_1_w), p + (last ? layout_.ln_f_b() : nb->ln_1_b),
+        n, c);
+  }
+}
+
+void Gpt::block_backward(int64_t layer, const Stash& s, const float* resid_in, float* dresid,
+                         int64_t b, int64_t t) {
+  const BlockOffsets& o = layout_.block(layer);
+  const float* p = params_;
+  float* g = grads_;
+  const int64_t n = b * t, c = config_.n_embd;
+  Workspace& ws = *ws_;
+  // dresid holds dL/d(block output). The MLP branch, last op first:
+  cpu::gelu_forward(ws.c4_a, s.fc_pre, n * 4 * c);  // recomputed: cheaper than storing
+  cpu::linear_backward(ws.c4_b, g + o.mlp_proj_w, g + o.mlp_proj_b, dresid, ws.c4_a,
+                       p + o.mlp_proj_w, n, 4 * c, c, /*accumulate_din=*/false);
+  cpu::gelu_backward(ws.c4_b, ws.c4_b, s.fc_pre, n * 4 * c);
+  cpu::linear_backward(ws.c_a, g + o.c_fc_w, g + o.c_fc_b, ws.c4_b, s.ln2, p + o.c_fc_w, n, c,
+                       4 * c, false);
+  // dresid += ln_2 backward: now dL/d(resid_mid).
+  cpu::layernorm_backward(dresid, g + o.ln_2_w, g + o.ln_2_b, ws.c_a, s.resid_mid, s.ln2_mean,
+                          s.ln2_rstd, p + o.ln_2_w, n, c);
+  // The attention branch.
+  cpu::linear_backward(ws.c_a, g + o.attn_proj_w, g + o.attn_proj_b, dresid, s.attn,
+                       p + o.attn_proj_w, n, c, c, false);
+  cpu::attention_backward(ws.c3, ws.c_a, s.qkv, s.attn, s.lse, b, t, c, config_.n_head);
+  cpu::linear_backward(ws.c_a, g + o.c_attn_w, g + o.c_attn_b, ws.c3, s.ln1, p + o.c_attn_w, n,
+                       c, 3 * c, false);
+  // dresid += ln_1 backward: now dL/d(block input).
+  cpu::layernorm_backward(dresid, g + o.ln_1_w, g + o.ln_1_b, ws.c_a, resid_in, s.ln1_mean,
+                          s.ln1_rstd, p + o.ln_1_w, n, c);
+}
+
+float Gpt::forward_backward(const int32_t* inputs, const int32_t* targets, int64_t b, int64_t t,
+                            float loss_scale) {
+  BRIGADE_CHECK(grads_ != nullptr, "forward_backward needs a gradient buffer");
+  forward_trunk(inputs, b, t);
+  Workspace& ws = *ws_;
+  const float* p = params_;
+  float* g = grads_;
+  const int64_t n = b * t, c = config_.n_embd;
+
+  cpu::LmHeadLossArgs head;
+  head.x = ws.lnf;
+  head.wte = p + layout_.wte();
+  head.targets = targets;
+  head.n = n;
+  head.c = c;
+  head.v = config_.vocab_size;
+  head.losses = ws.losses;
+  head.dx = ws.c_a;
+  head.dwte = g + layout_.wte();
+  head.loss_scale = loss_scale;
+  cpu::lm_head_loss(head);
+
+  std::memset(ws.dresid, 0, sizeof(float) * n * c);
+  cpu::layernorm_backward(ws.dresid, g + layout_.ln_f_w(), g + layout_.ln_f_b(), ws.c_a,
+                          ws.resid[config_.n_layer], ws.lnf_mean, ws.lnf_rstd,
+                          p + layout_.ln_f_w(), n, c);
+  for (int64_t l = config_.n_layer - 1; l >= 0; --l) {
+    const Stash& s = stash(l);
+    if (config_.recompute == Recompute::kFull) {
+      // Rebuild this block's stash from its saved input: ln_1, then the rest.
+      const BlockOffsets& o = layout_.block(l);
+      cpu::layernorm_forward(s.ln1, s.ln1_mean, s.ln1_rstd, ws.resid[l], p + o.ln_1_w,
+                             p + o.ln_1_b, n, c);
+      block_forward(l, s, ws.resid[l], ws.c_b, b, t);
+    }
+    block_backward(l, s, ws.resid[l], ws.dresid, b, t);
+  }
+  cpu::embedding_backward(g + layout_.wte(), g + layout_.wpe(), ws.dresid, inputs, b, t, c);
+
+  double total = 0.0;
+  for (int64_t i = 0; i < n; ++i) total += ws.losses[i];
+  return static_cast<float>(total / static_cast<double>(n));
+}
+
+float Gpt::forward_loss(const int32_t* inputs, const int32_t* targets, int64_t b, int64_t t) {
+  forward_trunk(inputs, b, t);
+  Workspace& ws = *ws_;
+  const int64_t n = b * t;
+  for (int64_t i = 0; i < n; ++i) {
+    if (targets[i] < 0 || targets[i] >= config_.vocab_size) {
+      throw_error("target id {} is outside the model's vocabulary of {}", targets[i],
+                  config_.vocab_size);
+    }
+  }
+  cpu::LmHeadLossArgs head;
+  head.x = ws.lnf;
+  head.wte = params_ + layout_.wte();
+  head.targets = targets;
+  head.n = n;
+  head.c = config_.n_embd;
+  head.v = config_.vocab_size;
+  head.losses = ws.losses;
+  cpu::lm_head_loss(head);
+  double total = 0.0;
+  for (int64_t i = 0; i < n; ++i) total += ws.losses[i];
+  return static_cast<float>(total / static_cast<double>(n));
+}
+
+void Gpt::forward_logits(const int32_t* inputs, int64_t b, int64_t t, float* logits) {
+  forward_trunk(inputs, b, t);
+  cpu::lm_head_logits(logits, ws_->lnf, params_ + layout_.wte(), b * t, config_.n_embd,
+                      config_.vocab_size);
+}
+
+void Gpt::forward_last_logits(const int32_t* inputs, int64_t b, int64_t t, float* logits) {
+  forward_trunk(inputs, b, t);
+  const int64_t c = config_.n_embd;
+  for (int64_t row = 0; row < b; ++row) {
+    cpu::lm_head_logits(logits + row * config_.vocab_size, ws_->lnf + (row * t + t - 1) * c,
+                        params_ + layout_.wte(), 1, c, config_.vocab_size);
+  }
+}
+
+void init_gpt2_weights(const ParamLayout& layout, int64_t n_layer, uint64_t seed, float* params) {
+  const float residual_std = 0.02f / std::sqrt(2.0f * static_cast<float>(n_layer));
+  const auto& infos = layout.params();
+  for (size_t k = 0; k < infos.size(); ++k) {
+    const ParamInfo& info = infos[k];
+    float* dst = params + info.offset;
+    if (info.kind == ParamKind::kBias || info.kind == ParamKind::kNorm) {
+      const bool is_norm_weight = info.kind == ParamKind::kNorm &&
+                                  info.name.ends_with(".weight");
+      std::fill(dst, dst + info.numel, is_norm_weight ? 1.0f : 0.0f);
+      continue;
+    }
+    const bool residual_proj = info.name.ends_with("c_proj.weight");
+    const float std_dev = residual_proj ? residual_std : 0.02f;
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < (info.numel + 1) / 2; ++i) {
+      const auto z = Philox::normal2(seed, k, static_cast<uint64_t>(i));
+      dst[2 * i] = z[0] * std_dev;
+      if (2 * i + 1 < info.numel) dst[2 * i + 1] = z[1] * std_dev;
+    }
+  }
+}
+
+}  // namespace brigade

@@ -1,0 +1,77 @@
+// The GPT-2 forward and backward passes over one flat parameter buffer
+// (ARCHITECTURE.md decisions 1 and 2). No autograd: each layer is an explicit
+// kernel pair from kernels/cpu, and this class only sequences them and owns
+// the activation stash.
+//
+// Notation: B micro-batch rows, T sequence length, C = n_embd, H = n_head,
+// V = vocab_size, L = n_layer, N = B*T token rows.
+#pragma once
+
+#include <cstdint>
+
+#include "brigade/core/aligned_buffer.h"
+#include "brigade/model/gpt_config.h"
+#include "brigade/model/param_layout.h"
+
+namespace brigade {
+
+class Gpt {
+ public:
+  // params and grads point at flat buffers of layout().size() floats, owned
+  // by the caller; grads may be null for an inference-only model.
+  Gpt(const GptConfig& config, float* params, float* grads);
+
+  const GptConfig& config() const { return config_; }
+  const ParamLayout& layout() const { return layout_; }
+
+  // One micro-batch: forward, loss, backward. inputs and targets are (B,T).
+  // Gradients are ADDED to grads (so micro-batches accumulate); they are the
+  // gradient of loss_scale * (sum of the B*T per-token losses), so with
+  // loss_scale = 1/(rows in the global batch) the micro-batches add up to
+  // the gradient of the global mean loss. Returns this micro-batch's mean loss.
+  float forward_backward(const int32_t* inputs, const int32_t* targets, int64_t b, int64_t t,
+                         float loss_scale);
+
+  // Mean loss over the B*T positions, no gradients.
+  float forward_loss(const int32_t* inputs, const int32_t* targets, int64_t b, int64_t t);
+
+  // logits (B,T,V) for every position.
+  void forward_logits(const int32_t* inputs, int64_t b, int64_t t, float* logits);
+  // logits (B,V) of the last position only (sampling).
+  void forward_last_logits(const int32_t* inputs, int64_t b, int64_t t, float* logits);
+
+  // Bytes of activation memory a (B,T) micro-batch needs, stash and scratch.
+  int64_t activation_bytes(int64_t b, int64_t t) const;
+
+ private:
+  struct Stash;      // one block's saved activations
+  struct Workspace;  // all activation memory for one (B,T)
+
+  void ensure_workspace(int64_t b, int64_t t);
+  // Embedding and all blocks; leaves ln_f's output in the workspace.
+  void forward_trunk(const int32_t* inputs, int64_t b, int64_t t);
+  // Block `layer`'s forward from its residual input, up to the MLP output.
+  void block_forward(int64_t layer, const Stash& s, const float* resid_in, float* mlp_out,
+                     int64_t b, int64_t t);
+  void block_backward(int64_t layer, const Stash& s, const float* resid_in, float* dresid,
+                      int64_t b, int64_t t);
+  const Stash& stash(int64_t layer) const;
+
+  GptConfig config_;
+  ParamLayout layout_;
+  float* params_;
+  float* grads_;
+  FloatBuffer arena_;
+  struct WorkspaceDeleter {
+    void operator()(Workspace* w) const;
+  };
+  std::unique_ptr<Workspace, WorkspaceDeleter> ws_;
+};
+
+// GPT-2 initialisation: N(0, 0.02) for matrices and embeddings, residual
+// projections (attn.c_proj, mlp.c_proj) scaled by 1/sqrt(2L), zero biases,
+// unit LayerNorm weights. Element i of tensor k comes from Philox(seed, k, i),
+// so the result does not depend on how the buffer is later sharded.
+void init_gpt2_weights(const ParamLayout& layout, int64_t n_layer, uint64_t seed, float* params);
+
+}  // namespace brigade

@@ -1,0 +1,47 @@
+// Shape of a GPT-2-architecture model.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include <nlohmann/json_fwd.hpp>
+
+namespace brigade {
+
+class Config;
+
+// What the backward pass may recompute instead of keeping from the forward.
+enum class Recompute {
+  kNone,  // keep every block's activations: fastest, most memory
+  kFull,  // keep only each block's input; rerun the block's forward in backward
+};
+
+struct GptConfig {
+  int64_t n_layer = 4;
+  int64_t n_head = 4;
+  int64_t n_embd = 256;
+  int64_t block_size = 128;  // longest sequence (rows of the position table)
+  int64_t vocab_size = 256;
+  Recompute recompute = Recompute::kNone;
+
+  int64_t head_dim() const { return n_embd / n_head; }
+
+  // Reads [model] from a config; throws Error on values that cannot work.
+  static GptConfig from_config(Config& config);
+  // Throws Error naming the bad value and the fix.
+  void validate() const;
+
+  // The five shape numbers, as stored in checkpoint metadata.
+  nlohmann::json to_json() const;
+  static GptConfig from_json(const nlohmann::json& j);
+
+  // Training FLOPs per token, forward + backward, not counting recompute
+  // (the convention behind MFU): 6 * matmul parameters + the attention
+  // score and value products, 12 * n_layer * n_embd * T.
+  double train_flops_per_token(int64_t seq_len) const;
+  int64_t num_params() const;
+};
+
+const char* recompute_name(Recompute r);
+
+}  // namespace brigade

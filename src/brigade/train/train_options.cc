@@ -1,0 +1,60 @@
+#include "brigade/train/train_options.h"
+
+#include "brigade/core/config.h"
+#include "brigade/core/error.h"
+
+namespace brigade {
+
+TrainOptions TrainOptions::from_config(Config& config) {
+  TrainOptions o;
+  o.micro_batch = config.get_int("train.micro_batch", o.micro_batch);
+  o.grad_accum = config.get_int("train.grad_accum", o.grad_accum);
+  o.steps = config.get_int("train.steps", o.steps);
+  o.seed = static_cast<uint64_t>(config.get_int("train.seed", static_cast<int64_t>(o.seed)));
+  o.threads = config.get_int("train.threads", o.threads);
+  o.run_dir = config.get_string("train.run_dir", o.run_dir);
+  o.resume = config.get_string("train.resume", o.resume);
+  o.eval_every = config.get_int("train.eval_every", o.eval_every);
+  o.eval_windows = config.get_int("train.eval_windows", o.eval_windows);
+  o.checkpoint_every = config.get_int("train.checkpoint_every", o.checkpoint_every);
+  o.keep_checkpoints = config.get_int("train.keep_checkpoints", o.keep_checkpoints);
+
+  o.lr.lr = config.get_double("optim.lr", 1e-3);
+  o.lr.min_lr = config.get_double("optim.min_lr", o.lr.lr * 0.1);
+  o.lr.warmup_steps = config.get_int("optim.warmup_steps", 0);
+  o.lr.total_steps = o.steps;
+  o.adamw.weight_decay = config.get_double("optim.weight_decay", o.adamw.weight_decay);
+  o.adamw.beta1 = config.get_double("optim.beta1", o.adamw.beta1);
+  o.adamw.beta2 = config.get_double("optim.beta2", o.adamw.beta2);
+  o.adamw.eps = config.get_double("optim.eps", o.adamw.eps);
+  o.grad_clip = config.get_double("optim.grad_clip", o.grad_clip);
+  o.decay_position_embedding =
+      config.get_bool("optim.decay_position_embedding", o.decay_position_embedding);
+
+  o.data.source = config.get_string("data.source", o.data.source);
+  o.data.tokenizer = config.get_string("data.tokenizer", o.data.tokenizer);
+  o.data.dir = config.get_string("data.dir", o.data.dir);
+  o.data.val_fraction = config.get_double("data.val_fraction", o.data.val_fraction);
+  o.data.synthetic = config.get_bool("data.synthetic", o.data.synthetic);
+
+  auto positive = [](const char* key, int64_t v) {
+    if (v <= 0) throw_error("{} must be positive, got {}", key, v);
+  };
+  positive("train.micro_batch", o.micro_batch);
+  positive("train.grad_accum", o.grad_accum);
+  positive("train.steps", o.steps);
+  if (o.lr.lr <= 0) throw_error("optim.lr must be positive, got {}", o.lr.lr);
+  if (o.lr.min_lr < 0 || o.lr.min_lr > o.lr.lr) {
+    throw_error("optim.min_lr must be in [0, optim.lr = {}], got {}", o.lr.lr, o.lr.min_lr);
+  }
+  if (o.lr.warmup_steps < 0) throw_error("optim.warmup_steps must be >= 0");
+  if (o.adamw.beta1 < 0 || o.adamw.beta1 >= 1 || o.adamw.beta2 < 0 || o.adamw.beta2 >= 1) {
+    throw_error("optim.beta1 and optim.beta2 must be in [0, 1)");
+  }
+  if (o.data.val_fraction <= 0 || o.data.val_fraction >= 1) {
+    throw_error("data.val_fraction must be in (0, 1), got {}", o.data.val_fraction);
+  }
+  return o;
+}
+
+}  // namespace brigade

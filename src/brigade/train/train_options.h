@@ -1,0 +1,57 @@
+// Everything `brigade train` reads from a config, besides [model].
+//
+//   [train]  micro_batch, grad_accum, steps, seed, threads, run_dir, resume,
+//            eval_every, eval_windows, checkpoint_every, keep_checkpoints
+//   [optim]  lr, min_lr, warmup_steps, weight_decay, beta1, beta2, eps,
+//            grad_clip, decay_position_embedding
+//   [data]   source, tokenizer, dir, val_fraction, synthetic
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "brigade/optim/adamw.h"
+#include "brigade/optim/lr_schedule.h"
+
+namespace brigade {
+
+class Config;
+
+struct DataOptions {
+  std::string source;            // raw text; prepared into `dir` if dir holds no dataset
+  std::string tokenizer = "byte";  // "byte" or a directory with vocab.json + merges.txt
+  std::string dir;               // prepared token shards (brigade data prepare)
+  double val_fraction = 0.1;
+  // Uniform random tokens instead of a dataset: for benchmarks, which
+  // measure speed and need no text.
+  bool synthetic = false;
+};
+
+struct TrainOptions {
+  int64_t micro_batch = 8;   // sequences per forward/backward
+  int64_t grad_accum = 1;    // micro-batches per optimizer step
+  int64_t steps = 1000;      // optimizer steps in the run
+  uint64_t seed = 1337;      // weights init and the data order
+  int64_t threads = 0;       // 0: all cores
+  std::string run_dir = "runs/default";
+  std::string resume;        // run or checkpoint directory to continue from
+  int64_t eval_every = 0;    // steps between validation passes (0: only at the end)
+  int64_t eval_windows = 64; // validation windows per pass (0: the whole split)
+  int64_t checkpoint_every = 0;  // steps between checkpoints (0: only at the end)
+  int64_t keep_checkpoints = 3;
+
+  LrSchedule lr;
+  AdamWConfig adamw;
+  double grad_clip = 1.0;    // max global grad norm (0: off)
+  bool decay_position_embedding = false;
+
+  DataOptions data;
+
+  // Sequences in one optimizer step: micro_batch * grad_accum (times the
+  // data-parallel size once there is one).
+  int64_t global_batch() const { return micro_batch * grad_accum; }
+
+  static TrainOptions from_config(Config& config);
+};
+
+}  // namespace brigade
