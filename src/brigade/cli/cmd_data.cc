@@ -22,9 +22,8 @@ struct PrepareOptions {
 void run_data_prepare(const PrepareOptions& options) {
   Stopwatch stopwatch;
   const std::unique_ptr<Tokenizer> tokenizer = load_tokenizer(options.tokenizer_spec);
-  const DatasetManifest manifest =
-      prepare_dataset(options.input_path, *tokenizer, options.out_dir, options.val_fraction,
-                      options.overwrite);
+  const DatasetManifest manifest = prepare_dataset(options.input_path, *tokenizer, options.out_dir,
+                                                   options.val_fraction, options.overwrite);
   std::printf("tokenizer %s, vocabulary %u\n", manifest.tokenizer_spec.c_str(),
               manifest.vocab_size);
   std::printf("train: %llu tokens in %zu shard(s)\n",
@@ -45,13 +44,14 @@ void add_data_command(CLI::App& app) {
   CLI::App* prepare = data->add_subcommand(
       "prepare", "Tokenize a text file into train/val token shards and dataset.json");
   prepare->add_option("input", options->input_path, "Text file to tokenize")->required();
-  prepare->add_option("--tokenizer", options->tokenizer_spec,
-                      "\"byte\" or a directory holding vocab.json and merges.txt")
+  prepare
+      ->add_option("--tokenizer", options->tokenizer_spec,
+                   "\"byte\" or a directory holding vocab.json and merges.txt")
       ->required();
-  prepare->add_option("--out", options->out_dir, "Directory to write the dataset into")
-      ->required();
-  prepare->add_option("--val-fraction", options->val_fraction,
-                      "Fraction of tokens, taken from the end, held out for validation")
+  prepare->add_option("--out", options->out_dir, "Directory to write the dataset into")->required();
+  prepare
+      ->add_option("--val-fraction", options->val_fraction,
+                   "Fraction of tokens, taken from the end, held out for validation")
       ->capture_default_str();
   prepare->add_flag("--overwrite", options->overwrite,
                     "Replace a dataset already prepared in --out");

@@ -67,18 +67,21 @@ void add_tokenizer_command(CLI::App& app) {
       "train", "Learn a GPT-2-style byte-level BPE tokenizer from a text file");
   train->add_option("input", train_options->input_path, "Text file to learn merges from")
       ->required();
-  train->add_option("--vocab-size", train_options->vocab_size,
-                    "Tokens in the vocabulary: 256 byte tokens plus the merges")
+  train
+      ->add_option("--vocab-size", train_options->vocab_size,
+                   "Tokens in the vocabulary: 256 byte tokens plus the merges")
       ->required();
-  train->add_option("--out", train_options->out_dir,
-                    "Directory to write vocab.json and merges.txt into")
+  train
+      ->add_option("--out", train_options->out_dir,
+                   "Directory to write vocab.json and merges.txt into")
       ->required();
   train->callback([train_options] { run_tokenizer_train(*train_options); });
 
   auto encode_options = std::make_shared<EncodeOptions>();
   CLI::App* encode = tokenizer->add_subcommand("encode", "Print the token ids of a text");
-  encode->add_option("--tokenizer", encode_options->tokenizer_spec,
-                     "\"byte\" or a directory holding vocab.json and merges.txt")
+  encode
+      ->add_option("--tokenizer", encode_options->tokenizer_spec,
+                   "\"byte\" or a directory holding vocab.json and merges.txt")
       ->required();
   encode->add_option("text", encode_options->text, "The text to encode")->required();
   encode->callback([encode_options] { run_tokenizer_encode(*encode_options); });

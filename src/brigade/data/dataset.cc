@@ -1,8 +1,8 @@
 #include "brigade/data/dataset.h"
 
+#include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
-#include <algorithm>
 
 #include "brigade/core/error.h"
 #include "brigade/core/files.h"
@@ -16,7 +16,9 @@ constexpr std::string_view kManifestName = "dataset.json";
 constexpr std::string_view kManifestFormat = "brigade-dataset";
 constexpr int kManifestVersion = 1;
 
-std::string train_shard_name(size_t index) { return fmt::format("train_{:03d}.bin", index); }
+std::string train_shard_name(size_t index) {
+  return fmt::format("train_{:03d}.bin", index);
+}
 
 bool is_train_shard_name(const std::string& name) {
   if (!name.starts_with("train_") || !name.ends_with(".bin")) return false;
@@ -41,9 +43,10 @@ DatasetManifest read_manifest(const fs::path& dir) {
                 dir.string());
   }
   if (!fs::exists(path, ec)) {
-    throw_error("{} holds no {}: it is not a prepared dataset (or its preparation did not "
-                "finish); make it with `brigade data prepare`",
-                dir.string(), kManifestName);
+    throw_error(
+        "{} holds no {}: it is not a prepared dataset (or its preparation did not "
+        "finish); make it with `brigade data prepare`",
+        dir.string(), kManifestName);
   }
   try {
     const nlohmann::json json = nlohmann::json::parse(read_file(path));
@@ -115,8 +118,8 @@ DatasetManifest prepare_dataset(const fs::path& input_text_path, const Tokenizer
 
   const std::string text = read_file(input_text_path);
   const std::vector<uint32_t> tokens = tokenizer.encode(text);
-  const uint64_t num_val = static_cast<uint64_t>(
-      std::llround(val_fraction * static_cast<double>(tokens.size())));
+  const uint64_t num_val =
+      static_cast<uint64_t>(std::llround(val_fraction * static_cast<double>(tokens.size())));
   const uint64_t num_train = tokens.size() - num_val;
   if (num_train == 0) {
     throw_error("{} holds {} tokens, leaving none for training: use more text{}",
@@ -141,8 +144,7 @@ DatasetManifest prepare_dataset(const fs::path& input_text_path, const Tokenizer
     manifest.train_shards.push_back(std::move(shard));
   }
   manifest.val_shard = {"val.bin", num_val};
-  write_token_shard(out_dir / manifest.val_shard.file, all.subspan(num_train),
-                    manifest.vocab_size);
+  write_token_shard(out_dir / manifest.val_shard.file, all.subspan(num_train), manifest.vocab_size);
 
   if (had_manifest) {
     // Train shards of the replaced dataset beyond the new count.

@@ -7,8 +7,7 @@
 
 namespace brigade {
 
-GlobalSampler::GlobalSampler(std::span<const TokenShard> train_shards, uint64_t seed,
-                             int seq_len)
+GlobalSampler::GlobalSampler(std::span<const TokenShard> train_shards, uint64_t seed, int seq_len)
     : shards_(train_shards), seed_(seed), seq_len_(seq_len) {
   if (seq_len < 1) throw_error("block_size must be at least 1, not {}", seq_len);
   const uint64_t window_tokens = static_cast<uint64_t>(seq_len) + 1;
@@ -55,15 +54,13 @@ void GlobalSampler::fill(uint64_t step, uint64_t first_sample, int num_samples, 
   }
 }
 
-EvalWindows::EvalWindows(const TokenShard& shard, int seq_len)
-    : shard_(&shard), seq_len_(seq_len) {
+EvalWindows::EvalWindows(const TokenShard& shard, int seq_len) : shard_(&shard), seq_len_(seq_len) {
   if (seq_len < 1) throw_error("block_size must be at least 1, not {}", seq_len);
   const uint64_t len = static_cast<uint64_t>(seq_len);
   num_windows_ = shard.size() > len ? (shard.size() - 1) / len : 0;
 }
 
-void EvalWindows::fill(uint64_t first_window, int count, int32_t* inputs,
-                       int32_t* targets) const {
+void EvalWindows::fill(uint64_t first_window, int count, int32_t* inputs, int32_t* targets) const {
   BRIGADE_CHECK(count >= 0 && first_window + static_cast<uint64_t>(count) <= num_windows_,
                 "eval windows [{}, {}) of {}", first_window, first_window + count, num_windows_);
   const size_t row = static_cast<size_t>(seq_len_);

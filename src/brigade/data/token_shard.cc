@@ -25,7 +25,9 @@ namespace {
 
 constexpr size_t kVersionOffset = 8, kDtypeOffset = 12, kCountOffset = 16, kVocabOffset = 24;
 
-size_t dtype_width_bytes(TokenDtype dtype) { return dtype == TokenDtype::kUint16 ? 2 : 4; }
+size_t dtype_width_bytes(TokenDtype dtype) {
+  return dtype == TokenDtype::kUint16 ? 2 : 4;
+}
 
 template <typename T>
 T load_field(const uint8_t* header, size_t offset) {
@@ -93,7 +95,8 @@ TokenShard::TokenShard(fs::path path) : path_(std::move(path)) {
   } closer{fd};
 
   struct stat st;
-  if (::fstat(fd, &st) != 0) throw_error("cannot stat {}: {}", path_.string(), std::strerror(errno));
+  if (::fstat(fd, &st) != 0)
+    throw_error("cannot stat {}: {}", path_.string(), std::strerror(errno));
   const uint64_t file_bytes = static_cast<uint64_t>(st.st_size);
 
   uint8_t header[kTokenShardHeaderBytes] = {};
@@ -133,11 +136,13 @@ TokenShard::TokenShard(fs::path path) : path_(std::move(path)) {
 
   const uint64_t width = dtype_width_bytes(dtype_);
   const uint64_t payload_bytes = file_bytes - kTokenShardHeaderBytes;
-  if (num_tokens_ > payload_bytes / width || payload_bytes != num_tokens_ * width) {
-    if (num_tokens_ > payload_bytes / width) {
-      throw_error("{} is truncated: header says {} tokens but file holds {}", path_.string(),
-                  num_tokens_, payload_bytes / width);
-    }
+  // Compared by division so a corrupt count cannot overflow the product.
+  const uint64_t tokens_held = payload_bytes / width;
+  if (num_tokens_ > tokens_held) {
+    throw_error("{} is truncated: header says {} tokens but file holds {}", path_.string(),
+                num_tokens_, tokens_held);
+  }
+  if (payload_bytes != num_tokens_ * width) {
     throw_error("{} has {} bytes after the {} tokens its header promises: the file is corrupt",
                 path_.string(), payload_bytes - num_tokens_ * width, num_tokens_);
   }
@@ -151,9 +156,13 @@ TokenShard::TokenShard(fs::path path) : path_(std::move(path)) {
   tokens_ = mapping_ + kTokenShardHeaderBytes;
 }
 
-TokenShard::~TokenShard() { unmap(); }
+TokenShard::~TokenShard() {
+  unmap();
+}
 
-TokenShard::TokenShard(TokenShard&& other) noexcept { *this = std::move(other); }
+TokenShard::TokenShard(TokenShard&& other) noexcept {
+  *this = std::move(other);
+}
 
 TokenShard& TokenShard::operator=(TokenShard&& other) noexcept {
   if (this != &other) {

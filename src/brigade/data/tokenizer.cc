@@ -12,13 +12,15 @@ namespace fs = std::filesystem;
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& spec) {
   if (spec == kByteTokenizerSpec) return std::make_unique<ByteTokenizer>();
   if (spec.empty()) {
-    throw_error("no tokenizer given: use \"byte\" or a directory holding vocab.json and merges.txt");
+    throw_error(
+        "no tokenizer given: use \"byte\" or a directory holding vocab.json and merges.txt");
   }
   std::error_code ec;
   if (!fs::is_directory(spec, ec)) {
-    throw_error("tokenizer {} {}: expected \"byte\" or a directory holding vocab.json and "
-                "merges.txt (make one with `brigade tokenizer train`)",
-                spec, fs::exists(spec, ec) ? "is not a directory" : "does not exist");
+    throw_error(
+        "tokenizer {} {}: expected \"byte\" or a directory holding vocab.json and "
+        "merges.txt (make one with `brigade tokenizer train`)",
+        spec, fs::exists(spec, ec) ? "is not a directory" : "does not exist");
   }
   return std::make_unique<BpeTokenizer>(BpeTokenizer::load(spec));
 }

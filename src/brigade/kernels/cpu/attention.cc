@@ -1,5 +1,7 @@
 #include "brigade/kernels/cpu/attention.h"
 
+#include "brigade/kernels/cpu/parallel.h"
+
 #include <cblas.h>
 #include <omp.h>
 
@@ -7,6 +9,8 @@
 #include <cmath>
 #include <limits>
 #include <vector>
+
+#include "brigade/kernels/cpu/fast_exp.h"
 
 namespace brigade::cpu {
 namespace {
@@ -35,7 +39,7 @@ void attention_forward(float* out, float* lse, const float* qkv, int64_t b, int6
                        int64_t num_heads) {
   const int64_t hd = c / num_heads;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-#pragma omp parallel
+#pragma omp parallel if (worth_threading(b * t * t * c))
   {
     std::vector<float> scores(static_cast<size_t>(kQueryBlock * t));
 #pragma omp for schedule(dynamic, 1)
@@ -54,11 +58,12 @@ void attention_forward(float* out, float* lse, const float* qkv, int64_t b, int6
           float* s = scores.data() + r * keys;
           const int64_t visible = i0 + r + 1;
           float mx = -std::numeric_limits<float>::infinity();
+#pragma omp simd reduction(max : mx)
           for (int64_t j = 0; j < visible; ++j) mx = std::max(mx, s[j]);
           float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
           for (int64_t j = 0; j < visible; ++j) {
-            s[j] = std::exp(s[j] - mx);
+            s[j] = fast_exp(s[j] - mx);
             sum += s[j];
           }
           const float inv = 1.0f / sum;
@@ -79,7 +84,7 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
                         const float* lse, int64_t b, int64_t t, int64_t c, int64_t num_heads) {
   const int64_t hd = c / num_heads;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-#pragma omp parallel
+#pragma omp parallel if (worth_threading(b * t * t * c))
   {
     std::vector<float> p(static_cast<size_t>(kQueryBlock * t));
     std::vector<float> dp(static_cast<size_t>(kQueryBlock * t));
@@ -123,7 +128,7 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
           // dS = P * (dP - D); the scale of S is folded into the GEMMs below.
 #pragma omp simd
           for (int64_t j = 0; j < visible; ++j) {
-            pr[j] = std::exp(pr[j] - lr);
+            pr[j] = fast_exp(pr[j] - lr);
             dpr[j] = pr[j] * (dpr[j] - dr);
           }
           for (int64_t j = visible; j < keys; ++j) pr[j] = dpr[j] = 0.0f;

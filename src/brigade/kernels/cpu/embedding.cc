@@ -1,12 +1,14 @@
 #include "brigade/kernels/cpu/embedding.h"
 
+#include "brigade/kernels/cpu/parallel.h"
+
 #include <algorithm>
 
 namespace brigade::cpu {
 
 void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
                        int64_t b, int64_t t, int64_t c) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (worth_threading(b * t * c))
   for (int64_t row = 0; row < b * t; ++row) {
     const float* te = wte + static_cast<int64_t>(tokens[row]) * c;
     const float* pe = wpe + (row % t) * c;
@@ -22,7 +24,7 @@ void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32
   // threads; columns can: each thread owns a slice of every embedding row.
   constexpr int64_t kColumnBlock = 32;
   const int64_t num_blocks = (c + kColumnBlock - 1) / kColumnBlock;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (worth_threading(b * t * c))
   for (int64_t blk = 0; blk < num_blocks; ++blk) {
     const int64_t c0 = blk * kColumnBlock, c1 = std::min(c, c0 + kColumnBlock);
     for (int64_t row = 0; row < b * t; ++row) {

@@ -1,19 +1,21 @@
 #include "brigade/kernels/cpu/gelu.h"
 
-#include <cmath>
+#include "brigade/kernels/cpu/parallel.h"
+
+#include "brigade/kernels/cpu/fast_exp.h"
 
 namespace brigade::cpu {
 namespace {
 constexpr float kSqrt2OverPi = 0.7978845608028654f;
 constexpr float kCubic = 0.044715f;
 
-// tanh via exp, which vectorises (libmvec) where std::tanh does not:
-// tanh(u) = 1 - 2 / (exp(2u) + 1), exact at both tails (exp -> inf gives 1).
-inline float fast_tanh(float u) { return 1.0f - 2.0f / (std::exp(2.0f * u) + 1.0f); }
+// tanh(u) = 1 - 2 / (exp(2u) + 1) through fast_exp, so the loops vectorise;
+// right at both tails (exp -> inf gives 1, exp -> 0 gives -1).
+inline float fast_tanh(float u) { return 1.0f - 2.0f / (fast_exp(2.0f * u) + 1.0f); }
 }  // namespace
 
 void gelu_forward(float* out, const float* x, int64_t n) {
-#pragma omp parallel for simd schedule(static)
+#pragma omp parallel for simd schedule(static) if (worth_threading(n))
   for (int64_t i = 0; i < n; ++i) {
     const float v = x[i];
     const float u = kSqrt2OverPi * (v + kCubic * v * v * v);
@@ -22,7 +24,7 @@ void gelu_forward(float* out, const float* x, int64_t n) {
 }
 
 void gelu_backward(float* dx, const float* dout, const float* x, int64_t n) {
-#pragma omp parallel for simd schedule(static)
+#pragma omp parallel for simd schedule(static) if (worth_threading(n))
   for (int64_t i = 0; i < n; ++i) {
     const float v = x[i];
     const float u = kSqrt2OverPi * (v + kCubic * v * v * v);

@@ -1,5 +1,7 @@
 #include "brigade/kernels/cpu/layernorm.h"
 
+#include "brigade/kernels/cpu/parallel.h"
+
 #include <omp.h>
 
 #include <cmath>
@@ -28,7 +30,7 @@ inline void normalize_row(float* out, float* mean_out, float* rstd_out, const fl
 
 void layernorm_forward(float* out, float* mean, float* rstd, const float* x, const float* w,
                        const float* b, int64_t n, int64_t c) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (worth_threading(n * c))
   for (int64_t row = 0; row < n; ++row) {
     normalize_row(out + row * c, mean + row, rstd + row, x + row * c, w, b, c);
   }
@@ -37,7 +39,7 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* x, con
 void residual_layernorm_forward(float* sum, float* out, float* mean, float* rstd, const float* a,
                                 const float* delta, const float* w, const float* b, int64_t n,
                                 int64_t c) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (worth_threading(n * c))
   for (int64_t row = 0; row < n; ++row) {
     float* s = sum + row * c;
     const float* ar = a + row * c;
@@ -55,7 +57,7 @@ void layernorm_backward(float* dx, float* dw, float* db, const float* dout, cons
   // copy, then the copies are added once, so rows can be split freely.
   const int num_threads = omp_get_max_threads();
   std::vector<float> partial(static_cast<size_t>(num_threads) * 2 * c, 0.0f);
-#pragma omp parallel
+#pragma omp parallel if (worth_threading(n * c))
   {
     float* pdw = partial.data() + static_cast<size_t>(omp_get_thread_num()) * 2 * c;
     float* pdb = pdw + c;

@@ -1,5 +1,7 @@
 #include "brigade/kernels/cpu/linear.h"
 
+#include "brigade/kernels/cpu/parallel.h"
+
 #include <cblas.h>
 #include <omp.h>
 
@@ -15,7 +17,7 @@ void linear_forward(float* out, const float* in, const float* w, const float* bi
   if (bias != nullptr) {
     // Seed every row with the bias and let the GEMM accumulate onto it:
     // one pass over `out` instead of a GEMM followed by a bias pass.
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (worth_threading(n * out_features))
     for (int64_t row = 0; row < n; ++row) {
       std::memcpy(out + row * out_features, bias, sizeof(float) * out_features);
     }
@@ -30,7 +32,7 @@ void add_column_sums(float* acc, const float* x, int64_t n, int64_t cols) {
   // acc[j]; the inner loop runs along a row and vectorises.
   constexpr int64_t kColumnBlock = 64;
   const int64_t num_blocks = (cols + kColumnBlock - 1) / kColumnBlock;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (worth_threading(n * cols))
   for (int64_t blk = 0; blk < num_blocks; ++blk) {
     const int64_t c0 = blk * kColumnBlock;
     const int64_t c1 = std::min(cols, c0 + kColumnBlock);

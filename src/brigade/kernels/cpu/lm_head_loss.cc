@@ -1,5 +1,7 @@
 #include "brigade/kernels/cpu/lm_head_loss.h"
 
+#include "brigade/kernels/cpu/parallel.h"
+
 #include <cblas.h>
 #include <omp.h>
 
@@ -9,6 +11,7 @@
 #include <memory>
 
 #include "brigade/core/error.h"
+#include "brigade/kernels/cpu/fast_exp.h"
 
 namespace brigade::cpu {
 namespace {
@@ -33,21 +36,22 @@ void lm_head_loss(const LmHeadLossArgs& a) {
     const int64_t rows = std::min(chunk_rows, a.n - r0);
     const float* xc = a.x + r0 * a.c;
     lm_head_logits(logits.get(), xc, a.wte, rows, a.c, a.v);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (worth_threading(rows * a.v))
     for (int64_t r = 0; r < rows; ++r) {
       float* lr = logits.get() + r * a.v;
       const int32_t target = a.targets[r0 + r];
       float mx = -std::numeric_limits<float>::infinity();
+#pragma omp simd reduction(max : mx)
       for (int64_t j = 0; j < a.v; ++j) mx = std::max(mx, lr[j]);
       float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
-      for (int64_t j = 0; j < a.v; ++j) sum += std::exp(lr[j] - mx);
+      for (int64_t j = 0; j < a.v; ++j) sum += fast_exp(lr[j] - mx);
       const float lse = mx + std::log(sum);
       a.losses[r0 + r] = lse - lr[target];
       if (want_grads) {
         const float s = a.loss_scale;
 #pragma omp simd
-        for (int64_t j = 0; j < a.v; ++j) lr[j] = std::exp(lr[j] - lse) * s;
+        for (int64_t j = 0; j < a.v; ++j) lr[j] = fast_exp(lr[j] - lse) * s;
         lr[target] -= s;
       }
     }

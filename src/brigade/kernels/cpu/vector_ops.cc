@@ -1,18 +1,20 @@
 #include "brigade/kernels/cpu/vector_ops.h"
 
+#include "brigade/kernels/cpu/parallel.h"
+
 #include <cmath>
 
 namespace brigade::cpu {
 
 double sum_squares(const float* x, int64_t n) {
   double total = 0.0;
-#pragma omp parallel for simd reduction(+ : total) schedule(static)
+#pragma omp parallel for simd reduction(+ : total) schedule(static) if (worth_threading(n))
   for (int64_t i = 0; i < n; ++i) total += static_cast<double>(x[i]) * x[i];
   return total;
 }
 
 void scale_inplace(float* x, float alpha, int64_t n) {
-#pragma omp parallel for simd schedule(static)
+#pragma omp parallel for simd schedule(static) if (worth_threading(n))
   for (int64_t i = 0; i < n; ++i) x[i] *= alpha;
 }
 
@@ -23,7 +25,7 @@ void adamw_update(float* params, const float* grads, float* m, float* v, int64_t
   const float step_size = s.lr / bias1;
   const float bias2_sqrt = std::sqrt(bias2);
   const float decay = 1.0f - s.lr * s.weight_decay;
-#pragma omp parallel for simd schedule(static)
+#pragma omp parallel for simd schedule(static) if (worth_threading(n))
   for (int64_t i = 0; i < n; ++i) {
     const float g = grads[i];
     const float mi = s.beta1 * m[i] + (1.0f - s.beta1) * g;

@@ -1,0 +1,173 @@
+#include "brigade/ckpt/safetensors.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "brigade/ckpt/model_weights.h"
+#include "brigade/core/error.h"
+#include "brigade/core/files.h"
+#include "brigade/model/gpt.h"
+
+namespace brigade {
+namespace {
+namespace fs = std::filesystem;
+
+class TempDir {
+ public:
+  TempDir() : path_(fs::temp_directory_path() / ("brigade_ckpt_test_" + std::to_string(::getpid()))) {
+    fs::remove_all(path_);
+    fs::create_directories(path_);
+  }
+  ~TempDir() { fs::remove_all(path_); }
+  const fs::path& path() const { return path_; }
+
+ private:
+  fs::path path_;
+};
+
+void expect_error_mentions(const std::function<void()>& fn, const std::string& needle) {
+  try {
+    fn();
+    ADD_FAILURE() << "expected an Error mentioning '" << needle << "'";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+}
+
+TEST(Safetensors, RoundTripsTensorsAndMetadata) {
+  TempDir dir;
+  const std::vector<float> a = {1, 2, 3, 4, 5, 6};
+  const std::vector<int32_t> b = {-7, 8};
+  SafetensorsWriter w;
+  w.add_f32("a", {2, 3}, a.data());
+  w.add("b", "I32", {2}, b.data(), 8);
+  w.set_metadata("k", "v");
+  w.write(dir.path() / "x.safetensors");
+  SafetensorsFile f(dir.path() / "x.safetensors");
+  EXPECT_EQ(f.metadata().at("k"), "v");
+  std::vector<float> back(6);
+  f.read_f32("a", {2, 3}, back.data());
+  EXPECT_EQ(back, a);
+  const TensorEntry* eb = f.find("b");
+  ASSERT_NE(eb, nullptr);
+  EXPECT_EQ(eb->dtype, "I32");
+  EXPECT_EQ(static_cast<const int32_t*>(f.data(*eb))[0], -7);
+  // The data section starts 8-byte aligned.
+  uint64_t header = 0;
+  std::ifstream(dir.path() / "x.safetensors", std::ios::binary).read(reinterpret_cast<char*>(&header), 8);
+  EXPECT_EQ(header % 8, 0u);
+}
+
+TEST(Safetensors, TruncatedFileIsAnErrorNamingTheTensor) {
+  TempDir dir;
+  std::vector<float> a(100, 1.0f);
+  SafetensorsWriter w;
+  w.add_f32("weights", {100}, a.data());
+  w.write(dir.path() / "x.safetensors");
+  fs::resize_file(dir.path() / "x.safetensors", fs::file_size(dir.path() / "x.safetensors") - 10);
+  expect_error_mentions([&] { SafetensorsFile f(dir.path() / "x.safetensors"); }, "weights");
+}
+
+TEST(Safetensors, GarbageIsNotASafetensorsFile) {
+  TempDir dir;
+  write_file_atomic(dir.path() / "junk", "this is not a safetensors file at all");
+  expect_error_mentions([&] { SafetensorsFile f(dir.path() / "junk"); }, "junk");
+  expect_error_mentions([&] { SafetensorsFile f(dir.path() / "missing"); }, "no such file");
+}
+
+TEST(Safetensors, WidensHalfAndBfloat16) {
+  TempDir dir;
+  const uint16_t half[] = {0x3C00, 0xC000, 0x3555};  // 1, -2, ~0.33325
+  const uint16_t bf16[] = {0x3F80, 0xC040};           // 1, -3
+  SafetensorsWriter w;
+  w.add("h", "F16", {3}, half, 6);
+  w.add("b", "BF16", {2}, bf16, 4);
+  w.write(dir.path() / "x.safetensors");
+  SafetensorsFile f(dir.path() / "x.safetensors");
+  float h[3], b[2];
+  f.read_f32("h", {3}, h);
+  f.read_f32("b", {2}, b);
+  EXPECT_EQ(h[0], 1.0f);
+  EXPECT_EQ(h[1], -2.0f);
+  EXPECT_NEAR(h[2], 0.33325f, 1e-4);
+  EXPECT_EQ(b[0], 1.0f);
+  EXPECT_EQ(b[1], -3.0f);
+}
+
+GptConfig small_config() {
+  GptConfig c;
+  c.n_layer = 2;
+  c.n_head = 2;
+  c.n_embd = 8;
+  c.block_size = 6;
+  c.vocab_size = 5;
+  return c;
+}
+
+TEST(ModelWeights, SaveLoadRoundTripWithConfigInMetadata) {
+  TempDir dir;
+  const GptConfig c = small_config();
+  ParamLayout layout(c);
+  FloatBuffer p(layout.size()), q(layout.size());
+  init_gpt2_weights(layout, c.n_layer, 3, p.data());
+  save_model_weights(dir.path() / "m.safetensors", c, p.data());
+  SafetensorsFile f(dir.path() / "m.safetensors");
+  const GptConfig back = read_weights_config(f);
+  EXPECT_EQ(back.n_head, 2);
+  EXPECT_EQ(back.vocab_size, 5);
+  load_model_weights(f, layout, q.data());
+  for (int64_t i = 0; i < layout.size(); ++i) ASSERT_EQ(p.data()[i], q.data()[i]);
+  EXPECT_EQ(f.find("h.1.attn.c_attn.weight")->shape, (std::vector<int64_t>{8, 24}));
+}
+
+TEST(ModelWeights, LoadsHuggingFaceStyleFiles) {
+  // No config metadata, "transformer." prefixes, extra buffers and a tied
+  // lm_head, with config.json beside the file: the shape of a GPT-2
+  // checkpoint exported by the transformers library.
+  TempDir dir;
+  const GptConfig c = small_config();
+  ParamLayout layout(c);
+  FloatBuffer p(layout.size()), q(layout.size());
+  init_gpt2_weights(layout, c.n_layer, 4, p.data());
+  SafetensorsWriter w;
+  w.set_metadata("format", "pt");
+  for (const ParamInfo& info : layout.params()) {
+    w.add_f32("transformer." + info.name, info.shape, p.data() + info.offset);
+  }
+  std::vector<float> mask(36, 1.0f);
+  w.add_f32("transformer.h.0.attn.bias", {1, 1, 6, 6}, mask.data());
+  w.add_f32("lm_head.weight", {5, 8}, p.data() + layout.wte());
+  w.write(dir.path() / "model.safetensors");
+  expect_error_mentions([&] { read_weights_config(SafetensorsFile(dir.path() / "model.safetensors")); },
+                        "config.json");
+  write_file_atomic(dir.path() / "config.json",
+                    nlohmann::json{{"n_layer", 2}, {"n_head", 2}, {"n_embd", 8},
+                                   {"n_positions", 6}, {"vocab_size", 5}}
+                        .dump());
+  SafetensorsFile f(dir.path() / "model.safetensors");
+  const GptConfig back = read_weights_config(f);
+  EXPECT_EQ(back.block_size, 6);
+  load_model_weights(f, ParamLayout(back), q.data());
+  for (int64_t i = 0; i < layout.size(); ++i) ASSERT_EQ(p.data()[i], q.data()[i]);
+}
+
+TEST(ModelWeights, ShapeMismatchNamesTheTensor) {
+  TempDir dir;
+  const GptConfig c = small_config();
+  ParamLayout layout(c);
+  FloatBuffer p(layout.size());
+  save_model_weights(dir.path() / "m.safetensors", c, p.data());
+  GptConfig wider = c;
+  wider.vocab_size = 7;
+  ParamLayout other(wider);
+  FloatBuffer q(other.size());
+  expect_error_mentions(
+      [&] { load_model_weights(SafetensorsFile(dir.path() / "m.safetensors"), other, q.data()); },
+      "wte.weight");
+}
+
+}  // namespace
+}  // namespace brigade

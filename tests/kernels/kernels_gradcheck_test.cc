@@ -1,0 +1,193 @@
+// Every kernel's backward against finite differences of its forward.
+#include <gtest/gtest.h>
+
+#include "brigade/core/threads.h"
+#include "brigade/kernels/cpu/attention.h"
+#include "brigade/kernels/cpu/embedding.h"
+#include "brigade/kernels/cpu/gelu.h"
+#include "brigade/kernels/cpu/layernorm.h"
+#include "brigade/kernels/cpu/linear.h"
+#include "brigade/kernels/cpu/lm_head_loss.h"
+#include "gradcheck.h"
+
+namespace brigade {
+namespace {
+using testing::dot;
+using testing::expect_gradient_matches;
+using testing::random_vector;
+
+TEST(KernelGradcheck, Linear) {
+  const int64_t n = 6, in = 5, out = 7;
+  auto x = random_vector(n * in, 1), w = random_vector(in * out, 2), b = random_vector(out, 3);
+  const auto r = random_vector(n * out, 4);
+  std::vector<float> y(n * out);
+  auto loss = [&] {
+    cpu::linear_forward(y.data(), x.data(), w.data(), b.data(), n, in, out);
+    return dot(y, r);
+  };
+  std::vector<float> dx(n * in), dw(in * out, 0.0f), db(out, 0.0f);
+  cpu::linear_backward(dx.data(), dw.data(), db.data(), r.data(), x.data(), w.data(), n, in, out,
+                       false);
+  expect_gradient_matches("linear dx", x, dx, loss);
+  expect_gradient_matches("linear dw", w, dw, loss);
+  expect_gradient_matches("linear db", b, db, loss);
+}
+
+TEST(KernelGradcheck, LinearBackwardAccumulates) {
+  const int64_t n = 3, in = 4, out = 2;
+  auto x = random_vector(n * in, 1), w = random_vector(in * out, 2);
+  const auto r = random_vector(n * out, 4);
+  std::vector<float> dx1(n * in), dw1(in * out, 0.0f), db1(out, 0.0f);
+  cpu::linear_backward(dx1.data(), dw1.data(), db1.data(), r.data(), x.data(), w.data(), n, in,
+                       out, false);
+  std::vector<float> dx2 = dx1, dw2 = dw1, db2 = db1;
+  cpu::linear_backward(dx2.data(), dw2.data(), db2.data(), r.data(), x.data(), w.data(), n, in,
+                       out, true);
+  for (size_t i = 0; i < dx1.size(); ++i) EXPECT_FLOAT_EQ(dx2[i], 2 * dx1[i]);
+  for (size_t i = 0; i < dw1.size(); ++i) EXPECT_FLOAT_EQ(dw2[i], 2 * dw1[i]);
+  for (size_t i = 0; i < db1.size(); ++i) EXPECT_FLOAT_EQ(db2[i], 2 * db1[i]);
+}
+
+TEST(KernelGradcheck, LayerNorm) {
+  const int64_t n = 5, c = 24;
+  auto x = random_vector(n * c, 5, 2.0f), w = random_vector(c, 6), b = random_vector(c, 7);
+  const auto r = random_vector(n * c, 8);
+  std::vector<float> y(n * c), mean(n), rstd(n);
+  auto loss = [&] {
+    cpu::layernorm_forward(y.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), n, c);
+    return dot(y, r);
+  };
+  loss();
+  std::vector<float> dx(n * c, 0.0f), dw(c, 0.0f), db(c, 0.0f);
+  cpu::layernorm_backward(dx.data(), dw.data(), db.data(), r.data(), x.data(), mean.data(),
+                          rstd.data(), w.data(), n, c);
+  expect_gradient_matches("layernorm dx", x, dx, loss);
+  expect_gradient_matches("layernorm dw", w, dw, loss);
+  expect_gradient_matches("layernorm db", b, db, loss);
+}
+
+TEST(KernelGradcheck, ResidualLayerNormMatchesAddThenNorm) {
+  const int64_t n = 4, c = 16;
+  const auto a = random_vector(n * c, 1), d = random_vector(n * c, 2);
+  const auto w = random_vector(c, 3), b = random_vector(c, 4);
+  std::vector<float> sum(n * c), y1(n * c), y2(n * c), m1(n), r1(n), m2(n), r2(n);
+  cpu::residual_layernorm_forward(sum.data(), y1.data(), m1.data(), r1.data(), a.data(), d.data(),
+                                  w.data(), b.data(), n, c);
+  std::vector<float> added(n * c);
+  for (int64_t i = 0; i < n * c; ++i) added[i] = a[i] + d[i];
+  cpu::layernorm_forward(y2.data(), m2.data(), r2.data(), added.data(), w.data(), b.data(), n, c);
+  for (int64_t i = 0; i < n * c; ++i) {
+    EXPECT_EQ(sum[i], added[i]);
+    EXPECT_EQ(y1[i], y2[i]);
+  }
+}
+
+TEST(KernelGradcheck, Gelu) {
+  const int64_t n = 200;
+  auto x = random_vector(n, 9, 3.0f);
+  const auto r = random_vector(n, 10);
+  std::vector<float> y(n);
+  auto loss = [&] {
+    cpu::gelu_forward(y.data(), x.data(), n);
+    return dot(y, r);
+  };
+  std::vector<float> dx(n);
+  cpu::gelu_backward(dx.data(), r.data(), x.data(), n);
+  expect_gradient_matches("gelu", x, dx, loss, 1e-3f, 200);
+}
+
+TEST(KernelGradcheck, GeluValues) {
+  // Against the closed form at a few points, including large |x| where a
+  // tanh built from exp could overflow.
+  const float xs[] = {-20.0f, -3.0f, -0.5f, 0.0f, 0.5f, 1.0f, 3.0f, 20.0f};
+  for (float v : xs) {
+    float y;
+    cpu::gelu_forward(&y, &v, 1);
+    const double expect =
+        0.5 * v * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (v + 0.044715 * v * v * v)));
+    EXPECT_NEAR(y, expect, 1e-6 * std::max(1.0, std::fabs(expect))) << "x = " << v;
+  }
+}
+
+// Attention over T that spans several query blocks (the kernel's block is 64
+// rows), so both the diagonal-block masking and the off-diagonal blocks count.
+TEST(KernelGradcheck, Attention) {
+  const int64_t b = 2, t = 70, h = 2, c = 8;
+  auto qkv = random_vector(b * t * 3 * c, 11);
+  const auto r = random_vector(b * t * c, 12);
+  std::vector<float> out(b * t * c), lse(b * h * t);
+  auto loss = [&] {
+    cpu::attention_forward(out.data(), lse.data(), qkv.data(), b, t, c, h);
+    return dot(out, r);
+  };
+  loss();
+  std::vector<float> dqkv(b * t * 3 * c);
+  cpu::attention_backward(dqkv.data(), r.data(), qkv.data(), out.data(), lse.data(), b, t, c, h);
+  expect_gradient_matches("attention dqkv", qkv, dqkv, loss, 1e-2f, 400);
+}
+
+TEST(KernelGradcheck, AttentionIsCausal) {
+  // Changing a later token's k and v must not change earlier outputs.
+  const int64_t b = 1, t = 9, h = 1, c = 4;
+  auto qkv = random_vector(b * t * 3 * c, 13);
+  std::vector<float> out1(t * c), out2(t * c), lse(t);
+  cpu::attention_forward(out1.data(), lse.data(), qkv.data(), b, t, c, h);
+  for (int64_t e = c; e < 3 * c; ++e) qkv[(t - 1) * 3 * c + e] += 5.0f;
+  cpu::attention_forward(out2.data(), lse.data(), qkv.data(), b, t, c, h);
+  for (int64_t i = 0; i < (t - 1) * c; ++i) EXPECT_EQ(out1[i], out2[i]);
+  bool last_changed = false;
+  for (int64_t i = (t - 1) * c; i < t * c; ++i) last_changed |= out1[i] != out2[i];
+  EXPECT_TRUE(last_changed);
+}
+
+TEST(KernelGradcheck, Embedding) {
+  const int64_t b = 2, t = 5, c = 6, v = 4;
+  auto wte = random_vector(v * c, 14), wpe = random_vector(t * c, 15);
+  const std::vector<int32_t> tokens = {0, 1, 1, 3, 0, 2, 2, 2, 1, 0};
+  const auto r = random_vector(b * t * c, 16);
+  std::vector<float> out(b * t * c);
+  auto loss = [&] {
+    cpu::embedding_forward(out.data(), tokens.data(), wte.data(), wpe.data(), b, t, c);
+    return dot(out, r);
+  };
+  std::vector<float> dwte(v * c, 0.0f), dwpe(t * c, 0.0f);
+  cpu::embedding_backward(dwte.data(), dwpe.data(), r.data(), tokens.data(), b, t, c);
+  expect_gradient_matches("embedding dwte", wte, dwte, loss);
+  expect_gradient_matches("embedding dwpe", wpe, dwpe, loss);
+}
+
+TEST(KernelGradcheck, LmHeadLossInChunks) {
+  // n larger than one chunk for this V, so chunk boundaries are crossed.
+  const int64_t n = 120, c = 8, v = 20000;
+  auto x = random_vector(n * c, 17), wte = random_vector(v * c, 18, 0.5f);
+  std::vector<int32_t> targets(n);
+  for (int64_t i = 0; i < n; ++i) targets[i] = static_cast<int32_t>((i * 7919) % v);
+  std::vector<float> losses(n);
+  const float scale = 1.0f / static_cast<float>(n);
+  auto loss = [&] {
+    cpu::LmHeadLossArgs a{x.data(), wte.data(), targets.data(), n, c, v, losses.data()};
+    cpu::lm_head_loss(a);
+    double s = 0;
+    for (float l : losses) s += l;
+    return s * scale;
+  };
+  // The per-row losses against a direct log-softmax.
+  loss();
+  std::vector<float> logits(v);
+  cpu::lm_head_logits(logits.data(), x.data() + 3 * c, wte.data(), 1, c, v);
+  double mx = -1e30, sum = 0;
+  for (float l : logits) mx = std::max(mx, static_cast<double>(l));
+  for (float l : logits) sum += std::exp(l - mx);
+  EXPECT_NEAR(losses[3], mx + std::log(sum) - logits[targets[3]], 1e-4);
+
+  std::vector<float> dx(n * c), dwte(v * c, 0.0f);
+  cpu::LmHeadLossArgs a{x.data(), wte.data(), targets.data(), n, c, v, losses.data(),
+                        dx.data(), dwte.data(), scale};
+  cpu::lm_head_loss(a);
+  expect_gradient_matches("lm head dx", x, dx, loss, 1e-2f, 32);
+  // dwte is sparse-ish in its large entries; sample the target rows.
+  expect_gradient_matches("lm head dwte", wte, dwte, loss, 1e-2f, 32);
+}
+
+}  // namespace
+}  // namespace brigade
