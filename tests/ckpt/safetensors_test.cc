@@ -17,7 +17,8 @@ namespace fs = std::filesystem;
 
 class TempDir {
  public:
-  TempDir() : path_(fs::temp_directory_path() / ("brigade_ckpt_test_" + std::to_string(::getpid()))) {
+  TempDir()
+      : path_(fs::temp_directory_path() / ("brigade_ckpt_test_" + std::to_string(::getpid()))) {
     fs::remove_all(path_);
     fs::create_directories(path_);
   }
@@ -57,7 +58,8 @@ TEST(Safetensors, RoundTripsTensorsAndMetadata) {
   EXPECT_EQ(static_cast<const int32_t*>(f.data(*eb))[0], -7);
   // The data section starts 8-byte aligned.
   uint64_t header = 0;
-  std::ifstream(dir.path() / "x.safetensors", std::ios::binary).read(reinterpret_cast<char*>(&header), 8);
+  std::ifstream(dir.path() / "x.safetensors", std::ios::binary)
+      .read(reinterpret_cast<char*>(&header), 8);
   EXPECT_EQ(header % 8, 0u);
 }
 
@@ -81,7 +83,7 @@ TEST(Safetensors, GarbageIsNotASafetensorsFile) {
 TEST(Safetensors, WidensHalfAndBfloat16) {
   TempDir dir;
   const uint16_t half[] = {0x3C00, 0xC000, 0x3555};  // 1, -2, ~0.33325
-  const uint16_t bf16[] = {0x3F80, 0xC040};           // 1, -3
+  const uint16_t bf16[] = {0x3F80, 0xC040};          // 1, -3
   SafetensorsWriter w;
   w.add("h", "F16", {3}, half, 6);
   w.add("b", "BF16", {2}, bf16, 4);
@@ -141,12 +143,14 @@ TEST(ModelWeights, LoadsHuggingFaceStyleFiles) {
   w.add_f32("transformer.h.0.attn.bias", {1, 1, 6, 6}, mask.data());
   w.add_f32("lm_head.weight", {5, 8}, p.data() + layout.wte());
   w.write(dir.path() / "model.safetensors");
-  expect_error_mentions([&] { read_weights_config(SafetensorsFile(dir.path() / "model.safetensors")); },
-                        "config.json");
-  write_file_atomic(dir.path() / "config.json",
-                    nlohmann::json{{"n_layer", 2}, {"n_head", 2}, {"n_embd", 8},
-                                   {"n_positions", 6}, {"vocab_size", 5}}
-                        .dump());
+  expect_error_mentions(
+      [&] { read_weights_config(SafetensorsFile(dir.path() / "model.safetensors")); },
+      "config.json");
+  write_file_atomic(
+      dir.path() / "config.json",
+      nlohmann::json{
+          {"n_layer", 2}, {"n_head", 2}, {"n_embd", 8}, {"n_positions", 6}, {"vocab_size", 5}}
+          .dump());
   SafetensorsFile f(dir.path() / "model.safetensors");
   const GptConfig back = read_weights_config(f);
   EXPECT_EQ(back.block_size, 6);

@@ -44,7 +44,8 @@ TEST(Config, WrongTypeNamesKeyExpectedAndFound) {
 }
 
 TEST(Config, SyntaxErrorNamesLine) {
-  const std::string msg = error_of([] { Config::from_string("[train]\nsteps = = 3\n", "bad.toml"); });
+  const std::string msg =
+      error_of([] { Config::from_string("[train]\nsteps = = 3\n", "bad.toml"); });
   EXPECT_NE(msg.find("bad.toml line 2"), std::string::npos) << msg;
 }
 

@@ -38,11 +38,11 @@ TEST(KernelGradcheck, LinearBackwardAccumulates) {
   auto x = random_vector(n * in, 1), w = random_vector(in * out, 2);
   const auto r = random_vector(n * out, 4);
   std::vector<float> dx1(n * in), dw1(in * out, 0.0f), db1(out, 0.0f);
-  cpu::linear_backward(dx1.data(), dw1.data(), db1.data(), r.data(), x.data(), w.data(), n, in,
-                       out, false);
+  cpu::linear_backward(dx1.data(), dw1.data(), db1.data(), r.data(), x.data(), w.data(), n, in, out,
+                       false);
   std::vector<float> dx2 = dx1, dw2 = dw1, db2 = db1;
-  cpu::linear_backward(dx2.data(), dw2.data(), db2.data(), r.data(), x.data(), w.data(), n, in,
-                       out, true);
+  cpu::linear_backward(dx2.data(), dw2.data(), db2.data(), r.data(), x.data(), w.data(), n, in, out,
+                       true);
   for (size_t i = 0; i < dx1.size(); ++i) EXPECT_FLOAT_EQ(dx2[i], 2 * dx1[i]);
   for (size_t i = 0; i < dw1.size(); ++i) EXPECT_FLOAT_EQ(dw2[i], 2 * dw1[i]);
   for (size_t i = 0; i < db1.size(); ++i) EXPECT_FLOAT_EQ(db2[i], 2 * db1[i]);
@@ -181,8 +181,8 @@ TEST(KernelGradcheck, LmHeadLossInChunks) {
   EXPECT_NEAR(losses[3], mx + std::log(sum) - logits[targets[3]], 1e-4);
 
   std::vector<float> dx(n * c), dwte(v * c, 0.0f);
-  cpu::LmHeadLossArgs a{x.data(), wte.data(), targets.data(), n, c, v, losses.data(),
-                        dx.data(), dwte.data(), scale};
+  cpu::LmHeadLossArgs a{x.data(), wte.data(),    targets.data(), n,           c,
+                        v,        losses.data(), dx.data(),      dwte.data(), scale};
   cpu::lm_head_loss(a);
   expect_gradient_matches("lm head dx", x, dx, loss, 1e-2f, 32);
   // dwte is sparse-ish in its large entries; sample the target rows.

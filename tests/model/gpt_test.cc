@@ -150,8 +150,7 @@ TEST(Gpt, RejectsTokensOutsideTheVocabulary) {
   Fixture f(tiny_config());
   Gpt model(f.cfg, f.params.data(), f.grads.data());
   f.inputs[5] = static_cast<int32_t>(f.cfg.vocab_size);
-  EXPECT_THROW(model.forward_loss(f.inputs.data(), f.targets.data(), f.b, f.cfg.block_size),
-               Error);
+  EXPECT_THROW(model.forward_loss(f.inputs.data(), f.targets.data(), f.b, f.cfg.block_size), Error);
 }
 
 TEST(Gpt, RejectsSequencesLongerThanTheBlock) {
@@ -173,7 +172,8 @@ TEST(Gpt, InitialisationFollowsGpt2) {
   auto stddev = [&](const std::string& name) {
     const ParamInfo* info = layout.find(name);
     double s = 0;
-    for (int64_t i = 0; i < info->numel; ++i) s += p1.data()[info->offset + i] * p1.data()[info->offset + i];
+    for (int64_t i = 0; i < info->numel; ++i)
+      s += p1.data()[info->offset + i] * p1.data()[info->offset + i];
     return std::sqrt(s / info->numel);
   };
   EXPECT_NEAR(stddev("h.0.attn.c_attn.weight"), 0.02, 0.002);

@@ -22,8 +22,7 @@ std::vector<fs::path> step_dirs(const fs::path& root) {
   for (const auto& entry : fs::directory_iterator(root)) {
     const std::string name = entry.path().filename().string();
     if (entry.is_directory() && name.starts_with(kStepPrefix) &&
-        name.find('.') == std::string::npos &&
-        fs::exists(entry.path() / "model.safetensors") &&
+        name.find('.') == std::string::npos && fs::exists(entry.path() / "model.safetensors") &&
         fs::exists(entry.path() / "state.safetensors")) {
       dirs.push_back(entry.path());
     }
@@ -70,9 +69,10 @@ fs::path resolve_checkpoint(const fs::path& path) {
     if (auto latest = latest_checkpoint(root)) return *latest;
   }
   if (!fs::exists(path)) throw_error("cannot resume from {}: no such directory", path.string());
-  throw_error("cannot resume from {}: it holds no complete checkpoint (expected "
-              "model.safetensors, or checkpoints/step_*/ with model and state files)",
-              path.string());
+  throw_error(
+      "cannot resume from {}: it holds no complete checkpoint (expected "
+      "model.safetensors, or checkpoints/step_*/ with model and state files)",
+      path.string());
 }
 
 nlohmann::json load_checkpoint(const fs::path& dir, const GptConfig& config,
@@ -81,9 +81,10 @@ nlohmann::json load_checkpoint(const fs::path& dir, const GptConfig& config,
   const GptConfig saved = read_weights_config(weights);
   const auto mismatch = [&](const char* key, int64_t have, int64_t want) {
     if (have != want) {
-      throw_error("checkpoint {} was saved with model.{} = {} but the config says {}: set "
-                  "model.{} = {} to resume it",
-                  dir.string(), key, have, want, key, have);
+      throw_error(
+          "checkpoint {} was saved with model.{} = {} but the config says {}: set "
+          "model.{} = {} to resume it",
+          dir.string(), key, have, want, key, have);
     }
   };
   mismatch("n_layer", saved.n_layer, config.n_layer);

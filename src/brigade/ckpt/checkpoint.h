@@ -25,8 +25,8 @@ struct CheckpointView {
   const float* params = nullptr;  // flat buffers of ParamLayout(config).size()
   const float* adam_m = nullptr;
   const float* adam_v = nullptr;
-  nlohmann::json trainer_state;   // step, optimizer step, sampler and schedule
-  std::string tokenizer_spec;     // recorded in the weights so `brigade sample` can decode
+  nlohmann::json trainer_state;  // step, optimizer step, sampler and schedule
+  std::string tokenizer_spec;    // recorded in the weights so `brigade sample` can decode
 };
 
 // Writes <root>/step_<step>; returns its path.

@@ -33,9 +33,10 @@ GptConfig read_weights_config(const SafetensorsFile& file) {
   const std::filesystem::path hf_config = file.path().parent_path() / "config.json";
   std::ifstream in(hf_config);
   if (!in) {
-    throw_error("{} does not say which model it holds: it has no 'config' metadata and there is "
-                "no config.json beside it; put the model's Hugging Face config.json next to it",
-                file.path().string());
+    throw_error(
+        "{} does not say which model it holds: it has no 'config' metadata and there is "
+        "no config.json beside it; put the model's Hugging Face config.json next to it",
+        file.path().string());
   }
   nlohmann::json j;
   try {

@@ -82,7 +82,8 @@ void SafetensorsWriter::write(const std::filesystem::path& path) const {
   if (!metadata_.empty()) header["__metadata__"] = metadata_;
   int64_t offset = 0;
   for (const Pending& t : tensors_) {
-    header[t.name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {offset, offset + t.bytes}}};
+    header[t.name] = {
+        {"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {offset, offset + t.bytes}}};
     offset += t.bytes;
   }
   std::string text = header.dump();
@@ -146,11 +147,13 @@ SafetensorsFile::SafetensorsFile(const std::filesystem::path& path) : path_(path
       e.begin = value.at("data_offsets").at(0).get<int64_t>();
       e.end = value.at("data_offsets").at(1).get<int64_t>();
       const int64_t width = dtype_width(e.dtype);
-      if (width == 0) throw_error("{}: tensor {} has unknown dtype {}", path.string(), name, e.dtype);
+      if (width == 0)
+        throw_error("{}: tensor {} has unknown dtype {}", path.string(), name, e.dtype);
       if (e.begin < 0 || e.end < e.begin || e.end > data_bytes) {
-        throw_error("{} is truncated or corrupt: tensor {} spans bytes [{}, {}) but the data "
-                    "section holds {} bytes",
-                    path.string(), name, e.begin, e.end, data_bytes);
+        throw_error(
+            "{} is truncated or corrupt: tensor {} spans bytes [{}, {}) but the data "
+            "section holds {} bytes",
+            path.string(), name, e.begin, e.end, data_bytes);
       }
       if (e.end - e.begin != e.numel() * width) {
         throw_error("{}: tensor {} has shape {} of {} but {} bytes", path.string(), name,

@@ -3,9 +3,8 @@
 // does not depend on the text) and reports tokens/s, MFU against this
 // machine's measured sgemm peak, and peak memory. bench/compare_train.py runs
 // it beside the PyTorch peer and prints the ratios.
-#include <sys/resource.h>
-
 #include <fmt/format.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -49,32 +48,33 @@ void run_bench_train(const BenchTrainArgs& args) {
   std::sort(step_ms.begin(), step_ms.end());
   const double median_ms = step_ms[step_ms.size() / 2];
   const double tokens_per_s = static_cast<double>(trainer.tokens_per_step()) / (median_ms * 1e-3);
-  const double achieved_gflops = model.train_flops_per_token(model.block_size) * tokens_per_s * 1e-9;
+  const double achieved_gflops =
+      model.train_flops_per_token(model.block_size) * tokens_per_s * 1e-9;
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
-  const nlohmann::json result = {
-      {"impl", "brigade"},
-      {"tokens_per_s", tokens_per_s},
-      {"step_ms", median_ms},
-      {"mfu", achieved_gflops / peak_gflops},
-      {"achieved_gflops", achieved_gflops},
-      {"sgemm_peak_gflops", peak_gflops},
-      {"peak_rss_bytes", static_cast<int64_t>(usage.ru_maxrss) * 1024},
-      {"threads", num_threads()},
-      {"params", model.num_params()},
-      {"micro_batch", options.micro_batch},
-      {"seq_len", model.block_size},
-      {"steps", args.steps}};
+  const nlohmann::json result = {{"impl", "brigade"},
+                                 {"tokens_per_s", tokens_per_s},
+                                 {"step_ms", median_ms},
+                                 {"mfu", achieved_gflops / peak_gflops},
+                                 {"achieved_gflops", achieved_gflops},
+                                 {"sgemm_peak_gflops", peak_gflops},
+                                 {"peak_rss_bytes", static_cast<int64_t>(usage.ru_maxrss) * 1024},
+                                 {"threads", num_threads()},
+                                 {"params", model.num_params()},
+                                 {"micro_batch", options.micro_batch},
+                                 {"seq_len", model.block_size},
+                                 {"steps", args.steps}};
   if (args.json) {
     std::printf("%s\n", result.dump().c_str());
     return;
   }
-  std::printf("model: %lld params, %lld layers, n_embd %lld, vocab %lld; batch %lld x %lld tokens; "
-              "%d threads\n",
-              static_cast<long long>(model.num_params()), static_cast<long long>(model.n_layer),
-              static_cast<long long>(model.n_embd), static_cast<long long>(model.vocab_size),
-              static_cast<long long>(options.micro_batch * options.grad_accum),
-              static_cast<long long>(model.block_size), num_threads());
+  std::printf(
+      "model: %lld params, %lld layers, n_embd %lld, vocab %lld; batch %lld x %lld tokens; "
+      "%d threads\n",
+      static_cast<long long>(model.num_params()), static_cast<long long>(model.n_layer),
+      static_cast<long long>(model.n_embd), static_cast<long long>(model.vocab_size),
+      static_cast<long long>(options.micro_batch * options.grad_accum),
+      static_cast<long long>(model.block_size), num_threads());
   std::printf("median step  %10.1f ms  (min %.1f, max %.1f, %lld steps)\n", median_ms,
               step_ms.front(), step_ms.back(), static_cast<long long>(args.steps));
   std::printf("throughput   %10.0f tokens/s\n", tokens_per_s);

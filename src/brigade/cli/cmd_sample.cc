@@ -34,9 +34,10 @@ std::unique_ptr<Tokenizer> pick_tokenizer(const SampleArgs& args, const Inferenc
   const int64_t vocab = m.model->config().vocab_size;
   if (spec.empty() || spec == "byte") {
     if (spec.empty() && vocab > 256) {
-      throw_error("{} does not record its tokenizer and its vocabulary ({}) is not bytes: pass "
-                  "--tokenizer DIR (a directory with vocab.json and merges.txt)",
-                  m.weights_path, vocab);
+      throw_error(
+          "{} does not record its tokenizer and its vocabulary ({}) is not bytes: pass "
+          "--tokenizer DIR (a directory with vocab.json and merges.txt)",
+          m.weights_path, vocab);
     }
     // A model with fewer than 256 tokens cannot take every byte; ByteTokenizer
     // then rejects the bytes it cannot encode.
@@ -44,9 +45,10 @@ std::unique_ptr<Tokenizer> pick_tokenizer(const SampleArgs& args, const Inferenc
   }
   auto tokenizer = load_tokenizer(spec);
   if (tokenizer->vocab_size() > static_cast<uint64_t>(vocab)) {
-    throw_error("tokenizer {} has {} tokens but the model only {}: pass the tokenizer the model "
-                "was trained with (--tokenizer)",
-                spec, tokenizer->vocab_size(), vocab);
+    throw_error(
+        "tokenizer {} has {} tokens but the model only {}: pass the tokenizer the model "
+        "was trained with (--tokenizer)",
+        spec, tokenizer->vocab_size(), vocab);
   }
   return tokenizer;
 }
@@ -71,7 +73,8 @@ void run_sample(const SampleArgs& args) {
       next = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
     } else {
       std::iota(order.begin(), order.end(), 0);
-      const int64_t k = args.top_k > 0 ? std::min<int64_t>(args.top_k, cfg.vocab_size) : cfg.vocab_size;
+      const int64_t k =
+          args.top_k > 0 ? std::min<int64_t>(args.top_k, cfg.vocab_size) : cfg.vocab_size;
       std::partial_sort(order.begin(), order.begin() + k, order.end(),
                         [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
       const float top = logits[order[0]];

@@ -23,7 +23,9 @@ namespace fs = std::filesystem;
 namespace {
 
 std::atomic<bool> g_stop_requested{false};
-void request_stop(int) { g_stop_requested = true; }
+void request_stop(int) {
+  g_stop_requested = true;
+}
 
 std::string format_duration(double seconds) {
   const auto s = static_cast<int64_t>(seconds + 0.5);
@@ -43,16 +45,19 @@ int64_t peak_rss_bytes() {
 void check_run_dir_is_free(const TrainOptions& options) {
   if (!options.resume.empty()) return;
   if (auto latest = latest_checkpoint(fs::path(options.run_dir) / "checkpoints")) {
-    throw_error("{} already holds checkpoints (newest: {}): pass --resume {} to continue that run, "
-                "or set train.run_dir to a new directory",
-                options.run_dir, latest->filename().string(), options.run_dir);
+    throw_error(
+        "{} already holds checkpoints (newest: {}): pass --resume {} to continue that run, "
+        "or set train.run_dir to a new directory",
+        options.run_dir, latest->filename().string(), options.run_dir);
   }
 }
 
 class ProgressLine {
  public:
   ProgressLine(int64_t total_steps, double flops_per_step, double peak_gflops)
-      : total_steps_(total_steps), flops_per_step_(flops_per_step), peak_gflops_(peak_gflops),
+      : total_steps_(total_steps),
+        flops_per_step_(flops_per_step),
+        peak_gflops_(peak_gflops),
         tty_(isatty(fileno(stderr)) != 0) {}
 
   void update(const StepMetrics& m) {
@@ -103,8 +108,8 @@ void run_train(const std::string& config_path, const std::vector<std::string>& o
   write_file_atomic(run_dir / "config.toml", config.to_toml() + "\n");
 
   const double peak_gflops = cpu::measure_sgemm_peak_gflops();
-  const double flops_per_step =
-      model.train_flops_per_token(model.block_size) * static_cast<double>(trainer.tokens_per_step());
+  const double flops_per_step = model.train_flops_per_token(model.block_size) *
+                                static_cast<double>(trainer.tokens_per_step());
   const int64_t param_bytes = trainer.params().bytes();
   std::fprintf(stderr,
                "brigade train: %lld parameters (%.1f MB each for weights, grads, 2x AdamW), "
@@ -132,10 +137,14 @@ void run_train(const std::string& config_path, const std::vector<std::string>& o
   while (trainer.step() < options.steps && !g_stop_requested) {
     const StepMetrics m = trainer.train_step();
     const double mfu = flops_per_step / (m.step_ms * 1e-3) / (peak_gflops * 1e9);
-    metrics << nlohmann::json{{"step", m.step + 1},     {"loss", m.loss},
-                              {"lr", m.lr},             {"grad_norm", m.grad_norm},
-                              {"tokens_per_s", m.tokens_per_s}, {"step_ms", m.step_ms},
-                              {"mfu", mfu},             {"peak_rss_bytes", peak_rss_bytes()}}
+    metrics << nlohmann::json{{"step", m.step + 1},
+                              {"loss", m.loss},
+                              {"lr", m.lr},
+                              {"grad_norm", m.grad_norm},
+                              {"tokens_per_s", m.tokens_per_s},
+                              {"step_ms", m.step_ms},
+                              {"mfu", mfu},
+                              {"peak_rss_bytes", peak_rss_bytes()}}
                    .dump()
             << "\n";
     progress.update(m);

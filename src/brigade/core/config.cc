@@ -25,13 +25,27 @@ std::vector<std::string> split_dotted(std::string_view key) {
 std::string describe(const toml::node& node) {
   std::ostringstream out;
   switch (node.type()) {
-    case toml::node_type::string: out << "string \"" << *node.value<std::string>() << "\""; break;
-    case toml::node_type::integer: out << "integer " << *node.value<int64_t>(); break;
-    case toml::node_type::floating_point: out << "float " << *node.value<double>(); break;
-    case toml::node_type::boolean: out << "boolean " << (*node.value<bool>() ? "true" : "false"); break;
-    case toml::node_type::table: out << "a table"; break;
-    case toml::node_type::array: out << "an array"; break;
-    default: out << "a date/time"; break;
+    case toml::node_type::string:
+      out << "string \"" << *node.value<std::string>() << "\"";
+      break;
+    case toml::node_type::integer:
+      out << "integer " << *node.value<int64_t>();
+      break;
+    case toml::node_type::floating_point:
+      out << "float " << *node.value<double>();
+      break;
+    case toml::node_type::boolean:
+      out << "boolean " << (*node.value<bool>() ? "true" : "false");
+      break;
+    case toml::node_type::table:
+      out << "a table";
+      break;
+    case toml::node_type::array:
+      out << "an array";
+      break;
+    default:
+      out << "a date/time";
+      break;
   }
   return out.str();
 }
@@ -39,7 +53,8 @@ std::string describe(const toml::node& node) {
 void collect_leaf_keys(const toml::table& table, const std::string& prefix,
                        std::vector<std::string>& out) {
   for (const auto& [k, node] : table) {
-    const std::string key = prefix.empty() ? std::string(k.str()) : prefix + "." + std::string(k.str());
+    const std::string key =
+        prefix.empty() ? std::string(k.str()) : prefix + "." + std::string(k.str());
     if (const toml::table* sub = node.as_table()) {
       collect_leaf_keys(*sub, key, out);
     } else {
@@ -102,7 +117,9 @@ const toml::node* Config::find(std::string_view key) {
   return root_.at_path(key).node();
 }
 
-bool Config::has(std::string_view key) const { return root_.at_path(key).node() != nullptr; }
+bool Config::has(std::string_view key) const {
+  return root_.at_path(key).node() != nullptr;
+}
 
 void Config::wrong_type(std::string_view key, std::string_view expected,
                         const toml::node& found) const {

@@ -7,12 +7,13 @@
 // know, instead of a silently ignored setting.
 #pragma once
 
+#include <toml++/toml.h>
+
 #include <cstdint>
 #include <filesystem>
 #include <set>
 #include <string>
 #include <string_view>
-#include <toml++/toml.h>
 
 namespace brigade {
 

@@ -36,10 +36,10 @@ namespace detail {
 }  // namespace brigade
 
 // BRIGADE_CHECK(cond) or BRIGADE_CHECK(cond, "format {}", args...).
-#define BRIGADE_CHECK(cond, ...)                                                       \
-  do {                                                                                 \
-    if (!(cond)) [[unlikely]] {                                                        \
-      ::brigade::detail::check_failed(#cond, __FILE__, __LINE__,                       \
-                                      ::fmt::format("" __VA_OPT__(, ) __VA_ARGS__));   \
-    }                                                                                  \
+#define BRIGADE_CHECK(cond, ...)                                                     \
+  do {                                                                               \
+    if (!(cond)) [[unlikely]] {                                                      \
+      ::brigade::detail::check_failed(#cond, __FILE__, __LINE__,                     \
+                                      ::fmt::format("" __VA_OPT__(, ) __VA_ARGS__)); \
+    }                                                                                \
   } while (0)

@@ -39,7 +39,8 @@ AtomicFileWriter::AtomicFileWriter(fs::path path) : path_(std::move(path)) {
   if (path_.has_parent_path()) {
     std::error_code ec;
     fs::create_directories(path_.parent_path(), ec);
-    if (ec) throw_error("cannot create directory {}: {}", path_.parent_path().string(), ec.message());
+    if (ec)
+      throw_error("cannot create directory {}: {}", path_.parent_path().string(), ec.message());
   }
   tmp_path_ = path_;
   tmp_path_ += fmt::format(".tmp.{}", ::getpid());
@@ -69,7 +70,8 @@ void AtomicFileWriter::write(const void* data, size_t bytes) {
 
 void AtomicFileWriter::commit() {
   BRIGADE_CHECK(fd_ >= 0, "commit() called twice");
-  if (::fsync(fd_) != 0) throw_error("cannot fsync {}: {}", tmp_path_.string(), std::strerror(errno));
+  if (::fsync(fd_) != 0)
+    throw_error("cannot fsync {}: {}", tmp_path_.string(), std::strerror(errno));
   ::close(fd_);
   fd_ = -1;
   if (::rename(tmp_path_.c_str(), path_.c_str()) != 0) {

@@ -15,6 +15,8 @@ void set_num_threads(int n) {
   openblas_set_num_threads(n);
 }
 
-int num_threads() { return omp_get_max_threads(); }
+int num_threads() {
+  return omp_get_max_threads();
+}
 
 }  // namespace brigade

@@ -41,15 +41,17 @@ struct Gpt::Workspace {
   float* lnf_rstd;            // (N)
   float* losses;              // (N)
   // Scratch, live only inside one layer's forward or backward.
-  float* c_a;    // (N,C)
-  float* c_b;    // (N,C)
-  float* c3;     // (N,3C)
-  float* c4_a;   // (N,4C)
-  float* c4_b;   // (N,4C)
-  float* dresid; // (N,C)
+  float* c_a;     // (N,C)
+  float* c_b;     // (N,C)
+  float* c3;      // (N,3C)
+  float* c4_a;    // (N,4C)
+  float* c4_b;    // (N,4C)
+  float* dresid;  // (N,C)
 };
 
-void Gpt::WorkspaceDeleter::operator()(Workspace* w) const { delete w; }
+void Gpt::WorkspaceDeleter::operator()(Workspace* w) const {
+  delete w;
+}
 
 Gpt::Gpt(const GptConfig& config, float* params, float* grads)
     : config_(config), layout_(config), params_(params), grads_(grads) {
@@ -178,11 +180,11 @@ void Gpt::forward_trunk(const int32_t* inputs, int64_t b, int64_t t) {
     const bool last = l + 1 == config_.n_layer;
     const Stash& next = stash(last ? l : l + 1);
     const BlockOffsets* nb = last ? nullptr : &layout_.block(l + 1);
-    cpu::residual_layernorm_forward(
-        ws.resid[l + 1], last ? ws.lnf : next.ln1, last ? ws.lnf_mean : next.ln1_mean,
-        last ? ws.lnf_rstd : next.ln1_rstd, s.resid_mid, ws.c_b,
-        p + (last ? layout_.ln_f_w() : nb->ln_1_w), p + (last ? layout_.ln_f_b() : nb->ln_1_b),
-        n, c);
+    cpu::residual_layernorm_forward(ws.resid[l + 1], last ? ws.lnf : next.ln1,
+                                    last ? ws.lnf_mean : next.ln1_mean,
+                                    last ? ws.lnf_rstd : next.ln1_rstd, s.resid_mid, ws.c_b,
+                                    p + (last ? layout_.ln_f_w() : nb->ln_1_w),
+                                    p + (last ? layout_.ln_f_b() : nb->ln_1_b), n, c);
   }
 }
 
@@ -207,8 +209,8 @@ void Gpt::block_backward(int64_t layer, const Stash& s, const float* resid_in, f
   cpu::linear_backward(ws.c_a, g + o.attn_proj_w, g + o.attn_proj_b, dresid, s.attn,
                        p + o.attn_proj_w, n, c, c, false);
   cpu::attention_backward(ws.c3, ws.c_a, s.qkv, s.attn, s.lse, b, t, c, config_.n_head);
-  cpu::linear_backward(ws.c_a, g + o.c_attn_w, g + o.c_attn_b, ws.c3, s.ln1, p + o.c_attn_w, n,
-                       c, 3 * c, false);
+  cpu::linear_backward(ws.c_a, g + o.c_attn_w, g + o.c_attn_b, ws.c3, s.ln1, p + o.c_attn_w, n, c,
+                       3 * c, false);
   // dresid += ln_1 backward: now dL/d(block input).
   cpu::layernorm_backward(dresid, g + o.ln_1_w, g + o.ln_1_b, ws.c_a, resid_in, s.ln1_mean,
                           s.ln1_rstd, p + o.ln_1_w, n, c);
@@ -238,15 +240,15 @@ float Gpt::forward_backward(const int32_t* inputs, const int32_t* targets, int64
 
   std::memset(ws.dresid, 0, sizeof(float) * n * c);
   cpu::layernorm_backward(ws.dresid, g + layout_.ln_f_w(), g + layout_.ln_f_b(), ws.c_a,
-                          ws.resid[config_.n_layer], ws.lnf_mean, ws.lnf_rstd,
-                          p + layout_.ln_f_w(), n, c);
+                          ws.resid[config_.n_layer], ws.lnf_mean, ws.lnf_rstd, p + layout_.ln_f_w(),
+                          n, c);
   for (int64_t l = config_.n_layer - 1; l >= 0; --l) {
     const Stash& s = stash(l);
     if (config_.recompute == Recompute::kFull) {
       // Rebuild this block's stash from its saved input: ln_1, then the rest.
       const BlockOffsets& o = layout_.block(l);
-      cpu::layernorm_forward(s.ln1, s.ln1_mean, s.ln1_rstd, ws.resid[l], p + o.ln_1_w,
-                             p + o.ln_1_b, n, c);
+      cpu::layernorm_forward(s.ln1, s.ln1_mean, s.ln1_rstd, ws.resid[l], p + o.ln_1_w, p + o.ln_1_b,
+                             n, c);
       block_forward(l, s, ws.resid[l], ws.c_b, b, t);
     }
     block_backward(l, s, ws.resid[l], ws.dresid, b, t);
@@ -304,8 +306,7 @@ void init_gpt2_weights(const ParamLayout& layout, int64_t n_layer, uint64_t seed
     const ParamInfo& info = infos[k];
     float* dst = params + info.offset;
     if (info.kind == ParamKind::kBias || info.kind == ParamKind::kNorm) {
-      const bool is_norm_weight = info.kind == ParamKind::kNorm &&
-                                  info.name.ends_with(".weight");
+      const bool is_norm_weight = info.kind == ParamKind::kNorm && info.name.ends_with(".weight");
       std::fill(dst, dst + info.numel, is_norm_weight ? 1.0f : 0.0f);
       continue;
     }

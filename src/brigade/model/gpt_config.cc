@@ -8,7 +8,9 @@
 
 namespace brigade {
 
-const char* recompute_name(Recompute r) { return r == Recompute::kFull ? "full" : "none"; }
+const char* recompute_name(Recompute r) {
+  return r == Recompute::kFull ? "full" : "none";
+}
 
 GptConfig GptConfig::from_config(Config& config) {
   GptConfig c;
@@ -41,12 +43,16 @@ void GptConfig::validate() const {
   if (n_embd % n_head != 0) {
     throw_error("model.n_embd ({}) must be divisible by model.n_head ({})", n_embd, n_head);
   }
-  if (vocab_size > (int64_t{1} << 31) - 1) throw_error("model.vocab_size {} is too large", vocab_size);
+  if (vocab_size > (int64_t{1} << 31) - 1)
+    throw_error("model.vocab_size {} is too large", vocab_size);
 }
 
 nlohmann::json GptConfig::to_json() const {
-  return {{"n_layer", n_layer},   {"n_head", n_head},         {"n_embd", n_embd},
-          {"block_size", block_size}, {"vocab_size", vocab_size}};
+  return {{"n_layer", n_layer},
+          {"n_head", n_head},
+          {"n_embd", n_embd},
+          {"block_size", block_size},
+          {"vocab_size", vocab_size}};
 }
 
 GptConfig GptConfig::from_json(const nlohmann::json& j) {
@@ -65,11 +71,13 @@ GptConfig GptConfig::from_json(const nlohmann::json& j) {
 }
 
 double GptConfig::train_flops_per_token(int64_t seq_len) const {
-  const double matmul_params =
-      static_cast<double>(n_layer) * 12.0 * n_embd * n_embd + static_cast<double>(n_embd) * vocab_size;
+  const double matmul_params = static_cast<double>(n_layer) * 12.0 * n_embd * n_embd +
+                               static_cast<double>(n_embd) * vocab_size;
   return 6.0 * matmul_params + 12.0 * n_layer * n_embd * static_cast<double>(seq_len);
 }
 
-int64_t GptConfig::num_params() const { return ParamLayout(*this).num_params(); }
+int64_t GptConfig::num_params() const {
+  return ParamLayout(*this).num_params();
+}
 
 }  // namespace brigade

@@ -16,11 +16,11 @@
 namespace brigade {
 
 enum class ParamKind {
-  kMatmul,     // a GEMM weight: weight decay applies
+  kMatmul,  // a GEMM weight: weight decay applies
   kTokenEmbedding,
   kPositionEmbedding,
   kBias,
-  kNorm,       // LayerNorm weight or bias
+  kNorm,  // LayerNorm weight or bias
 };
 
 struct ParamInfo {

@@ -10,12 +10,14 @@ AdamW::AdamW(const AdamWConfig& config, std::vector<DecayRange> ranges, int64_t 
 void AdamW::step(float* params, const float* grads, double lr) {
   ++step_count_;
   for (const DecayRange& r : ranges_) {
-    const cpu::AdamWStep s{static_cast<float>(lr), static_cast<float>(config_.beta1),
-                           static_cast<float>(config_.beta2), static_cast<float>(config_.eps),
+    const cpu::AdamWStep s{static_cast<float>(lr),
+                           static_cast<float>(config_.beta1),
+                           static_cast<float>(config_.beta2),
+                           static_cast<float>(config_.eps),
                            r.decay ? static_cast<float>(config_.weight_decay) : 0.0f,
                            step_count_};
-    cpu::adamw_update(params + r.begin, grads + r.begin, m_.data() + r.begin,
-                      v_.data() + r.begin, r.end - r.begin, s);
+    cpu::adamw_update(params + r.begin, grads + r.begin, m_.data() + r.begin, v_.data() + r.begin,
+                      r.end - r.begin, s);
   }
 }
 

@@ -6,7 +6,9 @@
 
 namespace brigade {
 
-double grad_norm(const float* grads, int64_t n) { return std::sqrt(cpu::sum_squares(grads, n)); }
+double grad_norm(const float* grads, int64_t n) {
+  return std::sqrt(cpu::sum_squares(grads, n));
+}
 
 double clip_grad_norm(float* grads, int64_t n, double norm, double max_norm) {
   if (max_norm <= 0.0) return 1.0;

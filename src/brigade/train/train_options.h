@@ -18,9 +18,9 @@ namespace brigade {
 class Config;
 
 struct DataOptions {
-  std::string source;            // raw text; prepared into `dir` if dir holds no dataset
+  std::string source;              // raw text; prepared into `dir` if dir holds no dataset
   std::string tokenizer = "byte";  // "byte" or a directory with vocab.json + merges.txt
-  std::string dir;               // prepared token shards (brigade data prepare)
+  std::string dir;                 // prepared token shards (brigade data prepare)
   double val_fraction = 0.1;
   // Uniform random tokens instead of a dataset: for benchmarks, which
   // measure speed and need no text.
@@ -28,21 +28,21 @@ struct DataOptions {
 };
 
 struct TrainOptions {
-  int64_t micro_batch = 8;   // sequences per forward/backward
-  int64_t grad_accum = 1;    // micro-batches per optimizer step
-  int64_t steps = 1000;      // optimizer steps in the run
-  uint64_t seed = 1337;      // weights init and the data order
-  int64_t threads = 0;       // 0: all cores
+  int64_t micro_batch = 8;  // sequences per forward/backward
+  int64_t grad_accum = 1;   // micro-batches per optimizer step
+  int64_t steps = 1000;     // optimizer steps in the run
+  uint64_t seed = 1337;     // weights init and the data order
+  int64_t threads = 0;      // 0: all cores
   std::string run_dir = "runs/default";
-  std::string resume;        // run or checkpoint directory to continue from
-  int64_t eval_every = 0;    // steps between validation passes (0: only at the end)
-  int64_t eval_windows = 64; // validation windows per pass (0: the whole split)
+  std::string resume;            // run or checkpoint directory to continue from
+  int64_t eval_every = 0;        // steps between validation passes (0: only at the end)
+  int64_t eval_windows = 64;     // validation windows per pass (0: the whole split)
   int64_t checkpoint_every = 0;  // steps between checkpoints (0: only at the end)
   int64_t keep_checkpoints = 3;
 
   LrSchedule lr;
   AdamWConfig adamw;
-  double grad_clip = 1.0;    // max global grad norm (0: off)
+  double grad_clip = 1.0;  // max global grad norm (0: off)
   bool decay_position_embedding = false;
 
   DataOptions data;

@@ -37,28 +37,32 @@ namespace {
 
 std::unique_ptr<Dataset> open_or_prepare(const DataOptions& data, const GptConfig& model) {
   if (data.dir.empty()) {
-    throw_error("data.dir is not set: point it at a directory made by `brigade data prepare`, or "
-                "set data.source to a text file and data.dir to where to prepare it");
+    throw_error(
+        "data.dir is not set: point it at a directory made by `brigade data prepare`, or "
+        "set data.source to a text file and data.dir to where to prepare it");
   }
   if (!fs::exists(fs::path(data.dir) / "dataset.json")) {
     if (data.source.empty()) {
-      throw_error("{} holds no prepared dataset and data.source is not set: run `brigade data "
-                  "prepare TEXT --out {}` or set data.source",
-                  data.dir, data.dir);
+      throw_error(
+          "{} holds no prepared dataset and data.source is not set: run `brigade data "
+          "prepare TEXT --out {}` or set data.source",
+          data.dir, data.dir);
     }
     if (!fs::exists(data.source)) {
-      throw_error("data.source {} does not exist (run from the repository root, or give an "
-                  "absolute path)",
-                  data.source);
+      throw_error(
+          "data.source {} does not exist (run from the repository root, or give an "
+          "absolute path)",
+          data.source);
     }
     const std::unique_ptr<Tokenizer> tokenizer = load_tokenizer(data.tokenizer);
     prepare_dataset(data.source, *tokenizer, data.dir, data.val_fraction);
   }
   auto dataset = std::make_unique<Dataset>(data.dir);
   if (dataset->vocab_size() > static_cast<uint64_t>(model.vocab_size)) {
-    throw_error("the dataset in {} uses a vocabulary of {} tokens but model.vocab_size is {}: set "
-                "model.vocab_size >= {}",
-                data.dir, dataset->vocab_size(), model.vocab_size, dataset->vocab_size());
+    throw_error(
+        "the dataset in {} uses a vocabulary of {} tokens but model.vocab_size is {}: set "
+        "model.vocab_size >= {}",
+        data.dir, dataset->vocab_size(), model.vocab_size, dataset->vocab_size());
   }
   return dataset;
 }
@@ -120,9 +124,10 @@ StepMetrics Trainer::train_step() {
   m.loss = loss / static_cast<double>(options_.grad_accum);
   m.grad_norm = grad_norm(grads_.data(), n);
   if (!std::isfinite(m.grad_norm)) {
-    throw_error("step {}: the gradient norm is {} (loss {}): training diverged; lower optim.lr or "
-                "resume from an earlier checkpoint",
-                step_, m.grad_norm, m.loss);
+    throw_error(
+        "step {}: the gradient norm is {} (loss {}): training diverged; lower optim.lr or "
+        "resume from an earlier checkpoint",
+        step_, m.grad_norm, m.loss);
   }
   clip_grad_norm(grads_.data(), n, m.grad_norm, options_.grad_clip);
   m.lr = options_.lr.at(step_);
@@ -140,9 +145,10 @@ double Trainer::evaluate() {
   int64_t total = windows.num_windows();
   if (options_.eval_windows > 0) total = std::min(total, options_.eval_windows);
   if (total == 0) {
-    throw_error("the validation split has fewer than block_size+1 = {} tokens: raise "
-                "data.val_fraction or lower model.block_size",
-                t + 1);
+    throw_error(
+        "the validation split has fewer than block_size+1 = {} tokens: raise "
+        "data.val_fraction or lower model.block_size",
+        t + 1);
   }
   std::vector<int32_t> in(static_cast<size_t>(options_.micro_batch * t)), tg(in.size());
   double sum = 0.0;
@@ -170,8 +176,8 @@ nlohmann::json Trainer::state_json() const {
 
 fs::path Trainer::save_checkpoint() {
   const fs::path root = fs::path(options_.run_dir) / "checkpoints";
-  CheckpointView view{params_.data(), optimizer_->m().data(), optimizer_->v().data(),
-                      state_json(), dataset_ ? dataset_->tokenizer_spec() : ""};
+  CheckpointView view{params_.data(), optimizer_->m().data(), optimizer_->v().data(), state_json(),
+                      dataset_ ? dataset_->tokenizer_spec() : ""};
   const fs::path dir = brigade::save_checkpoint(root, step_, model_config(), view);
   prune_checkpoints(root, options_.keep_checkpoints);
   return dir;
@@ -186,9 +192,10 @@ void Trainer::load_checkpoint(const fs::path& path) {
       brigade::load_checkpoint(dir, model_config(), {p.data(), m.data(), v.data()});
   const uint64_t seed = state.at("seed").get<uint64_t>();
   if (seed != options_.seed) {
-    throw_error("checkpoint {} was trained with train.seed = {} but the config says {}: the data "
-                "order would change; set train.seed = {}",
-                dir.string(), seed, options_.seed, seed);
+    throw_error(
+        "checkpoint {} was trained with train.seed = {} but the config says {}: the data "
+        "order would change; set train.seed = {}",
+        dir.string(), seed, options_.seed, seed);
   }
   std::copy(p.data(), p.data() + size, params_.data());
   std::copy(m.data(), m.data() + size, optimizer_->m().data());

@@ -21,10 +21,10 @@ class Dataset;
 class GlobalSampler;
 
 struct StepMetrics {
-  int64_t step = 0;       // 0-based index of the step just taken
-  double loss = 0.0;      // mean training loss over the global batch
+  int64_t step = 0;   // 0-based index of the step just taken
+  double loss = 0.0;  // mean training loss over the global batch
   double lr = 0.0;
-  double grad_norm = 0.0; // before clipping
+  double grad_norm = 0.0;  // before clipping
   double step_ms = 0.0;
   double tokens_per_s = 0.0;
 };

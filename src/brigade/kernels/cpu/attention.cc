@@ -1,7 +1,5 @@
 #include "brigade/kernels/cpu/attention.h"
 
-#include "brigade/kernels/cpu/parallel.h"
-
 #include <cblas.h>
 #include <omp.h>
 
@@ -11,6 +9,7 @@
 #include <vector>
 
 #include "brigade/kernels/cpu/fast_exp.h"
+#include "brigade/kernels/cpu/parallel.h"
 
 namespace brigade::cpu {
 namespace {
@@ -73,8 +72,8 @@ void attention_forward(float* out, float* lse, const float* qkv, int64_t b, int6
           l[i0 + r] = mx + std::log(sum);
         }
         // O[i0:i0+rows] (rows, hd) = P (rows, keys) V[0:keys] (keys, hd)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hd, keys, 1.0f,
-                    scores.data(), keys, hv.v, hv.ld, 0.0f, o + i0 * c, c);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hd, keys, 1.0f, scores.data(),
+                    keys, hv.v, hv.ld, 0.0f, o + i0 * c, c);
       }
     }
   }
@@ -110,8 +109,8 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, keys, hd, scale,
                     hv.q + i0 * hv.ld, hv.ld, hv.k, hv.ld, 0.0f, p.data(), keys);
         // dP (rows, keys) = dO (rows, hd) V^T (hd, keys)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, keys, hd, 1.0f,
-                    dout_h + i0 * c, c, hv.v, hv.ld, 0.0f, dp.data(), keys);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, keys, hd, 1.0f, dout_h + i0 * c,
+                    c, hv.v, hv.ld, 0.0f, dp.data(), keys);
         for (int64_t r = 0; r < rows; ++r) {
           const float* orow = o + (i0 + r) * c;
           const float* grow = dout_h + (i0 + r) * c;
@@ -137,8 +136,8 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hd, keys, scale, dp.data(),
                     keys, hv.k, hv.ld, 0.0f, dq + i0 * 3 * c, 3 * c);
         // dK (keys, hd) += scale * dS^T Q
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, keys, hd, rows, scale, dp.data(),
-                    keys, hv.q + i0 * hv.ld, hv.ld, 1.0f, dk, 3 * c);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, keys, hd, rows, scale, dp.data(), keys,
+                    hv.q + i0 * hv.ld, hv.ld, 1.0f, dk, 3 * c);
         // dV (keys, hd) += P^T dO
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, keys, hd, rows, 1.0f, p.data(), keys,
                     dout_h + i0 * c, c, 1.0f, dv, 3 * c);

@@ -1,8 +1,8 @@
 #include "brigade/kernels/cpu/embedding.h"
 
-#include "brigade/kernels/cpu/parallel.h"
-
 #include <algorithm>
+
+#include "brigade/kernels/cpu/parallel.h"
 
 namespace brigade::cpu {
 

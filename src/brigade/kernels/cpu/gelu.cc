@@ -1,8 +1,7 @@
 #include "brigade/kernels/cpu/gelu.h"
 
-#include "brigade/kernels/cpu/parallel.h"
-
 #include "brigade/kernels/cpu/fast_exp.h"
+#include "brigade/kernels/cpu/parallel.h"
 
 namespace brigade::cpu {
 namespace {
@@ -11,7 +10,9 @@ constexpr float kCubic = 0.044715f;
 
 // tanh(u) = 1 - 2 / (exp(2u) + 1) through fast_exp, so the loops vectorise;
 // right at both tails (exp -> inf gives 1, exp -> 0 gives -1).
-inline float fast_tanh(float u) { return 1.0f - 2.0f / (fast_exp(2.0f * u) + 1.0f); }
+inline float fast_tanh(float u) {
+  return 1.0f - 2.0f / (fast_exp(2.0f * u) + 1.0f);
+}
 }  // namespace
 
 void gelu_forward(float* out, const float* x, int64_t n) {

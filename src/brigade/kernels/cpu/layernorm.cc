@@ -1,11 +1,11 @@
 #include "brigade/kernels/cpu/layernorm.h"
 
-#include "brigade/kernels/cpu/parallel.h"
-
 #include <omp.h>
 
 #include <cmath>
 #include <vector>
+
+#include "brigade/kernels/cpu/parallel.h"
 
 namespace brigade::cpu {
 namespace {

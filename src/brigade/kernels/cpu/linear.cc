@@ -1,13 +1,13 @@
 #include "brigade/kernels/cpu/linear.h"
 
-#include "brigade/kernels/cpu/parallel.h"
-
 #include <cblas.h>
 #include <omp.h>
 
 #include <algorithm>
 #include <cstring>
 #include <vector>
+
+#include "brigade/kernels/cpu/parallel.h"
 
 namespace brigade::cpu {
 

@@ -1,7 +1,5 @@
 #include "brigade/kernels/cpu/lm_head_loss.h"
 
-#include "brigade/kernels/cpu/parallel.h"
-
 #include <cblas.h>
 #include <omp.h>
 
@@ -12,6 +10,7 @@
 
 #include "brigade/core/error.h"
 #include "brigade/kernels/cpu/fast_exp.h"
+#include "brigade/kernels/cpu/parallel.h"
 
 namespace brigade::cpu {
 namespace {
@@ -57,8 +56,8 @@ void lm_head_loss(const LmHeadLossArgs& a) {
     }
     if (!want_grads) continue;
     // dx (rows,C) = dlogits (rows,V) @ wte (V,C)
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, a.c, a.v, 1.0f, logits.get(),
-                a.v, a.wte, a.c, 0.0f, a.dx + r0 * a.c, a.c);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, a.c, a.v, 1.0f, logits.get(), a.v,
+                a.wte, a.c, 0.0f, a.dx + r0 * a.c, a.c);
     // dwte (V,C) += dlogits^T (V,rows) @ x (rows,C)
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, a.v, a.c, rows, 1.0f, logits.get(), a.v,
                 xc, a.c, 1.0f, a.dwte, a.c);

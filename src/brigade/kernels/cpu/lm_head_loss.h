@@ -14,8 +14,8 @@
 namespace brigade::cpu {
 
 struct LmHeadLossArgs {
-  const float* x = nullptr;        // (N,C) final LayerNorm output
-  const float* wte = nullptr;      // (V,C) token embedding, tied LM head
+  const float* x = nullptr;          // (N,C) final LayerNorm output
+  const float* wte = nullptr;        // (V,C) token embedding, tied LM head
   const int32_t* targets = nullptr;  // (N) next-token ids
   int64_t n = 0, c = 0, v = 0;
   float* losses = nullptr;  // (N) per-row loss, out

@@ -10,6 +10,8 @@ namespace brigade::cpu {
 
 inline constexpr int64_t kMinParallelWork = int64_t{1} << 15;
 
-inline bool worth_threading(int64_t elements) { return elements >= kMinParallelWork; }
+inline bool worth_threading(int64_t elements) {
+  return elements >= kMinParallelWork;
+}
 
 }  // namespace brigade::cpu

@@ -19,8 +19,8 @@ double measure_sgemm_peak_gflops() {
   double best_s = 1e30;
   for (int rep = 0; rep < 4; ++rep) {  // the first rep warms caches and threads
     Stopwatch sw;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, kN, kN, kN, 1.0f, a.data(), kN,
-                b.data(), kN, 0.0f, c.data(), kN);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, kN, kN, kN, 1.0f, a.data(), kN, b.data(),
+                kN, 0.0f, c.data(), kN);
     if (rep > 0) best_s = std::min(best_s, sw.elapsed_s());
   }
   return 2.0 * kN * kN * static_cast<double>(kN) / best_s * 1e-9;

@@ -1,8 +1,8 @@
 #include "brigade/kernels/cpu/vector_ops.h"
 
-#include "brigade/kernels/cpu/parallel.h"
-
 #include <cmath>
+
+#include "brigade/kernels/cpu/parallel.h"
 
 namespace brigade::cpu {
 

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Installs the Debian 12 packages Brigade needs, and only those missing.
+# Idempotent: a second run installs nothing and takes about a second.
+#
+#   scripts/install_deps.sh          build and run (the demo)
+#   scripts/install_deps.sh --test   also what the test suite needs
+set -euo pipefail
+
+packages=(
+  g++ cmake ninja-build pkg-config
+  libopenblas-openmp-dev   # BLAS for the GEMMs, OpenMP build: one thread pool with our kernels
+  libfmt-dev nlohmann-json3-dev libtomlplusplus-dev libcli11-dev libxxhash-dev
+)
+if [[ "${1:-}" == "--test" ]]; then
+  packages+=(
+    libgtest-dev libbenchmark-dev
+    python3 python3-numpy python3-torch   # reference tests against PyTorch (CPU)
+    clang-format
+  )
+fi
+
+missing=()
+for p in "${packages[@]}"; do
+  status=$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)
+  [[ "$status" == "install ok installed" ]] || missing+=("$p")
+done
+if ((${#missing[@]} == 0)); then
+  echo "install_deps: all ${#packages[@]} packages present"
+  exit 0
+fi
+if [[ $(id -u) -ne 0 ]]; then
+  echo "install_deps: missing ${missing[*]}; run as root (or with sudo) to install them" >&2
+  exit 1
+fi
+echo "install_deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${missing[@]}"

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Quick start, part 2: install what is missing, build, run the whole suite.
+#   1. Release build, warnings as errors: every test (unit, slow, reference, format)
+#   2. ASan + UBSan build: the unit tests again, for memory errors and UB
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/install_deps.sh --test
+jobs=$(nproc)
+
+scripts/build.sh
+ctest --test-dir build --output-on-failure -j "$jobs" --timeout 600
+
+cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBRIGADE_WERROR=ON \
+  -DBRIGADE_SANITIZE=ON >/dev/null
+ninja -C build-asan
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+  ctest --test-dir build-asan --output-on-failure -j "$jobs" -L unit --timeout 600

@@ -1,0 +1,23 @@
+# Each folder under src/brigade/ is a layer; a layer may include only itself
+# and the layers listed before it (docs/ARCHITECTURE.md). Fails naming every
+# include that reaches downward.
+set(order core kernels model comm parallel optim data ckpt train elastic diag sim cli)
+file(GLOB_RECURSE files ${SOURCE_DIR}/src/brigade/*.h ${SOURCE_DIR}/src/brigade/*.cc)
+set(bad "")
+foreach(f ${files})
+  file(RELATIVE_PATH rel ${SOURCE_DIR}/src/brigade ${f})
+  string(REGEX MATCH "^[a-z]+" layer ${rel})
+  list(FIND order ${layer} layer_index)
+  file(STRINGS ${f} includes REGEX "^#include \"brigade/")
+  foreach(line ${includes})
+    string(REGEX REPLACE "^#include \"brigade/([a-z]+)/.*" "\\1" target ${line})
+    list(FIND order ${target} target_index)
+    if(target_index GREATER layer_index)
+      list(APPEND bad "${rel}: ${line}")
+    endif()
+  endforeach()
+endforeach()
+if(bad)
+  string(REPLACE ";" "\n  " bad "${bad}")
+  message(FATAL_ERROR "includes that reach a lower layer:\n  ${bad}")
+endif()
