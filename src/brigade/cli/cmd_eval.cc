@@ -42,6 +42,12 @@ void run_eval(const EvalArgs& args) {
     own_shard = std::make_unique<TokenShard>(args.data);
     shard = own_shard.get();
   }
+  if (shard->vocab_size() > static_cast<uint64_t>(cfg.vocab_size)) {
+    throw_error(
+        "{} was tokenized with a vocabulary of {} but the model has {}: evaluate on data "
+        "prepared with the model's tokenizer",
+        args.data, shard->vocab_size(), cfg.vocab_size);
+  }
   const EvalWindows windows(*shard, static_cast<int>(cfg.block_size));
   int64_t total = static_cast<int64_t>(windows.num_windows());
   if (args.max_windows > 0) total = std::min(total, args.max_windows);

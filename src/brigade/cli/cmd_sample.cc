@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <memory>
 #include <numeric>
+#include <span>
 #include <vector>
 
 #include "brigade/cli/commands.h"
@@ -62,19 +63,21 @@ void run_sample(const SampleArgs& args) {
   if (prompt.empty()) throw_error("--prompt is empty: give at least one character to start from");
   std::vector<int32_t> context(prompt.begin(), prompt.end());
   std::vector<float> logits(static_cast<size_t>(cfg.vocab_size));
-  std::vector<int32_t> order(logits.size());
+  const int64_t usable = std::min<int64_t>(cfg.vocab_size, tokenizer->vocab_size());
+  std::vector<int32_t> order(static_cast<size_t>(usable));
   std::fputs(args.prompt.c_str(), stdout);
-  std::vector<uint32_t> pending;  // tokens not yet printed (a UTF-8 char may span several)
   for (int64_t i = 0; i < args.tokens; ++i) {
     const int64_t t = std::min<int64_t>(static_cast<int64_t>(context.size()), cfg.block_size);
     m.model->forward_last_logits(context.data() + context.size() - t, 1, t, logits.data());
+    // A model's vocabulary may be padded past the tokenizer's (50304 for
+    // GPT-2's 50257): ids the tokenizer cannot decode are never drawn.
     int32_t next;
     if (args.temperature <= 0) {
-      next = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+      next = static_cast<int32_t>(std::max_element(logits.begin(), logits.begin() + usable) -
+                                  logits.begin());
     } else {
       std::iota(order.begin(), order.end(), 0);
-      const int64_t k =
-          args.top_k > 0 ? std::min<int64_t>(args.top_k, cfg.vocab_size) : cfg.vocab_size;
+      const int64_t k = args.top_k > 0 ? std::min<int64_t>(args.top_k, usable) : usable;
       std::partial_sort(order.begin(), order.begin() + k, order.end(),
                         [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
       const float top = logits[order[0]];
@@ -98,11 +101,12 @@ void run_sample(const SampleArgs& args) {
       }
     }
     context.push_back(next);
-    pending.push_back(static_cast<uint32_t>(next));
-    const std::string text = tokenizer->decode(pending);
-    std::fputs(text.c_str(), stdout);
+    // Written token by token: a character split across tokens is completed
+    // by the bytes of the next one, so the terminal still sees valid UTF-8.
+    const uint32_t token = static_cast<uint32_t>(next);
+    const std::string text = tokenizer->decode(std::span<const uint32_t>(&token, 1));
+    std::fwrite(text.data(), 1, text.size(), stdout);
     std::fflush(stdout);
-    pending.clear();
   }
   std::fputc('\n', stdout);
 }

@@ -163,9 +163,9 @@ void run_train(const std::string& config_path, const std::vector<std::string>& o
     progress.note("saved " + trainer.save_checkpoint().string());
     std::exit(130);
   }
+  // Save before the final evaluation: the trained state is what matters.
+  progress.note("saved " + trainer.save_checkpoint().string());
   if (trainer.dataset() != nullptr) evaluate(trainer.step());
-  const fs::path saved = trainer.save_checkpoint();
-  progress.note("saved " + saved.string());
 }
 
 }  // namespace

@@ -112,6 +112,16 @@ void carve(Carver& cv, Ws& ws, const GptConfig& cfg, int64_t b, int64_t t) {
   ws.dresid = cv.take(n * c);
 }
 
+// An id outside [0, vocab) would read or write outside the embedding table.
+void check_token_ids(const int32_t* ids, int64_t n, int64_t vocab, const char* what) {
+  for (int64_t i = 0; i < n; ++i) {
+    if (ids[i] < 0 || ids[i] >= vocab) {
+      throw_error("{} id {} at position {} is outside the model's vocabulary of {}", what, ids[i],
+                  i, vocab);
+    }
+  }
+}
+
 }  // namespace
 
 int64_t Gpt::activation_bytes(int64_t b, int64_t t) const {
@@ -162,12 +172,7 @@ void Gpt::forward_trunk(const int32_t* inputs, int64_t b, int64_t t) {
   Workspace& ws = *ws_;
   const float* p = params_;
   const int64_t n = b * t, c = config_.n_embd, v = config_.vocab_size;
-  for (int64_t i = 0; i < n; ++i) {
-    if (inputs[i] < 0 || inputs[i] >= v) {
-      throw_error("token id {} at position {} is outside the model's vocabulary of {}", inputs[i],
-                  i, v);
-    }
-  }
+  check_token_ids(inputs, n, v, "token");
   cpu::embedding_forward(ws.resid[0], inputs, p + layout_.wte(), p + layout_.wpe(), b, t, c);
   const BlockOffsets& first = layout_.block(0);
   cpu::layernorm_forward(stash(0).ln1, stash(0).ln1_mean, stash(0).ln1_rstd, ws.resid[0],
@@ -219,6 +224,7 @@ void Gpt::block_backward(int64_t layer, const Stash& s, const float* resid_in, f
 float Gpt::forward_backward(const int32_t* inputs, const int32_t* targets, int64_t b, int64_t t,
                             float loss_scale) {
   BRIGADE_CHECK(grads_ != nullptr, "forward_backward needs a gradient buffer");
+  check_token_ids(targets, b * t, config_.vocab_size, "target");
   forward_trunk(inputs, b, t);
   Workspace& ws = *ws_;
   const float* p = params_;
@@ -261,15 +267,10 @@ float Gpt::forward_backward(const int32_t* inputs, const int32_t* targets, int64
 }
 
 float Gpt::forward_loss(const int32_t* inputs, const int32_t* targets, int64_t b, int64_t t) {
+  check_token_ids(targets, b * t, config_.vocab_size, "target");
   forward_trunk(inputs, b, t);
   Workspace& ws = *ws_;
   const int64_t n = b * t;
-  for (int64_t i = 0; i < n; ++i) {
-    if (targets[i] < 0 || targets[i] >= config_.vocab_size) {
-      throw_error("target id {} is outside the model's vocabulary of {}", targets[i],
-                  config_.vocab_size);
-    }
-  }
   cpu::LmHeadLossArgs head;
   head.x = ws.lnf;
   head.wte = params_ + layout_.wte();

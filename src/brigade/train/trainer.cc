@@ -70,6 +70,9 @@ std::unique_ptr<Dataset> open_or_prepare(const DataOptions& data, const GptConfi
 }  // namespace
 
 Trainer::Trainer(const GptConfig& model, const TrainOptions& options) : options_(options) {
+  // Find the checkpoint first: a bad --resume should fail before any work.
+  const fs::path resume_dir =
+      options_.resume.empty() ? fs::path() : resolve_checkpoint(options_.resume);
   set_num_threads(static_cast<int>(options_.threads));
   const ParamLayout layout(model);
   params_ = FloatBuffer(layout.size());
@@ -82,10 +85,17 @@ Trainer::Trainer(const GptConfig& model, const TrainOptions& options) : options_
     dataset_ = open_or_prepare(options_.data, model);
     sampler_ = std::make_unique<GlobalSampler>(*dataset_, options_.seed,
                                                static_cast<int>(model.block_size));
+    // Checked now rather than at the first evaluation, hours into the run.
+    if (EvalWindows(dataset_->val_shard(), static_cast<int>(model.block_size)).num_windows() == 0) {
+      throw_error(
+          "the validation split of {} has {} tokens, fewer than block_size+1 = {}: "
+          "prepare it with a larger --val-fraction or lower model.block_size",
+          options_.data.dir, dataset_->val_shard().size(), model.block_size + 1);
+    }
   }
   inputs_.resize(static_cast<size_t>(options_.micro_batch * model.block_size));
   targets_.resize(inputs_.size());
-  if (!options_.resume.empty()) load_checkpoint(options_.resume);
+  if (!resume_dir.empty()) load_checkpoint(resume_dir);
 }
 
 Trainer::~Trainer() = default;
