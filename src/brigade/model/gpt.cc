@@ -1,5 +1,7 @@
 #include "brigade/model/gpt.h"
 
+#include <omp.h>
+
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -32,6 +34,7 @@ struct Gpt::Stash {
 
 struct Gpt::Workspace {
   int64_t b = 0, t = 0;
+  int threads = 0;
   // With Recompute::kNone one stash per block; with kFull a single stash
   // that every block overwrites in turn.
   std::vector<Stash> stashes;
@@ -46,7 +49,9 @@ struct Gpt::Workspace {
   float* c3;      // (N,3C)
   float* c4_a;    // (N,4C)
   float* c4_b;    // (N,4C)
-  float* dresid;  // (N,C)
+  float* dresid;             // (N,C)
+  float* attention_scratch;  // attention_scratch_floats(T, threads)
+  float* lm_head_scratch;    // lm_head_scratch_floats(N, V)
 };
 
 void Gpt::WorkspaceDeleter::operator()(Workspace* w) const {
@@ -110,6 +115,8 @@ void carve(Carver& cv, Ws& ws, const GptConfig& cfg, int64_t b, int64_t t) {
   ws.c4_a = cv.take(n * 4 * c);
   ws.c4_b = cv.take(n * 4 * c);
   ws.dresid = cv.take(n * c);
+  ws.attention_scratch = cv.take(cpu::attention_scratch_floats(t, omp_get_max_threads()));
+  ws.lm_head_scratch = cv.take(cpu::lm_head_scratch_floats(n, cfg.vocab_size));
 }
 
 // An id outside [0, vocab) would read or write outside the embedding table.
@@ -135,7 +142,8 @@ void Gpt::ensure_workspace(int64_t b, int64_t t) {
   if (t > config_.block_size) {
     throw_error("sequence length {} exceeds the model's block_size {}", t, config_.block_size);
   }
-  if (ws_ && ws_->b == b && ws_->t == t) return;
+  // The attention scratch is sized per thread, so a new thread count re-carves.
+  if (ws_ && ws_->b == b && ws_->t == t && ws_->threads == omp_get_max_threads()) return;
   ws_.reset(new Workspace);
   Carver sizer(nullptr);
   carve<Workspace, Stash>(sizer, *ws_, config_, b, t);
@@ -144,6 +152,7 @@ void Gpt::ensure_workspace(int64_t b, int64_t t) {
   carve<Workspace, Stash>(cv, *ws_, config_, b, t);
   ws_->b = b;
   ws_->t = t;
+  ws_->threads = omp_get_max_threads();
 }
 
 void Gpt::block_forward(int64_t layer, const Stash& s, const float* resid_in, float* mlp_out,
@@ -154,7 +163,7 @@ void Gpt::block_forward(int64_t layer, const Stash& s, const float* resid_in, fl
   Workspace& ws = *ws_;
   // qkv (N,3C) = ln1 @ c_attn.weight (C,3C) + bias
   cpu::linear_forward(s.qkv, s.ln1, p + o.c_attn_w, p + o.c_attn_b, n, c, 3 * c);
-  cpu::attention_forward(s.attn, s.lse, s.qkv, b, t, c, config_.n_head);
+  cpu::attention_forward(s.attn, s.lse, s.qkv, b, t, c, config_.n_head, ws.attention_scratch);
   // c_a (N,C) = attn @ attn.c_proj.weight (C,C) + bias
   cpu::linear_forward(ws.c_a, s.attn, p + o.attn_proj_w, p + o.attn_proj_b, n, c, c);
   // resid_mid = resid_in + c_a;  ln2 = LayerNorm(resid_mid)
@@ -213,7 +222,8 @@ void Gpt::block_backward(int64_t layer, const Stash& s, const float* resid_in, f
   // The attention branch.
   cpu::linear_backward(ws.c_a, g + o.attn_proj_w, g + o.attn_proj_b, dresid, s.attn,
                        p + o.attn_proj_w, n, c, c, false);
-  cpu::attention_backward(ws.c3, ws.c_a, s.qkv, s.attn, s.lse, b, t, c, config_.n_head);
+  cpu::attention_backward(ws.c3, ws.c_a, s.qkv, s.attn, s.lse, b, t, c, config_.n_head,
+                              ws.attention_scratch);
   cpu::linear_backward(ws.c_a, g + o.c_attn_w, g + o.c_attn_b, ws.c3, s.ln1, p + o.c_attn_w, n, c,
                        3 * c, false);
   // dresid += ln_1 backward: now dL/d(block input).
@@ -239,6 +249,7 @@ float Gpt::forward_backward(const int32_t* inputs, const int32_t* targets, int64
   head.c = c;
   head.v = config_.vocab_size;
   head.losses = ws.losses;
+  head.scratch = ws.lm_head_scratch;
   head.dx = ws.c_a;
   head.dwte = g + layout_.wte();
   head.loss_scale = loss_scale;
@@ -279,6 +290,7 @@ float Gpt::forward_loss(const int32_t* inputs, const int32_t* targets, int64_t b
   head.c = config_.n_embd;
   head.v = config_.vocab_size;
   head.losses = ws.losses;
+  head.scratch = ws.lm_head_scratch;
   cpu::lm_head_loss(head);
   double total = 0.0;
   for (int64_t i = 0; i < n; ++i) total += ws.losses[i];

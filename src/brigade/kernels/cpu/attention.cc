@@ -32,15 +32,31 @@ HeadView head_view(const float* qkv, int64_t bi, int64_t h, int64_t t, int64_t c
   return {base, base + c, base + 2 * c, 3 * c};
 }
 
+// Per-thread working memory: a (block, T) tile of scores, one of their
+// gradients, and the block's D_i.
+int64_t per_thread_floats(int64_t t) { return 2 * kQueryBlock * t + kQueryBlock; }
+
+// Thread `thread`'s slice of scratch, or of `owned` when the caller gave none.
+float* thread_scratch(float* scratch, std::vector<float>& owned, int64_t t) {
+  if (scratch != nullptr) return scratch + omp_get_thread_num() * per_thread_floats(t);
+  owned.resize(static_cast<size_t>(per_thread_floats(t)));
+  return owned.data();
+}
+
 }  // namespace
 
+int64_t attention_scratch_floats(int64_t t, int num_threads) {
+  return per_thread_floats(t) * num_threads;
+}
+
 void attention_forward(float* out, float* lse, const float* qkv, int64_t b, int64_t t, int64_t c,
-                       int64_t num_heads) {
+                       int64_t num_heads, float* scratch) {
   const int64_t hd = c / num_heads;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
 #pragma omp parallel if (worth_threading(b * t * t * c))
   {
-    std::vector<float> scores(static_cast<size_t>(kQueryBlock * t));
+    std::vector<float> owned;
+    float* scores = thread_scratch(scratch, owned, t);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t pair = 0; pair < b * num_heads; ++pair) {
       const int64_t bi = pair / num_heads, h = pair % num_heads;
@@ -52,9 +68,9 @@ void attention_forward(float* out, float* lse, const float* qkv, int64_t b, int6
         const int64_t keys = i0 + rows;  // causal: rows see keys [0, i0+rows)
         // S (rows, keys) = scale * Q[i0:i0+rows] K[0:keys]^T
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, keys, hd, scale,
-                    hv.q + i0 * hv.ld, hv.ld, hv.k, hv.ld, 0.0f, scores.data(), keys);
+                    hv.q + i0 * hv.ld, hv.ld, hv.k, hv.ld, 0.0f, scores, keys);
         for (int64_t r = 0; r < rows; ++r) {
-          float* s = scores.data() + r * keys;
+          float* s = scores + r * keys;
           const int64_t visible = i0 + r + 1;
           float mx = -std::numeric_limits<float>::infinity();
 #pragma omp simd reduction(max : mx)
@@ -72,7 +88,7 @@ void attention_forward(float* out, float* lse, const float* qkv, int64_t b, int6
           l[i0 + r] = mx + std::log(sum);
         }
         // O[i0:i0+rows] (rows, hd) = P (rows, keys) V[0:keys] (keys, hd)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hd, keys, 1.0f, scores.data(),
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hd, keys, 1.0f, scores,
                     keys, hv.v, hv.ld, 0.0f, o + i0 * c, c);
       }
     }
@@ -80,14 +96,16 @@ void attention_forward(float* out, float* lse, const float* qkv, int64_t b, int6
 }
 
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
-                        const float* lse, int64_t b, int64_t t, int64_t c, int64_t num_heads) {
+                        const float* lse, int64_t b, int64_t t, int64_t c, int64_t num_heads,
+                        float* scratch) {
   const int64_t hd = c / num_heads;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
 #pragma omp parallel if (worth_threading(b * t * t * c))
   {
-    std::vector<float> p(static_cast<size_t>(kQueryBlock * t));
-    std::vector<float> dp(static_cast<size_t>(kQueryBlock * t));
-    std::vector<float> delta(kQueryBlock);
+    std::vector<float> owned;
+    float* p = thread_scratch(scratch, owned, t);
+    float* dp = p + kQueryBlock * t;
+    float* delta = dp + kQueryBlock * t;
 #pragma omp for schedule(dynamic, 1)
     for (int64_t pair = 0; pair < b * num_heads; ++pair) {
       const int64_t bi = pair / num_heads, h = pair % num_heads;
@@ -107,10 +125,10 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
         const int64_t keys = i0 + rows;
         // Recompute P = exp(scale * Q K^T - lse), masked.
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, keys, hd, scale,
-                    hv.q + i0 * hv.ld, hv.ld, hv.k, hv.ld, 0.0f, p.data(), keys);
+                    hv.q + i0 * hv.ld, hv.ld, hv.k, hv.ld, 0.0f, p, keys);
         // dP (rows, keys) = dO (rows, hd) V^T (hd, keys)
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, keys, hd, 1.0f, dout_h + i0 * c,
-                    c, hv.v, hv.ld, 0.0f, dp.data(), keys);
+                    c, hv.v, hv.ld, 0.0f, dp, keys);
         for (int64_t r = 0; r < rows; ++r) {
           const float* orow = o + (i0 + r) * c;
           const float* grow = dout_h + (i0 + r) * c;
@@ -120,8 +138,8 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
           delta[r] = d;
         }
         for (int64_t r = 0; r < rows; ++r) {
-          float* pr = p.data() + r * keys;
-          float* dpr = dp.data() + r * keys;
+          float* pr = p + r * keys;
+          float* dpr = dp + r * keys;
           const int64_t visible = i0 + r + 1;
           const float lr = l[i0 + r], dr = delta[r];
           // dS = P * (dP - D); the scale of S is folded into the GEMMs below.
@@ -133,13 +151,13 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
           for (int64_t j = visible; j < keys; ++j) pr[j] = dpr[j] = 0.0f;
         }
         // dQ (rows, hd) = scale * dS K
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hd, keys, scale, dp.data(),
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hd, keys, scale, dp,
                     keys, hv.k, hv.ld, 0.0f, dq + i0 * 3 * c, 3 * c);
         // dK (keys, hd) += scale * dS^T Q
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, keys, hd, rows, scale, dp.data(), keys,
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, keys, hd, rows, scale, dp, keys,
                     hv.q + i0 * hv.ld, hv.ld, 1.0f, dk, 3 * c);
         // dV (keys, hd) += P^T dO
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, keys, hd, rows, 1.0f, p.data(), keys,
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, keys, hd, rows, 1.0f, p, keys,
                     dout_h + i0 * c, c, 1.0f, dv, 3 * c);
       }
     }

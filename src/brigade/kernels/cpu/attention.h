@@ -14,11 +14,16 @@
 
 namespace brigade::cpu {
 
+// Working memory for up to `num_threads` threads (floats); callers that run
+// often pass it in as `scratch` so no call allocates. scratch may be null.
+int64_t attention_scratch_floats(int64_t t, int num_threads);
+
 void attention_forward(float* out, float* lse, const float* qkv, int64_t b, int64_t t, int64_t c,
-                       int64_t num_heads);
+                       int64_t num_heads, float* scratch = nullptr);
 
 // Inverts attention_forward, given dout (B,T,C). dqkv (B,T,3C) is overwritten.
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
-                        const float* lse, int64_t b, int64_t t, int64_t c, int64_t num_heads);
+                        const float* lse, int64_t b, int64_t t, int64_t c, int64_t num_heads,
+                        float* scratch = nullptr);
 
 }  // namespace brigade::cpu

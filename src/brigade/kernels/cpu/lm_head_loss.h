@@ -24,7 +24,12 @@ struct LmHeadLossArgs {
   float* dx = nullptr;    // (N,C), overwritten
   float* dwte = nullptr;  // (V,C), accumulated
   float loss_scale = 0.0f;
+  // lm_head_scratch_floats(n, v) floats for one chunk of logits; null to
+  // allocate per call.
+  float* scratch = nullptr;
 };
+
+int64_t lm_head_scratch_floats(int64_t n, int64_t v);
 
 void lm_head_loss(const LmHeadLossArgs& args);
 
