@@ -21,18 +21,26 @@ TEST(LrSchedule, WarmsUpLinearlyThenFollowsCosineToMin) {
   EXPECT_DOUBLE_EQ(s.at(500), 0.1);
 }
 
-TEST(GradClip, ScalesToMaxNormLikeTorch) {
+TEST(GradClip, ScaleMatchesTorch) {
   std::vector<float> g = {3.0f, 4.0f};
   const double norm = grad_norm(g.data(), 2);
   EXPECT_DOUBLE_EQ(norm, 5.0);
-  const double scale = clip_grad_norm(g.data(), 2, norm, 1.0);
-  EXPECT_NEAR(scale, 1.0 / (5.0 + 1e-6), 1e-12);
-  EXPECT_NEAR(grad_norm(g.data(), 2), 1.0, 1e-6);
-  // Below the threshold nothing changes; max_norm 0 disables clipping.
-  std::vector<float> h = {0.3f, 0.4f};
-  EXPECT_EQ(clip_grad_norm(h.data(), 2, 0.5, 1.0), 1.0);
-  EXPECT_EQ(h[0], 0.3f);
-  EXPECT_EQ(clip_grad_norm(g.data(), 2, 100.0, 0.0), 1.0);
+  EXPECT_NEAR(clip_scale(norm, 1.0), 1.0 / (5.0 + 1e-6), 1e-12);
+  EXPECT_EQ(clip_scale(0.5, 1.0), 1.0);    // below the threshold: unchanged
+  EXPECT_EQ(clip_scale(100.0, 0.0), 1.0);  // max_norm 0: clipping off
+}
+
+TEST(AdamW, GradScaleActsAsScaledGradients) {
+  AdamWConfig cfg;
+  AdamW scaled(cfg, {{0, 3, true}}, 3), plain(cfg, {{0, 3, true}}, 3);
+  std::vector<float> p1 = {1, 2, 3}, p2 = p1;
+  const std::vector<float> g = {0.4f, -0.2f, 0.1f};
+  const std::vector<float> g_half = {0.2f, -0.1f, 0.05f};
+  for (int i = 0; i < 3; ++i) {
+    scaled.step(p1.data(), g.data(), 0.01, 0.5);
+    plain.step(p2.data(), g_half.data(), 0.01);
+  }
+  for (int i = 0; i < 3; ++i) EXPECT_FLOAT_EQ(p1[i], p2[i]);
 }
 
 TEST(AdamW, MatchesTheFormulaAndDecaysOnlyMarkedRanges) {

@@ -103,8 +103,7 @@ void run_steps(const std::string& weights, const std::string& tokens, const std:
                                               1.0f / static_cast<float>(b * t));
     losses.push_back(loss);
     const double norm = grad_norm(m.grads.data(), m.grads.size());
-    clip_grad_norm(m.grads.data(), m.grads.size(), norm, a.grad_clip);
-    opt.step(m.params.data(), m.grads.data(), a.lr);
+    opt.step(m.params.data(), m.grads.data(), a.lr, clip_scale(norm, a.grad_clip));
   }
   write_file_atomic(out, nlohmann::json{{"losses", losses}}.dump() + "\n");
 }

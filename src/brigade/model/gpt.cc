@@ -44,11 +44,11 @@ struct Gpt::Workspace {
   float* lnf_rstd;            // (N)
   float* losses;              // (N)
   // Scratch, live only inside one layer's forward or backward.
-  float* c_a;     // (N,C)
-  float* c_b;     // (N,C)
-  float* c3;      // (N,3C)
-  float* c4_a;    // (N,4C)
-  float* c4_b;    // (N,4C)
+  float* c_a;                // (N,C)
+  float* c_b;                // (N,C)
+  float* c3;                 // (N,3C)
+  float* c4_a;               // (N,4C)
+  float* c4_b;               // (N,4C)
   float* dresid;             // (N,C)
   float* attention_scratch;  // attention_scratch_floats(T, threads)
   float* lm_head_scratch;    // lm_head_scratch_floats(N, V)
@@ -223,7 +223,7 @@ void Gpt::block_backward(int64_t layer, const Stash& s, const float* resid_in, f
   cpu::linear_backward(ws.c_a, g + o.attn_proj_w, g + o.attn_proj_b, dresid, s.attn,
                        p + o.attn_proj_w, n, c, c, false);
   cpu::attention_backward(ws.c3, ws.c_a, s.qkv, s.attn, s.lse, b, t, c, config_.n_head,
-                              ws.attention_scratch);
+                          ws.attention_scratch);
   cpu::linear_backward(ws.c_a, g + o.c_attn_w, g + o.c_attn_b, ws.c3, s.ln1, p + o.c_attn_w, n, c,
                        3 * c, false);
   // dresid += ln_1 backward: now dL/d(block input).

@@ -31,9 +31,10 @@ class AdamW {
  public:
   AdamW(const AdamWConfig& config, std::vector<DecayRange> ranges, int64_t size);
 
-  // One update: step_count() increments first, so the first update has
-  // bias-correction step 1.
-  void step(float* params, const float* grads, double lr);
+  // One update with gradients grads * grad_scale (the clipping factor).
+  // step_count() increments first, so the first update has bias-correction
+  // step 1.
+  void step(float* params, const float* grads, double lr, double grad_scale = 1.0);
 
   int64_t step_count() const { return step_count_; }
   void set_step_count(int64_t n) { step_count_ = n; }

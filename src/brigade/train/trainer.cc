@@ -139,9 +139,9 @@ StepMetrics Trainer::train_step() {
         "resume from an earlier checkpoint",
         step_, m.grad_norm, m.loss);
   }
-  clip_grad_norm(grads_.data(), n, m.grad_norm, options_.grad_clip);
   m.lr = options_.lr.at(step_);
-  optimizer_->step(params_.data(), grads_.data(), m.lr);
+  optimizer_->step(params_.data(), grads_.data(), m.lr,
+                   clip_scale(m.grad_norm, options_.grad_clip));
   ++step_;
   m.step_ms = sw.elapsed_ms();
   m.tokens_per_s = static_cast<double>(tokens_per_step()) / (m.step_ms * 1e-3);

@@ -34,7 +34,9 @@ HeadView head_view(const float* qkv, int64_t bi, int64_t h, int64_t t, int64_t c
 
 // Per-thread working memory: a (block, T) tile of scores, one of their
 // gradients, and the block's D_i.
-int64_t per_thread_floats(int64_t t) { return 2 * kQueryBlock * t + kQueryBlock; }
+int64_t per_thread_floats(int64_t t) {
+  return 2 * kQueryBlock * t + kQueryBlock;
+}
 
 // Thread `thread`'s slice of scratch, or of `owned` when the caller gave none.
 float* thread_scratch(float* scratch, std::vector<float>& owned, int64_t t) {
@@ -88,8 +90,8 @@ void attention_forward(float* out, float* lse, const float* qkv, int64_t b, int6
           l[i0 + r] = mx + std::log(sum);
         }
         // O[i0:i0+rows] (rows, hd) = P (rows, keys) V[0:keys] (keys, hd)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hd, keys, 1.0f, scores,
-                    keys, hv.v, hv.ld, 0.0f, o + i0 * c, c);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hd, keys, 1.0f, scores, keys,
+                    hv.v, hv.ld, 0.0f, o + i0 * c, c);
       }
     }
   }
@@ -151,8 +153,8 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
           for (int64_t j = visible; j < keys; ++j) pr[j] = dpr[j] = 0.0f;
         }
         // dQ (rows, hd) = scale * dS K
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hd, keys, scale, dp,
-                    keys, hv.k, hv.ld, 0.0f, dq + i0 * 3 * c, 3 * c);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hd, keys, scale, dp, keys,
+                    hv.k, hv.ld, 0.0f, dq + i0 * 3 * c, 3 * c);
         // dK (keys, hd) += scale * dS^T Q
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, keys, hd, rows, scale, dp, keys,
                     hv.q + i0 * hv.ld, hv.ld, 1.0f, dk, 3 * c);

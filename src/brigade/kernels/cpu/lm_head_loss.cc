@@ -26,7 +26,9 @@ int64_t chunk_rows(int64_t n, int64_t v) {
 }
 }  // namespace
 
-int64_t lm_head_scratch_floats(int64_t n, int64_t v) { return chunk_rows(n, v) * v; }
+int64_t lm_head_scratch_floats(int64_t n, int64_t v) {
+  return chunk_rows(n, v) * v;
+}
 
 void lm_head_logits(float* logits, const float* x, const float* wte, int64_t n, int64_t c,
                     int64_t v) {
@@ -69,11 +71,11 @@ void lm_head_loss(const LmHeadLossArgs& a) {
     }
     if (!want_grads) continue;
     // dx (rows,C) = dlogits (rows,V) @ wte (V,C)
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, a.c, a.v, 1.0f, logits, a.v,
-                a.wte, a.c, 0.0f, a.dx + r0 * a.c, a.c);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, a.c, a.v, 1.0f, logits, a.v, a.wte,
+                a.c, 0.0f, a.dx + r0 * a.c, a.c);
     // dwte (V,C) += dlogits^T (V,rows) @ x (rows,C)
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, a.v, a.c, rows, 1.0f, logits, a.v,
-                xc, a.c, 1.0f, a.dwte, a.c);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, a.v, a.c, rows, 1.0f, logits, a.v, xc, a.c,
+                1.0f, a.dwte, a.c);
   }
 }
 

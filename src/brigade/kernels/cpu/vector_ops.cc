@@ -13,11 +13,6 @@ double sum_squares(const float* x, int64_t n) {
   return total;
 }
 
-void scale_inplace(float* x, float alpha, int64_t n) {
-#pragma omp parallel for simd schedule(static) if (worth_threading(n))
-  for (int64_t i = 0; i < n; ++i) x[i] *= alpha;
-}
-
 void adamw_update(float* params, const float* grads, float* m, float* v, int64_t n,
                   const AdamWStep& s) {
   const float bias1 = 1.0f - static_cast<float>(std::pow(static_cast<double>(s.beta1), s.step));
@@ -27,7 +22,7 @@ void adamw_update(float* params, const float* grads, float* m, float* v, int64_t
   const float decay = 1.0f - s.lr * s.weight_decay;
 #pragma omp parallel for simd schedule(static) if (worth_threading(n))
   for (int64_t i = 0; i < n; ++i) {
-    const float g = grads[i];
+    const float g = grads[i] * s.grad_scale;
     const float mi = s.beta1 * m[i] + (1.0f - s.beta1) * g;
     const float vi = s.beta2 * v[i] + (1.0f - s.beta2) * g * g;
     m[i] = mi;

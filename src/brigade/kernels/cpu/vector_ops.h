@@ -9,10 +9,8 @@ namespace brigade::cpu {
 // digits in a float sum.
 double sum_squares(const float* x, int64_t n);
 
-// x[i] *= alpha
-void scale_inplace(float* x, float alpha, int64_t n);
-
-// AdamW on one contiguous range (Loshchilov & Hutter, decoupled decay):
+// AdamW on one contiguous range (Loshchilov & Hutter, decoupled decay),
+// with g = grads * grad_scale:
 //   p -= lr * wd * p
 //   m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2
 //   p -= lr * (m / (1 - b1^step)) / (sqrt(v / (1 - b2^step)) + eps)
@@ -20,6 +18,7 @@ void scale_inplace(float* x, float alpha, int64_t n);
 struct AdamWStep {
   float lr, beta1, beta2, eps, weight_decay;
   int64_t step;  // 1-based, for bias correction
+  float grad_scale = 1.0f;
 };
 void adamw_update(float* params, const float* grads, float* m, float* v, int64_t n,
                   const AdamWStep& s);
