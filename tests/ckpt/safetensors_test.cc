@@ -10,24 +10,13 @@
 #include "brigade/core/error.h"
 #include "brigade/core/files.h"
 #include "brigade/model/gpt.h"
+#include "testing/temp_dir.h"
 
 namespace brigade {
 namespace {
 namespace fs = std::filesystem;
 
-class TempDir {
- public:
-  TempDir()
-      : path_(fs::temp_directory_path() / ("brigade_ckpt_test_" + std::to_string(::getpid()))) {
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
+using testing::TempDir;
 
 void expect_error_mentions(const std::function<void()>& fn, const std::string& needle) {
   try {

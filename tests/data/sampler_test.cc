@@ -9,26 +9,13 @@
 
 #include "brigade/core/error.h"
 #include "brigade/core/philox.h"
+#include "testing/temp_dir.h"
 
 namespace brigade {
 namespace {
 namespace fs = std::filesystem;
 
-class TempDir {
- public:
-  TempDir() {
-    path_ = fs::temp_directory_path() / ("brigade_sampler_test_" + std::to_string(::getpid()) +
-                                         "_" + std::to_string(counter_++));
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  const fs::path& path() const { return path_; }
-
- private:
-  static inline int counter_ = 0;
-  fs::path path_;
-};
+using testing::TempDir;
 
 // Shard k holds tokens k * 10000, k * 10000 + 1, ...: every token says which
 // shard it is from and where, so a test can tell where a window came from.

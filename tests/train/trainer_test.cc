@@ -1,4 +1,4 @@
-// The trainer end to end: exact resume, and that the demo actually learns.
+// The trainer end to end: exact resume, accumulation, seed checks.
 #include "brigade/train/trainer.h"
 
 #include <gtest/gtest.h>
@@ -10,6 +10,7 @@
 
 #include "brigade/core/config.h"
 #include "brigade/core/error.h"
+#include "testing/temp_dir.h"
 
 namespace brigade {
 namespace {
@@ -17,15 +18,6 @@ namespace fs = std::filesystem;
 
 class TrainerTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("brigade_trainer_test_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
   // A small model on the bundled Shakespeare text, prepared once per test.
   Config small_config(int64_t steps) const {
     Config c = Config::from_string(R"(
@@ -55,7 +47,8 @@ class TrainerTest : public ::testing::Test {
     return c;
   }
 
-  fs::path dir_;
+  testing::TempDir temp_{"brigade_trainer_test"};
+  const fs::path& dir_ = temp_.path();
 };
 
 TEST_F(TrainerTest, ResumeIsBitIdenticalToAnUninterruptedRun) {

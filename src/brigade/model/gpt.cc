@@ -241,15 +241,7 @@ float Gpt::forward_backward(const int32_t* inputs, const int32_t* targets, int64
   float* g = grads_;
   const int64_t n = b * t, c = config_.n_embd;
 
-  cpu::LmHeadLossArgs head;
-  head.x = ws.lnf;
-  head.wte = p + layout_.wte();
-  head.targets = targets;
-  head.n = n;
-  head.c = c;
-  head.v = config_.vocab_size;
-  head.losses = ws.losses;
-  head.scratch = ws.lm_head_scratch;
+  cpu::LmHeadLossArgs head = lm_head_args(targets, n);
   head.dx = ws.c_a;
   head.dwte = g + layout_.wte();
   head.loss_scale = loss_scale;
@@ -271,30 +263,33 @@ float Gpt::forward_backward(const int32_t* inputs, const int32_t* targets, int64
     block_backward(l, s, ws.resid[l], ws.dresid, b, t);
   }
   cpu::embedding_backward(g + layout_.wte(), g + layout_.wpe(), ws.dresid, inputs, b, t, c);
+  return mean_loss(n);
+}
 
+cpu::LmHeadLossArgs Gpt::lm_head_args(const int32_t* targets, int64_t n) const {
+  cpu::LmHeadLossArgs head;
+  head.x = ws_->lnf;
+  head.wte = params_ + layout_.wte();
+  head.targets = targets;
+  head.n = n;
+  head.c = config_.n_embd;
+  head.v = config_.vocab_size;
+  head.losses = ws_->losses;
+  head.scratch = ws_->lm_head_scratch;
+  return head;
+}
+
+float Gpt::mean_loss(int64_t n) const {
   double total = 0.0;
-  for (int64_t i = 0; i < n; ++i) total += ws.losses[i];
+  for (int64_t i = 0; i < n; ++i) total += ws_->losses[i];
   return static_cast<float>(total / static_cast<double>(n));
 }
 
 float Gpt::forward_loss(const int32_t* inputs, const int32_t* targets, int64_t b, int64_t t) {
   check_token_ids(targets, b * t, config_.vocab_size, "target");
   forward_trunk(inputs, b, t);
-  Workspace& ws = *ws_;
-  const int64_t n = b * t;
-  cpu::LmHeadLossArgs head;
-  head.x = ws.lnf;
-  head.wte = params_ + layout_.wte();
-  head.targets = targets;
-  head.n = n;
-  head.c = config_.n_embd;
-  head.v = config_.vocab_size;
-  head.losses = ws.losses;
-  head.scratch = ws.lm_head_scratch;
-  cpu::lm_head_loss(head);
-  double total = 0.0;
-  for (int64_t i = 0; i < n; ++i) total += ws.losses[i];
-  return static_cast<float>(total / static_cast<double>(n));
+  cpu::lm_head_loss(lm_head_args(targets, b * t));
+  return mean_loss(b * t);
 }
 
 void Gpt::forward_logits(const int32_t* inputs, int64_t b, int64_t t, float* logits) {

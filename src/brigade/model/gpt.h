@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "brigade/core/aligned_buffer.h"
+#include "brigade/kernels/cpu/lm_head_loss.h"
 #include "brigade/model/gpt_config.h"
 #include "brigade/model/param_layout.h"
 
@@ -56,6 +57,10 @@ class Gpt {
   void block_backward(int64_t layer, const Stash& s, const float* resid_in, float* dresid,
                       int64_t b, int64_t t);
   const Stash& stash(int64_t layer) const;
+  // The LM head's arguments for the forward pass just run (no gradients).
+  cpu::LmHeadLossArgs lm_head_args(const int32_t* targets, int64_t n) const;
+  // Mean of the per-row losses the LM head just wrote.
+  float mean_loss(int64_t n) const;
 
   GptConfig config_;
   ParamLayout layout_;
