@@ -5,8 +5,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install_deps.sh
 scripts/build.sh
-# A fresh run each time: the demo refuses to overwrite an earlier run's checkpoints.
-rm -rf runs/shakespeare
-./build/brigade train examples/shakespeare.toml "$@"
+# A new run directory each time: brigade refuses to start a fresh run on top
+# of an earlier run's checkpoints, and the earlier runs stay for comparison.
+run_dir="runs/shakespeare-$(date +%Y%m%d-%H%M%S)"
+./build/brigade train examples/shakespeare.toml --set "train.run_dir=$run_dir" "$@"
 echo
-./build/brigade sample --ckpt runs/shakespeare --prompt "ROMEO:" --tokens 400
+./build/brigade sample --ckpt "$run_dir" --prompt "ROMEO:" --tokens 400

@@ -9,7 +9,7 @@ set -euo pipefail
 packages=(
   g++ cmake ninja-build pkg-config
   libopenblas-openmp-dev   # BLAS for the GEMMs, OpenMP build: one thread pool with our kernels
-  libfmt-dev nlohmann-json3-dev libtomlplusplus-dev libcli11-dev libxxhash-dev
+  libfmt-dev nlohmann-json3-dev libtomlplusplus-dev libcli11-dev
 )
 if [[ "${1:-}" == "--test" ]]; then
   packages+=(

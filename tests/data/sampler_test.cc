@@ -95,7 +95,8 @@ TEST(GlobalSampler, BatchDependsOnlyOnSeedAndStep) {
   // The contract: sample j of step s starts at window Philox::below(seed, s, j, windows).
   for (uint64_t j = 0; j < 16; ++j) {
     const Batch batch = fill(sampler, 3, j, 1);
-    EXPECT_EQ(static_cast<uint64_t>(batch.inputs[0]), Philox::below(7, 3, j, 5000 - 32));
+    EXPECT_EQ(static_cast<uint64_t>(batch.inputs[0]),
+              Philox::below(Philox::key(7, RngPurpose::kDataOrder), 3, j, 5000 - 32));
   }
 }
 

@@ -35,9 +35,12 @@ import torch_gpt  # noqa: E402
 
 # Small, but every dimension differs so a transposed or mis-split tensor cannot
 # pass by accident; 97 is prime so no vocab padding or tiling hides an edge.
-CONFIG = {"n_layer": 2, "n_head": 4, "n_embd": 64, "block_size": 32, "vocab_size": 97}
+CONFIG = {"n_layer": 2, "n_head": 4, "n_embd": 64, "block_size": 80, "vocab_size": 97}
 BATCH = 3
-SEQ = 32  # the full block_size, so every position embedding gets a gradient
+# The full block_size, so every position embedding gets a gradient; longer
+# than Brigade's 64-row attention query block, so the off-diagonal blocks and
+# the masked diagonal block of a later tile are both checked.
+SEQ = 80
 
 LOSS_RTOL = 1e-5
 LOGITS_RTOL = 1e-4  # of max |logits|

@@ -8,6 +8,7 @@
 #include "brigade/ckpt/model_weights.h"
 #include "brigade/ckpt/safetensors.h"
 #include "brigade/core/error.h"
+#include "brigade/core/files.h"
 
 namespace brigade {
 namespace fs = std::filesystem;
@@ -39,21 +40,35 @@ fs::path save_checkpoint(const fs::path& root, int64_t step, const GptConfig& co
   const fs::path tmp_dir = root / fmt::format("{}{:08d}.tmp", kStepPrefix, step);
   fs::remove_all(tmp_dir);
   fs::create_directories(tmp_dir);
-  std::map<std::string, std::string> extra;
-  if (!view.tokenizer_spec.empty()) extra["tokenizer"] = view.tokenizer_spec;
-  save_model_weights(tmp_dir / "model.safetensors", config, view.params, extra);
+  try {
+    std::map<std::string, std::string> extra;
+    if (!view.tokenizer_spec.empty()) extra["tokenizer"] = view.tokenizer_spec;
+    save_model_weights(tmp_dir / "model.safetensors", config, view.params, extra);
 
-  const ParamLayout layout(config);
-  SafetensorsWriter state;
-  state.set_metadata("trainer_state", view.trainer_state.dump());
-  for (const ParamInfo& p : layout.params()) {
-    state.add_f32("exp_avg." + p.name, p.shape, view.adam_m + p.offset);
-    state.add_f32("exp_avg_sq." + p.name, p.shape, view.adam_v + p.offset);
+    const ParamLayout layout(config);
+    SafetensorsWriter state;
+    state.set_metadata("trainer_state", view.trainer_state.dump());
+    for (const ParamInfo& p : layout.params()) {
+      state.add_f32("exp_avg." + p.name, p.shape, view.adam_m + p.offset);
+      state.add_f32("exp_avg_sq." + p.name, p.shape, view.adam_v + p.offset);
+    }
+    state.write(tmp_dir / "state.safetensors");
+  } catch (...) {
+    std::error_code ignored;
+    fs::remove_all(tmp_dir, ignored);  // a failed save leaves nothing behind
+    throw;
   }
-  state.write(tmp_dir / "state.safetensors");
-
-  fs::remove_all(final_dir);
+  // A re-save of the same step moves the old copy aside first, so at every
+  // moment one complete step directory exists.
+  const fs::path old_dir = root / fmt::format("{}{:08d}.old", kStepPrefix, step);
+  const bool replacing = fs::exists(final_dir);
+  if (replacing) {
+    fs::remove_all(old_dir);
+    fs::rename(final_dir, old_dir);
+  }
   fs::rename(tmp_dir, final_dir);
+  fsync_directory(root);
+  if (replacing) fs::remove_all(old_dir);
   return final_dir;
 }
 
@@ -104,11 +119,11 @@ nlohmann::json load_checkpoint(const fs::path& dir, const GptConfig& config,
   if (it == state.metadata().end()) {
     throw_error("{}: state.safetensors has no trainer_state metadata", dir.string());
   }
-  try {
-    return nlohmann::json::parse(it->second);
-  } catch (const nlohmann::json::exception& e) {
-    throw_error("{}: trainer_state is not valid JSON: {}", dir.string(), e.what());
+  nlohmann::json trainer_state = nlohmann::json::parse(it->second, nullptr, false);
+  if (trainer_state.is_discarded() || !trainer_state.is_object()) {
+    throw_error("{}: trainer_state in state.safetensors is not a JSON object", dir.string());
   }
+  return trainer_state;
 }
 
 void prune_checkpoints(const fs::path& root, int64_t keep) {

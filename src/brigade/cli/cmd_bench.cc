@@ -4,7 +4,6 @@
 // machine's measured sgemm peak, and peak memory. bench/compare_train.py runs
 // it beside the PyTorch peer and prints the ratios.
 #include <fmt/format.h>
-#include <sys/resource.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -13,6 +12,7 @@
 
 #include "brigade/cli/commands.h"
 #include "brigade/cli/load_config.h"
+#include "brigade/core/process_stats.h"
 #include "brigade/core/threads.h"
 #include "brigade/kernels/cpu/sgemm_peak.h"
 #include "brigade/train/trainer.h"
@@ -50,15 +50,14 @@ void run_bench_train(const BenchTrainArgs& args) {
   const double tokens_per_s = static_cast<double>(trainer.tokens_per_step()) / (median_ms * 1e-3);
   const double achieved_gflops =
       model.train_flops_per_token(model.block_size) * tokens_per_s * 1e-9;
-  rusage usage{};
-  getrusage(RUSAGE_SELF, &usage);
+  const int64_t peak_rss = peak_rss_bytes();
   const nlohmann::json result = {{"impl", "brigade"},
                                  {"tokens_per_s", tokens_per_s},
                                  {"step_ms", median_ms},
                                  {"mfu", achieved_gflops / peak_gflops},
                                  {"achieved_gflops", achieved_gflops},
                                  {"sgemm_peak_gflops", peak_gflops},
-                                 {"peak_rss_bytes", static_cast<int64_t>(usage.ru_maxrss) * 1024},
+                                 {"peak_rss_bytes", peak_rss},
                                  {"threads", num_threads()},
                                  {"params", model.num_params()},
                                  {"micro_batch", options.micro_batch},
@@ -80,7 +79,7 @@ void run_bench_train(const BenchTrainArgs& args) {
   std::printf("throughput   %10.0f tokens/s\n", tokens_per_s);
   std::printf("compute      %10.1f GFLOP/s of a measured sgemm peak of %.1f: MFU %.1f%%\n",
               achieved_gflops, peak_gflops, 100.0 * achieved_gflops / peak_gflops);
-  std::printf("peak RSS     %10.1f MiB\n", static_cast<double>(usage.ru_maxrss) / 1024.0);
+  std::printf("peak RSS     %10.1f MiB\n", static_cast<double>(peak_rss) / (1 << 20));
 }
 
 }  // namespace
@@ -94,8 +93,9 @@ void add_bench_command(CLI::App& app) {
   train->add_option("--set", args->overrides, "Override a config key: section.key=value")
       ->allow_extra_args(false);
   train->add_option("--steps", args->steps, "Timed steps")->check(CLI::PositiveNumber);
-  train->add_option("--warmup", args->warmup, "Untimed steps first");
-  train->add_option("--threads", args->threads, "CPU threads (0: all cores)");
+  train->add_option("--warmup", args->warmup, "Untimed steps first")->check(CLI::NonNegativeNumber);
+  train->add_option("--threads", args->threads, "CPU threads (0: all cores)")
+      ->check(CLI::NonNegativeNumber);
   train->add_flag("--json", args->json, "Print one JSON line");
   train->callback([args] { run_bench_train(*args); });
 }

@@ -13,8 +13,8 @@
 #include "brigade/core/error.h"
 #include "brigade/core/threads.h"
 #include "brigade/data/dataset.h"
-#include "brigade/data/sampler.h"
 #include "brigade/data/token_shard.h"
+#include "brigade/train/evaluate.h"
 
 namespace brigade::cli {
 namespace fs = std::filesystem;
@@ -42,29 +42,9 @@ void run_eval(const EvalArgs& args) {
     own_shard = std::make_unique<TokenShard>(args.data);
     shard = own_shard.get();
   }
-  if (shard->vocab_size() > static_cast<uint64_t>(cfg.vocab_size)) {
-    throw_error(
-        "{} was tokenized with a vocabulary of {} but the model has {}: evaluate on data "
-        "prepared with the model's tokenizer",
-        args.data, shard->vocab_size(), cfg.vocab_size);
-  }
-  const EvalWindows windows(*shard, static_cast<int>(cfg.block_size));
-  int64_t total = static_cast<int64_t>(windows.num_windows());
-  if (args.max_windows > 0) total = std::min(total, args.max_windows);
-  if (total == 0) {
-    throw_error("{} holds {} tokens, fewer than block_size+1 = {}: nothing to evaluate", args.data,
-                shard->size(), cfg.block_size + 1);
-  }
-  std::vector<int32_t> in(static_cast<size_t>(args.batch * cfg.block_size)), tg(in.size());
-  double sum = 0.0;
-  for (int64_t w = 0; w < total; w += args.batch) {
-    const int64_t count = std::min(args.batch, total - w);
-    windows.fill(w, count, in.data(), tg.data());
-    // forward_loss rejects ids outside the model's vocabulary with a clear error.
-    sum += m.model->forward_loss(in.data(), tg.data(), count, cfg.block_size) *
-           static_cast<double>(count);
-  }
-  const double loss = sum / static_cast<double>(total);
+  const EvalResult r = evaluate_windows(*m.model, *shard, args.batch, args.max_windows, args.data);
+  const double loss = r.loss;
+  const int64_t total = r.windows;
   std::printf("loss %.4f nats/token (perplexity %.2f) over %lld tokens in %lld windows of %lld\n",
               loss, std::exp(loss), static_cast<long long>(total * cfg.block_size),
               static_cast<long long>(total), static_cast<long long>(cfg.block_size));
@@ -80,8 +60,10 @@ void add_eval_command(CLI::App& app) {
   cmd->add_option("--data", args->data, "Token shard (.bin) or prepared dataset directory")
       ->required();
   cmd->add_option("--batch", args->batch, "Windows per forward pass")->check(CLI::PositiveNumber);
-  cmd->add_option("--max-windows", args->max_windows, "Evaluate at most this many windows");
-  cmd->add_option("--threads", args->threads, "CPU threads (0: all cores)");
+  cmd->add_option("--max-windows", args->max_windows, "Evaluate at most this many windows (0: all)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--threads", args->threads, "CPU threads (0: all cores)")
+      ->check(CLI::NonNegativeNumber);
   cmd->callback([args] { run_eval(*args); });
 }
 

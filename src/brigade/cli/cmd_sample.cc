@@ -88,7 +88,9 @@ void run_sample(const SampleArgs& args) {
         total += weights[j];
       }
       const double u =
-          static_cast<double>(Philox::u64(args.seed, 0, static_cast<uint64_t>(i)) >> 11) *
+          static_cast<double>(Philox::u64(Philox::key(args.seed, RngPurpose::kSampling), 0,
+                                          static_cast<uint64_t>(i)) >>
+                              11) *
           0x1.0p-53 * total;
       double acc = 0;
       next = order[k - 1];
@@ -121,13 +123,16 @@ void add_sample_command(CLI::App& app) {
   cmd->add_option("--prompt", args->prompt, "Text to continue")->required();
   cmd->add_option("--tokens", args->tokens, "How many tokens to generate")
       ->check(CLI::NonNegativeNumber);
-  cmd->add_option("--temperature", args->temperature, "Softmax temperature (0: greedy)");
-  cmd->add_option("--top-k", args->top_k, "Sample among the k most likely tokens (0: all)");
+  cmd->add_option("--temperature", args->temperature, "Softmax temperature (0: greedy)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--top-k", args->top_k, "Sample among the k most likely tokens (0: all)")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--seed", args->seed, "Random seed");
   cmd->add_option("--tokenizer", args->tokenizer,
                   "\"byte\" or a directory with vocab.json + merges.txt (default: as recorded "
                   "in the checkpoint)");
-  cmd->add_option("--threads", args->threads, "CPU threads (0: all cores)");
+  cmd->add_option("--threads", args->threads, "CPU threads (0: all cores)")
+      ->check(CLI::NonNegativeNumber);
   cmd->callback([args] { run_sample(*args); });
 }
 

@@ -14,13 +14,13 @@
 namespace brigade::cli {
 namespace {
 
-struct TrainOptions {
+struct TokenizerTrainArgs {
   std::string input_path;
   uint32_t vocab_size = 0;
   std::string out_dir;
 };
 
-void run_tokenizer_train(const TrainOptions& options) {
+void run_tokenizer_train(const TokenizerTrainArgs& options) {
   const std::string text = read_file(options.input_path);
   Stopwatch stopwatch;
   BpeTokenizer tokenizer = BpeTokenizer::train(text, options.vocab_size);
@@ -62,7 +62,7 @@ void add_tokenizer_command(CLI::App& app) {
   CLI::App* tokenizer = app.add_subcommand("tokenizer", "Train or try out a tokenizer");
   tokenizer->require_subcommand(1);
 
-  auto train_options = std::make_shared<TrainOptions>();
+  auto train_options = std::make_shared<TokenizerTrainArgs>();
   CLI::App* train = tokenizer->add_subcommand(
       "train", "Learn a GPT-2-style byte-level BPE tokenizer from a text file");
   train->add_option("input", train_options->input_path, "Text file to learn merges from")

@@ -1,5 +1,4 @@
 // brigade train CONFIG [--set section.key=value ...] [--resume PATH]
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -14,6 +13,7 @@
 #include "brigade/cli/load_config.h"
 #include "brigade/core/error.h"
 #include "brigade/core/files.h"
+#include "brigade/core/process_stats.h"
 #include "brigade/core/threads.h"
 #include "brigade/kernels/cpu/sgemm_peak.h"
 #include "brigade/train/trainer.h"
@@ -34,12 +34,6 @@ std::string format_duration(double seconds) {
   return fmt::format("{}s", s);
 }
 
-int64_t peak_rss_bytes() {
-  rusage usage{};
-  getrusage(RUSAGE_SELF, &usage);
-  return static_cast<int64_t>(usage.ru_maxrss) * 1024;
-}
-
 // Refuses to start a fresh run on top of an earlier run's checkpoints, which
 // it would overwrite and prune.
 void check_run_dir_is_free(const TrainOptions& options) {
@@ -54,16 +48,12 @@ void check_run_dir_is_free(const TrainOptions& options) {
 
 class ProgressLine {
  public:
-  ProgressLine(int64_t total_steps, double flops_per_step, double peak_gflops)
-      : total_steps_(total_steps),
-        flops_per_step_(flops_per_step),
-        peak_gflops_(peak_gflops),
-        tty_(isatty(fileno(stderr)) != 0) {}
+  explicit ProgressLine(int64_t total_steps)
+      : total_steps_(total_steps), tty_(isatty(fileno(stderr)) != 0) {}
 
-  void update(const StepMetrics& m) {
+  void update(const StepMetrics& m, double mfu) {
     // Smooth the step time so the ETA does not jump with every step.
     ema_ms_ = ema_ms_ == 0 ? m.step_ms : 0.9 * ema_ms_ + 0.1 * m.step_ms;
-    const double mfu = flops_per_step_ / (m.step_ms * 1e-3) / (peak_gflops_ * 1e9);
     const double eta_s = static_cast<double>(total_steps_ - m.step - 1) * ema_ms_ * 1e-3;
     const std::string line = fmt::format(
         "step {:>6}/{} | loss {:.4f} | lr {:.2e} | {:>8.0f} tok/s | MFU {:5.1f}% | "
@@ -87,8 +77,6 @@ class ProgressLine {
 
  private:
   int64_t total_steps_;
-  double flops_per_step_;
-  double peak_gflops_;
   bool tty_;
   double ema_ms_ = 0;
 };
@@ -105,7 +93,11 @@ void run_train(const std::string& config_path, const std::vector<std::string>& o
   Trainer trainer(model, options);
   const fs::path run_dir = options.run_dir;
   fs::create_directories(run_dir);
-  write_file_atomic(run_dir / "config.toml", config.to_toml() + "\n");
+  // A resume records its own config beside the first one, never over it.
+  const std::string config_name =
+      trainer.step() == 0 ? std::string("config.toml")
+                          : fmt::format("config.resumed_at_step_{}.toml", trainer.step());
+  write_file_atomic(run_dir / config_name, config.to_toml() + "\n");
 
   const double peak_gflops = cpu::measure_sgemm_peak_gflops();
   const double flops_per_step = model.train_flops_per_token(model.block_size) *
@@ -127,7 +119,7 @@ void run_train(const std::string& config_path, const std::vector<std::string>& o
   std::signal(SIGINT, request_stop);
   std::signal(SIGTERM, request_stop);
 
-  ProgressLine progress(options.steps, flops_per_step, peak_gflops);
+  ProgressLine progress(options.steps);
   auto evaluate = [&](int64_t step) {
     const double val_loss = trainer.evaluate();
     progress.note(fmt::format("step {}: validation loss {:.4f}", step, val_loss));
@@ -147,7 +139,7 @@ void run_train(const std::string& config_path, const std::vector<std::string>& o
                               {"peak_rss_bytes", peak_rss_bytes()}}
                    .dump()
             << "\n";
-    progress.update(m);
+    progress.update(m, mfu);
     const int64_t done = trainer.step();
     if (options.eval_every > 0 && done % options.eval_every == 0 && done < options.steps) {
       evaluate(done);

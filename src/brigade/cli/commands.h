@@ -13,5 +13,6 @@ void add_sample_command(CLI::App& app);
 void add_bench_command(CLI::App& app);
 void add_tokenizer_command(CLI::App& app);
 void add_data_command(CLI::App& app);
+void add_launch_command(CLI::App& app);
 
 }  // namespace brigade::cli

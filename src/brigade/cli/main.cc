@@ -14,10 +14,14 @@ int main(int argc, char** argv) {
   brigade::cli::add_bench_command(app);
   brigade::cli::add_tokenizer_command(app);
   brigade::cli::add_data_command(app);
+  brigade::cli::add_launch_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // --help and --version are "errors" with exit code 0: let CLI11 print them.
+    if (e.get_exit_code() == 0) return app.exit(e);
+    std::fprintf(stderr, "brigade: error: %s (see brigade --help)\n", e.what());
+    return 2;
   } catch (const brigade::Error& e) {
     std::fprintf(stderr, "brigade: error: %s\n", e.what());
     return 1;

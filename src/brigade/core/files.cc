@@ -25,7 +25,6 @@ std::string read_file(const fs::path& path) {
   return std::move(buffer).str();
 }
 
-namespace {
 void fsync_directory(const fs::path& dir) {
   const int fd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY);
   if (fd >= 0) {
@@ -33,7 +32,6 @@ void fsync_directory(const fs::path& dir) {
     ::close(fd);
   }
 }
-}  // namespace
 
 AtomicFileWriter::AtomicFileWriter(fs::path path) : path_(std::move(path)) {
   if (path_.has_parent_path()) {

@@ -20,6 +20,9 @@ std::string read_file(const std::filesystem::path& path);
 // Creates missing parent directories.
 void write_file_atomic(const std::filesystem::path& path, std::string_view bytes);
 
+// Makes a directory's entries (a rename, a new file) durable.
+void fsync_directory(const std::filesystem::path& dir);
+
 // Streams data into a temporary file and renames it into place on commit().
 // If the object is destroyed without commit(), the temporary is removed and
 // the target is untouched.

@@ -11,8 +11,27 @@
 
 namespace brigade {
 
+// What a random stream is for. Each purpose gets its own Philox key derived
+// from the run's seed, so e.g. the data order is not made of the same random
+// blocks as the weight initialisation.
+enum class RngPurpose : uint64_t {
+  kWeightInit = 1,
+  kDataOrder = 2,
+  kSyntheticTokens = 3,
+  kSampling = 4,
+};
+
 class Philox {
  public:
+  // The key for one purpose under a seed: splitmix64 of the two, which
+  // spreads nearby seeds and purposes across the whole key space.
+  static uint64_t key(uint64_t seed, RngPurpose purpose) {
+    uint64_t z = seed + 0x9E3779B97F4A7C15ull * (static_cast<uint64_t>(purpose) + 1);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+
   using Block = std::array<uint32_t, 4>;
 
   // Four 32-bit random words for counter (c_hi, c_lo) under `seed`.

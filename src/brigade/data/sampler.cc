@@ -34,7 +34,8 @@ GlobalSampler::GlobalSampler(std::span<const TokenShard> train_shards, uint64_t 
 }
 
 std::pair<size_t, uint64_t> GlobalSampler::window_start(uint64_t step, uint64_t sample) const {
-  const uint64_t window = Philox::below(seed_, step, sample, num_windows());
+  const uint64_t window =
+      Philox::below(Philox::key(seed_, RngPurpose::kDataOrder), step, sample, num_windows());
   // The first shard whose windows end past `window`; empty shards have
   // window_ends_[k] == window_ends_[k-1] and are skipped by upper_bound.
   const size_t shard =

@@ -2,7 +2,7 @@
 //
 // GlobalSampler defines the global batch of step s from (seed, s) and the
 // data alone: sample j of step s starts at window
-//     Philox::below(seed, /*stream=*/s, /*index=*/j, num_windows())
+//     Philox::below(key(seed, kDataOrder), /*stream=*/s, /*index=*/j, num_windows())
 // of the train shards' valid windows, taken in shard order. No state carries
 // from step to step, so resuming at step s needs only s, and a worker that
 // owns samples [a, b) of the global batch asks for exactly those. The batch is

@@ -309,6 +309,7 @@ void Gpt::forward_last_logits(const int32_t* inputs, int64_t b, int64_t t, float
 
 void init_gpt2_weights(const ParamLayout& layout, int64_t n_layer, uint64_t seed, float* params) {
   const float residual_std = 0.02f / std::sqrt(2.0f * static_cast<float>(n_layer));
+  const uint64_t init_key = Philox::key(seed, RngPurpose::kWeightInit);
   const auto& infos = layout.params();
   for (size_t k = 0; k < infos.size(); ++k) {
     const ParamInfo& info = infos[k];
@@ -322,7 +323,7 @@ void init_gpt2_weights(const ParamLayout& layout, int64_t n_layer, uint64_t seed
     const float std_dev = residual_proj ? residual_std : 0.02f;
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < (info.numel + 1) / 2; ++i) {
-      const auto z = Philox::normal2(seed, k, static_cast<uint64_t>(i));
+      const auto z = Philox::normal2(init_key, k, static_cast<uint64_t>(i));
       dst[2 * i] = z[0] * std_dev;
       if (2 * i + 1 < info.numel) dst[2 * i + 1] = z[1] * std_dev;
     }

@@ -10,11 +10,13 @@
 #include <cstdint>
 
 #include "brigade/core/aligned_buffer.h"
-#include "brigade/kernels/cpu/lm_head_loss.h"
 #include "brigade/model/gpt_config.h"
 #include "brigade/model/param_layout.h"
 
 namespace brigade {
+namespace cpu {
+struct LmHeadLossArgs;
+}
 
 class Gpt {
  public:
@@ -75,7 +77,8 @@ class Gpt {
 
 // GPT-2 initialisation: N(0, 0.02) for matrices and embeddings, residual
 // projections (attn.c_proj, mlp.c_proj) scaled by 1/sqrt(2L), zero biases,
-// unit LayerNorm weights. Element i of tensor k comes from Philox(seed, k, i),
+// unit LayerNorm weights. Element i of tensor k comes from
+// Philox(key(seed, kWeightInit), k, i),
 // so the result does not depend on how the buffer is later sharded.
 void init_gpt2_weights(const ParamLayout& layout, int64_t n_layer, uint64_t seed, float* params);
 

@@ -1,5 +1,7 @@
 #include "brigade/train/train_options.h"
 
+#include <cmath>
+
 #include "brigade/core/config.h"
 #include "brigade/core/error.h"
 
@@ -37,21 +39,37 @@ TrainOptions TrainOptions::from_config(Config& config) {
   o.data.val_fraction = config.get_double("data.val_fraction", o.data.val_fraction);
   o.data.synthetic = config.get_bool("data.synthetic", o.data.synthetic);
 
-  auto positive = [](const char* key, int64_t v) {
-    if (v <= 0) throw_error("{} must be positive, got {}", key, v);
+  auto at_least = [](const char* key, int64_t v, int64_t min) {
+    if (v < min) throw_error("{} must be at least {}, got {}", key, min, v);
   };
-  positive("train.micro_batch", o.micro_batch);
-  positive("train.grad_accum", o.grad_accum);
-  positive("train.steps", o.steps);
-  if (o.lr.lr <= 0) throw_error("optim.lr must be positive, got {}", o.lr.lr);
-  if (o.lr.min_lr < 0 || o.lr.min_lr > o.lr.lr) {
+  at_least("train.micro_batch", o.micro_batch, 1);
+  at_least("train.grad_accum", o.grad_accum, 1);
+  at_least("train.steps", o.steps, 1);
+  at_least("train.threads", o.threads, 0);
+  at_least("train.eval_every", o.eval_every, 0);
+  at_least("train.eval_windows", o.eval_windows, 0);
+  at_least("train.checkpoint_every", o.checkpoint_every, 0);
+  at_least("train.keep_checkpoints", o.keep_checkpoints, 1);
+  at_least("optim.warmup_steps", o.lr.warmup_steps, 0);
+  // Written so that NaN fails every check.
+  if (!(o.lr.lr > 0 && std::isfinite(o.lr.lr))) {
+    throw_error("optim.lr must be a positive number, got {}", o.lr.lr);
+  }
+  if (!(o.lr.min_lr >= 0 && o.lr.min_lr <= o.lr.lr)) {
     throw_error("optim.min_lr must be in [0, optim.lr = {}], got {}", o.lr.lr, o.lr.min_lr);
   }
-  if (o.lr.warmup_steps < 0) throw_error("optim.warmup_steps must be >= 0");
-  if (o.adamw.beta1 < 0 || o.adamw.beta1 >= 1 || o.adamw.beta2 < 0 || o.adamw.beta2 >= 1) {
-    throw_error("optim.beta1 and optim.beta2 must be in [0, 1)");
+  if (!(o.adamw.beta1 >= 0 && o.adamw.beta1 < 1 && o.adamw.beta2 >= 0 && o.adamw.beta2 < 1)) {
+    throw_error("optim.beta1 and optim.beta2 must be in [0, 1), got {} and {}", o.adamw.beta1,
+                o.adamw.beta2);
   }
-  if (o.data.val_fraction <= 0 || o.data.val_fraction >= 1) {
+  if (!(o.adamw.eps > 0)) throw_error("optim.eps must be positive, got {}", o.adamw.eps);
+  if (!(o.adamw.weight_decay >= 0)) {
+    throw_error("optim.weight_decay must be >= 0, got {}", o.adamw.weight_decay);
+  }
+  if (!(o.grad_clip >= 0)) {
+    throw_error("optim.grad_clip must be >= 0 (0 turns clipping off), got {}", o.grad_clip);
+  }
+  if (!(o.data.val_fraction > 0 && o.data.val_fraction < 1)) {
     throw_error("data.val_fraction must be in (0, 1), got {}", o.data.val_fraction);
   }
   return o;

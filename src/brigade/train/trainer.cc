@@ -12,6 +12,7 @@
 #include "brigade/data/sampler.h"
 #include "brigade/data/tokenizer.h"
 #include "brigade/optim/grad_clip.h"
+#include "brigade/train/evaluate.h"
 
 namespace brigade {
 namespace fs = std::filesystem;
@@ -58,6 +59,19 @@ std::unique_ptr<Dataset> open_or_prepare(const DataOptions& data, const GptConfi
     prepare_dataset(data.source, *tokenizer, data.dir, data.val_fraction);
   }
   auto dataset = std::make_unique<Dataset>(data.dir);
+  // A dataset prepared earlier with another tokenizer would silently train on
+  // the wrong tokens.
+  const auto same_tokenizer = [](const std::string& a, const std::string& b) {
+    if (a == "byte" || b == "byte") return a == b;
+    std::error_code ec;
+    return fs::weakly_canonical(a, ec) == fs::weakly_canonical(b, ec);
+  };
+  if (!same_tokenizer(data.tokenizer, dataset->tokenizer_spec())) {
+    throw_error(
+        "{} was prepared with tokenizer {} but data.tokenizer is {}: delete {} to "
+        "prepare it again, or set data.dir to another directory",
+        data.dir, dataset->tokenizer_spec(), data.tokenizer, data.dir);
+  }
   if (dataset->vocab_size() > static_cast<uint64_t>(model.vocab_size)) {
     throw_error(
         "the dataset in {} uses a vocabulary of {} tokens but model.vocab_size is {}: set "
@@ -108,10 +122,11 @@ void Trainer::fill_batch(int64_t first_sample, int64_t num_samples) {
   // Synthetic: token i of sample j of step s is Philox(seed, s, j*(T+1)+i).
   const int64_t t = model_config().block_size;
   const uint64_t v = static_cast<uint64_t>(model_config().vocab_size);
+  const uint64_t key = Philox::key(options_.seed, RngPurpose::kSyntheticTokens);
   for (int64_t j = 0; j < num_samples; ++j) {
     for (int64_t i = 0; i <= t; ++i) {
       const uint64_t index = static_cast<uint64_t>((first_sample + j) * (t + 1) + i);
-      const auto token = static_cast<int32_t>(Philox::below(options_.seed, step_, index, v));
+      const auto token = static_cast<int32_t>(Philox::below(key, step_, index, v));
       if (i < t) inputs_[j * t + i] = token;
       if (i > 0) targets_[j * t + i - 1] = token;
     }
@@ -150,24 +165,9 @@ StepMetrics Trainer::train_step() {
 
 double Trainer::evaluate() {
   if (!dataset_) throw_error("evaluation needs a dataset; this run uses data.synthetic = true");
-  const int64_t t = model_config().block_size;
-  const EvalWindows windows(dataset_->val_shard(), static_cast<int>(t));
-  int64_t total = windows.num_windows();
-  if (options_.eval_windows > 0) total = std::min(total, options_.eval_windows);
-  if (total == 0) {
-    throw_error(
-        "the validation split has fewer than block_size+1 = {} tokens: raise "
-        "data.val_fraction or lower model.block_size",
-        t + 1);
-  }
-  std::vector<int32_t> in(static_cast<size_t>(options_.micro_batch * t)), tg(in.size());
-  double sum = 0.0;
-  for (int64_t w = 0; w < total; w += options_.micro_batch) {
-    const int64_t count = std::min(options_.micro_batch, total - w);
-    windows.fill(w, count, in.data(), tg.data());
-    sum += model_->forward_loss(in.data(), tg.data(), count, t) * static_cast<double>(count);
-  }
-  return sum / static_cast<double>(total);
+  return evaluate_windows(*model_, dataset_->val_shard(), options_.micro_batch,
+                          options_.eval_windows, "the validation split of " + options_.data.dir)
+      .loss;
 }
 
 nlohmann::json Trainer::state_json() const {
@@ -200,7 +200,15 @@ void Trainer::load_checkpoint(const fs::path& path) {
   FloatBuffer p(size), m(size), v(size);
   const nlohmann::json state =
       brigade::load_checkpoint(dir, model_config(), {p.data(), m.data(), v.data()});
-  const uint64_t seed = state.at("seed").get<uint64_t>();
+  const auto field = [&](const char* key) {
+    if (!state.contains(key) || !state[key].is_number_integer()) {
+      throw_error("checkpoint {} lacks trainer_state.{}: it was not written by brigade train",
+                  dir.string(), key);
+    }
+    return state[key].get<int64_t>();
+  };
+  const auto seed = static_cast<uint64_t>(field("seed"));
+  const int64_t step = field("step"), optimizer_step = field("optimizer_step");
   if (seed != options_.seed) {
     throw_error(
         "checkpoint {} was trained with train.seed = {} but the config says {}: the data "
@@ -210,8 +218,8 @@ void Trainer::load_checkpoint(const fs::path& path) {
   std::copy(p.data(), p.data() + size, params_.data());
   std::copy(m.data(), m.data() + size, optimizer_->m().data());
   std::copy(v.data(), v.data() + size, optimizer_->v().data());
-  step_ = state.at("step").get<int64_t>();
-  optimizer_->set_step_count(state.at("optimizer_step").get<int64_t>());
+  step_ = step;
+  optimizer_->set_step_count(optimizer_step);
 }
 
 }  // namespace brigade

@@ -1,15 +1,31 @@
 #include "brigade/kernels/cpu/vector_ops.h"
 
+#include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "brigade/kernels/cpu/parallel.h"
 
 namespace brigade::cpu {
 
 double sum_squares(const float* x, int64_t n) {
+  // Fixed blocks summed in a fixed order, not an OpenMP reduction (which
+  // combines per-thread sums in whatever order threads finish): the gradient
+  // norm, and so the clipping factor, must not change from run to run, or
+  // resume would not be bit-identical.
+  constexpr int64_t kBlock = int64_t{1} << 16;
+  const int64_t num_blocks = (n + kBlock - 1) / kBlock;
+  std::vector<double> partial(static_cast<size_t>(num_blocks), 0.0);
+#pragma omp parallel for schedule(static) if (worth_threading(n))
+  for (int64_t blk = 0; blk < num_blocks; ++blk) {
+    const int64_t end = std::min(n, (blk + 1) * kBlock);
+    double sum = 0.0;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t i = blk * kBlock; i < end; ++i) sum += static_cast<double>(x[i]) * x[i];
+    partial[blk] = sum;
+  }
   double total = 0.0;
-#pragma omp parallel for simd reduction(+ : total) schedule(static) if (worth_threading(n))
-  for (int64_t i = 0; i < n; ++i) total += static_cast<double>(x[i]) * x[i];
+  for (double p : partial) total += p;
   return total;
 }
 

@@ -1,0 +1,63 @@
+// brigade launch --nproc-per-node N [--nnodes M --node-rank R --rdzv HOST:PORT] -- COMMAND ...
+// Starts this node's workers; see launcher.h for what each worker is given.
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <string>
+
+#include "brigade/cli/commands.h"
+#include "brigade/cli/launcher.h"
+#include "brigade/core/error.h"
+
+namespace brigade::cli {
+
+void add_launch_command(CLI::App& app) {
+  auto options = std::make_shared<LaunchOptions>();
+  auto rdzv_timeout_s = std::make_shared<int64_t>(options->rdzv_timeout_ms / 1000);
+  CLI::App* cmd = app.add_subcommand(
+      "launch",
+      "Run a command as N cooperating workers per node, torchrun-style: `brigade launch "
+      "--nproc-per-node 4 -- train config.toml`. A brigade verb runs with this binary; "
+      "anything else is looked up on PATH");
+  cmd->add_option("--nproc-per-node", options->nproc_per_node,
+                  "Workers on this node (under srun leave it out: each task is one worker)")
+      ->check(CLI::Range(1, 4096));
+  cmd->add_option("--nnodes", options->nnodes, "Nodes in the job")->capture_default_str();
+  cmd->add_option("--node-rank", options->node_rank, "This node's rank, 0..nnodes-1")
+      ->capture_default_str();
+  cmd->add_option("--rdzv", options->rdzv,
+                  "HOST:PORT where node 0's launcher hosts the rendezvous store (needed with "
+                  "--nnodes > 1; one node defaults to 127.0.0.1 and a free port)");
+  cmd->add_option("--rdzv-token", options->rdzv_token,
+                  "The job's secret, the same on every node (default: env BRIGADE_RDZV_TOKEN; "
+                  "one node generates its own). The environment keeps it out of `ps`");
+  cmd->add_option("--rdzv-timeout-s", *rdzv_timeout_s, "How long launchers wait for each other")
+      ->capture_default_str();
+  cmd->add_option("command", options->command,
+                  "The command and its arguments, after --: a brigade verb or a program")
+      ->required();
+  // Without --, CLI11 would take the command's own options for launch's;
+  // catch that here to say how to fix it.
+  cmd->allow_extras();
+  cmd->callback([cmd, options, rdzv_timeout_s] {
+    // CLI11 leaves the "--" separator itself among the extras.
+    std::string extras;
+    for (const std::string& arg : cmd->remaining()) {
+      if (arg != "--") extras += (extras.empty() ? "" : " ") + arg;
+    }
+    if (!extras.empty()) {
+      throw_error(
+          "launch does not know {}: launch's options go first, then --, then the command and its "
+          "arguments (brigade launch --nproc-per-node 2 -- sh -c 'echo $RANK')",
+          extras);
+    }
+    options->rdzv_timeout_ms = *rdzv_timeout_s * 1000;
+    const int status = run_launch(*options);
+    if (status != 0) {
+      std::fflush(nullptr);
+      std::exit(status);
+    }
+  });
+}
+
+}  // namespace brigade::cli

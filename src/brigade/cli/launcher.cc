@@ -1,0 +1,713 @@
+#include "brigade/cli/launcher.h"
+
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sched.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <optional>
+
+#include "brigade/comm/tcp_store.h"
+#include "brigade/core/clock.h"
+#include "brigade/core/error.h"
+
+extern char** environ;
+
+namespace brigade::cli {
+namespace {
+
+// Verbs that run with this same binary rather than a program from PATH.
+constexpr std::array<std::string_view, 6> kBrigadeVerbs = {"train", "eval",      "sample",
+                                                           "bench", "tokenizer", "data"};
+// After a worker fails, the others get this long to exit on SIGTERM.
+constexpr int64_t kFailureGraceMs = 5'000;
+// After the user's SIGINT or SIGTERM, workers get longer: they may be saving
+// a checkpoint. A second signal cuts it short.
+constexpr int64_t kSignalGraceMs = 30'000;
+// How often a multi-node launcher looks for a failure on another node.
+constexpr int64_t kPeerCheckMs = 500;
+// The longest sigtimedwait sleeps before the loop looks around again.
+constexpr int64_t kTickMs = 100;
+constexpr int64_t kNsPerMs = 1'000'000;
+
+// Store keys the launchers of one job share.
+const std::string kNodesJoinedKey = "brigade/launch/nodes_joined";
+const std::string kFailureKey = "brigade/launch/failure";
+std::string node_key(int node_rank) {
+  return fmt::format("brigade/launch/node/{}", node_rank);
+}
+std::string claim_key(int node_rank) {
+  return fmt::format("brigade/launch/node/{}/claims", node_rank);
+}
+std::string done_key(int node_rank) {
+  return fmt::format("brigade/launch/node/{}/done", node_rank);
+}
+
+// ------------------------------------------------------------------ options
+
+struct HostPort {
+  std::string host;
+  uint16_t port = 0;
+};
+
+HostPort parse_host_port(const std::string& text, bool allow_port_0) {
+  const size_t colon = text.rfind(':');
+  auto fail = [&] {
+    throw_error("--rdzv wants HOST:PORT (for example node0:29500), got '{}'", text);
+  };
+  if (colon == std::string::npos || colon == 0) fail();
+  std::string host = text.substr(0, colon);
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  const std::string port_text = text.substr(colon + 1);
+  if (port_text.empty() || port_text.size() > 5 ||
+      !std::all_of(port_text.begin(), port_text.end(),
+                   [](char c) { return c >= '0' && c <= '9'; })) {
+    fail();
+  }
+  const int port = std::stoi(port_text);
+  if (port > 65535 || (port == 0 && !allow_port_0)) fail();
+  return {host, static_cast<uint16_t>(port)};
+}
+
+std::optional<std::string> env(const char* name) {
+  const char* value = std::getenv(name);
+  if (value == nullptr) return std::nullopt;
+  return std::string(value);
+}
+
+int env_int(const char* name) {
+  const std::string text = env(name).value_or("");
+  char* end = nullptr;
+  const long value = std::strtol(text.c_str(), &end, 10);
+  if (text.empty() || *end != '\0' || value < 0 || value > (1 << 30)) {
+    throw_error("{} should be a non-negative integer, got '{}'", name, text);
+  }
+  return static_cast<int>(value);
+}
+
+// 128 random bits as 32 hex digits.
+std::string random_token() {
+  unsigned char bytes[16];
+  const int fd = ::open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+  size_t got = 0;
+  while (fd >= 0 && got < sizeof(bytes)) {
+    const ssize_t n = ::read(fd, bytes + got, sizeof(bytes) - got);
+    if (n > 0) {
+      got += static_cast<size_t>(n);
+    } else if (n < 0 && errno == EINTR) {
+      continue;
+    } else {
+      break;
+    }
+  }
+  if (fd >= 0) ::close(fd);
+  if (got != sizeof(bytes)) throw_error("cannot read /dev/urandom to make the job's token");
+  std::string hex;
+  for (unsigned char b : bytes) hex += fmt::format("{:02x}", b);
+  return hex;
+}
+
+const char* const kTokenHelp =
+    "set BRIGADE_RDZV_TOKEN to the same secret on every node (for example export "
+    "BRIGADE_RDZV_TOKEN=$(od -An -tx1 -N16 /dev/urandom | tr -d ' \\n')), or pass --rdzv-token";
+
+// --rdzv-token, else BRIGADE_RDZV_TOKEN, else a fresh one where no other
+// process needs to know it in advance.
+std::string resolve_token(const LaunchOptions& o, bool may_generate, const char* situation) {
+  if (!o.rdzv_token.empty()) return o.rdzv_token;
+  if (auto token = env("BRIGADE_RDZV_TOKEN"); token && !token->empty()) return *token;
+  if (may_generate) return random_token();
+  throw_error("{} needs the job's rendezvous token: {}", situation, kTokenHelp);
+}
+
+// CPUs this process may run on (its affinity mask, which cgroups and
+// schedulers such as Slurm narrow), not all CPUs of the machine.
+int usable_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN));
+}
+
+// True if every address `host` resolves to is a loopback address: then the
+// store listens only there; otherwise on every interface, since a hostname
+// often resolves to an address other nodes cannot reach (127.0.1.1).
+bool is_loopback(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* head = nullptr;
+  if (::getaddrinfo(host.c_str(), nullptr, &hints, &head) != 0) return false;
+  bool all_loopback = head != nullptr;
+  for (addrinfo* a = head; a != nullptr; a = a->ai_next) {
+    if (a->ai_family == AF_INET) {
+      const auto* in = reinterpret_cast<const sockaddr_in*>(a->ai_addr);
+      all_loopback &= (ntohl(in->sin_addr.s_addr) >> 24) == 127;
+    } else if (a->ai_family == AF_INET6) {
+      const auto* in6 = reinterpret_cast<const sockaddr_in6*>(a->ai_addr);
+      all_loopback &= IN6_IS_ADDR_LOOPBACK(&in6->sin6_addr) != 0;
+    } else {
+      all_loopback = false;
+    }
+  }
+  ::freeaddrinfo(head);
+  return all_loopback;
+}
+
+// ------------------------------------------------------------------ program
+
+struct Program {
+  std::string path;               // what execve runs
+  std::vector<std::string> argv;  // argv[0] as the user wrote it
+};
+
+bool is_executable_file(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(path.c_str(), X_OK) == 0;
+}
+
+// Finds the program in the launcher, so a typo is one clear error before any
+// worker starts rather than N failed workers.
+Program resolve_program(const std::vector<std::string>& command) {
+  if (command.empty()) throw_error("brigade launch needs a command after --");
+  const std::string& name = command[0];
+  if (std::find(kBrigadeVerbs.begin(), kBrigadeVerbs.end(), name) != kBrigadeVerbs.end()) {
+    char self[4096];
+    const ssize_t n = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
+    if (n <= 0)
+      throw_error("cannot find the brigade binary (/proc/self/exe): {}", std::strerror(errno));
+    Program program{std::string(self, static_cast<size_t>(n)), {}};
+    program.argv.push_back(program.path);
+    program.argv.insert(program.argv.end(), command.begin(), command.end());
+    return program;
+  }
+  if (name.find('/') != std::string::npos) {
+    if (!is_executable_file(name)) throw_error("cannot run '{}': not an executable file", name);
+    return {name, command};
+  }
+  const std::string path = env("PATH").value_or("/usr/local/bin:/usr/bin:/bin");
+  size_t start = 0;
+  while (start <= path.size()) {
+    const size_t end = std::min(path.find(':', start), path.size());
+    const std::string dir = end > start ? path.substr(start, end - start) : ".";
+    const std::string candidate = dir + "/" + name;
+    if (is_executable_file(candidate)) return {candidate, command};
+    start = end + 1;
+  }
+  throw_error(
+      "cannot find '{}' on PATH: give its path, or a brigade verb (train, eval, sample, "
+      "bench, tokenizer, data)",
+      name);
+}
+
+// ------------------------------------------------------------------ environment
+
+// This process's environment plus the variables of one worker; `entries`
+// stay alive while envp() points into them.
+class Environment {
+ public:
+  Environment() {
+    for (char** e = environ; *e != nullptr; ++e) {
+      const std::string_view entry(*e);
+      const size_t eq = entry.find('=');
+      if (eq != std::string_view::npos)
+        vars_[std::string(entry.substr(0, eq))] = entry.substr(eq + 1);
+    }
+  }
+  void set(const std::string& name, const std::string& value) { vars_[name] = value; }
+  void set_default(const std::string& name, const std::string& value) {
+    vars_.emplace(name, value);
+  }
+
+  // NAME=VALUE strings and the null-terminated pointer array execve wants.
+  void materialize(std::vector<std::string>* entries, std::vector<char*>* envp) const {
+    entries->clear();
+    for (const auto& [name, value] : vars_) entries->push_back(name + "=" + value);
+    envp->clear();
+    for (std::string& e : *entries) envp->push_back(e.data());
+    envp->push_back(nullptr);
+  }
+
+ private:
+  std::map<std::string, std::string> vars_;
+};
+
+std::vector<char*> argv_pointers(std::vector<std::string>& argv) {
+  std::vector<char*> pointers;
+  for (std::string& a : argv) pointers.push_back(a.data());
+  pointers.push_back(nullptr);
+  return pointers;
+}
+
+// ------------------------------------------------------------------ slurm
+
+// Slurm's compact tasks-per-node list ("4(x2),3" = 4, 4, 3): the count of
+// node `node_id`, or the first count if the list is shorter.
+int tasks_on_node(const std::string& spec, int node_id) {
+  std::vector<int> counts;
+  size_t at = 0;
+  while (at < spec.size()) {
+    size_t used = 0;
+    const int count = std::stoi(spec.substr(at), &used);
+    at += used;
+    int repeat = 1;
+    if (spec.compare(at, 2, "(x") == 0) {
+      at += 2;
+      repeat = std::stoi(spec.substr(at), &used);
+      at += used + 1;  // the number and ')'
+    }
+    for (int i = 0; i < repeat && counts.size() < 100000; ++i) counts.push_back(count);
+    if (at < spec.size() && spec[at] == ',') ++at;
+  }
+  if (counts.empty()) throw_error("cannot read SLURM_TASKS_PER_NODE='{}'", spec);
+  return node_id < static_cast<int>(counts.size()) ? counts[node_id] : counts[0];
+}
+
+[[noreturn]] void exec_slurm_task(const LaunchOptions& o) {
+  const int rank = env_int("SLURM_PROCID");
+  const int world_size = env_int("SLURM_NTASKS");
+  const int local_rank = env("SLURM_LOCALID") ? env_int("SLURM_LOCALID") : 0;
+  const int node_rank = env("SLURM_NODEID") ? env_int("SLURM_NODEID") : 0;
+  int local_world_size = 1;
+  if (env("SLURM_NTASKS_PER_NODE")) {
+    local_world_size = env_int("SLURM_NTASKS_PER_NODE");
+  } else if (auto spec = env("SLURM_TASKS_PER_NODE")) {
+    try {
+      local_world_size = tasks_on_node(*spec, node_rank);
+    } catch (const std::logic_error&) {
+      throw_error("cannot read SLURM_TASKS_PER_NODE='{}'", *spec);
+    }
+  }
+  HostPort master;
+  if (!o.rdzv.empty()) {
+    master = parse_host_port(o.rdzv, /*allow_port_0=*/false);
+  } else if (env("MASTER_ADDR") && env("MASTER_PORT")) {
+    master = parse_host_port(*env("MASTER_ADDR") + ":" + *env("MASTER_PORT"), false);
+  } else {
+    throw_error(
+        "under srun, pass --rdzv HOST:PORT (a port on the node of rank 0, for example the first "
+        "host of $SLURM_JOB_NODELIST) or set MASTER_ADDR and MASTER_PORT");
+  }
+  const std::string token = resolve_token(o, /*may_generate=*/false, "every srun task");
+  const Program program = resolve_program(o.command);
+
+  Environment worker_env;
+  worker_env.set("RANK", std::to_string(rank));
+  worker_env.set("WORLD_SIZE", std::to_string(world_size));
+  worker_env.set("LOCAL_RANK", std::to_string(local_rank));
+  worker_env.set("LOCAL_WORLD_SIZE", std::to_string(local_world_size));
+  worker_env.set("GROUP_RANK", std::to_string(node_rank));
+  worker_env.set("MASTER_ADDR", master.host);
+  worker_env.set("MASTER_PORT", std::to_string(master.port));
+  worker_env.set("BRIGADE_STORE_TOKEN", token);
+  worker_env.set("BRIGADE_STORE_OWNER", "rank0");
+  // Slurm may already have bound this task to its own CPUs; then its
+  // affinity mask is its share and is not divided again.
+  const int threads = env("SLURM_CPUS_PER_TASK") ? env_int("SLURM_CPUS_PER_TASK")
+                                                 : usable_cpus() / std::max(1, local_world_size);
+  worker_env.set_default("OMP_NUM_THREADS", std::to_string(std::max(1, threads)));
+
+  std::vector<std::string> entries, argv = program.argv;
+  std::vector<char*> envp;
+  worker_env.materialize(&entries, &envp);
+  std::fflush(nullptr);
+  ::execve(program.path.c_str(), argv_pointers(argv).data(), envp.data());
+  throw_error("cannot run '{}': {}", program.path, std::strerror(errno));
+}
+
+// ------------------------------------------------------------------ rendezvous
+
+// Claims this node's rank in the store and waits until every node has, so
+// all of them start their workers knowing the whole job is there.
+void join_nodes(TcpStore& store, const LaunchOptions& o) {
+  if (store.add(claim_key(o.node_rank), 1) != 1) {
+    throw_error(
+        "another launcher already joined the rendezvous at {} as node rank {}: give each node "
+        "its own --node-rank in 0..{}",
+        store.address(), o.node_rank, o.nnodes - 1);
+  }
+  store.set(node_key(o.node_rank), std::to_string(o.nproc_per_node));
+  store.add(kNodesJoinedKey, 1);
+  std::vector<std::string> keys;
+  for (int r = 0; r < o.nnodes; ++r) keys.push_back(node_key(r));
+  try {
+    store.wait(keys, o.rdzv_timeout_ms);
+  } catch (const StoreTimeoutError&) {
+    std::string missing;
+    for (int r = 0; r < o.nnodes; ++r) {
+      if (!store.check({node_key(r)})) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+    }
+    throw_error(
+        "only {} of {} nodes joined the rendezvous at {} within {} ms (missing node ranks: {}): "
+        "start `brigade launch --nnodes {} --node-rank R --rdzv {}` on every node",
+        store.add(kNodesJoinedKey, 0), o.nnodes, store.address(), o.rdzv_timeout_ms, missing,
+        o.nnodes, store.address());
+  }
+  for (int r = 0; r < o.nnodes; ++r) {
+    const std::string nproc = store.get(node_key(r));
+    if (nproc != std::to_string(o.nproc_per_node)) {
+      throw_error(
+          "node {} runs {} workers but this node (rank {}) runs {}: give every node the same "
+          "--nproc-per-node",
+          r, nproc, o.node_rank, o.nproc_per_node);
+    }
+  }
+}
+
+// ------------------------------------------------------------------ workers
+
+struct Worker {
+  int rank = 0;
+  int local_rank = 0;
+  pid_t pid = -1;  // also its process group
+  bool running = false;
+};
+
+std::string plural(int n, const char* noun) {
+  return fmt::format("{} {}{}", n, noun, n == 1 ? "" : "s");
+}
+
+std::string signal_name(int sig) {
+  const char* abbrev = ::sigabbrev_np(sig);
+  return abbrev != nullptr ? fmt::format("SIG{}", abbrev) : fmt::format("signal {}", sig);
+}
+
+std::string describe_exit(int wait_status) {
+  if (WIFEXITED(wait_status)) return fmt::format("exited with status {}", WEXITSTATUS(wait_status));
+  if (WIFSIGNALED(wait_status)) {
+    return fmt::format("was killed by {}", signal_name(WTERMSIG(wait_status)));
+  }
+  return "stopped";
+}
+
+// Signals the launcher handles itself, by waiting for them, while workers run.
+sigset_t watched_signals() {
+  sigset_t set;
+  ::sigemptyset(&set);
+  for (int sig : {SIGCHLD, SIGINT, SIGTERM, SIGHUP}) ::sigaddset(&set, sig);
+  return set;
+}
+
+// Blocks the watched signals for its lifetime, so none is lost or acted on
+// before sigtimedwait collects it.
+class BlockedSignals {
+ public:
+  BlockedSignals() {
+    // SIGCHLD ignored (inherited from a parent) would make the kernel reap
+    // workers itself and hide their exit statuses.
+    ::signal(SIGCHLD, SIG_DFL);
+    const sigset_t set = watched_signals();
+    ::pthread_sigmask(SIG_BLOCK, &set, &previous_);
+  }
+  ~BlockedSignals() {
+    // A signal that came after the last worker ended has nobody left to
+    // stop; dropped here, it cannot kill the launcher on its way out.
+    const sigset_t set = watched_signals();
+    const timespec zero{0, 0};
+    while (::sigtimedwait(&set, nullptr, &zero) > 0) {
+    }
+    ::pthread_sigmask(SIG_SETMASK, &previous_, nullptr);
+  }
+  BlockedSignals(const BlockedSignals&) = delete;
+  BlockedSignals& operator=(const BlockedSignals&) = delete;
+  const sigset_t& previous() const { return previous_; }
+
+ private:
+  sigset_t previous_;
+};
+
+// Writes a fixed message from a forked child, where only async-signal-safe
+// calls are allowed.
+void child_write(const std::string& text) {
+  ssize_t ignored = ::write(STDERR_FILENO, text.data(), text.size());
+  (void)ignored;
+}
+
+// Forks and execs one worker. Everything the child needs is prepared here,
+// because between fork and exec it may only make async-signal-safe calls.
+pid_t spawn_worker(const Program& program, Environment& worker_env, const sigset_t& child_mask) {
+  std::vector<std::string> entries, argv = program.argv;
+  std::vector<char*> envp;
+  worker_env.materialize(&entries, &envp);
+  std::vector<char*> argvp = argv_pointers(argv);
+  const std::string exec_failed = fmt::format("brigade launch: cannot run {}\n", program.path);
+  const pid_t launcher = ::getpid();
+  std::fflush(nullptr);  // or the child could flush the launcher's buffered output again
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::setpgid(0, 0);
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != launcher) ::_exit(125);  // the launcher died before prctl
+    ::pthread_sigmask(SIG_SETMASK, &child_mask, nullptr);
+    ::execve(program.path.c_str(), argvp.data(), envp.data());
+    child_write(exec_failed);
+    ::_exit(127);
+  }
+  // Also set in the parent: either may run first, and the launcher signals
+  // the group right away if it has to.
+  if (pid > 0) ::setpgid(pid, pid);
+  return pid;
+}
+
+// Runs the workers to the end and decides the launcher's exit status.
+class Supervisor {
+ public:
+  Supervisor(std::vector<Worker>& workers, const LaunchOptions& o, TcpStore& store)
+      : workers_(workers), options_(o), store_(store) {}
+
+  int run() {
+    const sigset_t watched = watched_signals();
+    int64_t next_peer_check_ns = now_ns() + kPeerCheckMs * kNsPerMs;
+    while (running_count() > 0) {
+      int64_t wait_ms = kTickMs;
+      if (stopping_ && !killed_) {
+        wait_ms = std::clamp<int64_t>((kill_at_ns_ - now_ns()) / kNsPerMs, 0, kTickMs);
+      }
+      const timespec tick{static_cast<time_t>(wait_ms / 1000),
+                          static_cast<long>((wait_ms % 1000) * kNsPerMs)};
+      const int sig = ::sigtimedwait(&watched, nullptr, &tick);
+      if (sig == SIGINT || sig == SIGTERM || sig == SIGHUP) on_signal(sig);
+      reap();
+      if (stopping_ && !killed_ && now_ns() >= kill_at_ns_) kill_all(SIGKILL);
+      if (options_.nnodes > 1 && !stopping_ && now_ns() >= next_peer_check_ns) {
+        check_other_nodes();
+        next_peer_check_ns = now_ns() + kPeerCheckMs * kNsPerMs;
+      }
+    }
+    return report();
+  }
+
+ private:
+  int running_count() const {
+    return static_cast<int>(
+        std::count_if(workers_.begin(), workers_.end(), [](const Worker& w) { return w.running; }));
+  }
+
+  void on_signal(int sig) {
+    if (stopping_) {
+      kill_at_ns_ = now_ns();  // a second signal: no more grace
+      return;
+    }
+    received_signal_ = sig;
+    begin_stop(sig, kSignalGraceMs);
+    publish_failure(
+        fmt::format("the launcher of node {} received {}", options_.node_rank, signal_name(sig)));
+  }
+
+  void begin_stop(int sig, int64_t grace_ms) {
+    stopping_ = true;
+    stopped_count_ = running_count();
+    kill_at_ns_ = now_ns() + grace_ms * kNsPerMs;
+    kill_all(sig);
+  }
+
+  void kill_all(int sig) {
+    for (const Worker& w : workers_) {
+      if (w.running) ::kill(-w.pid, sig);
+    }
+    if (sig == SIGKILL) killed_ = true;
+  }
+
+  void reap() {
+    for (;;) {
+      int wait_status = 0;
+      const pid_t pid = ::waitpid(-1, &wait_status, WNOHANG);
+      if (pid == 0) return;
+      if (pid < 0) {
+        if (errno == EINTR) continue;
+        // ECHILD: nothing left to wait for, whatever we believed.
+        for (Worker& w : workers_) w.running = false;
+        return;
+      }
+      auto it = std::find_if(workers_.begin(), workers_.end(),
+                             [&](const Worker& w) { return w.pid == pid; });
+      if (it == workers_.end()) continue;
+      it->running = false;
+      const bool failed = !WIFEXITED(wait_status) || WEXITSTATUS(wait_status) != 0;
+      if (failed || stopping_) {
+        // Whatever the worker started is of no use without it.
+        ::kill(-pid, SIGKILL);
+      }
+      if (failed && !stopping_) {
+        failure_ = fmt::format("worker rank {} (local {}, node {}) {}", it->rank, it->local_rank,
+                               options_.node_rank, describe_exit(wait_status));
+        begin_stop(SIGTERM, kFailureGraceMs);
+        publish_failure(failure_);
+      }
+    }
+  }
+
+  // Tells the other nodes' launchers, which stop their workers too.
+  void publish_failure(const std::string& what) {
+    if (options_.nnodes == 1) return;
+    try {
+      store_.set(kFailureKey, what);
+    } catch (const Error& e) {
+      fmt::print(stderr, "brigade launch: could not tell the other nodes: {}\n", e.what());
+    }
+  }
+
+  void check_other_nodes() {
+    try {
+      if (!store_.check({kFailureKey})) return;
+      remote_failure_ = store_.get(kFailureKey);
+    } catch (const Error& e) {
+      remote_failure_ = e.what();
+    }
+    begin_stop(SIGTERM, kFailureGraceMs);
+  }
+
+  int report() const {
+    if (!failure_.empty()) {
+      fmt::print(stderr, "brigade launch: {}; stopped the other {}\n", failure_,
+                 plural(stopped_count_, "worker"));
+      return 1;
+    }
+    if (!remote_failure_.empty()) {
+      fmt::print(stderr, "brigade launch: stopped {} on node {}: {}\n",
+                 plural(stopped_count_, "worker"), options_.node_rank, remote_failure_);
+      return 1;
+    }
+    if (received_signal_ != 0) {
+      fmt::print(stderr, "brigade launch: received {}; stopped {}\n", signal_name(received_signal_),
+                 plural(stopped_count_, "worker"));
+      return 128 + received_signal_;
+    }
+    return 0;
+  }
+
+  std::vector<Worker>& workers_;
+  const LaunchOptions& options_;
+  TcpStore& store_;
+  bool stopping_ = false;
+  bool killed_ = false;
+  int64_t kill_at_ns_ = 0;
+  int stopped_count_ = 0;
+  int received_signal_ = 0;
+  std::string failure_;
+  std::string remote_failure_;
+};
+
+// Node 0 keeps the store up until every node's workers are done with it;
+// gives up after the rendezvous timeout or on a signal.
+void wait_for_other_nodes(TcpStore& store, const LaunchOptions& o) {
+  std::vector<std::string> keys;
+  for (int r = 0; r < o.nnodes; ++r) keys.push_back(done_key(r));
+  const sigset_t watched = watched_signals();
+  const int64_t deadline_ns = now_ns() + o.rdzv_timeout_ms * kNsPerMs;
+  while (now_ns() < deadline_ns) {
+    try {
+      store.wait(keys, kTickMs * 5);
+      return;
+    } catch (const StoreTimeoutError&) {
+    }
+    const timespec zero{0, 0};
+    const int sig = ::sigtimedwait(&watched, nullptr, &zero);
+    if (sig == SIGINT || sig == SIGTERM || sig == SIGHUP) return;
+  }
+  fmt::print(stderr,
+             "brigade launch: not every node reported its workers done within {} ms; closing the "
+             "rendezvous store anyway\n",
+             o.rdzv_timeout_ms);
+}
+
+void validate(const LaunchOptions& o) {
+  if (o.nproc_per_node < 1) {
+    throw_error("pass --nproc-per-node N (the number of workers on this node), or run under srun");
+  }
+  if (o.nnodes < 1) throw_error("--nnodes must be at least 1, got {}", o.nnodes);
+  if (o.node_rank < 0 || o.node_rank >= o.nnodes) {
+    throw_error("--node-rank must be in 0..{} for --nnodes {}, got {}", o.nnodes - 1, o.nnodes,
+                o.node_rank);
+  }
+  if (o.nnodes > 1 && o.rdzv.empty()) {
+    throw_error("a launch over {} nodes needs --rdzv HOST:PORT, where node 0 hosts the store",
+                o.nnodes);
+  }
+  if (o.rdzv_timeout_ms <= 0) throw_error("--rdzv-timeout-s must be positive");
+}
+
+}  // namespace
+
+int run_launch(const LaunchOptions& o) {
+  const bool under_srun = o.nproc_per_node == 0 && env("SLURM_PROCID") && env("SLURM_NTASKS");
+  if (under_srun) exec_slurm_task(o);
+  validate(o);
+  const Program program = resolve_program(o.command);
+  HostPort master{"127.0.0.1", 0};
+  if (!o.rdzv.empty()) master = parse_host_port(o.rdzv, /*allow_port_0=*/o.nnodes == 1);
+  const char* situation = o.nnodes > 1 ? "a launch over several nodes" : "node rank > 0";
+  const std::string token = resolve_token(o, /*may_generate=*/o.nnodes == 1, situation);
+
+  std::optional<TcpStoreServer> server;
+  if (o.node_rank == 0) {
+    server.emplace(is_loopback(master.host) ? master.host : "", master.port, token);
+    master.port = server->port();
+  }
+  TcpStore store(master.host, master.port, token, o.rdzv_timeout_ms);
+  join_nodes(store, o);
+
+  const int world_size = o.nnodes * o.nproc_per_node;
+  Environment worker_env;
+  worker_env.set("WORLD_SIZE", std::to_string(world_size));
+  worker_env.set("LOCAL_WORLD_SIZE", std::to_string(o.nproc_per_node));
+  worker_env.set("GROUP_RANK", std::to_string(o.node_rank));
+  worker_env.set("MASTER_ADDR", master.host);
+  worker_env.set("MASTER_PORT", std::to_string(master.port));
+  worker_env.set("BRIGADE_STORE_TOKEN", token);
+  worker_env.set("BRIGADE_STORE_OWNER", "launcher");
+  // More threads than cores, summed over the node's workers, costs more in
+  // contention than it gains.
+  worker_env.set_default("OMP_NUM_THREADS",
+                         std::to_string(std::max(1, usable_cpus() / o.nproc_per_node)));
+
+  std::vector<Worker> workers(static_cast<size_t>(o.nproc_per_node));
+  int exit_status = 0;
+  {
+    const BlockedSignals blocked;
+    for (int local_rank = 0; local_rank < o.nproc_per_node; ++local_rank) {
+      Worker& w = workers[static_cast<size_t>(local_rank)];
+      w.local_rank = local_rank;
+      w.rank = o.node_rank * o.nproc_per_node + local_rank;
+      worker_env.set("RANK", std::to_string(w.rank));
+      worker_env.set("LOCAL_RANK", std::to_string(local_rank));
+      w.pid = spawn_worker(program, worker_env, blocked.previous());
+      if (w.pid < 0) {
+        const int err = errno;
+        for (const Worker& started : workers) {
+          if (started.running) ::kill(-started.pid, SIGKILL);
+        }
+        for (const Worker& started : workers) {
+          if (started.running) ::waitpid(started.pid, nullptr, 0);
+        }
+        throw_error("cannot start worker rank {}: fork failed: {}", w.rank, std::strerror(err));
+      }
+      w.running = true;
+    }
+    exit_status = Supervisor(workers, o, store).run();
+    if (o.nnodes > 1) {
+      try {
+        store.set(done_key(o.node_rank), std::to_string(exit_status));
+        if (o.node_rank == 0) wait_for_other_nodes(store, o);
+      } catch (const Error& e) {
+        fmt::print(stderr, "brigade launch: {}\n", e.what());
+      }
+    }
+  }
+  return exit_status;
+}
+
+}  // namespace brigade::cli

@@ -1,0 +1,58 @@
+// brigade launch: starts the worker processes of one node and watches them.
+//
+// Each worker gets the variables torchrun sets, so scripts written for it
+// work unchanged:
+//   RANK              global rank, node_rank * nproc_per_node + LOCAL_RANK
+//   WORLD_SIZE        nnodes * nproc_per_node
+//   LOCAL_RANK        rank on this node, 0 .. LOCAL_WORLD_SIZE - 1
+//   LOCAL_WORLD_SIZE  workers on this node
+//   GROUP_RANK        this node's rank
+//   MASTER_ADDR, MASTER_PORT  the rendezvous store (hosted by node 0's launcher)
+// and Brigade's own:
+//   BRIGADE_STORE_TOKEN      the job's secret; the store refuses connections without it
+//   BRIGADE_STORE_OWNER      "launcher" (the store is up) or "rank0" (under srun
+//                            nobody hosts it: rank 0 must)
+//   OMP_NUM_THREADS          the node's cores split among its workers, unless already set
+//
+// Before any worker starts, every node's launcher joins the store and waits
+// for all nodes, so a missing node or a mismatched --nproc-per-node is an
+// error at once rather than a hang inside the first collective.
+//
+// While the workers run, SIGINT, SIGTERM and SIGHUP are forwarded to them.
+// The first worker to fail (non-zero status or a signal) stops the job: the
+// others get SIGTERM, then SIGKILL after a grace period, and on a multi-node
+// job the other nodes' launchers do the same. Each worker runs in its own
+// process group, so whatever it started is stopped with it, and it dies with
+// the launcher (PR_SET_PDEATHSIG) should the launcher itself be killed.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace brigade::cli {
+
+struct LaunchOptions {
+  int nproc_per_node = 0;  // 0: not given (fine under srun, an error otherwise)
+  int nnodes = 1;
+  int node_rank = 0;
+  // "HOST:PORT" of the store. Empty (one node only): 127.0.0.1 and a free port.
+  std::string rdzv;
+  // Empty: from BRIGADE_RDZV_TOKEN, else generated (one node only).
+  std::string rdzv_token;
+  // How long launchers wait for each other, at the start and at the end.
+  int64_t rdzv_timeout_ms = 300'000;
+  // A brigade verb and its arguments (run with this same binary), or any
+  // program and its arguments.
+  std::vector<std::string> command;
+};
+
+// Runs this node's workers and returns the launcher's exit status: 0 when
+// every worker exited 0, 1 when one failed, 128 + signal when stopped by a
+// signal. Throws Error, before any worker starts, for bad options or a failed
+// rendezvous. Under srun (SLURM_PROCID and SLURM_NTASKS set, no
+// --nproc-per-node) this task is one worker: it sets the variables from
+// Slurm's and replaces this process with the command, never returning.
+int run_launch(const LaunchOptions& options);
+
+}  // namespace brigade::cli

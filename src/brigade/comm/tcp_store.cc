@@ -1,0 +1,911 @@
+#include "brigade/comm/tcp_store.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <pthread.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <csignal>
+#include <cstring>
+#include <optional>
+#include <thread>
+#include <unordered_map>
+
+#include "brigade/core/clock.h"
+
+namespace brigade {
+namespace {
+
+enum class Op : uint8_t { kSet = 1, kGet = 2, kAdd = 3, kCheck = 4, kWait = 5 };
+enum class Status : uint8_t { kOk = 0, kTimeout = 1, kError = 2, kRefused = 3 };
+
+constexpr std::string_view kMagic = "brigade-store/1";
+// Before a peer has shown the token it may not make the server buffer more
+// than this; after, a frame may carry a large value.
+constexpr uint32_t kMaxHandshakeBytes = 4096;
+constexpr uint32_t kMaxFrameBytes = 1u << 30;
+// A peer that connects and never presents a token is dropped after this.
+constexpr int64_t kHandshakeTimeoutMs = 10'000;
+// A blocking get/wait is timed by the server; the client waits this much
+// longer for the answer before it gives up on the connection.
+constexpr int64_t kReplyGraceMs = 2'000;
+constexpr int64_t kNsPerMs = 1'000'000;
+
+// ------------------------------------------------------------------ encoding
+
+class Encoder {
+ public:
+  Encoder& u8(uint8_t v) {
+    bytes_.push_back(static_cast<char>(v));
+    return *this;
+  }
+  Encoder& op(Op v) { return u8(static_cast<uint8_t>(v)); }
+  Encoder& status(Status v) { return u8(static_cast<uint8_t>(v)); }
+  Encoder& u32(uint32_t v) {
+    for (int i = 0; i < 4; ++i) bytes_.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+    return *this;
+  }
+  Encoder& i64(int64_t v) {
+    const auto u = static_cast<uint64_t>(v);
+    for (int i = 0; i < 8; ++i) bytes_.push_back(static_cast<char>((u >> (8 * i)) & 0xff));
+    return *this;
+  }
+  Encoder& str(std::string_view s) {
+    u32(static_cast<uint32_t>(s.size()));
+    bytes_.append(s);
+    return *this;
+  }
+  Encoder& strs(const std::vector<std::string>& list) {
+    u32(static_cast<uint32_t>(list.size()));
+    for (const std::string& s : list) str(s);
+    return *this;
+  }
+  // The bytes with their u32 length in front: one frame on the wire.
+  std::string frame() const {
+    return Encoder().u32(static_cast<uint32_t>(bytes_.size())).bytes_ + bytes_;
+  }
+  const std::string& bytes() const { return bytes_; }
+
+ private:
+  std::string bytes_;
+};
+
+// Reads what Encoder wrote; throws Error on a truncated or overlong message.
+class Decoder {
+ public:
+  explicit Decoder(std::string_view bytes) : rest_(bytes) {}
+  uint8_t u8() { return static_cast<uint8_t>(take(1)[0]); }
+  uint32_t u32() {
+    const std::string_view b = take(4);
+    uint32_t v = 0;
+    for (int i = 0; i < 4; ++i) v |= static_cast<uint32_t>(static_cast<uint8_t>(b[i])) << (8 * i);
+    return v;
+  }
+  int64_t i64() {
+    const std::string_view b = take(8);
+    uint64_t v = 0;
+    for (int i = 0; i < 8; ++i) v |= static_cast<uint64_t>(static_cast<uint8_t>(b[i])) << (8 * i);
+    return static_cast<int64_t>(v);
+  }
+  std::string str() { return std::string(take(u32())); }
+  std::vector<std::string> strs() {
+    const uint32_t n = u32();
+    // Each string costs at least its 4-byte length, so a count that cannot
+    // fit is rejected before reserving memory for it.
+    if (n > rest_.size() / 4) malformed();
+    std::vector<std::string> list;
+    list.reserve(n);
+    for (uint32_t i = 0; i < n; ++i) list.push_back(str());
+    return list;
+  }
+  void end() const {
+    if (!rest_.empty()) malformed();
+  }
+
+ private:
+  std::string_view take(size_t n) {
+    if (n > rest_.size()) malformed();
+    const std::string_view b = rest_.substr(0, n);
+    rest_.remove_prefix(n);
+    return b;
+  }
+  [[noreturn]] static void malformed() { throw Error("malformed rendezvous store message"); }
+
+  std::string_view rest_;
+};
+
+uint32_t load_u32(const char* p) {
+  return Decoder(std::string_view(p, 4)).u32();
+}
+
+// ------------------------------------------------------------------ sockets
+
+std::string errno_text(int err) {
+  return std::strerror(err);
+}
+
+std::string format_address(const sockaddr* addr) {
+  char host[INET6_ADDRSTRLEN] = "?";
+  uint16_t port = 0;
+  if (addr->sa_family == AF_INET) {
+    const auto* in = reinterpret_cast<const sockaddr_in*>(addr);
+    ::inet_ntop(AF_INET, &in->sin_addr, host, sizeof(host));
+    port = ntohs(in->sin_port);
+    return fmt::format("{}:{}", host, port);
+  }
+  if (addr->sa_family == AF_INET6) {
+    const auto* in6 = reinterpret_cast<const sockaddr_in6*>(addr);
+    ::inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof(host));
+    port = ntohs(in6->sin6_port);
+  }
+  return fmt::format("[{}]:{}", host, port);
+}
+
+// "host:port", "[v6::addr]:port", or "*:port" for every interface.
+std::string format_host_port(const std::string& host, uint16_t port) {
+  if (host.empty()) return fmt::format("*:{}", port);
+  return host.find(':') != std::string::npos ? fmt::format("[{}]:{}", host, port)
+                                             : fmt::format("{}:{}", host, port);
+}
+
+struct AddrInfoList {
+  addrinfo* head = nullptr;
+  ~AddrInfoList() {
+    if (head != nullptr) ::freeaddrinfo(head);
+  }
+};
+
+// Resolves host:port for TCP; returns the getaddrinfo error text on failure.
+std::optional<std::string> resolve(const std::string& host, uint16_t port, bool passive,
+                                   AddrInfoList* out) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = passive ? AI_PASSIVE : 0;
+  const std::string service = std::to_string(port);
+  const int rc =
+      ::getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints, &out->head);
+  if (rc != 0) return std::string(rc == EAI_SYSTEM ? errno_text(errno) : ::gai_strerror(rc));
+  return std::nullopt;
+}
+
+void close_fd(int& fd) {
+  if (fd >= 0) ::close(fd);
+  fd = -1;
+}
+
+// Milliseconds until deadline_ns, rounded up so a poll never wakes early.
+int poll_timeout_ms(int64_t deadline_ns) {
+  const int64_t left_ns = deadline_ns - now_ns();
+  if (left_ns <= 0) return 0;
+  return static_cast<int>(std::min<int64_t>((left_ns + kNsPerMs - 1) / kNsPerMs, 1 << 30));
+}
+
+// Waits until fd is ready for `events`; false if the deadline passed first.
+bool wait_ready(int fd, short events, int64_t deadline_ns) {
+  for (;;) {
+    pollfd p{fd, events, 0};
+    const int n = ::poll(&p, 1, poll_timeout_ms(deadline_ns));
+    if (n > 0) return true;
+    if (n == 0) return false;
+    if (errno != EINTR) return true;  // let the read or write report the error
+  }
+}
+
+enum class Io { kOk, kClosed, kTimeout, kFailed };
+
+Io write_all(int fd, std::string_view bytes, int64_t deadline_ns, int* err) {
+  while (!bytes.empty()) {
+    const ssize_t n = ::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
+    if (n > 0) {
+      bytes.remove_prefix(static_cast<size_t>(n));
+    } else if (n < 0 && errno == EINTR) {
+      continue;
+    } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      if (!wait_ready(fd, POLLOUT, deadline_ns)) return Io::kTimeout;
+    } else {
+      *err = errno;
+      return errno == EPIPE || errno == ECONNRESET ? Io::kClosed : Io::kFailed;
+    }
+  }
+  return Io::kOk;
+}
+
+Io read_exact(int fd, char* data, size_t bytes, int64_t deadline_ns, int* err) {
+  while (bytes > 0) {
+    const ssize_t n = ::recv(fd, data, bytes, 0);
+    if (n > 0) {
+      data += n;
+      bytes -= static_cast<size_t>(n);
+    } else if (n == 0) {
+      return Io::kClosed;
+    } else if (errno == EINTR) {
+      continue;
+    } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      if (!wait_ready(fd, POLLIN, deadline_ns)) return Io::kTimeout;
+    } else {
+      *err = errno;
+      return errno == ECONNRESET ? Io::kClosed : Io::kFailed;
+    }
+  }
+  return Io::kOk;
+}
+
+// Compares without an early exit, so response time says nothing about how
+// much of a guessed token was right.
+bool same_token(std::string_view a, std::string_view b) {
+  unsigned diff = a.size() == b.size() ? 0 : 1;
+  for (size_t i = 0; i < a.size(); ++i) {
+    diff |= static_cast<unsigned>(a[i] ^ (i < b.size() ? b[i] : 0));
+  }
+  return diff == 0;
+}
+
+std::string quote_keys(const std::vector<std::string>& keys) {
+  std::string text;
+  for (const std::string& key : keys) text += (text.empty() ? "'" : ", '") + key + "'";
+  return text;
+}
+
+// Parses a counter's decimal text; nullopt if the value is not a counter.
+std::optional<int64_t> parse_counter(const std::string& text) {
+  if (text.empty()) return std::nullopt;
+  size_t used = 0;
+  try {
+    const long long v = std::stoll(text, &used);
+    if (used != text.size()) return std::nullopt;
+    return static_cast<int64_t>(v);
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
+}  // namespace
+
+// ==================================================================== server
+
+struct TcpStoreServer::Impl {
+  // A get or wait whose keys are not all there yet.
+  struct Parked {
+    Op op;
+    std::vector<std::string> keys;
+    int64_t deadline_ns;
+  };
+
+  struct Connection {
+    int fd = -1;
+    std::string peer;  // "127.0.0.1:54321"
+    bool authenticated = false;
+    int64_t accepted_ns = 0;
+    std::string in;        // received bytes not yet parsed into frames
+    std::string out;       // replies not yet sent
+    bool closing = false;  // close once `out` is sent (after a refusal)
+    bool dead = false;     // close at the end of this loop turn
+    std::optional<Parked> parked;
+  };
+
+  std::string token;
+  int listen_fd = -1;
+  int wake_read_fd = -1;
+  int wake_write_fd = -1;
+  uint16_t port = 0;
+  std::thread thread;
+  std::mutex stop_mutex;
+  bool stopped = false;
+
+  // Touched only by the serving thread.
+  std::unordered_map<std::string, std::string> data;
+  std::vector<std::unique_ptr<Connection>> connections;
+
+  // Closes whatever the constructor opened if it throws halfway; after
+  // stop() everything is closed already.
+  ~Impl() { close_all(); }
+  void close_all();
+  void serve();
+  void serve_until_stopped();
+  void accept_all();
+  void read_from(Connection& c);
+  void process_frames(Connection& c);
+  void handle_handshake(Connection& c, std::string_view frame);
+  void handle_request(Connection& c, std::string_view frame);
+  void park_or_answer(Connection& c, Parked parked);
+  bool all_present(const std::vector<std::string>& keys) const;
+  std::vector<std::string> missing(const std::vector<std::string>& keys) const;
+  void answer_parked(Connection& c);
+  void wake_parked();
+  void expire(int64_t now);
+  int next_timeout_ms() const;
+  void refuse(Connection& c, const std::string& reason);
+  void reply(Connection& c, const Encoder& message);
+  void flush(Connection& c);
+};
+
+TcpStoreServer::TcpStoreServer(std::string host, uint16_t port, std::string token)
+    : impl_(std::make_unique<Impl>()) {
+  impl_->token = std::move(token);
+  const std::string address = format_host_port(host, port);
+  AddrInfoList addrs;
+  if (auto failure = resolve(host, port, /*passive=*/true, &addrs)) {
+    throw_error("cannot listen on {}: {}", address, *failure);
+  }
+  int last_errno = 0;
+  for (addrinfo* a = addrs.head; a != nullptr && impl_->listen_fd < 0; a = a->ai_next) {
+    int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->ai_protocol);
+    if (fd < 0) {
+      last_errno = errno;
+      continue;
+    }
+    const int one = 1;
+    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (::bind(fd, a->ai_addr, a->ai_addrlen) != 0 || ::listen(fd, SOMAXCONN) != 0) {
+      last_errno = errno;
+      close_fd(fd);
+      continue;
+    }
+    impl_->listen_fd = fd;
+  }
+  if (impl_->listen_fd < 0) {
+    throw_error("cannot listen on {}: {}{}", address, errno_text(last_errno),
+                last_errno == EADDRINUSE ? " (pick another port)" : "");
+  }
+  sockaddr_storage bound{};
+  socklen_t bound_len = sizeof(bound);
+  ::getsockname(impl_->listen_fd, reinterpret_cast<sockaddr*>(&bound), &bound_len);
+  impl_->port = bound.ss_family == AF_INET6
+                    ? ntohs(reinterpret_cast<const sockaddr_in6*>(&bound)->sin6_port)
+                    : ntohs(reinterpret_cast<const sockaddr_in*>(&bound)->sin_port);
+
+  int wake[2];
+  if (::pipe2(wake, O_CLOEXEC | O_NONBLOCK) != 0) {
+    throw_error("cannot create the rendezvous store's wake-up pipe: {}", errno_text(errno));
+  }
+  impl_->wake_read_fd = wake[0];
+  impl_->wake_write_fd = wake[1];
+  // The serving thread starts with every signal blocked, so SIGINT, SIGCHLD
+  // and the like keep going to the application's own threads.
+  sigset_t all, previous;
+  ::sigfillset(&all);
+  ::pthread_sigmask(SIG_SETMASK, &all, &previous);
+  try {
+    impl_->thread = std::thread([impl = impl_.get()] { impl->serve(); });
+  } catch (...) {
+    ::pthread_sigmask(SIG_SETMASK, &previous, nullptr);
+    throw;
+  }
+  ::pthread_sigmask(SIG_SETMASK, &previous, nullptr);
+}
+
+TcpStoreServer::~TcpStoreServer() {
+  stop();
+}
+
+uint16_t TcpStoreServer::port() const {
+  return impl_->port;
+}
+
+void TcpStoreServer::stop() {
+  std::lock_guard<std::mutex> lock(impl_->stop_mutex);
+  if (impl_->stopped) return;
+  impl_->stopped = true;
+  const char byte = 1;
+  while (::write(impl_->wake_write_fd, &byte, 1) < 0 && errno == EINTR) {
+  }
+  if (impl_->thread.joinable()) impl_->thread.join();
+  impl_->close_all();
+}
+
+void TcpStoreServer::Impl::close_all() {
+  for (auto& c : connections) close_fd(c->fd);
+  connections.clear();
+  close_fd(listen_fd);
+  close_fd(wake_read_fd);
+  close_fd(wake_write_fd);
+}
+
+void TcpStoreServer::Impl::serve() {
+  // An exception escaping a thread would abort the whole job; a store that
+  // stops serving instead makes its clients fail with a clear message.
+  try {
+    serve_until_stopped();
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "brigade store: stopped serving after an internal error: {}\n", e.what());
+    // Closed connections fail the clients now rather than at their timeouts.
+    for (auto& c : connections) close_fd(c->fd);
+    connections.clear();
+    close_fd(listen_fd);
+  }
+}
+
+void TcpStoreServer::Impl::serve_until_stopped() {
+  std::vector<pollfd> fds;
+  for (;;) {
+    fds.clear();
+    fds.push_back({wake_read_fd, POLLIN, 0});
+    fds.push_back({listen_fd, POLLIN, 0});
+    for (const auto& c : connections) {
+      const short events =
+          static_cast<short>((c->closing ? 0 : POLLIN) | (c->out.empty() ? 0 : POLLOUT));
+      fds.push_back({c->fd, events, 0});
+    }
+    const int n = ::poll(fds.data(), fds.size(), next_timeout_ms());
+    if (n < 0 && errno != EINTR) throw_error("poll failed: {}", errno_text(errno));
+    if (n > 0 && fds[0].revents != 0) return;  // stop() was called
+
+    // fds[i + 2] belongs to connections[i]; accepting comes after this loop
+    // so the two stay aligned.
+    const size_t polled = connections.size();
+    for (size_t i = 0; n > 0 && i < polled; ++i) {
+      Connection& c = *connections[i];
+      const short revents = fds[i + 2].revents;
+      if (revents & POLLOUT) flush(c);
+      if (!c.dead && (revents & (POLLIN | POLLHUP | POLLERR))) {
+        if (c.closing) {
+          c.dead = true;
+        } else {
+          read_from(c);
+        }
+      }
+    }
+    if (n > 0 && (fds[1].revents & POLLIN)) accept_all();
+    expire(now_ns());
+    std::erase_if(connections, [](const std::unique_ptr<Connection>& c) {
+      if (c->dead) close_fd(c->fd);
+      return c->dead;
+    });
+  }
+}
+
+void TcpStoreServer::Impl::accept_all() {
+  for (;;) {
+    sockaddr_storage peer{};
+    socklen_t peer_len = sizeof(peer);
+    const int fd = ::accept4(listen_fd, reinterpret_cast<sockaddr*>(&peer), &peer_len,
+                             SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd < 0) {
+      if (errno == EINTR || errno == ECONNABORTED) continue;
+      // EAGAIN: accepted everything queued. EMFILE and the like: leave the
+      // rest queued and retry on the next turn rather than stop serving.
+      return;
+    }
+    const int one = 1;
+    ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    auto c = std::make_unique<Connection>();
+    c->fd = fd;
+    c->peer = format_address(reinterpret_cast<const sockaddr*>(&peer));
+    c->accepted_ns = now_ns();
+    connections.push_back(std::move(c));
+  }
+}
+
+void TcpStoreServer::Impl::read_from(Connection& c) {
+  char buffer[64 * 1024];
+  for (;;) {
+    const ssize_t n = ::recv(c.fd, buffer, sizeof(buffer), 0);
+    if (n > 0) {
+      c.in.append(buffer, static_cast<size_t>(n));
+      // Parse as we go, so a peer without the token is refused after its
+      // first 4 KiB instead of after whatever it manages to send.
+      process_frames(c);
+      if (c.dead || c.closing) return;
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+    // The peer closed (n == 0) or the connection broke.
+    if (!c.authenticated) {
+      refuse(c, c.in.empty() ? "missing token (closed without sending one)"
+                             : "closed before completing the handshake");
+    }
+    c.dead = true;
+    return;
+  }
+}
+
+void TcpStoreServer::Impl::process_frames(Connection& c) {
+  while (!c.dead && !c.closing && !c.parked && c.in.size() >= 4) {
+    const uint32_t bytes = load_u32(c.in.data());
+    if (!c.authenticated && bytes > kMaxHandshakeBytes) {
+      refuse(c, "not a brigade store client (oversized handshake)");
+      return;
+    }
+    if (bytes > kMaxFrameBytes) {
+      fmt::print(stderr, "brigade store: dropped {}: a {} byte message is over the limit\n", c.peer,
+                 bytes);
+      c.dead = true;
+      return;
+    }
+    if (c.in.size() < 4 + size_t{bytes}) return;
+    const std::string frame = c.in.substr(4, bytes);
+    c.in.erase(0, 4 + size_t{bytes});
+    if (!c.authenticated) {
+      handle_handshake(c, frame);
+      continue;
+    }
+    try {
+      handle_request(c, frame);
+    } catch (const Error& e) {
+      fmt::print(stderr, "brigade store: dropped {}: {}\n", c.peer, e.what());
+      c.dead = true;
+    }
+  }
+}
+
+void TcpStoreServer::Impl::handle_handshake(Connection& c, std::string_view frame) {
+  std::string magic, presented;
+  try {
+    Decoder d(frame);
+    magic = d.str();
+    presented = d.str();
+    d.end();
+  } catch (const Error&) {
+    refuse(c, "not a brigade store client");
+    return;
+  }
+  if (magic != kMagic) {
+    refuse(c, "not a brigade store client");
+  } else if (presented.empty()) {
+    refuse(c, "missing token");
+  } else if (!same_token(presented, token)) {
+    refuse(c, "bad token");
+  } else {
+    c.authenticated = true;
+    reply(c, Encoder().status(Status::kOk));
+  }
+}
+
+void TcpStoreServer::Impl::handle_request(Connection& c, std::string_view frame) {
+  Decoder d(frame);
+  const auto op = static_cast<Op>(d.u8());
+  switch (op) {
+    case Op::kSet: {
+      std::string key = d.str();
+      std::string value = d.str();
+      d.end();
+      data[std::move(key)] = std::move(value);
+      reply(c, Encoder().status(Status::kOk));
+      wake_parked();
+      return;
+    }
+    case Op::kAdd: {
+      std::string key = d.str();
+      const int64_t delta = d.i64();
+      d.end();
+      auto it = data.find(key);
+      std::optional<int64_t> value = it == data.end() ? 0 : parse_counter(it->second);
+      if (!value) {
+        reply(c, Encoder()
+                     .status(Status::kError)
+                     .str(fmt::format(
+                         "key '{}' holds a value that is not a counter: add() needs decimal text",
+                         key)));
+        return;
+      }
+      *value += delta;
+      data[std::move(key)] = std::to_string(*value);
+      reply(c, Encoder().status(Status::kOk).i64(*value));
+      wake_parked();
+      return;
+    }
+    case Op::kCheck: {
+      const std::vector<std::string> keys = d.strs();
+      d.end();
+      reply(c, Encoder().status(Status::kOk).u8(all_present(keys) ? 1 : 0));
+      return;
+    }
+    case Op::kGet:
+    case Op::kWait: {
+      std::vector<std::string> keys = op == Op::kGet ? std::vector<std::string>{d.str()} : d.strs();
+      const int64_t timeout_ms = std::clamp<int64_t>(d.i64(), 0, int64_t{1} << 40);
+      d.end();
+      park_or_answer(c, Parked{op, std::move(keys), now_ns() + timeout_ms * kNsPerMs});
+      return;
+    }
+  }
+  throw_error("unknown request {}", static_cast<int>(op));
+}
+
+void TcpStoreServer::Impl::park_or_answer(Connection& c, Parked parked) {
+  c.parked = std::move(parked);
+  if (all_present(c.parked->keys)) answer_parked(c);
+}
+
+bool TcpStoreServer::Impl::all_present(const std::vector<std::string>& keys) const {
+  return std::all_of(keys.begin(), keys.end(),
+                     [&](const std::string& key) { return data.count(key) != 0; });
+}
+
+std::vector<std::string> TcpStoreServer::Impl::missing(const std::vector<std::string>& keys) const {
+  std::vector<std::string> absent;
+  for (const std::string& key : keys) {
+    if (data.count(key) == 0) absent.push_back(key);
+  }
+  return absent;
+}
+
+// Answers a parked get/wait whose keys are all present now, then goes on with
+// requests the client may have sent behind it.
+void TcpStoreServer::Impl::answer_parked(Connection& c) {
+  Encoder message;
+  message.status(Status::kOk);
+  if (c.parked->op == Op::kGet) message.str(data.at(c.parked->keys[0]));
+  c.parked.reset();
+  reply(c, message);
+  process_frames(c);
+}
+
+void TcpStoreServer::Impl::wake_parked() {
+  for (const auto& c : connections) {
+    if (c->parked && !c->dead && all_present(c->parked->keys)) answer_parked(*c);
+  }
+}
+
+void TcpStoreServer::Impl::expire(int64_t now) {
+  for (const auto& c : connections) {
+    if (c->dead) continue;
+    if (!c->authenticated && !c->closing &&
+        now - c->accepted_ns >= kHandshakeTimeoutMs * kNsPerMs) {
+      refuse(*c, fmt::format("no token within {} ms", kHandshakeTimeoutMs));
+    } else if (c->parked && now >= c->parked->deadline_ns) {
+      const std::vector<std::string> absent = missing(c->parked->keys);
+      c->parked.reset();
+      reply(*c, Encoder().status(Status::kTimeout).strs(absent));
+      process_frames(*c);
+    }
+  }
+}
+
+int TcpStoreServer::Impl::next_timeout_ms() const {
+  int64_t deadline_ns = INT64_MAX;
+  for (const auto& c : connections) {
+    if (!c->authenticated && !c->closing) {
+      deadline_ns = std::min(deadline_ns, c->accepted_ns + kHandshakeTimeoutMs * kNsPerMs);
+    }
+    if (c->parked) deadline_ns = std::min(deadline_ns, c->parked->deadline_ns);
+  }
+  return deadline_ns == INT64_MAX ? -1 : poll_timeout_ms(deadline_ns);
+}
+
+// Logs the refusal, tells the client (so it can say why), and closes.
+void TcpStoreServer::Impl::refuse(Connection& c, const std::string& reason) {
+  fmt::print(stderr, "brigade store: refused connection from {}: {}\n", c.peer, reason);
+  c.closing = true;
+  c.in.clear();
+  reply(c, Encoder().status(Status::kRefused));
+}
+
+void TcpStoreServer::Impl::reply(Connection& c, const Encoder& message) {
+  c.out += message.frame();
+  flush(c);
+}
+
+void TcpStoreServer::Impl::flush(Connection& c) {
+  while (!c.out.empty()) {
+    const ssize_t n = ::send(c.fd, c.out.data(), c.out.size(), MSG_NOSIGNAL);
+    if (n > 0) {
+      c.out.erase(0, static_cast<size_t>(n));
+    } else if (n < 0 && errno == EINTR) {
+      continue;
+    } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      return;  // poll asks for POLLOUT while `out` is not empty
+    } else {
+      c.dead = true;  // the peer is gone; nothing to tell it
+      return;
+    }
+  }
+  if (c.closing) c.dead = true;
+}
+
+// ==================================================================== client
+
+TcpStore::TcpStore(std::string host, uint16_t port, std::string token, int64_t timeout_ms)
+    : host_(std::move(host)),
+      port_(port),
+      token_(std::move(token)),
+      timeout_ms_(timeout_ms),
+      address_(format_host_port(host_, port_)) {
+  BRIGADE_CHECK(timeout_ms_ > 0, "timeout_ms must be positive, got {}", timeout_ms_);
+  std::lock_guard<std::mutex> lock(mutex_);
+  connect_and_authenticate();
+}
+
+TcpStore::~TcpStore() {
+  disconnect();
+}
+
+void TcpStore::disconnect() {
+  close_fd(fd_);
+}
+
+namespace {
+
+// One connection attempt to each address of host:port; the connected socket
+// (non-blocking), or -1 with *error saying why not.
+int try_connect(const std::string& host, uint16_t port, int64_t deadline_ns, std::string* error) {
+  AddrInfoList addrs;
+  if (auto failure = resolve(host, port, /*passive=*/false, &addrs)) {
+    *error = *failure;
+    return -1;
+  }
+  for (addrinfo* a = addrs.head; a != nullptr; a = a->ai_next) {
+    int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->ai_protocol);
+    if (fd < 0) {
+      *error = errno_text(errno);
+      continue;
+    }
+    int err = 0;
+    if (::connect(fd, a->ai_addr, a->ai_addrlen) != 0) {
+      err = errno;
+      if (err == EINPROGRESS || err == EINTR) {
+        // An unreachable host can hold a connect for minutes; give each
+        // attempt at most a second so the retry loop keeps its pace.
+        const int64_t attempt_deadline_ns = std::min(deadline_ns, now_ns() + 1000 * kNsPerMs);
+        socklen_t len = sizeof(err);
+        if (!wait_ready(fd, POLLOUT, attempt_deadline_ns)) {
+          err = ETIMEDOUT;
+        } else if (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0) {
+          err = errno;
+        }
+      }
+    }
+    if (err == 0) {
+      const int one = 1;
+      ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+      return fd;
+    }
+    *error = errno_text(err);
+    close_fd(fd);
+  }
+  return -1;
+}
+
+}  // namespace
+
+void TcpStore::connect_and_authenticate() {
+  const int64_t deadline_ns = now_ns() + timeout_ms_ * kNsPerMs;
+  std::string last_error = "no address";
+  int64_t backoff_ms = 10;
+  while ((fd_ = try_connect(host_, port_, deadline_ns, &last_error)) < 0) {
+    const int64_t left_ms = (deadline_ns - now_ns()) / kNsPerMs;
+    if (left_ms <= 0) {
+      throw_error(
+          "cannot reach the rendezvous store at {} within {} ms ({}): is the launcher on node 0 "
+          "running, and do MASTER_ADDR/MASTER_PORT (--rdzv) name it?",
+          address_, timeout_ms_, last_error);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::min(backoff_ms, left_ms)));
+    backoff_ms = std::min<int64_t>(backoff_ms * 2, 500);
+  }
+
+  // The server answers a handshake at once; the connect may have used up the
+  // whole timeout, so allow a moment beyond it.
+  const int64_t reply_deadline_ns = std::max(deadline_ns, now_ns() + kReplyGraceMs * kNsPerMs);
+  int err = 0;
+  char reply[5];
+  const Io sent =
+      write_all(fd_, Encoder().str(kMagic).str(token_).frame(), reply_deadline_ns, &err);
+  const Io got =
+      sent == Io::kOk ? read_exact(fd_, reply, sizeof(reply), reply_deadline_ns, &err) : sent;
+  if (got != Io::kOk) {
+    disconnect();
+    throw_error("the rendezvous store at {} {} during the handshake", address_,
+                got == Io::kTimeout  ? "did not answer"
+                : got == Io::kClosed ? "closed the connection"
+                                     : "failed (" + errno_text(err) + ")");
+  }
+  const auto status = static_cast<Status>(reply[4]);
+  if (load_u32(reply) != 1 || status != Status::kOk) {
+    disconnect();
+    throw_error(
+        "the rendezvous store at {} refused our token{}: workers get it from the environment "
+        "variable BRIGADE_STORE_TOKEN, which `brigade launch` sets; every node of a multi-node "
+        "launch must be given the same --rdzv-token (or BRIGADE_RDZV_TOKEN)",
+        address_, token_.empty() ? " (none was given)" : "");
+  }
+}
+
+std::string TcpStore::round_trip(const std::string& request, int64_t reply_timeout_ms,
+                                 const std::string& what) {
+  if (fd_ < 0) connect_and_authenticate();
+  const int64_t deadline_ns = now_ns() + reply_timeout_ms * kNsPerMs;
+  int err = 0;
+  Io io = write_all(fd_, request, deadline_ns, &err);
+  char header[4];
+  if (io == Io::kOk) io = read_exact(fd_, header, sizeof(header), deadline_ns, &err);
+  std::string reply;
+  if (io == Io::kOk) {
+    const uint32_t bytes = load_u32(header);
+    if (bytes == 0 || bytes > kMaxFrameBytes) {
+      disconnect();
+      throw_error("malformed reply from the rendezvous store at {} to {}", address_, what);
+    }
+    reply.resize(bytes);
+    io = read_exact(fd_, reply.data(), bytes, deadline_ns, &err);
+  }
+  if (io == Io::kOk) return reply;
+  // A reply may still arrive on this connection later and would answer the
+  // wrong request, so the connection goes; the next call opens a new one.
+  disconnect();
+  if (io == Io::kTimeout) {
+    throw StoreTimeoutError(fmt::format("the rendezvous store at {} did not answer {} within {} ms",
+                                        address_, what, reply_timeout_ms));
+  }
+  throw_error(
+      "lost the connection to the rendezvous store at {} during {}{}: the launcher hosting it "
+      "(node 0) has probably exited",
+      address_, what, io == Io::kFailed ? " (" + errno_text(err) + ")" : "");
+}
+
+void TcpStore::set(const std::string& key, std::string_view value) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const std::string what = fmt::format("set('{}')", key);
+  const std::string reply =
+      round_trip(Encoder().op(Op::kSet).str(key).str(value).frame(), timeout_ms_, what);
+  Decoder d(reply);
+  BRIGADE_CHECK(static_cast<Status>(d.u8()) == Status::kOk, "unexpected reply to {}", what);
+}
+
+std::string TcpStore::get(const std::string& key) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const std::string what = fmt::format("get('{}')", key);
+  const std::string reply = round_trip(Encoder().op(Op::kGet).str(key).i64(timeout_ms_).frame(),
+                                       timeout_ms_ + kReplyGraceMs, what);
+  Decoder d(reply);
+  const auto status = static_cast<Status>(d.u8());
+  if (status == Status::kTimeout) {
+    throw StoreTimeoutError(
+        fmt::format("timed out after {} ms waiting for key '{}' in the rendezvous store at {}",
+                    timeout_ms_, key, address_));
+  }
+  BRIGADE_CHECK(status == Status::kOk, "unexpected reply to {}", what);
+  return d.str();
+}
+
+int64_t TcpStore::add(const std::string& key, int64_t delta) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const std::string what = fmt::format("add('{}', {})", key, delta);
+  const std::string reply =
+      round_trip(Encoder().op(Op::kAdd).str(key).i64(delta).frame(), timeout_ms_, what);
+  Decoder d(reply);
+  const auto status = static_cast<Status>(d.u8());
+  if (status == Status::kError) throw_error("{} in the rendezvous store at {}", d.str(), address_);
+  BRIGADE_CHECK(status == Status::kOk, "unexpected reply to {}", what);
+  return d.i64();
+}
+
+void TcpStore::wait(const std::vector<std::string>& keys) {
+  wait(keys, timeout_ms_);
+}
+
+void TcpStore::wait(const std::vector<std::string>& keys, int64_t timeout_ms) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const std::string what = fmt::format("wait({})", quote_keys(keys));
+  const std::string reply = round_trip(Encoder().op(Op::kWait).strs(keys).i64(timeout_ms).frame(),
+                                       timeout_ms + kReplyGraceMs, what);
+  Decoder d(reply);
+  const auto status = static_cast<Status>(d.u8());
+  if (status == Status::kTimeout) {
+    throw StoreTimeoutError(fmt::format(
+        "timed out after {} ms waiting for keys in the rendezvous store at {}; still missing: {}",
+        timeout_ms, address_, quote_keys(d.strs())));
+  }
+  BRIGADE_CHECK(status == Status::kOk, "unexpected reply to {}", what);
+}
+
+bool TcpStore::check(const std::vector<std::string>& keys) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const std::string what = fmt::format("check({})", quote_keys(keys));
+  const std::string reply =
+      round_trip(Encoder().op(Op::kCheck).strs(keys).frame(), timeout_ms_, what);
+  Decoder d(reply);
+  BRIGADE_CHECK(static_cast<Status>(d.u8()) == Status::kOk, "unexpected reply to {}", what);
+  return d.u8() != 0;
+}
+
+}  // namespace brigade
