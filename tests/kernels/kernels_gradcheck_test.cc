@@ -8,6 +8,7 @@
 #include "brigade/kernels/cpu/layernorm.h"
 #include "brigade/kernels/cpu/linear.h"
 #include "brigade/kernels/cpu/lm_head_loss.h"
+#include "brigade/kernels/cpu/vector_ops.h"
 #include "gradcheck.h"
 
 namespace brigade {
@@ -187,6 +188,19 @@ TEST(KernelGradcheck, LmHeadLossInChunks) {
   expect_gradient_matches("lm head dx", x, dx, loss, 1e-2f, 32);
   // dwte is sparse-ish in its large entries; sample the target rows.
   expect_gradient_matches("lm head dwte", wte, dwte, loss, 1e-2f, 32);
+}
+
+TEST(VectorOps, SumOfSquaresIsTheSameForAnyThreadCount) {
+  // The gradient norm feeds clipping: if it changed with the thread count or
+  // the order threads finish in, resume would not be bit-identical.
+  const auto x = random_vector(1 << 20, 21);
+  set_num_threads(1);
+  const double one = cpu::sum_squares(x.data(), static_cast<int64_t>(x.size()));
+  set_num_threads(2);
+  for (int rep = 0; rep < 5; ++rep) {
+    EXPECT_EQ(cpu::sum_squares(x.data(), static_cast<int64_t>(x.size())), one);
+  }
+  EXPECT_NEAR(one, dot(x, x), 1e-9 * one);
 }
 
 }  // namespace

@@ -109,5 +109,38 @@ TEST_F(TrainerTest, ResumeRefusesAnotherSeed) {
   EXPECT_THROW(Trainer(model, opts), Error);
 }
 
+TEST_F(TrainerTest, ResumeRefusesAnotherGlobalBatch) {
+  Config c = small_config(2);
+  const GptConfig model = GptConfig::from_config(c);
+  TrainOptions opts = TrainOptions::from_config(c);
+  fs::path saved;
+  {
+    Trainer t(model, opts);
+    t.train_step();
+    saved = t.save_checkpoint();
+  }
+  opts.resume = saved.string();
+  opts.grad_accum = 3;  // global batch 12 instead of 8
+  EXPECT_THROW(Trainer(model, opts), Error);
+  opts.grad_accum = 1;  // micro_batch 8 x 1 is the same global batch: fine
+  opts.micro_batch = 8;
+  Trainer resumed(model, opts);
+  EXPECT_EQ(resumed.step(), 1);
+}
+
+TEST_F(TrainerTest, ReusedDatasetWithAnotherTokenizerIsRefused) {
+  Config c = small_config(1);
+  const GptConfig model = GptConfig::from_config(c);
+  TrainOptions opts = TrainOptions::from_config(c);
+  { Trainer t(model, opts); }  // prepares data.dir with the byte tokenizer
+  opts.data.tokenizer = (dir_ / "some_bpe").string();
+  try {
+    Trainer t(model, opts);
+    FAIL() << "expected an Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("delete"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace brigade

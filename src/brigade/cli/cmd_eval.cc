@@ -14,6 +14,7 @@
 #include "brigade/core/threads.h"
 #include "brigade/data/dataset.h"
 #include "brigade/data/token_shard.h"
+#include "brigade/data/tokenizer.h"
 #include "brigade/train/evaluate.h"
 
 namespace brigade::cli {
@@ -37,6 +38,13 @@ void run_eval(const EvalArgs& args) {
   if (!fs::exists(args.data)) throw_error("--data {}: no such file or directory", args.data);
   if (fs::is_directory(args.data)) {
     dataset = std::make_unique<Dataset>(args.data);
+    if (!m.tokenizer_spec.empty() &&
+        !same_tokenizer_spec(m.tokenizer_spec, dataset->tokenizer_spec())) {
+      throw_error(
+          "{} was tokenized with {} but the model was trained with {}: the loss would "
+          "mean nothing; prepare the data with the model's tokenizer",
+          args.data, dataset->tokenizer_spec(), m.tokenizer_spec);
+    }
     shard = &dataset->val_shard();
   } else {
     own_shard = std::make_unique<TokenShard>(args.data);

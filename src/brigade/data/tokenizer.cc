@@ -25,4 +25,10 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& spec) {
   return std::make_unique<BpeTokenizer>(BpeTokenizer::load(spec));
 }
 
+bool same_tokenizer_spec(const std::string& a, const std::string& b) {
+  if (a == kByteTokenizerSpec || b == kByteTokenizerSpec) return a == b;
+  std::error_code ec_a, ec_b;
+  return std::filesystem::weakly_canonical(a, ec_a) == std::filesystem::weakly_canonical(b, ec_b);
+}
+
 }  // namespace brigade

@@ -47,4 +47,8 @@ inline constexpr std::string_view kByteTokenizerSpec = "byte";
 // directory or either file is missing or malformed.
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& spec);
 
+// Whether two specs name the same tokenizer: both "byte", or paths to the
+// same directory however they are spelled (relative, absolute, with "..").
+bool same_tokenizer_spec(const std::string& a, const std::string& b);
+
 }  // namespace brigade

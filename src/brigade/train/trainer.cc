@@ -61,12 +61,7 @@ std::unique_ptr<Dataset> open_or_prepare(const DataOptions& data, const GptConfi
   auto dataset = std::make_unique<Dataset>(data.dir);
   // A dataset prepared earlier with another tokenizer would silently train on
   // the wrong tokens.
-  const auto same_tokenizer = [](const std::string& a, const std::string& b) {
-    if (a == "byte" || b == "byte") return a == b;
-    std::error_code ec;
-    return fs::weakly_canonical(a, ec) == fs::weakly_canonical(b, ec);
-  };
-  if (!same_tokenizer(data.tokenizer, dataset->tokenizer_spec())) {
+  if (!same_tokenizer_spec(data.tokenizer, dataset->tokenizer_spec())) {
     throw_error(
         "{} was prepared with tokenizer {} but data.tokenizer is {}: delete {} to "
         "prepare it again, or set data.dir to another directory",
@@ -209,6 +204,13 @@ void Trainer::load_checkpoint(const fs::path& path) {
   };
   const auto seed = static_cast<uint64_t>(field("seed"));
   const int64_t step = field("step"), optimizer_step = field("optimizer_step");
+  if (state.contains("global_batch") && field("global_batch") != options_.global_batch()) {
+    throw_error(
+        "checkpoint {} was trained with a global batch of {} sequences but the config gives "
+        "train.micro_batch * train.grad_accum = {}: the data order and learning-rate schedule "
+        "assume the same global batch; choose micro_batch and grad_accum whose product is {}",
+        dir.string(), field("global_batch"), options_.global_batch(), field("global_batch"));
+  }
   if (seed != options_.seed) {
     throw_error(
         "checkpoint {} was trained with train.seed = {} but the config says {}: the data "
