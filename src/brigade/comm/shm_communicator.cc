@@ -1,0 +1,610 @@
+#include "brigade/comm/shm_communicator.h"
+
+#include <fcntl.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstddef>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <thread>
+#include <vector>
+
+#include "brigade/core/clock.h"
+
+namespace brigade {
+namespace {
+
+constexpr uint64_t kMagic = 0x316d6873'67697262;  // "brigshm1"
+// Two cache lines: x86 prefetches lines in pairs, so ranks' control words
+// and share boundaries are kept 128 bytes apart to avoid false sharing.
+constexpr int64_t kLineBytes = 128;
+constexpr int64_t kSlotAlignBytes = 4096;
+// Waiting: this many pause instructions (a few microseconds), then yield the
+// core for up to kYieldNs, then nap kNapNs at a time. Latency-critical small
+// collectives finish while spinning; a stopped peer costs only naps.
+constexpr int kSpinIterations = 4000;
+constexpr int64_t kYieldNs = 1'000'000;
+constexpr auto kNap = std::chrono::microseconds(50);
+// How often a waiting rank checks that the peers it waits for still exist.
+constexpr int64_t kLivenessCheckNs = 20'000'000;
+
+struct alignas(kLineBytes) Header {
+  uint64_t magic;  // stored last by the creator (release): the rest is valid
+  uint64_t world_size;
+  uint64_t slot_bytes;
+  uint64_t creator_pid;
+  uint64_t attached;  // ranks that have mapped the segment
+};
+
+struct alignas(kLineBytes) RankControl {
+  uint64_t phase;  // the last synchronisation phase this rank arrived at
+  uint64_t pid;    // 0 until the rank attaches
+};
+
+// The segment is zero-filled by ftruncate, and plain uint64_t fields accessed
+// through atomic_ref need no construction, whichever process maps them first.
+using AtomicU64 = std::atomic_ref<uint64_t>;
+static_assert(AtomicU64::is_always_lock_free, "shared-memory atomics must be lock-free");
+
+int64_t round_up(int64_t value, int64_t multiple) {
+  return (value + multiple - 1) / multiple * multiple;
+}
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+std::string rank_list(const std::vector<int>& ranks) {
+  std::string out;
+  for (int r : ranks) out += (out.empty() ? "" : ", ") + std::to_string(r);
+  return out;
+}
+
+bool process_exists(uint64_t pid) {
+  return pid == 0 || ::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH;
+}
+
+// The elements [begin, end) of an n-element chunk that `owner` reduces: an
+// even split in whole 128-byte lines, so no two owners write the same line.
+std::pair<int64_t, int64_t> share_of(int64_t n, int owner, int size, int64_t elem_bytes) {
+  const int64_t unit = kLineBytes / elem_bytes;
+  const int64_t units = (n + unit - 1) / unit;
+  const int64_t base = units / size;
+  const int64_t extra = units % size;
+  const int64_t begin = owner * base + std::min<int64_t>(owner, extra);
+  const int64_t end = begin + base + (owner < extra ? 1 : 0);
+  return {std::min(begin * unit, n), std::min(end * unit, n)};
+}
+
+// dst[0, n) <- op(dst, sources[0], sources[1], ...). Blocked so a block of
+// dst stays in L1 while every source streams through it once.
+template <typename T>
+void reduce_typed(T* dst, const std::vector<const std::byte*>& sources, int64_t n, ReduceOp op,
+                  int size) {
+  constexpr int64_t kBlock = 2048;
+  for (int64_t b = 0; b < n; b += kBlock) {
+    const int64_t m = std::min(kBlock, n - b);
+    T* out = dst + b;
+    for (const std::byte* source : sources) {
+      const T* in = reinterpret_cast<const T*>(source) + b;
+      if (op == ReduceOp::kMax) {
+        for (int64_t i = 0; i < m; ++i) out[i] = std::max(out[i], in[i]);
+      } else {
+        for (int64_t i = 0; i < m; ++i) out[i] += in[i];
+      }
+    }
+    if (op == ReduceOp::kAvg) {
+      const T divisor = static_cast<T>(size);
+      for (int64_t i = 0; i < m; ++i) out[i] /= divisor;
+    }
+  }
+}
+
+void reduce_into(std::byte* dst, const std::vector<const std::byte*>& sources, int64_t n,
+                 DType dtype, ReduceOp op, int size) {
+  switch (dtype) {
+    case DType::kF32:
+      return reduce_typed(reinterpret_cast<float*>(dst), sources, n, op, size);
+    case DType::kF64:
+      return reduce_typed(reinterpret_cast<double*>(dst), sources, n, op, size);
+    case DType::kI32:
+      return reduce_typed(reinterpret_cast<int32_t*>(dst), sources, n, op, size);
+    case DType::kI64:
+      return reduce_typed(reinterpret_cast<int64_t*>(dst), sources, n, op, size);
+  }
+}
+
+}  // namespace
+
+struct ShmCommunicator::Impl {
+  explicit Impl(ShmCommunicatorOptions opts);
+  ~Impl();
+
+  // Rendezvous: map the segment and wait for every rank to attach.
+  void attach();
+  void map_segment();
+  void run_loop();
+  std::shared_ptr<Work> enqueue(std::string what, std::function<void()> body);
+
+  Header& header() { return *reinterpret_cast<Header*>(base); }
+  RankControl& control(int r) { return reinterpret_cast<RankControl*>(base + controls_offset)[r]; }
+  std::byte* half(int r, int which) {
+    return base + slots_offset + r * options.slot_bytes + which * half_bytes;
+  }
+  std::vector<int> ranks_behind(uint64_t target);
+  // Arrive at the next phase and wait until every peer has too. `step` names
+  // the point in the algorithm for errors.
+  void sync(const char* step);
+  [[noreturn]] void fail(const std::string& reason, const char* step, std::vector<int> peers);
+
+  void all_reduce(std::byte* data, int64_t count, DType dtype, ReduceOp op);
+  void reduce_scatter(const std::byte* input, std::byte* output, int64_t count, DType dtype,
+                      ReduceOp op);
+  void all_gather(const std::byte* input, std::byte* output, int64_t count, DType dtype);
+  void broadcast(std::byte* data, int64_t count, DType dtype, int root);
+
+  ShmCommunicatorOptions options;
+  int rank;
+  int size;
+  int64_t half_bytes;
+  int64_t controls_offset;
+  int64_t slots_offset;
+  int64_t total_bytes;
+  int fd = -1;
+  std::byte* base = nullptr;
+  bool linked = false;  // rank 0 created the name and has not unlinked it yet
+
+  // Queue of operations, filled by callers, drained by the thread.
+  struct Op {
+    uint64_t seq;
+    std::string what;
+    std::function<void()> body;
+    std::shared_ptr<Work> work;
+  };
+  std::mutex mutex;
+  std::condition_variable queue_cv;
+  std::deque<Op> queue;
+  uint64_t next_seq = 0;
+  bool stopping = false;
+  std::thread thread;
+
+  // Touched only by the communication thread once it runs.
+  uint64_t phase = 0;
+  int parity = 0;  // the slot half the next chunk uses
+  const Op* running = nullptr;
+  int64_t deadline_ns = 0;
+  std::string broken;  // why the group failed; empty while healthy
+  std::vector<int> broken_peers;
+};
+
+ShmCommunicator::Impl::Impl(ShmCommunicatorOptions opts)
+    : options(std::move(opts)), rank(options.rank), size(options.size) {
+  const std::string& name = options.segment_name;
+  if (name.size() < 2 || name[0] != '/' || name.find('/', 1) != std::string::npos ||
+      name.size() > 200) {
+    throw_error("shm segment name '{}' must start with '/', contain no other '/' and be short",
+                name);
+  }
+  if (size < 1 || rank < 0 || rank >= size) {
+    throw_error("shm group '{}': rank {} is not in a group of size {}", options.group_name, rank,
+                size);
+  }
+  if (options.timeout_ms <= 0) {
+    throw_error("shm group '{}': timeout_ms must be positive, got {}", options.group_name,
+                options.timeout_ms);
+  }
+  if (options.slot_bytes % 256 != 0 || options.slot_bytes < 256 * size) {
+    throw_error("shm group '{}': slot_bytes {} must be a multiple of 256 and at least {}",
+                options.group_name, options.slot_bytes, 256 * size);
+  }
+  half_bytes = options.slot_bytes / 2;
+  controls_offset = round_up(sizeof(Header), kLineBytes);
+  slots_offset = round_up(controls_offset + size * int64_t{sizeof(RankControl)}, kSlotAlignBytes);
+  total_bytes = slots_offset + size * options.slot_bytes;
+}
+
+ShmCommunicator::Impl::~Impl() {
+  if (thread.joinable()) {
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      stopping = true;
+    }
+    queue_cv.notify_all();
+    thread.join();
+  }
+  if (base != nullptr) ::munmap(base, total_bytes);
+  if (fd >= 0) ::close(fd);
+  if (linked) ::shm_unlink(options.segment_name.c_str());
+}
+
+void ShmCommunicator::Impl::map_segment() {
+  void* address = ::mmap(nullptr, total_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (address == MAP_FAILED) {
+    throw_error("cannot map shm segment {} ({} bytes): {}", options.segment_name, total_bytes,
+                std::strerror(errno));
+  }
+  base = static_cast<std::byte*>(address);
+}
+
+void ShmCommunicator::Impl::attach() {
+  const std::string& name = options.segment_name;
+  const int64_t start_ns = now_ns();
+  const int64_t rendezvous_deadline_ns = start_ns + options.timeout_ms * 1'000'000;
+  if (rank == 0) {
+    ::shm_unlink(name.c_str());  // a leftover of a killed job with the same name
+    fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+    if (fd < 0) throw_error("cannot create shm segment {}: {}", name, std::strerror(errno));
+    linked = true;
+    if (::ftruncate(fd, total_bytes) != 0) {
+      throw_error("cannot size shm segment {} to {} bytes (is /dev/shm large enough?): {}", name,
+                  total_bytes, std::strerror(errno));
+    }
+    map_segment();
+    Header& h = header();
+    h.world_size = static_cast<uint64_t>(size);
+    h.slot_bytes = static_cast<uint64_t>(options.slot_bytes);
+    h.creator_pid = static_cast<uint64_t>(::getpid());
+    AtomicU64(h.magic).store(kMagic, std::memory_order_release);
+  } else {
+    // Retry until rank 0 has created, sized and initialised the segment.
+    // One whose creator is gone is a leftover that rank 0 will replace.
+    for (;;) {
+      if (now_ns() > rendezvous_deadline_ns) {
+        throw CommError(fmt::format("shm group '{}' (rank {} of {}): segment {} was not created "
+                                    "by rank 0 within {} ms",
+                                    options.group_name, rank, size, name, options.timeout_ms),
+                        {0});
+      }
+      if (base != nullptr) {
+        ::munmap(base, total_bytes);
+        base = nullptr;
+      }
+      if (fd >= 0) {
+        ::close(fd);
+        fd = -1;
+      }
+      fd = ::shm_open(name.c_str(), O_RDWR, 0);
+      if (fd < 0) {
+        if (errno != ENOENT)
+          throw_error("cannot open shm segment {}: {}", name, std::strerror(errno));
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        continue;
+      }
+      struct stat st {};
+      if (::fstat(fd, &st) != 0 || st.st_size == 0) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        continue;
+      }
+      if (st.st_size != total_bytes) {
+        throw_error(
+            "shm segment {} has {} bytes but rank {} expects {}: the ranks disagree on "
+            "group size or slot_bytes",
+            name, st.st_size, rank, total_bytes);
+      }
+      map_segment();
+      Header& h = header();
+      if (AtomicU64(h.magic).load(std::memory_order_acquire) != kMagic ||
+          !process_exists(h.creator_pid)) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        continue;
+      }
+      if (h.world_size != static_cast<uint64_t>(size) ||
+          h.slot_bytes != static_cast<uint64_t>(options.slot_bytes)) {
+        throw_error(
+            "shm segment {} was made for {} ranks with {}-byte slots, rank {} expects {} "
+            "ranks with {}-byte slots",
+            name, h.world_size, h.slot_bytes, rank, size, options.slot_bytes);
+      }
+      break;
+    }
+  }
+  AtomicU64(control(rank).pid).store(static_cast<uint64_t>(::getpid()), std::memory_order_release);
+  AtomicU64(header().attached).fetch_add(1, std::memory_order_acq_rel);
+  while (AtomicU64(header().attached).load(std::memory_order_acquire) <
+         static_cast<uint64_t>(size)) {
+    if (now_ns() > rendezvous_deadline_ns) {
+      std::vector<int> missing;
+      for (int r = 0; r < size; ++r) {
+        if (AtomicU64(control(r).pid).load(std::memory_order_acquire) == 0) missing.push_back(r);
+      }
+      throw CommError(
+          fmt::format("shm group '{}' (rank {} of {}): rank(s) {} did not attach to "
+                      "segment {} within {} ms",
+                      options.group_name, rank, size, rank_list(missing), name, options.timeout_ms),
+          missing);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  if (linked) {
+    // Everyone has it mapped: drop the name so a killed job leaves nothing behind.
+    ::shm_unlink(name.c_str());
+    linked = false;
+  }
+}
+
+std::shared_ptr<Work> ShmCommunicator::Impl::enqueue(std::string what, std::function<void()> body) {
+  auto work = std::make_shared<Work>();
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    queue.push_back(Op{next_seq++, std::move(what), std::move(body), work});
+  }
+  queue_cv.notify_one();
+  return work;
+}
+
+void ShmCommunicator::Impl::run_loop() {
+  for (;;) {
+    Op op;
+    {
+      std::unique_lock<std::mutex> lock(mutex);
+      queue_cv.wait(lock, [&] { return stopping || !queue.empty(); });
+      if (queue.empty()) return;
+      op = std::move(queue.front());
+      queue.pop_front();
+    }
+    std::exception_ptr error;
+    if (!broken.empty()) {
+      error = std::make_exception_ptr(
+          CommError(fmt::format("shm {} on group '{}' seq {} (rank {} of {}) not run: the group "
+                                "failed earlier: {}",
+                                op.what, options.group_name, op.seq, rank, size, broken),
+                    broken_peers));
+    } else {
+      running = &op;
+      deadline_ns = now_ns() + options.timeout_ms * 1'000'000;
+      try {
+        op.body();
+      } catch (const std::exception& e) {
+        // The ranks may now be at different phases: the group cannot go on.
+        broken = e.what();
+        if (const auto* comm_error = dynamic_cast<const CommError*>(&e)) {
+          broken_peers = comm_error->peer_ranks();
+        }
+        error = std::current_exception();
+      }
+      running = nullptr;
+    }
+    op.work->finish(error);
+  }
+}
+
+std::vector<int> ShmCommunicator::Impl::ranks_behind(uint64_t target) {
+  std::vector<int> behind;
+  for (int r = 0; r < size; ++r) {
+    if (r != rank && AtomicU64(control(r).phase).load(std::memory_order_acquire) < target) {
+      behind.push_back(r);
+    }
+  }
+  return behind;
+}
+
+void ShmCommunicator::Impl::fail(const std::string& reason, const char* step,
+                                 std::vector<int> peers) {
+  throw CommError(
+      fmt::format("shm {} on group '{}' seq {} (rank {} of {}) failed at '{}': {}", running->what,
+                  options.group_name, running->seq, rank, size, step, reason),
+      std::move(peers));
+}
+
+void ShmCommunicator::Impl::sync(const char* step) {
+  const uint64_t target = ++phase;
+  AtomicU64(control(rank).phase).store(target, std::memory_order_release);
+  // Counters only grow, so peers before `next` need no second look.
+  int next = 0;
+  int spins = 0;
+  int64_t waiting_since_ns = 0;
+  int64_t next_liveness_ns = 0;
+  for (;;) {
+    while (next < size &&
+           (next == rank ||
+            AtomicU64(control(next).phase).load(std::memory_order_acquire) >= target)) {
+      ++next;
+    }
+    if (next == size) return;
+    if (spins < kSpinIterations) {
+      ++spins;
+      cpu_relax();
+      continue;
+    }
+    const int64_t now = now_ns();
+    if (waiting_since_ns == 0) {
+      waiting_since_ns = now;
+      next_liveness_ns = now + kLivenessCheckNs;
+    }
+    if (now >= deadline_ns) {
+      const std::vector<int> behind = ranks_behind(target);
+      fail(fmt::format("timed out after {} ms: peer rank(s) {} had not arrived (stopped, hung, "
+                       "or not calling this collective)",
+                       options.timeout_ms, rank_list(behind)),
+           step, behind);
+    }
+    if (now >= next_liveness_ns) {
+      next_liveness_ns = now + kLivenessCheckNs;
+      for (int r : ranks_behind(target)) {
+        const uint64_t pid = AtomicU64(control(r).pid).load(std::memory_order_acquire);
+        if (!process_exists(pid)) {
+          fail(fmt::format("peer rank {} (pid {}) has exited", r, pid), step, {r});
+        }
+      }
+    }
+    if (now - waiting_since_ns < kYieldNs) {
+      ::sched_yield();
+    } else {
+      std::this_thread::sleep_for(kNap);
+    }
+  }
+}
+
+void ShmCommunicator::Impl::all_reduce(std::byte* data, int64_t count, DType dtype, ReduceOp op) {
+  const int64_t elem = dtype_bytes(dtype);
+  const int64_t chunk = half_bytes / elem;
+  std::vector<const std::byte*> sources(size - 1);
+  for (int64_t offset = 0; offset < count; offset += chunk) {
+    const int64_t n = std::min(chunk, count - offset);
+    std::byte* mine = half(rank, parity);
+    std::memcpy(mine, data + offset * elem, n * elem);
+    sync("copy-in");
+    const auto [begin, end] = share_of(n, rank, size, elem);
+    if (end > begin) {
+      int k = 0;
+      for (int p = 0; p < size; ++p) {
+        if (p != rank) sources[k++] = half(p, parity) + begin * elem;
+      }
+      reduce_into(mine + begin * elem, sources, end - begin, dtype, op, size);
+    }
+    sync("reduce");
+    for (int p = 0; p < size; ++p) {
+      const auto [b, e] = share_of(n, p, size, elem);
+      std::memcpy(data + (offset + b) * elem, half(p, parity) + b * elem, (e - b) * elem);
+    }
+    parity ^= 1;
+  }
+}
+
+void ShmCommunicator::Impl::reduce_scatter(const std::byte* input, std::byte* output, int64_t count,
+                                           DType dtype, ReduceOp op) {
+  const int64_t elem = dtype_bytes(dtype);
+  const int64_t chunk = half_bytes / elem / size;  // of each rank's segment
+  std::vector<const std::byte*> sources(size - 1);
+  for (int64_t offset = 0; offset < count; offset += chunk) {
+    const int64_t n = std::min(chunk, count - offset);
+    std::byte* mine = half(rank, parity);
+    // Peers need my piece of their segment; my own segment starts the sum.
+    for (int s = 0; s < size; ++s) {
+      const std::byte* piece = input + (s * count + offset) * elem;
+      if (s != rank) std::memcpy(mine + s * n * elem, piece, n * elem);
+    }
+    std::byte* dst = output + offset * elem;
+    std::memcpy(dst, input + (rank * count + offset) * elem, n * elem);
+    sync("copy-in");
+    int k = 0;
+    for (int p = 0; p < size; ++p) {
+      if (p != rank) sources[k++] = half(p, parity) + rank * n * elem;
+    }
+    reduce_into(dst, sources, n, dtype, op, size);
+    parity ^= 1;
+  }
+}
+
+void ShmCommunicator::Impl::all_gather(const std::byte* input, std::byte* output, int64_t count,
+                                       DType dtype) {
+  const int64_t elem = dtype_bytes(dtype);
+  const int64_t chunk = half_bytes / elem;
+  for (int64_t offset = 0; offset < count; offset += chunk) {
+    const int64_t n = std::min(chunk, count - offset);
+    std::memcpy(half(rank, parity), input + offset * elem, n * elem);
+    sync("copy-in");
+    for (int p = 0; p < size; ++p) {
+      const std::byte* source = p == rank ? input + offset * elem : half(p, parity);
+      std::memcpy(output + (p * count + offset) * elem, source, n * elem);
+    }
+    parity ^= 1;
+  }
+}
+
+void ShmCommunicator::Impl::broadcast(std::byte* data, int64_t count, DType dtype, int root) {
+  const int64_t elem = dtype_bytes(dtype);
+  const int64_t chunk = half_bytes / elem;
+  for (int64_t offset = 0; offset < count; offset += chunk) {
+    const int64_t n = std::min(chunk, count - offset);
+    if (rank == root) std::memcpy(half(root, parity), data + offset * elem, n * elem);
+    sync("root copy-in");
+    if (rank != root) std::memcpy(data + offset * elem, half(root, parity), n * elem);
+    parity ^= 1;
+  }
+}
+
+namespace {
+void check_buffer(const void* buffer, int64_t count, const char* what) {
+  if (count < 0) throw_error("shm {}: count must be >= 0, got {}", what, count);
+  if (count > 0 && buffer == nullptr)
+    throw_error("shm {}: null buffer for {} elements", what, count);
+}
+}  // namespace
+
+ShmCommunicator::ShmCommunicator(ShmCommunicatorOptions options)
+    : impl_(std::make_unique<Impl>(std::move(options))) {
+  impl_->attach();
+  impl_->thread = std::thread([impl = impl_.get()] { impl->run_loop(); });
+}
+
+ShmCommunicator::~ShmCommunicator() = default;
+
+int ShmCommunicator::rank() const {
+  return impl_->rank;
+}
+int ShmCommunicator::size() const {
+  return impl_->size;
+}
+const std::string& ShmCommunicator::group_name() const {
+  return impl_->options.group_name;
+}
+int64_t ShmCommunicator::timeout_ms() const {
+  return impl_->options.timeout_ms;
+}
+
+std::shared_ptr<Work> ShmCommunicator::all_reduce(void* data, int64_t count, DType dtype,
+                                                  ReduceOp op) {
+  check_buffer(data, count, "all_reduce");
+  auto* bytes = static_cast<std::byte*>(data);
+  return impl_->enqueue(
+      fmt::format("all_reduce(count {}, {}, {})", count, dtype_name(dtype), reduce_op_name(op)),
+      [impl = impl_.get(), bytes, count, dtype, op] { impl->all_reduce(bytes, count, dtype, op); });
+}
+
+std::shared_ptr<Work> ShmCommunicator::reduce_scatter(const void* input, void* output,
+                                                      int64_t count, DType dtype, ReduceOp op) {
+  check_buffer(input, count, "reduce_scatter");
+  check_buffer(output, count, "reduce_scatter");
+  auto* in = static_cast<const std::byte*>(input);
+  auto* out = static_cast<std::byte*>(output);
+  return impl_->enqueue(fmt::format("reduce_scatter(count {} per rank, {}, {})", count,
+                                    dtype_name(dtype), reduce_op_name(op)),
+                        [impl = impl_.get(), in, out, count, dtype, op] {
+                          impl->reduce_scatter(in, out, count, dtype, op);
+                        });
+}
+
+std::shared_ptr<Work> ShmCommunicator::all_gather(const void* input, void* output, int64_t count,
+                                                  DType dtype) {
+  check_buffer(input, count, "all_gather");
+  check_buffer(output, count, "all_gather");
+  auto* in = static_cast<const std::byte*>(input);
+  auto* out = static_cast<std::byte*>(output);
+  return impl_->enqueue(
+      fmt::format("all_gather(count {} per rank, {})", count, dtype_name(dtype)),
+      [impl = impl_.get(), in, out, count, dtype] { impl->all_gather(in, out, count, dtype); });
+}
+
+std::shared_ptr<Work> ShmCommunicator::broadcast(void* data, int64_t count, DType dtype, int root) {
+  check_buffer(data, count, "broadcast");
+  if (root < 0 || root >= impl_->size) {
+    throw_error("shm broadcast on group '{}': root {} is not in a group of size {}",
+                impl_->options.group_name, root, impl_->size);
+  }
+  auto* bytes = static_cast<std::byte*>(data);
+  return impl_->enqueue(
+      fmt::format("broadcast(count {}, {}, root {})", count, dtype_name(dtype), root),
+      [impl = impl_.get(), bytes, count, dtype, root] {
+        impl->broadcast(bytes, count, dtype, root);
+      });
+}
+
+std::shared_ptr<Work> ShmCommunicator::barrier() {
+  return impl_->enqueue("barrier", [impl = impl_.get()] { impl->sync("barrier"); });
+}
+
+}  // namespace brigade

@@ -1,0 +1,86 @@
+// ShmCommunicator: collectives among the processes of one machine over one
+// POSIX shared-memory segment. The intra-node fast path.
+//
+// The segment holds a header, one control line per rank (its pid and the last
+// synchronisation phase it reached, each on its own cache lines so ranks do
+// not fight over them) and one data slot per rank:
+//
+//   [Header][RankControl x size][slot 0][slot 1]...[slot size-1]
+//
+// Each slot has two halves used alternately by successive chunks, so a rank
+// can fill one half while slower peers still read the other; that removes one
+// synchronisation per chunk. An all-reduce of a chunk goes:
+//   1. every rank copies its chunk into its slot;              (arrive, wait)
+//   2. rank r reduces ITS 1/size share of the elements, reading every peer's
+//      slot directly, and leaves the result in its own slot;  (arrive, wait)
+//   3. every rank copies each share from its owner's slot.
+// So each element is reduced by exactly one rank (results are bit-identical
+// everywhere) and the reduction work is spread evenly. Reduce-scatter,
+// all-gather and broadcast are the halves of that pattern. Buffers larger
+// than half a slot go through in chunks.
+//
+// Synchronisation is one monotonically increasing phase counter per rank:
+// "arrive" stores my next phase, "wait" spins (then yields, then naps) until
+// every peer's counter reaches it, watching the deadline. The ranks whose
+// counters are behind are exactly the ones a timeout names. While waiting it
+// also notices a peer process that no longer exists and fails at once.
+//
+// Rendezvous: rank 0 creates the segment under the caller's name (it removes
+// a leftover of that name first), the others open it by name, retrying until
+// timeout_ms. Once every rank has attached, rank 0 unlinks the name, so
+// nothing is left in /dev/shm even if the job is killed later. The name must
+// be unique per job and group (derive it from the job's token).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "brigade/comm/communicator.h"
+
+namespace brigade {
+
+struct ShmCommunicatorOptions {
+  // POSIX shm name, "/brigade-<job token>-<group>": a leading '/', no other '/'.
+  std::string segment_name;
+  std::string group_name = "world";
+  int rank = 0;
+  int size = 1;
+  // Bounds the rendezvous in the constructor and every operation.
+  int64_t timeout_ms = 300'000;
+  // Bytes of staging per rank (two halves). Larger slots mean fewer
+  // synchronisations per byte; 4 MiB halves sit well inside L2+L3 of two
+  // cores. At least 256 * size, a multiple of 256.
+  int64_t slot_bytes = 8 << 20;
+};
+
+class ShmCommunicator final : public Communicator {
+ public:
+  // Creates or opens the segment and waits until every rank has attached.
+  // Throws CommError naming the ranks that never attached, or Error for bad
+  // options or a failing shm_open/mmap.
+  explicit ShmCommunicator(ShmCommunicatorOptions options);
+  // Lets queued operations finish (each bounded by the timeout), then unmaps.
+  ~ShmCommunicator() override;
+  ShmCommunicator(const ShmCommunicator&) = delete;
+  ShmCommunicator& operator=(const ShmCommunicator&) = delete;
+
+  int rank() const override;
+  int size() const override;
+  const std::string& group_name() const override;
+  int64_t timeout_ms() const override;
+
+  std::shared_ptr<Work> all_reduce(void* data, int64_t count, DType dtype, ReduceOp op) override;
+  std::shared_ptr<Work> reduce_scatter(const void* input, void* output, int64_t count, DType dtype,
+                                       ReduceOp op) override;
+  std::shared_ptr<Work> all_gather(const void* input, void* output, int64_t count,
+                                   DType dtype) override;
+  std::shared_ptr<Work> broadcast(void* data, int64_t count, DType dtype, int root) override;
+  std::shared_ptr<Work> barrier() override;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace brigade

@@ -1,0 +1,342 @@
+// The shared-memory communicator: every collective in 2, 3 and 4 forked
+// processes (as workers will be), checked element by element against values
+// computed locally; async operations in flight; and the failure cases: a
+// stopped peer and a killed peer must turn into errors naming them, never
+// into a hang. Slots are tiny (4 KiB) so every size goes through many chunks.
+#include "brigade/comm/shm_communicator.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace brigade {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr int64_t kTestSlotBytes = 4096;
+
+std::string unique_segment_name() {
+  static int counter = 0;
+  return fmt::format("/brigade-test-{}-{}", ::getpid(), counter++);
+}
+
+ShmCommunicatorOptions make_options(const std::string& name, int rank, int size,
+                                    int64_t timeout_ms) {
+  ShmCommunicatorOptions options;
+  options.segment_name = name;
+  options.group_name = "test";
+  options.rank = rank;
+  options.size = size;
+  options.timeout_ms = timeout_ms;
+  options.slot_bytes = kTestSlotBytes;
+  return options;
+}
+
+double ms_since(Clock::time_point start) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+}
+
+// Checks inside a forked rank: gtest assertions would not reach the parent,
+// so a failed check throws and the rank exits 1 with the message on stderr.
+template <typename... Args>
+void require(bool ok, fmt::format_string<Args...> format, Args&&... args) {
+  if (!ok) throw Error(fmt::format(format, std::forward<Args>(args)...));
+}
+
+// Forks `size` ranks; each opens the communicator and runs body(comm). A
+// rank exits 0 if body returned, 1 if anything threw.
+std::vector<pid_t> fork_ranks(int size, int64_t timeout_ms,
+                              const std::function<void(ShmCommunicator&)>& body) {
+  const std::string name = unique_segment_name();
+  std::fflush(nullptr);  // or buffered output would be written once per child
+  std::vector<pid_t> pids;
+  for (int rank = 0; rank < size; ++rank) {
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      int status = 0;
+      try {
+        ShmCommunicator comm(make_options(name, rank, size, timeout_ms));
+        body(comm);
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "rank %d: %s\n", rank, e.what());
+        status = 1;
+      }
+      std::fflush(stderr);
+      ::_exit(status);  // no gtest teardown in the child
+    }
+    EXPECT_GT(pid, 0);
+    pids.push_back(pid);
+  }
+  return pids;
+}
+
+// Reaps one process, continuing and killing it if it is still there after
+// `limit`. Returns its exit code, 128 + signal, or -1 if it had to be killed.
+int reap(pid_t pid, Clock::time_point deadline) {
+  int status = 0;
+  while (::waitpid(pid, &status, WNOHANG) == 0) {
+    if (Clock::now() > deadline) {
+      ::kill(pid, SIGCONT);
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &status, 0);
+      return -1;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+std::vector<int> reap_all(const std::vector<pid_t>& pids, std::chrono::milliseconds limit) {
+  const auto deadline = Clock::now() + limit;
+  std::vector<int> codes;
+  for (pid_t pid : pids) codes.push_back(reap(pid, deadline));
+  return codes;
+}
+
+// Small integers, negative too, so sums are exact in every dtype and the
+// order in which ranks add them cannot matter.
+template <typename T>
+T value_of(int rank, int64_t index) {
+  return static_cast<T>((index * 7 + rank * 13) % 23 - 11);
+}
+
+template <typename T>
+T expected_reduction(ReduceOp op, int size, int64_t index) {
+  T acc = value_of<T>(0, index);
+  for (int r = 1; r < size; ++r) {
+    const T v = value_of<T>(r, index);
+    acc = op == ReduceOp::kMax ? std::max(acc, v) : acc + v;
+  }
+  if (op == ReduceOp::kAvg) acc /= static_cast<T>(size);
+  return acc;
+}
+
+template <typename T>
+void check_every_collective(Communicator& comm, DType dtype) {
+  const int rank = comm.rank();
+  const int size = comm.size();
+  for (int64_t count : {0, 1, 5, 1003, 2500}) {
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax}) {
+      std::vector<T> data(count);
+      for (int64_t i = 0; i < count; ++i) data[i] = value_of<T>(rank, i);
+      comm.all_reduce(data.data(), count, dtype, op)->wait();
+      for (int64_t i = 0; i < count; ++i) {
+        require(data[i] == expected_reduction<T>(op, size, i),
+                "all_reduce {} {} count {}: element {} is {}, expected {}", dtype_name(dtype),
+                reduce_op_name(op), count, i, data[i], expected_reduction<T>(op, size, i));
+      }
+
+      // Segment s of rank r's input holds value_of(r, s * count + j).
+      std::vector<T> input(count * size);
+      for (int64_t i = 0; i < count * size; ++i) input[i] = value_of<T>(rank, i);
+      std::vector<T> output(count, T{-77});
+      comm.reduce_scatter(input.data(), output.data(), count, dtype, op)->wait();
+      for (int64_t j = 0; j < count; ++j) {
+        const T expected = expected_reduction<T>(op, size, rank * count + j);
+        require(output[j] == expected,
+                "reduce_scatter {} {} count {}: element {} is {}, expected {}", dtype_name(dtype),
+                reduce_op_name(op), count, j, output[j], expected);
+      }
+    }
+
+    std::vector<T> mine(count);
+    for (int64_t i = 0; i < count; ++i) mine[i] = value_of<T>(rank, i);
+    std::vector<T> gathered(count * size, T{-77});
+    comm.all_gather(mine.data(), gathered.data(), count, dtype)->wait();
+    for (int s = 0; s < size; ++s) {
+      for (int64_t i = 0; i < count; ++i) {
+        require(gathered[s * count + i] == value_of<T>(s, i),
+                "all_gather {} count {}: element {} of rank {} is {}, expected {}",
+                dtype_name(dtype), count, i, s, gathered[s * count + i], value_of<T>(s, i));
+      }
+    }
+
+    const int root = static_cast<int>(count % size);
+    std::vector<T> broadcasted(count, T{-99});
+    if (rank == root) broadcasted = mine;
+    comm.broadcast(broadcasted.data(), count, dtype, root)->wait();
+    for (int64_t i = 0; i < count; ++i) {
+      require(broadcasted[i] == value_of<T>(root, i),
+              "broadcast {} count {} root {}: element {} is {}, expected {}", dtype_name(dtype),
+              count, root, i, broadcasted[i], value_of<T>(root, i));
+    }
+  }
+  comm.barrier()->wait();
+}
+
+TEST(ShmCommunicator, RejectsBadOptions) {
+  const std::string name = unique_segment_name();
+  EXPECT_THROW(ShmCommunicator(make_options(name, 2, 2, 100)), Error);
+  EXPECT_THROW(ShmCommunicator(make_options("no-slash", 0, 1, 100)), Error);
+  ShmCommunicatorOptions tiny_slots = make_options(name, 0, 4, 100);
+  tiny_slots.slot_bytes = 512;
+  EXPECT_THROW(ShmCommunicator{tiny_slots}, Error);
+}
+
+TEST(ShmCommunicator, SingleRankRunsEveryCollectiveInProcess) {
+  ShmCommunicator comm(make_options(unique_segment_name(), 0, 1, 1000));
+  EXPECT_EQ(comm.rank(), 0);
+  EXPECT_EQ(comm.size(), 1);
+  EXPECT_EQ(comm.group_name(), "test");
+  check_every_collective<float>(comm, DType::kF32);
+  check_every_collective<int64_t>(comm, DType::kI64);
+}
+
+TEST(ShmCommunicator, RendezvousTimeoutNamesRanksThatNeverAttached) {
+  const std::string name = unique_segment_name();
+  const auto start = Clock::now();
+  try {
+    ShmCommunicator comm(make_options(name, 0, 3, 200));
+    FAIL() << "a group of 3 formed with one rank";
+  } catch (const CommError& e) {
+    EXPECT_GE(ms_since(start), 190);
+    EXPECT_EQ(e.peer_ranks(), (std::vector<int>{1, 2}));
+    EXPECT_NE(std::string(e.what()).find("rank(s) 1, 2 did not attach"), std::string::npos)
+        << e.what();
+  }
+  // The creator removes the name even when the group never formed.
+  EXPECT_LT(::shm_open(name.c_str(), O_RDWR, 0), 0);
+}
+
+class ShmCommunicatorRanks : public testing::TestWithParam<int> {};
+
+TEST_P(ShmCommunicatorRanks, EveryCollectiveEveryDTypeMatchesElementByElement) {
+  const int size = GetParam();
+  const auto pids = fork_ranks(size, 5000, [](ShmCommunicator& comm) {
+    check_every_collective<float>(comm, DType::kF32);
+    check_every_collective<double>(comm, DType::kF64);
+    check_every_collective<int32_t>(comm, DType::kI32);
+    check_every_collective<int64_t>(comm, DType::kI64);
+  });
+  const auto codes = reap_all(pids, std::chrono::seconds(8));
+  for (int rank = 0; rank < size; ++rank) EXPECT_EQ(codes[rank], 0) << "rank " << rank;
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldSizes, ShmCommunicatorRanks, testing::Values(2, 3, 4));
+
+TEST(ShmCommunicator, AsyncOperationsStayInFlightAndCompleteInOrder) {
+  constexpr int kSize = 3;
+  const auto pids = fork_ranks(kSize, 5000, [](ShmCommunicator& comm) {
+    const int rank = comm.rank();
+    // Rank 0 arrives late, so nobody's operations can finish before it does.
+    if (rank == 0) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    std::vector<float> a(3001);
+    for (size_t i = 0; i < a.size(); ++i) a[i] = value_of<float>(rank, i);
+    std::vector<int64_t> b(777);
+    for (size_t i = 0; i < b.size(); ++i) b[i] = value_of<int64_t>(rank, i);
+    std::vector<int32_t> mine(100, rank + 1);
+    std::vector<int32_t> gathered(100 * kSize);
+    std::vector<double> root_data(50, rank == 2 ? 2.5 : 0.0);
+
+    std::vector<std::shared_ptr<Work>> works = {
+        comm.all_reduce(a.data(), a.size(), DType::kF32, ReduceOp::kSum),
+        comm.all_gather(mine.data(), gathered.data(), mine.size(), DType::kI32),
+        comm.broadcast(root_data.data(), root_data.size(), DType::kF64, 2),
+        comm.barrier(),
+        comm.all_reduce(b.data(), b.size(), DType::kI64, ReduceOp::kMax),
+    };
+    if (rank != 0) require(!works.back()->test(), "the last operation finished before rank 0 came");
+    for (auto& work : works) {
+      work->wait();
+      require(work->test(), "test() is false after wait()");
+    }
+    for (size_t i = 0; i < a.size(); ++i) {
+      require(a[i] == expected_reduction<float>(ReduceOp::kSum, kSize, i), "a[{}] = {}", i, a[i]);
+    }
+    for (size_t i = 0; i < gathered.size(); ++i) {
+      require(gathered[i] == static_cast<int32_t>(i / 100 + 1), "gathered[{}] = {}", i,
+              gathered[i]);
+    }
+    for (double v : root_data) require(v == 2.5, "broadcast gave {}", v);
+    for (size_t i = 0; i < b.size(); ++i) {
+      require(b[i] == expected_reduction<int64_t>(ReduceOp::kMax, kSize, i), "b[{}] = {}", i, b[i]);
+    }
+  });
+  const auto codes = reap_all(pids, std::chrono::seconds(8));
+  for (int rank = 0; rank < kSize; ++rank) EXPECT_EQ(codes[rank], 0) << "rank " << rank;
+}
+
+TEST(ShmCommunicator, StoppedPeerTimesOutNamingIt) {
+  constexpr int kSize = 3;
+  constexpr int kStopped = 2;
+  constexpr int64_t kTimeoutMs = 500;
+  const auto pids = fork_ranks(kSize, kTimeoutMs, [](ShmCommunicator& comm) {
+    std::vector<float> data(1000, 1.0f);
+    comm.all_reduce(data.data(), data.size(), DType::kF32, ReduceOp::kSum)->wait();
+    if (comm.rank() == kStopped) {
+      ::raise(SIGSTOP);  // the parent kills it; it never gets here again
+      return;
+    }
+    const auto start = Clock::now();
+    try {
+      comm.all_reduce(data.data(), data.size(), DType::kF32, ReduceOp::kSum)->wait();
+      require(false, "all_reduce with a stopped peer succeeded");
+    } catch (const CommError& e) {
+      const double elapsed_ms = ms_since(start);
+      const std::string message = e.what();
+      require(elapsed_ms >= kTimeoutMs - 10 && elapsed_ms <= kTimeoutMs + 1000, "error after {} ms",
+              elapsed_ms);
+      require(e.peer_ranks() == std::vector<int>{kStopped}, "blamed the wrong ranks: {}", message);
+      for (const char* part : {"all_reduce", "group 'test'", "seq 1", "peer rank(s) 2"}) {
+        require(message.find(part) != std::string::npos, "'{}' not in: {}", part, message);
+      }
+    }
+    // The group is broken now: later operations fail at once.
+    const auto later = Clock::now();
+    try {
+      comm.barrier()->wait();
+      require(false, "barrier on a broken group succeeded");
+    } catch (const CommError& e) {
+      require(ms_since(later) < 100, "broken group took {} ms to fail", ms_since(later));
+    }
+  });
+  const auto deadline = Clock::now() + std::chrono::seconds(5);
+  EXPECT_EQ(reap(pids[0], deadline), 0);
+  EXPECT_EQ(reap(pids[1], deadline), 0);
+  ::kill(pids[kStopped], SIGCONT);
+  ::kill(pids[kStopped], SIGKILL);
+  reap(pids[kStopped], Clock::now() + std::chrono::seconds(2));
+}
+
+TEST(ShmCommunicator, PeerKilledMidCollectiveFailsTheOthers) {
+  constexpr int kSize = 3;
+  constexpr int kVictim = 1;
+  constexpr int64_t kTimeoutMs = 2000;
+  const auto pids = fork_ranks(kSize, kTimeoutMs, [](ShmCommunicator& comm) {
+    // Many chunks per call, so the kill lands inside a collective.
+    std::vector<float> data(50'000, 1.0f);
+    const auto give_up = Clock::now() + std::chrono::seconds(10);
+    while (Clock::now() < give_up) {
+      try {
+        comm.all_reduce(data.data(), data.size(), DType::kF32, ReduceOp::kAvg)->wait();
+      } catch (const CommError& e) {
+        require(e.peer_ranks() == std::vector<int>{kVictim}, "blamed the wrong ranks: {}",
+                e.what());
+        return;
+      }
+    }
+    require(false, "no error within 10 s");
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const auto killed_at = Clock::now();
+  ::kill(pids[kVictim], SIGKILL);
+  EXPECT_EQ(reap(pids[kVictim], Clock::now() + std::chrono::seconds(2)), 128 + SIGKILL);
+  const auto deadline = killed_at + std::chrono::milliseconds(kTimeoutMs + 1000);
+  EXPECT_EQ(reap(pids[0], deadline), 0);
+  EXPECT_EQ(reap(pids[2], deadline), 0);
+  EXPECT_LT(ms_since(killed_at), kTimeoutMs + 1000);
+}
+
+}  // namespace
+}  // namespace brigade
