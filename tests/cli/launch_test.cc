@@ -21,9 +21,11 @@
 #include <thread>
 #include <vector>
 
+#include "testing/free_port.h"
 #include "testing/temp_dir.h"
 
 namespace {
+using brigade::testing::free_port;
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
@@ -49,18 +51,6 @@ std::vector<std::string> sorted_lines(const std::string& text) {
   for (std::string line; std::getline(in, line);) lines.push_back(line);
   std::sort(lines.begin(), lines.end());
   return lines;
-}
-
-uint16_t free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  ::close(fd);
-  return ntohs(addr.sin_port);
 }
 
 // True while the process exists and is not a zombie waiting to be reaped.

@@ -17,8 +17,11 @@
 #include <thread>
 #include <vector>
 
+#include "testing/free_port.h"
+
 namespace brigade {
 namespace {
+using testing::free_port;
 
 const std::string kHost = "127.0.0.1";
 const std::string kToken = "0123456789abcdef0123456789abcdef";
@@ -56,19 +59,6 @@ int wait_client(pid_t pid, std::chrono::milliseconds limit = std::chrono::second
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
-
-// A port nothing listens on right now.
-uint16_t free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  ::close(fd);
-  return ntohs(addr.sin_port);
 }
 
 // A raw TCP connection, for peers that do not speak the protocol.

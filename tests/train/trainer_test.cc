@@ -47,6 +47,13 @@ class TrainerTest : public ::testing::Test {
     return c;
   }
 
+  // Trains one step with `opts` and returns the checkpoint it saved.
+  static fs::path checkpoint_after_one_step(const GptConfig& model, const TrainOptions& opts) {
+    Trainer t(model, opts);
+    t.train_step();
+    return t.save_checkpoint();
+  }
+
   testing::TempDir temp_{"brigade_trainer_test"};
   const fs::path& dir_ = temp_.path();
 };
@@ -98,13 +105,7 @@ TEST_F(TrainerTest, ResumeRefusesAnotherSeed) {
   Config c = small_config(2);
   const GptConfig model = GptConfig::from_config(c);
   TrainOptions opts = TrainOptions::from_config(c);
-  fs::path saved;
-  {
-    Trainer t(model, opts);
-    t.train_step();
-    saved = t.save_checkpoint();
-  }
-  opts.resume = saved.string();
+  opts.resume = checkpoint_after_one_step(model, opts).string();
   opts.seed = 8;
   EXPECT_THROW(Trainer(model, opts), Error);
 }
@@ -113,13 +114,7 @@ TEST_F(TrainerTest, ResumeRefusesAnotherGlobalBatch) {
   Config c = small_config(2);
   const GptConfig model = GptConfig::from_config(c);
   TrainOptions opts = TrainOptions::from_config(c);
-  fs::path saved;
-  {
-    Trainer t(model, opts);
-    t.train_step();
-    saved = t.save_checkpoint();
-  }
-  opts.resume = saved.string();
+  opts.resume = checkpoint_after_one_step(model, opts).string();
   opts.grad_accum = 3;  // global batch 12 instead of 8
   EXPECT_THROW(Trainer(model, opts), Error);
   opts.grad_accum = 1;  // micro_batch 8 x 1 is the same global batch: fine
