@@ -31,8 +31,8 @@ std::string unique_segment_name() {
   return fmt::format("/brigade-test-{}-{}", ::getpid(), counter++);
 }
 
-ShmCommunicatorOptions make_options(const std::string& name, int rank, int size,
-                                    int64_t timeout_ms) {
+ShmCommunicatorOptions make_options(const std::string& name, int rank, int size, int64_t timeout_ms,
+                                    int64_t shared_bytes = 0) {
   ShmCommunicatorOptions options;
   options.segment_name = name;
   options.group_name = "test";
@@ -40,6 +40,7 @@ ShmCommunicatorOptions make_options(const std::string& name, int rank, int size,
   options.size = size;
   options.timeout_ms = timeout_ms;
   options.slot_bytes = kTestSlotBytes;
+  options.shared_bytes = shared_bytes;
   return options;
 }
 
@@ -57,7 +58,8 @@ void require(bool ok, fmt::format_string<Args...> format, Args&&... args) {
 // Forks `size` ranks; each opens the communicator and runs body(comm). A
 // rank exits 0 if body returned, 1 if anything threw.
 std::vector<pid_t> fork_ranks(int size, int64_t timeout_ms,
-                              const std::function<void(ShmCommunicator&)>& body) {
+                              const std::function<void(ShmCommunicator&)>& body,
+                              int64_t shared_bytes = 0) {
   const std::string name = unique_segment_name();
   std::fflush(nullptr);  // or buffered output would be written once per child
   std::vector<pid_t> pids;
@@ -66,7 +68,7 @@ std::vector<pid_t> fork_ranks(int size, int64_t timeout_ms,
     if (pid == 0) {
       int status = 0;
       try {
-        ShmCommunicator comm(make_options(name, rank, size, timeout_ms));
+        ShmCommunicator comm(make_options(name, rank, size, timeout_ms, shared_bytes));
         body(comm);
       } catch (const std::exception& e) {
         std::fprintf(stderr, "rank %d: %s\n", rank, e.what());
@@ -219,6 +221,49 @@ TEST_P(ShmCommunicatorRanks, EveryCollectiveEveryDTypeMatchesElementByElement) {
     check_every_collective<int32_t>(comm, DType::kI32);
     check_every_collective<int64_t>(comm, DType::kI64);
   });
+  const auto codes = reap_all(pids, std::chrono::seconds(8));
+  for (int rank = 0; rank < size; ++rank) EXPECT_EQ(codes[rank], 0) << "rank " << rank;
+}
+
+// Buffers inside the segment take the zero-copy path: each rank reads its
+// peers' buffers directly. Ranks use different offsets in their regions, and
+// counts larger than a staging slot, so nothing could pass through the slots
+// by accident.
+TEST_P(ShmCommunicatorRanks, SharedBuffersAreReducedAndGatheredInPlace) {
+  const int size = GetParam();
+  constexpr int64_t kCount = 3001;  // not a multiple of any size, > one 4 KiB slot
+  const auto pids = fork_ranks(
+      size, 5000,
+      [](ShmCommunicator& comm) {
+        const int rank = comm.rank(), size = comm.size();
+        float* region = static_cast<float*>(comm.shared_buffer());
+        require(region != nullptr, "no shared buffer");
+        float* buf = region + 64 * rank;  // a different offset on every rank
+        for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax}) {
+          for (int64_t i = 0; i < kCount; ++i) buf[i] = value_of<float>(rank, i);
+          comm.all_reduce(buf, kCount, DType::kF32, op)->wait();
+          for (int64_t i = 0; i < kCount; ++i) {
+            require(buf[i] == expected_reduction<float>(op, size, i), "all_reduce [{}]", i);
+          }
+        }
+        // reduce_scatter with input in the region, in place (output = my segment).
+        for (int64_t i = 0; i < kCount * size; ++i) buf[i] = value_of<float>(rank, i);
+        float* mine = buf + rank * kCount;
+        comm.reduce_scatter(buf, mine, kCount, DType::kF32, ReduceOp::kSum)->wait();
+        for (int64_t i = 0; i < kCount; ++i) {
+          require(mine[i] == expected_reduction<float>(ReduceOp::kSum, size, rank * kCount + i),
+                  "reduce_scatter [{}]", i);
+        }
+        // all_gather in place: my segment is already where the output wants it.
+        for (int64_t i = 0; i < kCount; ++i) mine[i] = value_of<float>(rank, i);
+        comm.all_gather(mine, buf, kCount, DType::kF32)->wait();
+        for (int p = 0; p < size; ++p) {
+          for (int64_t i = 0; i < kCount; ++i) {
+            require(buf[p * kCount + i] == value_of<float>(p, i), "all_gather [{}][{}]", p, i);
+          }
+        }
+      },
+      /*shared_bytes=*/64 * 1024);
   const auto codes = reap_all(pids, std::chrono::seconds(8));
   for (int rank = 0; rank < size; ++rank) EXPECT_EQ(codes[rank], 0) << "rank " << rank;
 }

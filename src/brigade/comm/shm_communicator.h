@@ -52,6 +52,11 @@ struct ShmCommunicatorOptions {
   // synchronisations per byte; 4 MiB halves sit well inside L2+L3 of two
   // cores. At least 256 * size, a multiple of 256.
   int64_t slot_bytes = 8 << 20;
+  // Bytes per rank of peer-visible memory for shared_buffer(): a buffer that
+  // lives there (a training rank's flat gradient buffer, say) is reduced and
+  // gathered in place, each rank reading its peers' buffers directly, with no
+  // copy in or out. A multiple of 4096; 0 for none.
+  int64_t shared_bytes = 0;
 };
 
 class ShmCommunicator final : public Communicator {
@@ -77,6 +82,14 @@ class ShmCommunicator final : public Communicator {
                                    DType dtype) override;
   std::shared_ptr<Work> broadcast(void* data, int64_t count, DType dtype, int root) override;
   std::shared_ptr<Work> barrier() override;
+
+  // This rank's region of options.shared_bytes inside the segment, which
+  // every peer can read. all_reduce on data inside it, reduce_scatter with
+  // input inside it and all_gather with input inside it take the zero-copy
+  // path; each rank may use a different offset within its region, but all
+  // ranks must take the same path in the same operation (all inside, or all
+  // outside, their regions). Null if shared_bytes is 0.
+  void* shared_buffer();
 
  private:
   struct Impl;
