@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "brigade/comm/flight_recorder.h"
 #include "brigade/core/clock.h"
 
 namespace brigade {
@@ -140,7 +141,7 @@ struct ShmCommunicator::Impl {
   void attach();
   void map_segment();
   void run_loop();
-  std::shared_ptr<Work> enqueue(std::string what, std::function<void()> body);
+  std::shared_ptr<Work> enqueue(std::string what, int64_t bytes, std::function<void()> body);
 
   Header& header() { return *reinterpret_cast<Header*>(base); }
   RankControl& control(int r) { return reinterpret_cast<RankControl*>(base + controls_offset)[r]; }
@@ -188,6 +189,7 @@ struct ShmCommunicator::Impl {
   // Queue of operations, filled by callers, drained by the thread.
   struct Op {
     uint64_t seq;
+    uint64_t record_id;  // in the flight recorder
     std::string what;
     std::function<void()> body;
     std::shared_ptr<Work> work;
@@ -358,11 +360,15 @@ void ShmCommunicator::Impl::attach() {
   }
 }
 
-std::shared_ptr<Work> ShmCommunicator::Impl::enqueue(std::string what, std::function<void()> body) {
+std::shared_ptr<Work> ShmCommunicator::Impl::enqueue(std::string what, int64_t bytes,
+                                                     std::function<void()> body) {
   auto work = std::make_shared<Work>();
   {
     std::lock_guard<std::mutex> lock(mutex);
-    queue.push_back(Op{next_seq++, std::move(what), std::move(body), work});
+    const uint64_t seq = next_seq++;
+    const uint64_t record_id =
+        FlightRecorder::global().scheduled(options.group_name, seq, "shm " + what, bytes);
+    queue.push_back(Op{seq, record_id, std::move(what), std::move(body), work});
   }
   queue_cv.notify_one();
   return work;
@@ -380,6 +386,7 @@ void ShmCommunicator::Impl::run_loop() {
     }
     std::exception_ptr error;
     if (!broken.empty()) {
+      FlightRecorder::global().failed(op.record_id, "not run: the group failed earlier");
       error = std::make_exception_ptr(
           CommError(fmt::format("shm {} on group '{}' seq {} (rank {} of {}) not run: the group "
                                 "failed earlier: {}",
@@ -388,9 +395,18 @@ void ShmCommunicator::Impl::run_loop() {
     } else {
       running = &op;
       deadline_ns = now_ns() + options.timeout_ms * 1'000'000;
+      FlightRecorder::global().started(op.record_id);
       try {
         op.body();
+        FlightRecorder::global().completed(op.record_id);
       } catch (const std::exception& e) {
+        FlightRecorder::global().failed(op.record_id, e.what());
+        try {
+          FlightRecorder::global().dump_to_run_dir(rank);
+        } catch (const std::exception&) {
+          // The communication error is what the caller must see; a dump that
+          // cannot be written (disk full) must not replace it.
+        }
         // The ranks may now be at different phases: the group cannot go on.
         broken = e.what();
         if (const auto* comm_error = dynamic_cast<const CommError*>(&e)) {
@@ -651,7 +667,7 @@ std::shared_ptr<Work> ShmCommunicator::all_reduce(void* data, int64_t count, DTy
   auto* bytes = static_cast<std::byte*>(data);
   return impl_->enqueue(
       fmt::format("all_reduce(count {}, {}, {})", count, dtype_name(dtype), reduce_op_name(op)),
-      [impl = impl_.get(), bytes, count, dtype, op] {
+      count * dtype_bytes(dtype), [impl = impl_.get(), bytes, count, dtype, op] {
         if (impl->in_shared_region(bytes, count * dtype_bytes(dtype))) {
           impl->all_reduce_in_place(bytes, count, dtype, op);
         } else {
@@ -668,6 +684,7 @@ std::shared_ptr<Work> ShmCommunicator::reduce_scatter(const void* input, void* o
   auto* out = static_cast<std::byte*>(output);
   return impl_->enqueue(fmt::format("reduce_scatter(count {} per rank, {}, {})", count,
                                     dtype_name(dtype), reduce_op_name(op)),
+                        count * impl_->size * dtype_bytes(dtype),
                         [impl = impl_.get(), in, out, count, dtype, op] {
                           if (impl->in_shared_region(in, count * impl->size * dtype_bytes(dtype))) {
                             impl->reduce_scatter_in_place(in, out, count, dtype, op);
@@ -684,7 +701,7 @@ std::shared_ptr<Work> ShmCommunicator::all_gather(const void* input, void* outpu
   auto* in = static_cast<const std::byte*>(input);
   auto* out = static_cast<std::byte*>(output);
   return impl_->enqueue(fmt::format("all_gather(count {} per rank, {})", count, dtype_name(dtype)),
-                        [impl = impl_.get(), in, out, count, dtype] {
+                        count * dtype_bytes(dtype), [impl = impl_.get(), in, out, count, dtype] {
                           if (impl->in_shared_region(in, count * dtype_bytes(dtype))) {
                             impl->all_gather_in_place(in, out, count, dtype);
                           } else {
@@ -702,7 +719,7 @@ std::shared_ptr<Work> ShmCommunicator::broadcast(void* data, int64_t count, DTyp
   auto* bytes = static_cast<std::byte*>(data);
   return impl_->enqueue(
       fmt::format("broadcast(count {}, {}, root {})", count, dtype_name(dtype), root),
-      [impl = impl_.get(), bytes, count, dtype, root] {
+      count * dtype_bytes(dtype), [impl = impl_.get(), bytes, count, dtype, root] {
         impl->broadcast(bytes, count, dtype, root);
       });
 }
@@ -712,7 +729,7 @@ void* ShmCommunicator::shared_buffer() {
 }
 
 std::shared_ptr<Work> ShmCommunicator::barrier() {
-  return impl_->enqueue("barrier", [impl = impl_.get()] { impl->sync("barrier"); });
+  return impl_->enqueue("barrier", 0, [impl = impl_.get()] { impl->sync("barrier"); });
 }
 
 }  // namespace brigade
