@@ -10,6 +10,7 @@ packages=(
   g++ cmake ninja-build pkg-config
   libopenblas-openmp-dev   # BLAS for the GEMMs, OpenMP build: one thread pool with our kernels
   libfmt-dev nlohmann-json3-dev libtomlplusplus-dev libcli11-dev
+  libgloo-dev   # TCP collectives for the gloo communicator backend
 )
 if [[ "${1:-}" == "--test" ]]; then
   packages+=(

@@ -11,6 +11,8 @@ void add_train_command(CLI::App& app);
 void add_eval_command(CLI::App& app);
 void add_sample_command(CLI::App& app);
 void add_bench_command(CLI::App& app);
+// Under `bench`: `bench comm` and its hidden worker (cmd_bench_comm.cc).
+void add_bench_comm_command(CLI::App& bench);
 void add_tokenizer_command(CLI::App& app);
 void add_data_command(CLI::App& app);
 void add_launch_command(CLI::App& app);

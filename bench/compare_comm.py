@@ -1,0 +1,134 @@
+#!/usr/bin/python3
+"""Brigade's collectives beside OpenMPI's and Gloo's, in one run on this machine.
+
+  compare_comm.py [--build build] [--nproc 2] [--json]
+
+Runs, one after the other (side by side they would fight over the cores):
+  - brigade bench comm --backend shm            (buffers in the process's heap)
+  - brigade bench comm --backend shm --shared   (buffers in the shm segment,
+                                                 as training's flat buffers)
+  - brigade bench comm --backend gloo           (if the binary has it)
+  - mpirun ... bench/mpi_allreduce_peer         (if it was built and mpirun exists)
+and prints one table of all-reduce bus bandwidth at 64 MiB and latency at
+4 KiB, with the ratios of each shm run to MPI and to Gloo. Only the sizes
+the table needs are run, so the whole comparison takes well under a minute.
+Exits non-zero if a brigade run fails; a missing peer is reported and skipped.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO_ROOT = os.path.dirname(HERE)
+RUN_TIMEOUT_S = 600
+LATENCY_BYTES = 4 << 10
+BANDWIDTH_BYTES = 64 << 20
+
+
+class RunError(Exception):
+    pass
+
+
+def run_lines(name, argv):
+    """Runs one side and returns its all_reduce rows, keyed by bytes."""
+    print(f"$ {' '.join(argv)}", file=sys.stderr, flush=True)
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    except FileNotFoundError as e:
+        raise RunError(f"{name}: cannot start {argv[0]}: {e}")
+    except subprocess.TimeoutExpired:
+        raise RunError(f"{name}: ran past {RUN_TIMEOUT_S} s")
+    if proc.returncode != 0:
+        raise RunError(f"{name}: exit {proc.returncode}: {proc.stderr.strip()[-2000:]}")
+    rows = {}
+    for line in proc.stdout.splitlines():
+        line = line.strip()
+        if not line.startswith("{"):
+            continue
+        row = json.loads(line)
+        if row.get("op") == "all_reduce":
+            rows[row["bytes"]] = row
+    for size in (LATENCY_BYTES, BANDWIDTH_BYTES):
+        if size not in rows:
+            raise RunError(f"{name}: no all_reduce row for {size} bytes in:\n{proc.stdout}")
+    return rows
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--build", default=os.path.join(REPO_ROOT, "build"),
+                        help="CMake build directory holding brigade and bench/mpi_allreduce_peer")
+    parser.add_argument("--nproc", type=int, default=2)
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead")
+    args = parser.parse_args()
+
+    brigade = os.path.join(args.build, "brigade")
+    peer = os.path.join(args.build, "bench", "mpi_allreduce_peer")
+    # Powers of 4 from 4 KiB reach 64 MiB exactly; the sizes between are cheap.
+    sizes = ["--min-bytes", str(LATENCY_BYTES), "--max-bytes", str(BANDWIDTH_BYTES)]
+    bench = [brigade, "bench", "comm", "--nproc", str(args.nproc), "--json"] + sizes
+
+    results = {}
+    try:
+        results["shm"] = run_lines("shm", bench + ["--backend", "shm"])
+        results["shm-shared"] = run_lines("shm-shared", bench + ["--backend", "shm", "--shared"])
+    except RunError as e:
+        print(f"compare_comm: {e}", file=sys.stderr)
+        return 1
+    try:
+        results["gloo"] = run_lines("gloo", bench + ["--backend", "gloo"])
+    except RunError as e:
+        print(f"compare_comm: skipping gloo: {e}", file=sys.stderr)
+    mpirun = shutil.which("mpirun")
+    if os.access(peer, os.X_OK) and mpirun:
+        argv = [mpirun, "-np", str(args.nproc)]
+        if os.geteuid() == 0:
+            argv.append("--allow-run-as-root")
+        argv += ["--oversubscribe", peer, "--json",
+                 "--min-bytes", str(LATENCY_BYTES), "--max-bytes", str(BANDWIDTH_BYTES)]
+        try:
+            results["mpi"] = run_lines("mpi", argv)
+        except RunError as e:
+            print(f"compare_comm: skipping MPI: {e}", file=sys.stderr)
+    else:
+        print("compare_comm: skipping MPI: bench/mpi_allreduce_peer not built (no MPI found by "
+              "CMake) or no mpirun on PATH", file=sys.stderr)
+
+    summary = {
+        name: {"busbw_gbps_64MiB": rows[BANDWIDTH_BYTES]["busbw_gbps"],
+               "latency_us_4KiB": rows[LATENCY_BYTES]["time_us"]}
+        for name, rows in results.items()
+    }
+    # Ratios > 1 mean shm is better: more bandwidth, less latency.
+    ratios = {}
+    for shm in ("shm", "shm-shared"):
+        for peer_name in ("mpi", "gloo"):
+            if peer_name not in summary:
+                continue
+            mine, theirs = summary[shm], summary[peer_name]
+            ratios[f"{shm}/{peer_name}"] = {
+                "busbw_x": mine["busbw_gbps_64MiB"] / theirs["busbw_gbps_64MiB"],
+                "latency_x_faster": theirs["latency_us_4KiB"] / mine["latency_us_4KiB"],
+            }
+    if args.json:
+        print(json.dumps({"nproc": args.nproc, "op": "all_reduce", "dtype": "f32",
+                          "results": summary, "ratios": ratios}))
+        return 0
+
+    print(f"all_reduce, f32 sum, {args.nproc} processes")
+    print(f"{'backend':<12} {'busbw GB/s @64M':>16} {'latency us @4K':>16}")
+    for name, row in summary.items():
+        print(f"{name:<12} {row['busbw_gbps_64MiB']:>16.3f} {row['latency_us_4KiB']:>16.2f}")
+    if ratios:
+        print(f"\n{'ratio':<16} {'busbw x':>10} {'latency x faster':>18}")
+        for name, row in ratios.items():
+            print(f"{name:<16} {row['busbw_x']:>10.2f} {row['latency_x_faster']:>18.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

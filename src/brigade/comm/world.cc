@@ -1,0 +1,123 @@
+#include "brigade/comm/world.h"
+
+#include <unistd.h>
+
+#include <charconv>
+#include <cstdlib>
+#include <string_view>
+
+#include "brigade/comm/gloo_communicator.h"
+#include "brigade/comm/shm_communicator.h"
+#include "brigade/core/error.h"
+
+namespace brigade {
+namespace {
+
+constexpr const char* kLaunchHint =
+    "run the worker under `brigade launch --nproc-per-node N -- <verb> ...`, which sets it";
+
+std::string required_env(const char* name) {
+  const char* value = std::getenv(name);
+  if (value == nullptr || *value == '\0') {
+    throw_error("environment variable {} is not set: {}", name, kLaunchHint);
+  }
+  return value;
+}
+
+int required_int_env(const char* name, int min_value) {
+  const std::string text = required_env(name);
+  int value = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (ec != std::errc() || end != text.data() + text.size() || value < min_value) {
+    throw_error("environment variable {}='{}' is not an integer >= {}: {}", name, text, min_value,
+                kLaunchHint);
+  }
+  return value;
+}
+
+// FNV-1a, 64 bits: stable across builds and platforms, which std::hash is not
+// promised to be, and every rank must derive the same name.
+uint64_t fnv1a_64(std::string_view bytes) {
+  uint64_t hash = 0xcbf29ce484222325ULL;
+  for (const char c : bytes) {
+    hash ^= static_cast<unsigned char>(c);
+    hash *= 0x100000001b3ULL;
+  }
+  return hash;
+}
+
+}  // namespace
+
+WorldEnvironment read_world_environment() {
+  WorldEnvironment world;
+  world.world_rank = required_int_env("RANK", 0);
+  world.world_size = required_int_env("WORLD_SIZE", 1);
+  world.local_rank = required_int_env("LOCAL_RANK", 0);
+  world.local_world_size = required_int_env("LOCAL_WORLD_SIZE", 1);
+  world.master_addr = required_env("MASTER_ADDR");
+  world.master_port = required_int_env("MASTER_PORT", 1);
+  world.store_token = required_env("BRIGADE_STORE_TOKEN");
+  if (world.world_rank >= world.world_size) {
+    throw_error("RANK={} is not below WORLD_SIZE={}: {}", world.world_rank, world.world_size,
+                kLaunchHint);
+  }
+  if (world.local_rank >= world.local_world_size || world.local_world_size > world.world_size) {
+    throw_error("LOCAL_RANK={}, LOCAL_WORLD_SIZE={}, WORLD_SIZE={} do not fit together: {}",
+                world.local_rank, world.local_world_size, world.world_size, kLaunchHint);
+  }
+  return world;
+}
+
+std::string shm_segment_name(const std::string& store_token, const std::string& group_name) {
+  return fmt::format("/brigade-{:016x}-{}", fnv1a_64(store_token), group_name);
+}
+
+std::unique_ptr<Communicator> connect_world(const std::string& backend, int64_t timeout_ms,
+                                            int64_t shm_shared_bytes) {
+  if (backend != "shm" && backend != "gloo") {
+    throw_error("unknown communication backend '{}': use shm (one node) or gloo (TCP)", backend);
+  }
+  const WorldEnvironment world = read_world_environment();
+  if (backend == "shm") {
+    if (world.world_size != world.local_world_size) {
+      throw_error(
+          "the shm backend works within one node, but this job has {} workers of which {} are on "
+          "this node: use --backend gloo for a multi-node job",
+          world.world_size, world.local_world_size);
+    }
+    ShmCommunicatorOptions options;
+    options.segment_name = shm_segment_name(world.store_token, "world");
+    options.group_name = "world";
+    options.rank = world.world_rank;
+    options.size = world.world_size;
+    options.timeout_ms = timeout_ms;
+    options.shared_bytes = shm_shared_bytes;
+    return std::make_unique<ShmCommunicator>(std::move(options));
+  }
+  GlooCommunicatorOptions options;
+  options.store_host = world.master_addr;
+  if (world.master_port > 65535) {
+    throw_error("MASTER_PORT={} is not a TCP port: {}", world.master_port, kLaunchHint);
+  }
+  options.store_port = static_cast<uint16_t>(world.master_port);
+  options.store_token = world.store_token;
+  options.group_name = "world";
+  options.rank = world.world_rank;
+  options.size = world.world_size;
+  options.timeout_ms = timeout_ms;
+  if (world.world_size != world.local_world_size) {
+    // Peers on other nodes cannot reach 127.0.0.1.
+    if (const char* interface = std::getenv("GLOO_SOCKET_IFNAME"); interface && *interface) {
+      options.bind_interface = interface;
+    } else {
+      char host[256] = {};
+      if (::gethostname(host, sizeof(host) - 1) != 0) {
+        throw_error("cannot find this host's name for gloo to listen on: set GLOO_SOCKET_IFNAME");
+      }
+      options.bind_hostname = host;
+    }
+  }
+  return std::make_unique<GlooCommunicator>(std::move(options));
+}
+
+}  // namespace brigade

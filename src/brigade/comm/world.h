@@ -1,0 +1,48 @@
+// connect_world: the communicator of every worker of a job, built from the
+// environment `brigade launch` gives each worker (see cli/launcher.h):
+// RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT and
+// BRIGADE_STORE_TOKEN. A worker calls it once at start-up; every rank must
+// call it with the same backend, or the rendezvous times out.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "brigade/comm/communicator.h"
+
+namespace brigade {
+
+// What the launcher told this worker, parsed and checked.
+struct WorldEnvironment {
+  int world_rank = 0;
+  int world_size = 1;
+  int local_rank = 0;
+  int local_world_size = 1;
+  std::string master_addr;
+  int master_port = 0;
+  std::string store_token;
+};
+
+// Reads the launcher's variables. Throws Error naming the missing or malformed
+// variable and saying to run under `brigade launch`.
+WorldEnvironment read_world_environment();
+
+// The POSIX shm name of a job's group: "/brigade-<16 hex>-<group>". The hex
+// is a hash of the token, not the token itself: /dev/shm names are visible to
+// every user, and the token is the store's password.
+std::string shm_segment_name(const std::string& store_token, const std::string& group_name);
+
+// backend: "shm" (one node only: WORLD_SIZE must equal LOCAL_WORLD_SIZE) or
+// "gloo" (TCP, any number of nodes, rendezvous through the launcher's store).
+// timeout_ms bounds the rendezvous and every later operation.
+// shm_shared_bytes (shm only, a multiple of 4096): peer-visible memory per rank
+// for ShmCommunicator::shared_buffer(), where collectives run zero-copy.
+// Gloo listens on 127.0.0.1 in a one-node job; across nodes on the interface
+// GLOO_SOCKET_IFNAME names (PyTorch's variable), else on this host's name.
+// Throws Error for an unknown backend, a missing environment, or shm across
+// nodes.
+std::unique_ptr<Communicator> connect_world(const std::string& backend, int64_t timeout_ms,
+                                            int64_t shm_shared_bytes = 0);
+
+}  // namespace brigade
