@@ -20,10 +20,20 @@
 #include <thread>
 #include <vector>
 
+#include "testing/collective_checks.h"
+#include "testing/forked_ranks.h"
+
 namespace brigade {
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using testing::check_every_collective;
+using testing::Clock;
+using testing::expected_reduction;
+using testing::ms_since;
+using testing::reap;
+using testing::reap_all;
+using testing::require;
+using testing::value_of;
 constexpr int64_t kTestSlotBytes = 4096;
 
 std::string unique_segment_name() {
@@ -44,137 +54,15 @@ ShmCommunicatorOptions make_options(const std::string& name, int rank, int size,
   return options;
 }
 
-double ms_since(Clock::time_point start) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
-}
-
-// Checks inside a forked rank: gtest assertions would not reach the parent,
-// so a failed check throws and the rank exits 1 with the message on stderr.
-template <typename... Args>
-void require(bool ok, fmt::format_string<Args...> format, Args&&... args) {
-  if (!ok) throw Error(fmt::format(format, std::forward<Args>(args)...));
-}
-
-// Forks `size` ranks; each opens the communicator and runs body(comm). A
-// rank exits 0 if body returned, 1 if anything threw.
+// Forks `size` ranks; each opens the communicator and runs body(comm).
 std::vector<pid_t> fork_ranks(int size, int64_t timeout_ms,
                               const std::function<void(ShmCommunicator&)>& body,
                               int64_t shared_bytes = 0) {
   const std::string name = unique_segment_name();
-  std::fflush(nullptr);  // or buffered output would be written once per child
-  std::vector<pid_t> pids;
-  for (int rank = 0; rank < size; ++rank) {
-    const pid_t pid = ::fork();
-    if (pid == 0) {
-      int status = 0;
-      try {
-        ShmCommunicator comm(make_options(name, rank, size, timeout_ms, shared_bytes));
-        body(comm);
-      } catch (const std::exception& e) {
-        std::fprintf(stderr, "rank %d: %s\n", rank, e.what());
-        status = 1;
-      }
-      std::fflush(stderr);
-      ::_exit(status);  // no gtest teardown in the child
-    }
-    EXPECT_GT(pid, 0);
-    pids.push_back(pid);
-  }
-  return pids;
-}
-
-// Reaps one process, continuing and killing it if it is still there after
-// `limit`. Returns its exit code, 128 + signal, or -1 if it had to be killed.
-int reap(pid_t pid, Clock::time_point deadline) {
-  int status = 0;
-  while (::waitpid(pid, &status, WNOHANG) == 0) {
-    if (Clock::now() > deadline) {
-      ::kill(pid, SIGCONT);
-      ::kill(pid, SIGKILL);
-      ::waitpid(pid, &status, 0);
-      return -1;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
-
-std::vector<int> reap_all(const std::vector<pid_t>& pids, std::chrono::milliseconds limit) {
-  const auto deadline = Clock::now() + limit;
-  std::vector<int> codes;
-  for (pid_t pid : pids) codes.push_back(reap(pid, deadline));
-  return codes;
-}
-
-// Small integers, negative too, so sums are exact in every dtype and the
-// order in which ranks add them cannot matter.
-template <typename T>
-T value_of(int rank, int64_t index) {
-  return static_cast<T>((index * 7 + rank * 13) % 23 - 11);
-}
-
-template <typename T>
-T expected_reduction(ReduceOp op, int size, int64_t index) {
-  T acc = value_of<T>(0, index);
-  for (int r = 1; r < size; ++r) {
-    const T v = value_of<T>(r, index);
-    acc = op == ReduceOp::kMax ? std::max(acc, v) : acc + v;
-  }
-  if (op == ReduceOp::kAvg) acc /= static_cast<T>(size);
-  return acc;
-}
-
-template <typename T>
-void check_every_collective(Communicator& comm, DType dtype) {
-  const int rank = comm.rank();
-  const int size = comm.size();
-  for (int64_t count : {0, 1, 5, 1003, 2500}) {
-    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax}) {
-      std::vector<T> data(count);
-      for (int64_t i = 0; i < count; ++i) data[i] = value_of<T>(rank, i);
-      comm.all_reduce(data.data(), count, dtype, op)->wait();
-      for (int64_t i = 0; i < count; ++i) {
-        require(data[i] == expected_reduction<T>(op, size, i),
-                "all_reduce {} {} count {}: element {} is {}, expected {}", dtype_name(dtype),
-                reduce_op_name(op), count, i, data[i], expected_reduction<T>(op, size, i));
-      }
-
-      // Segment s of rank r's input holds value_of(r, s * count + j).
-      std::vector<T> input(count * size);
-      for (int64_t i = 0; i < count * size; ++i) input[i] = value_of<T>(rank, i);
-      std::vector<T> output(count, T{-77});
-      comm.reduce_scatter(input.data(), output.data(), count, dtype, op)->wait();
-      for (int64_t j = 0; j < count; ++j) {
-        const T expected = expected_reduction<T>(op, size, rank * count + j);
-        require(output[j] == expected,
-                "reduce_scatter {} {} count {}: element {} is {}, expected {}", dtype_name(dtype),
-                reduce_op_name(op), count, j, output[j], expected);
-      }
-    }
-
-    std::vector<T> mine(count);
-    for (int64_t i = 0; i < count; ++i) mine[i] = value_of<T>(rank, i);
-    std::vector<T> gathered(count * size, T{-77});
-    comm.all_gather(mine.data(), gathered.data(), count, dtype)->wait();
-    for (int s = 0; s < size; ++s) {
-      for (int64_t i = 0; i < count; ++i) {
-        require(gathered[s * count + i] == value_of<T>(s, i),
-                "all_gather {} count {}: element {} of rank {} is {}, expected {}",
-                dtype_name(dtype), count, i, s, gathered[s * count + i], value_of<T>(s, i));
-      }
-    }
-
-    const int root = static_cast<int>(count % size);
-    std::vector<T> broadcasted(count, T{-99});
-    if (rank == root) broadcasted = mine;
-    comm.broadcast(broadcasted.data(), count, dtype, root)->wait();
-    for (int64_t i = 0; i < count; ++i) {
-      require(broadcasted[i] == value_of<T>(root, i),
-              "broadcast {} count {} root {}: element {} is {}, expected {}", dtype_name(dtype),
-              count, root, i, broadcasted[i], value_of<T>(root, i));
-    }
-  }
-  comm.barrier()->wait();
+  return testing::fork_ranks(size, [&](int rank) {
+    ShmCommunicator comm(make_options(name, rank, size, timeout_ms, shared_bytes));
+    body(comm);
+  });
 }
 
 TEST(ShmCommunicator, RejectsBadOptions) {
@@ -211,7 +99,7 @@ TEST(ShmCommunicator, RendezvousTimeoutNamesRanksThatNeverAttached) {
   EXPECT_LT(::shm_open(name.c_str(), O_RDWR, 0), 0);
 }
 
-class ShmCommunicatorRanks : public testing::TestWithParam<int> {};
+class ShmCommunicatorRanks : public ::testing::TestWithParam<int> {};
 
 TEST_P(ShmCommunicatorRanks, EveryCollectiveEveryDTypeMatchesElementByElement) {
   const int size = GetParam();
@@ -268,7 +156,7 @@ TEST_P(ShmCommunicatorRanks, SharedBuffersAreReducedAndGatheredInPlace) {
   for (int rank = 0; rank < size; ++rank) EXPECT_EQ(codes[rank], 0) << "rank " << rank;
 }
 
-INSTANTIATE_TEST_SUITE_P(WorldSizes, ShmCommunicatorRanks, testing::Values(2, 3, 4));
+INSTANTIATE_TEST_SUITE_P(WorldSizes, ShmCommunicatorRanks, ::testing::Values(2, 3, 4));
 
 TEST(ShmCommunicator, AsyncOperationsStayInFlightAndCompleteInOrder) {
   constexpr int kSize = 3;
