@@ -18,13 +18,12 @@
 #include <chrono>
 #include <cstddef>
 #include <cstring>
-#include <deque>
 #include <functional>
 #include <thread>
 #include <type_traits>
 #include <vector>
 
-#include "brigade/comm/flight_recorder.h"
+#include "brigade/comm/op_queue.h"
 #include "brigade/comm/tcp_store.h"
 #include "brigade/core/clock.h"
 
@@ -109,10 +108,12 @@ struct GlooCommunicator::Impl {
 
   // Rendezvous: join, wait for every rank, connect the full mesh.
   void connect();
-  void run_loop();
-  // `bytes` is what this rank contributes, for the flight recorder.
+  // Queues `body` as one operation; it runs with `running` and the deadline
+  // set, and gets the operation's sequence number as its Gloo tag.
   std::shared_ptr<Work> enqueue(std::string what, int64_t bytes,
                                 std::function<void(uint32_t tag)> body);
+  // OpQueue's failure hook: classifies what Gloo threw, then describe_failure.
+  CommError on_failure(std::exception_ptr error);
   // Turns the running operation's failure into the CommError callers see,
   // after telling the peers (see the header on blame).
   CommError describe_failure(const std::string& kind, const std::string& reason);
@@ -134,26 +135,11 @@ struct GlooCommunicator::Impl {
   std::shared_ptr<gloo::transport::Device> device;
   std::shared_ptr<gloo::rendezvous::Context> context;
 
-  // Queue of operations, filled by callers, drained by the thread.
-  struct Op {
-    uint64_t seq;
-    uint64_t record_id;  // in the flight recorder
-    std::string what;
-    std::function<void(uint32_t)> body;
-    std::shared_ptr<Work> work;
-  };
-  std::mutex mutex;
-  std::condition_variable queue_cv;
-  std::deque<Op> queue;
-  uint64_t next_seq = 0;
-  bool stopping = false;
-  std::thread thread;
+  std::unique_ptr<OpQueue> ops;
 
   // Touched only by the communication thread once it runs.
-  const Op* running = nullptr;
+  const OpQueue::Op* running = nullptr;
   int64_t deadline_ns = 0;
-  std::string broken;  // why the group failed; empty while healthy
-  std::vector<int> broken_peers;
 };
 
 GlooCommunicator::Impl::Impl(GlooCommunicatorOptions opts)
@@ -176,14 +162,7 @@ GlooCommunicator::Impl::Impl(GlooCommunicatorOptions opts)
 }
 
 GlooCommunicator::Impl::~Impl() {
-  if (thread.joinable()) {
-    {
-      std::lock_guard<std::mutex> lock(mutex);
-      stopping = true;
-    }
-    queue_cv.notify_all();
-    thread.join();
-  }
+  ops.reset();  // finishes queued operations while the context is still up
 }
 
 void GlooCommunicator::Impl::connect() {
@@ -240,16 +219,12 @@ void GlooCommunicator::Impl::connect() {
 
 std::shared_ptr<Work> GlooCommunicator::Impl::enqueue(std::string what, int64_t bytes,
                                                       std::function<void(uint32_t)> body) {
-  auto work = std::make_shared<Work>();
-  {
-    std::lock_guard<std::mutex> lock(mutex);
-    const uint64_t seq = next_seq++;
-    const uint64_t record_id =
-        FlightRecorder::global().scheduled(options.group_name, seq, "gloo " + what, bytes);
-    queue.push_back(Op{seq, record_id, std::move(what), std::move(body), work});
-  }
-  queue_cv.notify_one();
-  return work;
+  return ops->enqueue(std::move(what), bytes,
+                      [this, body = std::move(body)](const OpQueue::Op& op) {
+                        running = &op;
+                        deadline_ns = now_ns() + options.timeout_ms * 1'000'000;
+                        body(static_cast<uint32_t>(op.seq));
+                      });
 }
 
 std::chrono::milliseconds GlooCommunicator::Impl::wait_timeout() const {
@@ -257,59 +232,15 @@ std::chrono::milliseconds GlooCommunicator::Impl::wait_timeout() const {
   return std::chrono::milliseconds(std::max<int64_t>(left_ms, 1));
 }
 
-void GlooCommunicator::Impl::run_loop() {
-  for (;;) {
-    Op op;
-    {
-      std::unique_lock<std::mutex> lock(mutex);
-      queue_cv.wait(lock, [&] { return stopping || !queue.empty(); });
-      if (queue.empty()) return;
-      op = std::move(queue.front());
-      queue.pop_front();
-    }
-    std::exception_ptr error;
-    if (!broken.empty()) {
-      FlightRecorder::global().failed(op.record_id, "not run: the group failed earlier");
-      error = std::make_exception_ptr(
-          CommError(fmt::format("gloo {} on group '{}' seq {} (rank {} of {}) not run: the group "
-                                "failed earlier: {}",
-                                op.what, options.group_name, op.seq, rank, size, broken),
-                    broken_peers));
-    } else {
-      running = &op;
-      deadline_ns = now_ns() + options.timeout_ms * 1'000'000;
-      std::string kind;
-      std::string reason;
-      FlightRecorder::global().started(op.record_id);
-      try {
-        op.body(static_cast<uint32_t>(op.seq));
-        FlightRecorder::global().completed(op.record_id);
-      } catch (const gloo::IoException& e) {
-        kind = "I/O error";
-        reason = e.what();
-      } catch (const gloo::EnforceNotMet& e) {
-        kind = "internal check";
-        reason = e.what();
-      } catch (const std::exception& e) {
-        kind = "error";
-        reason = e.what();
-      }
-      if (!reason.empty()) {
-        CommError comm_error = describe_failure(kind, reason);
-        FlightRecorder::global().failed(op.record_id, comm_error.what());
-        try {
-          FlightRecorder::global().dump_to_run_dir(rank);
-        } catch (const std::exception&) {
-          // The communication error is what the caller must see; a dump that
-          // cannot be written (disk full) must not replace it.
-        }
-        broken = comm_error.what();
-        broken_peers = comm_error.peer_ranks();
-        error = std::make_exception_ptr(std::move(comm_error));
-      }
-      running = nullptr;
-    }
-    op.work->finish(error);
+CommError GlooCommunicator::Impl::on_failure(std::exception_ptr error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const gloo::IoException& e) {
+    return describe_failure("I/O error", e.what());
+  } catch (const gloo::EnforceNotMet& e) {
+    return describe_failure("internal check", e.what());
+  } catch (const std::exception& e) {
+    return describe_failure("error", e.what());
   }
 }
 
@@ -443,7 +374,11 @@ void GlooCommunicator::Impl::barrier(uint32_t tag) {
 GlooCommunicator::GlooCommunicator(GlooCommunicatorOptions options)
     : impl_(std::make_unique<Impl>(std::move(options))) {
   impl_->connect();
-  impl_->thread = std::thread([impl = impl_.get()] { impl->run_loop(); });
+  Impl* impl = impl_.get();
+  impl->ops = std::make_unique<OpQueue>(
+      "gloo", impl->options.group_name, impl->rank, impl->size,
+      [impl](const OpQueue::Op&, std::exception_ptr e) { return impl->on_failure(std::move(e)); });
+  impl->ops->start();
 }
 
 GlooCommunicator::~GlooCommunicator() = default;

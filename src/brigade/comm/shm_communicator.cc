@@ -13,12 +13,11 @@
 #include <chrono>
 #include <cstddef>
 #include <cstring>
-#include <deque>
 #include <functional>
 #include <thread>
 #include <vector>
 
-#include "brigade/comm/flight_recorder.h"
+#include "brigade/comm/op_queue.h"
 #include "brigade/core/clock.h"
 
 namespace brigade {
@@ -140,8 +139,9 @@ struct ShmCommunicator::Impl {
   // Rendezvous: map the segment and wait for every rank to attach.
   void attach();
   void map_segment();
-  void run_loop();
+  // Queues `body` as one operation; it runs with `running` and the deadline set.
   std::shared_ptr<Work> enqueue(std::string what, int64_t bytes, std::function<void()> body);
+  CommError describe_failure(const OpQueue::Op& op, std::exception_ptr error);
 
   Header& header() { return *reinterpret_cast<Header*>(base); }
   RankControl& control(int r) { return reinterpret_cast<RankControl*>(base + controls_offset)[r]; }
@@ -186,28 +186,13 @@ struct ShmCommunicator::Impl {
   std::byte* base = nullptr;
   bool linked = false;  // rank 0 created the name and has not unlinked it yet
 
-  // Queue of operations, filled by callers, drained by the thread.
-  struct Op {
-    uint64_t seq;
-    uint64_t record_id;  // in the flight recorder
-    std::string what;
-    std::function<void()> body;
-    std::shared_ptr<Work> work;
-  };
-  std::mutex mutex;
-  std::condition_variable queue_cv;
-  std::deque<Op> queue;
-  uint64_t next_seq = 0;
-  bool stopping = false;
-  std::thread thread;
+  std::unique_ptr<OpQueue> ops;
 
   // Touched only by the communication thread once it runs.
   uint64_t phase = 0;
   int parity = 0;  // the slot half the next chunk uses
-  const Op* running = nullptr;
+  const OpQueue::Op* running = nullptr;
   int64_t deadline_ns = 0;
-  std::string broken;  // why the group failed; empty while healthy
-  std::vector<int> broken_peers;
 };
 
 ShmCommunicator::Impl::Impl(ShmCommunicatorOptions opts)
@@ -242,14 +227,7 @@ ShmCommunicator::Impl::Impl(ShmCommunicatorOptions opts)
 }
 
 ShmCommunicator::Impl::~Impl() {
-  if (thread.joinable()) {
-    {
-      std::lock_guard<std::mutex> lock(mutex);
-      stopping = true;
-    }
-    queue_cv.notify_all();
-    thread.join();
-  }
+  ops.reset();  // finishes queued operations while the segment is still mapped
   if (base != nullptr) ::munmap(base, total_bytes);
   if (fd >= 0) ::close(fd);
   if (linked) ::shm_unlink(options.segment_name.c_str());
@@ -362,61 +340,23 @@ void ShmCommunicator::Impl::attach() {
 
 std::shared_ptr<Work> ShmCommunicator::Impl::enqueue(std::string what, int64_t bytes,
                                                      std::function<void()> body) {
-  auto work = std::make_shared<Work>();
-  {
-    std::lock_guard<std::mutex> lock(mutex);
-    const uint64_t seq = next_seq++;
-    const uint64_t record_id =
-        FlightRecorder::global().scheduled(options.group_name, seq, "shm " + what, bytes);
-    queue.push_back(Op{seq, record_id, std::move(what), std::move(body), work});
-  }
-  queue_cv.notify_one();
-  return work;
+  return ops->enqueue(std::move(what), bytes,
+                      [this, body = std::move(body)](const OpQueue::Op& op) {
+                        running = &op;
+                        deadline_ns = now_ns() + options.timeout_ms * 1'000'000;
+                        body();
+                      });
 }
 
-void ShmCommunicator::Impl::run_loop() {
-  for (;;) {
-    Op op;
-    {
-      std::unique_lock<std::mutex> lock(mutex);
-      queue_cv.wait(lock, [&] { return stopping || !queue.empty(); });
-      if (queue.empty()) return;
-      op = std::move(queue.front());
-      queue.pop_front();
-    }
-    std::exception_ptr error;
-    if (!broken.empty()) {
-      FlightRecorder::global().failed(op.record_id, "not run: the group failed earlier");
-      error = std::make_exception_ptr(
-          CommError(fmt::format("shm {} on group '{}' seq {} (rank {} of {}) not run: the group "
-                                "failed earlier: {}",
-                                op.what, options.group_name, op.seq, rank, size, broken),
-                    broken_peers));
-    } else {
-      running = &op;
-      deadline_ns = now_ns() + options.timeout_ms * 1'000'000;
-      FlightRecorder::global().started(op.record_id);
-      try {
-        op.body();
-        FlightRecorder::global().completed(op.record_id);
-      } catch (const std::exception& e) {
-        FlightRecorder::global().failed(op.record_id, e.what());
-        try {
-          FlightRecorder::global().dump_to_run_dir(rank);
-        } catch (const std::exception&) {
-          // The communication error is what the caller must see; a dump that
-          // cannot be written (disk full) must not replace it.
-        }
-        // The ranks may now be at different phases: the group cannot go on.
-        broken = e.what();
-        if (const auto* comm_error = dynamic_cast<const CommError*>(&e)) {
-          broken_peers = comm_error->peer_ranks();
-        }
-        error = std::current_exception();
-      }
-      running = nullptr;
-    }
-    op.work->finish(error);
+CommError ShmCommunicator::Impl::describe_failure(const OpQueue::Op& op, std::exception_ptr error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const CommError& e) {
+    return e;  // sync() and fail() already name the step and the peers
+  } catch (const std::exception& e) {
+    return CommError(fmt::format("shm {} on group '{}' seq {} (rank {} of {}) failed: {}", op.what,
+                                 options.group_name, op.seq, rank, size, e.what()),
+                     {});
   }
 }
 
@@ -643,7 +583,12 @@ void check_buffer(const void* buffer, int64_t count, const char* what) {
 ShmCommunicator::ShmCommunicator(ShmCommunicatorOptions options)
     : impl_(std::make_unique<Impl>(std::move(options))) {
   impl_->attach();
-  impl_->thread = std::thread([impl = impl_.get()] { impl->run_loop(); });
+  Impl* impl = impl_.get();
+  impl->ops = std::make_unique<OpQueue>("shm", impl->options.group_name, impl->rank, impl->size,
+                                        [impl](const OpQueue::Op& op, std::exception_ptr e) {
+                                          return impl->describe_failure(op, std::move(e));
+                                        });
+  impl->ops->start();
 }
 
 ShmCommunicator::~ShmCommunicator() = default;
