@@ -1,4 +1,4 @@
-// brigade bench comm --nproc N --backend shm|gloo [--min-bytes 4K] [--max-bytes 256M]
+// brigade bench comm --nproc N --backend shm|gloo|hierarchical [--min-bytes 4K] [--max-bytes 256M]
 //                    [--iters auto|N] [--json]
 // What the links between this node's workers deliver: time per operation,
 // algorithm bandwidth and bus bandwidth (nccl-tests' definitions) of
@@ -383,8 +383,9 @@ void run_bench_comm(const BenchCommArgs& args) {
     }
     if (iters <= 0) throw_error("--iters '{}' must be 'auto' or a positive integer", args.iters);
   }
-  if (args.backend != "shm" && args.backend != "gloo") {
-    throw_error("--backend '{}' is not a backend: use shm (one node) or gloo (TCP)", args.backend);
+  if (args.backend != "shm" && args.backend != "gloo" && args.backend != "hierarchical") {
+    throw_error("--backend '{}' is not a backend: use shm (one node), gloo (TCP) or hierarchical",
+                args.backend);
   }
   if (args.shared && args.backend != "shm") {
     throw_error("--shared puts the buffers in the shm segment: it needs --backend shm");
@@ -417,8 +418,10 @@ void add_bench_comm_command(CLI::App& bench) {
   comm->add_option("--nproc", args->nproc, "Worker processes")
       ->check(CLI::Range(2, 1024))
       ->capture_default_str();
-  comm->add_option("--backend", args->backend, "shm (shared memory) or gloo (TCP)")
-      ->check(CLI::IsMember({"shm", "gloo"}))
+  comm->add_option(
+          "--backend", args->backend,
+          "shm (shared memory), gloo (TCP) or hierarchical (shm in the node, gloo between nodes)")
+      ->check(CLI::IsMember({"shm", "gloo", "hierarchical"}))
       ->capture_default_str();
   comm->add_option("--min-bytes", args->min_bytes, "Smallest size (4K, 1M, ...)")
       ->capture_default_str();

@@ -7,6 +7,7 @@
 #include <string_view>
 
 #include "brigade/comm/gloo_communicator.h"
+#include "brigade/comm/hierarchical_communicator.h"
 #include "brigade/comm/shm_communicator.h"
 #include "brigade/core/error.h"
 
@@ -72,28 +73,24 @@ std::string shm_segment_name(const std::string& store_token, const std::string& 
   return fmt::format("/brigade-{:016x}-{}", fnv1a_64(store_token), group_name);
 }
 
-std::unique_ptr<Communicator> connect_world(const std::string& backend, int64_t timeout_ms,
-                                            int64_t shm_shared_bytes) {
-  if (backend != "shm" && backend != "gloo") {
-    throw_error("unknown communication backend '{}': use shm (one node) or gloo (TCP)", backend);
-  }
-  const WorldEnvironment world = read_world_environment();
-  if (backend == "shm") {
-    if (world.world_size != world.local_world_size) {
-      throw_error(
-          "the shm backend works within one node, but this job has {} workers of which {} are on "
-          "this node: use --backend gloo for a multi-node job",
-          world.world_size, world.local_world_size);
-    }
-    ShmCommunicatorOptions options;
-    options.segment_name = shm_segment_name(world.store_token, "world");
-    options.group_name = "world";
-    options.rank = world.world_rank;
-    options.size = world.world_size;
-    options.timeout_ms = timeout_ms;
-    options.shared_bytes = shm_shared_bytes;
-    return std::make_unique<ShmCommunicator>(std::move(options));
-  }
+namespace {
+
+std::unique_ptr<ShmCommunicator> connect_shm(const WorldEnvironment& world,
+                                             const std::string& group, int rank, int size,
+                                             int64_t timeout_ms, int64_t shared_bytes) {
+  ShmCommunicatorOptions options;
+  options.segment_name = shm_segment_name(world.store_token, group);
+  options.group_name = group;
+  options.rank = rank;
+  options.size = size;
+  options.timeout_ms = timeout_ms;
+  options.shared_bytes = shared_bytes;
+  return std::make_unique<ShmCommunicator>(std::move(options));
+}
+
+std::unique_ptr<GlooCommunicator> connect_gloo(const WorldEnvironment& world,
+                                               const std::string& group, int rank, int size,
+                                               int64_t timeout_ms) {
   GlooCommunicatorOptions options;
   options.store_host = world.master_addr;
   if (world.master_port > 65535) {
@@ -101,9 +98,9 @@ std::unique_ptr<Communicator> connect_world(const std::string& backend, int64_t 
   }
   options.store_port = static_cast<uint16_t>(world.master_port);
   options.store_token = world.store_token;
-  options.group_name = "world";
-  options.rank = world.world_rank;
-  options.size = world.world_size;
+  options.group_name = group;
+  options.rank = rank;
+  options.size = size;
   options.timeout_ms = timeout_ms;
   if (world.world_size != world.local_world_size) {
     // Peers on other nodes cannot reach 127.0.0.1.
@@ -118,6 +115,45 @@ std::unique_ptr<Communicator> connect_world(const std::string& backend, int64_t 
     }
   }
   return std::make_unique<GlooCommunicator>(std::move(options));
+}
+
+}  // namespace
+
+std::unique_ptr<Communicator> connect_world(const std::string& backend, int64_t timeout_ms,
+                                            int64_t shm_shared_bytes) {
+  if (backend != "auto" && backend != "shm" && backend != "gloo" && backend != "hierarchical") {
+    throw_error(
+        "unknown communication backend '{}': use auto, shm (one node), gloo (TCP) or "
+        "hierarchical (shm within nodes, gloo between them)",
+        backend);
+  }
+  const WorldEnvironment world = read_world_environment();
+  const bool one_node = world.world_size == world.local_world_size;
+  if (backend == "shm" && !one_node) {
+    throw_error(
+        "the shm backend works within one node, but this job has {} workers of which {} are on "
+        "this node: use --backend gloo or hierarchical for a multi-node job",
+        world.world_size, world.local_world_size);
+  }
+  if (backend == "shm" || (backend == "auto" && one_node)) {
+    return connect_shm(world, "world", world.world_rank, world.world_size, timeout_ms,
+                       shm_shared_bytes);
+  }
+  if (backend == "gloo") {
+    return connect_gloo(world, "world", world.world_rank, world.world_size, timeout_ms);
+  }
+  // Hierarchical: brigade launch numbers ranks node by node.
+  const int node = world.world_rank / world.local_world_size;
+  const int num_nodes = world.world_size / world.local_world_size;
+  std::unique_ptr<Communicator> leaders;
+  if (world.local_rank == 0) {
+    leaders = connect_gloo(world, "world.leaders", node, num_nodes, timeout_ms);
+  }
+  return std::make_unique<HierarchicalCommunicator>(
+      "world",
+      connect_shm(world, fmt::format("world.node{}", node), world.local_rank,
+                  world.local_world_size, timeout_ms, shm_shared_bytes),
+      std::move(leaders), num_nodes);
 }
 
 }  // namespace brigade

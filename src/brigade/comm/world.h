@@ -33,15 +33,17 @@ WorldEnvironment read_world_environment();
 // every user, and the token is the store's password.
 std::string shm_segment_name(const std::string& store_token, const std::string& group_name);
 
-// backend: "shm" (one node only: WORLD_SIZE must equal LOCAL_WORLD_SIZE) or
-// "gloo" (TCP, any number of nodes, rendezvous through the launcher's store).
+// backend: "shm" (one node only: WORLD_SIZE must equal LOCAL_WORLD_SIZE),
+// "gloo" (TCP, any number of nodes, rendezvous through the launcher's store),
+// "hierarchical" (shm within each node, gloo between the nodes' local rank
+// 0s), or "auto": shm on one node, hierarchical across nodes.
 // timeout_ms bounds the rendezvous and every later operation.
 // shm_shared_bytes (shm only, a multiple of 4096): peer-visible memory per rank
 // for ShmCommunicator::shared_buffer(), where collectives run zero-copy.
 // Gloo listens on 127.0.0.1 in a one-node job; across nodes on the interface
 // GLOO_SOCKET_IFNAME names (PyTorch's variable), else on this host's name.
 // Throws Error for an unknown backend, a missing environment, or shm across
-// nodes.
+// nodes. (shm_shared_bytes applies to the node's shm group in hierarchical.)
 std::unique_ptr<Communicator> connect_world(const std::string& backend, int64_t timeout_ms,
                                             int64_t shm_shared_bytes = 0);
 
