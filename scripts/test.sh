@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Quick start, part 2: install what is missing, build, run the whole suite.
 #   1. Release build, warnings as errors: every test (unit, slow, reference, format)
-#   2. ASan + UBSan build: the unit tests again, for memory errors and UB
+#   2. ThreadSanitizer build of the comm tests whose processes start no threads
+#      before forking (TSan cannot follow a fork after threads): shm, the
+#      operation queue, the flight recorder, the store
+#   3. ASan + UBSan build: the unit tests again, for memory errors and UB
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install_deps.sh --test
@@ -9,6 +12,13 @@ jobs=$(nproc)
 
 scripts/build.sh
 ctest --test-dir build --output-on-failure -j "$jobs" --timeout 600
+
+cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBRIGADE_WERROR=ON \
+  -DBRIGADE_TSAN=ON >/dev/null
+ninja -C build-tsan comm_tests
+TSAN_OPTIONS="halt_on_error=1 die_after_fork=0 suppressions=$PWD/tests/tsan.supp" \
+  OMP_WAIT_POLICY=PASSIVE build-tsan/tests/comm_tests \
+  --gtest_filter='ShmCommunicator*:*ShmCommunicatorRanks*:OpQueue*:FlightRecorder*:TcpStore*'
 
 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBRIGADE_WERROR=ON \
   -DBRIGADE_SANITIZE=ON >/dev/null
