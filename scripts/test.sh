@@ -4,7 +4,10 @@
 #   2. ThreadSanitizer build of the comm tests whose processes start no threads
 #      before forking (TSan cannot follow a fork after threads): shm, the
 #      operation queue, the flight recorder, the store
-#   3. ASan + UBSan build: the unit tests again, for memory errors and UB
+#   3. ASan + UBSan build: the unit tests again, for memory errors and UB,
+#      less the Gloo and hierarchical ones: their test process forks ranks
+#      after starting a store thread, and a child of a threaded parent can
+#      hang on a lock ASan's allocator held at the fork (seen here)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install_deps.sh --test
@@ -24,4 +27,5 @@ cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBRIGADE_WE
   -DBRIGADE_SANITIZE=ON >/dev/null
 ninja -C build-asan
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-  ctest --test-dir build-asan --output-on-failure -j "$jobs" -L unit --timeout 600
+  ctest --test-dir build-asan --output-on-failure -j "$jobs" -L unit --timeout 600 \
+  -E 'GlooCommunicator|HierarchicalCommunicator'
