@@ -98,6 +98,20 @@ TEST_P(GlooCommunicatorRanks, EveryCollectiveEveryDTypeMatchesElementByElement) 
   std::printf("[ timing   ] %d ranks: %.0f ms\n", size, ms_since(start));
 }
 
+TEST_P(GlooCommunicatorRanks, SendRecvMatchByPeerAndTagWithoutDeadlock) {
+  const int size = GetParam();
+  TcpStoreServer server("127.0.0.1", 0, kToken);
+  const auto pids = testing::fork_ranks(size, [&](int rank) {
+    GlooCommunicator comm(make_options(server.port(), rank, size, 5000));
+    testing::check_point_to_point<float>(comm, DType::kF32, {0, 1, 1003, 300'000});
+    testing::check_point_to_point<int64_t>(comm, DType::kI64, {5, 777});
+    testing::check_point_to_point<double>(comm, DType::kF64, {100});
+    testing::check_point_to_point<int32_t>(comm, DType::kI32, {100});
+  });
+  const auto codes = testing::reap_all(pids, std::chrono::seconds(20));
+  for (int rank = 0; rank < size; ++rank) EXPECT_EQ(codes[rank], 0) << "rank " << rank;
+}
+
 INSTANTIATE_TEST_SUITE_P(WorldSizes, GlooCommunicatorRanks, ::testing::Values(2, 3, 4));
 
 TEST(GlooCommunicator, AsyncOperationsCompleteInOrderAndGroupsShareOneStore) {
@@ -188,6 +202,34 @@ TEST(GlooCommunicator, StoppedPeerTimesOutNamingIt) {
   EXPECT_EQ(testing::reap(pids[0], deadline), 0);
   EXPECT_EQ(testing::reap(pids[1], deadline), 0);
   testing::kill_and_reap(pids[kStopped]);
+}
+
+TEST(GlooCommunicator, RecvFromStoppedPeerTimesOutNamingIt) {
+  constexpr int64_t kTimeoutMs = 1000;
+  TcpStoreServer server("127.0.0.1", 0, kToken);
+  const auto pids = testing::fork_ranks(2, [&](int rank) {
+    GlooCommunicator comm(make_options(server.port(), rank, 2, kTimeoutMs));
+    comm.barrier()->wait();
+    if (rank == 1) {
+      ::raise(SIGSTOP);
+      return;
+    }
+    std::vector<float> data(100);
+    const auto start = Clock::now();
+    try {
+      comm.recv(data.data(), data.size(), DType::kF32, 1, 4)->wait();
+      require(false, "recv from a stopped peer succeeded");
+    } catch (const CommError& e) {
+      const double elapsed_ms = ms_since(start);
+      require(elapsed_ms <= kTimeoutMs + 1000, "error after {} ms: {}", elapsed_ms, e.what());
+      require(e.peer_ranks() == std::vector<int>{1}, "blamed the wrong ranks: {}", e.what());
+      for (const char* part : {"recv", "from rank 1", "tag 4", "group 'test'"}) {
+        require(contains(e.what(), part), "'{}' not in: {}", part, e.what());
+      }
+    }
+  });
+  EXPECT_EQ(testing::reap(pids[0], Clock::now() + std::chrono::seconds(5)), 0);
+  testing::kill_and_reap(pids[1]);
 }
 
 TEST(GlooCommunicator, PeerKilledMidCollectiveFailsTheOthers) {

@@ -44,8 +44,16 @@ std::unique_ptr<Communicator> connect(uint16_t store_port, int world_rank, int n
     gloo.timeout_ms = 10000;
     leaders = std::make_unique<GlooCommunicator>(gloo);
   }
+  GlooCommunicatorOptions p2p;
+  p2p.store_port = store_port;
+  p2p.store_token = kToken;
+  p2p.group_name = "p2p";
+  p2p.rank = world_rank;
+  p2p.size = num_nodes * per_node;
+  p2p.timeout_ms = 10000;
   return std::make_unique<HierarchicalCommunicator>("world", std::make_unique<ShmCommunicator>(shm),
-                                                    std::move(leaders), num_nodes);
+                                                    std::move(leaders), num_nodes,
+                                                    std::make_unique<GlooCommunicator>(p2p));
 }
 
 class HierarchicalCommunicatorShapes : public ::testing::TestWithParam<std::tuple<int, int>> {};
@@ -60,6 +68,8 @@ TEST_P(HierarchicalCommunicatorShapes, EveryCollectiveMatchesElementByElement) {
     testing::require(comm->size() == num_nodes * per_node, "size {}", comm->size());
     testing::check_every_collective<float>(*comm, DType::kF32, {0, 1, 1003});
     testing::check_every_collective<int64_t>(*comm, DType::kI64, {5, 777});
+    // Around the ring, some neighbours share a node and some do not.
+    testing::check_point_to_point<float>(*comm, DType::kF32, {0, 1003, 100'000});
   });
   const auto codes = testing::reap_all(pids, std::chrono::seconds(30));
   for (size_t r = 0; r < codes.size(); ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;

@@ -35,6 +35,8 @@ using testing::reap_all;
 using testing::require;
 using testing::value_of;
 constexpr int64_t kTestSlotBytes = 4096;
+// Small rings, so large messages stream through them in many pieces.
+constexpr int64_t kTestMailboxBytes = 8192;
 
 std::string unique_segment_name() {
   static int counter = 0;
@@ -51,6 +53,7 @@ ShmCommunicatorOptions make_options(const std::string& name, int rank, int size,
   options.timeout_ms = timeout_ms;
   options.slot_bytes = kTestSlotBytes;
   options.shared_bytes = shared_bytes;
+  options.mailbox_bytes = kTestMailboxBytes;
   return options;
 }
 
@@ -72,6 +75,13 @@ TEST(ShmCommunicator, RejectsBadOptions) {
   ShmCommunicatorOptions tiny_slots = make_options(name, 0, 4, 100);
   tiny_slots.slot_bytes = 512;
   EXPECT_THROW(ShmCommunicator{tiny_slots}, Error);
+  ShmCommunicatorOptions odd_mailbox = make_options(unique_segment_name(), 0, 1, 100);
+  odd_mailbox.mailbox_bytes = 5000;
+  EXPECT_THROW(ShmCommunicator{odd_mailbox}, Error);
+  ShmCommunicator alone(make_options(unique_segment_name(), 0, 1, 100));
+  float value = 0;
+  EXPECT_THROW(alone.send(&value, 1, DType::kF32, 0, 0), Error);  // no peer but itself
+  EXPECT_THROW(alone.recv(&value, 1, DType::kF32, 1, 0), Error);
 }
 
 TEST(ShmCommunicator, SingleRankRunsEveryCollectiveInProcess) {
@@ -153,6 +163,30 @@ TEST_P(ShmCommunicatorRanks, SharedBuffersAreReducedAndGatheredInPlace) {
       },
       /*shared_bytes=*/64 * 1024);
   const auto codes = reap_all(pids, std::chrono::seconds(8));
+  for (int rank = 0; rank < size; ++rank) EXPECT_EQ(codes[rank], 0) << "rank " << rank;
+}
+
+TEST_P(ShmCommunicatorRanks, SendRecvMatchByPeerAndTagWithoutDeadlock) {
+  const int size = GetParam();
+  const auto pids = fork_ranks(size, 5000, [](ShmCommunicator& comm) {
+    // 30'000 floats is 15 rings' worth: the frames stream in pieces.
+    testing::check_point_to_point<float>(comm, DType::kF32, {0, 1, 1003, 30'000});
+    testing::check_point_to_point<int64_t>(comm, DType::kI64, {5, 777});
+    testing::check_point_to_point<double>(comm, DType::kF64, {100});
+    testing::check_point_to_point<int32_t>(comm, DType::kI32, {100});
+    // A message parked before its recv is posted: rank 0 sends, everyone
+    // syncs, and only then does rank 1 ask for it.
+    std::vector<float> data(5000, comm.rank() == 0 ? 2.5f : 0.0f);
+    if (comm.rank() == 0) comm.send(data.data(), data.size(), DType::kF32, 1, 9)->wait();
+    comm.barrier()->wait();
+    if (comm.rank() == 1) {
+      comm.recv(data.data(), data.size(), DType::kF32, 0, 9)->wait();
+      require(std::all_of(data.begin(), data.end(), [](float v) { return v == 2.5f; }),
+              "parked message corrupted");
+    }
+    comm.barrier()->wait();
+  });
+  const auto codes = reap_all(pids, std::chrono::seconds(30));
   for (int rank = 0; rank < size; ++rank) EXPECT_EQ(codes[rank], 0) << "rank " << rank;
 }
 
@@ -242,6 +276,72 @@ TEST(ShmCommunicator, StoppedPeerTimesOutNamingIt) {
   ::kill(pids[kStopped], SIGCONT);
   ::kill(pids[kStopped], SIGKILL);
   reap(pids[kStopped], Clock::now() + std::chrono::seconds(2));
+}
+
+TEST(ShmCommunicator, RecvFromStoppedPeerTimesOutNamingIt) {
+  constexpr int64_t kTimeoutMs = 500;
+  const auto pids = fork_ranks(2, kTimeoutMs, [](ShmCommunicator& comm) {
+    comm.barrier()->wait();
+    if (comm.rank() == 1) {
+      ::raise(SIGSTOP);
+      return;
+    }
+    std::vector<float> data(100);
+    const auto start = Clock::now();
+    try {
+      comm.recv(data.data(), data.size(), DType::kF32, 1, 0)->wait();
+      require(false, "recv from a stopped peer succeeded");
+    } catch (const CommError& e) {
+      const double elapsed_ms = ms_since(start);
+      require(elapsed_ms >= kTimeoutMs - 10 && elapsed_ms <= kTimeoutMs + 1000, "error after {} ms",
+              elapsed_ms);
+      require(e.peer_ranks() == std::vector<int>{1}, "blamed the wrong ranks: {}", e.what());
+      const std::string message = e.what();
+      for (const char* part : {"recv", "from rank 1", "group 'test'", "timed out"}) {
+        require(message.find(part) != std::string::npos, "'{}' not in: {}", part, message);
+      }
+    }
+    // A send larger than the ring cannot finish either once the peer's
+    // progress thread is frozen, and later sends fail at once.
+    std::vector<float> big(10 * kTestMailboxBytes);
+    try {
+      comm.send(big.data(), big.size(), DType::kF32, 1, 0)->wait();
+      require(false, "send to a broken mailbox succeeded");
+    } catch (const CommError& e) {
+      require(ms_since(start) < kTimeoutMs + 1000, "send failed after {} ms", ms_since(start));
+    }
+  });
+  EXPECT_EQ(reap(pids[0], Clock::now() + std::chrono::seconds(5)), 0);
+  ::kill(pids[1], SIGCONT);
+  ::kill(pids[1], SIGKILL);
+  reap(pids[1], Clock::now() + std::chrono::seconds(2));
+}
+
+TEST(ShmCommunicator, PeerKilledMidSendFailsTheRecv) {
+  constexpr int64_t kTimeoutMs = 2000;
+  const auto pids = fork_ranks(2, kTimeoutMs, [](ShmCommunicator& comm) {
+    std::vector<float> data(200'000, 1.0f);  // 100 rings' worth per message
+    const auto give_up = Clock::now() + std::chrono::seconds(10);
+    while (Clock::now() < give_up) {
+      if (comm.rank() == 1) {
+        comm.send(data.data(), data.size(), DType::kF32, 0, 1)->wait();
+        continue;
+      }
+      try {
+        comm.recv(data.data(), data.size(), DType::kF32, 1, 1)->wait();
+      } catch (const CommError& e) {
+        require(e.peer_ranks() == std::vector<int>{1}, "blamed the wrong ranks: {}", e.what());
+        require(std::string(e.what()).find("exited") != std::string::npos, "{}", e.what());
+        return;
+      }
+    }
+    require(false, "no error within 10 s");
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const auto killed_at = Clock::now();
+  ::kill(pids[1], SIGKILL);
+  EXPECT_EQ(reap(pids[1], Clock::now() + std::chrono::seconds(2)), 128 + SIGKILL);
+  EXPECT_EQ(reap(pids[0], killed_at + std::chrono::milliseconds(kTimeoutMs + 1000)), 0);
 }
 
 TEST(ShmCommunicator, PeerKilledMidCollectiveFailsTheOthers) {

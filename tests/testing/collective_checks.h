@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "brigade/comm/communicator.h"
@@ -83,6 +84,42 @@ void check_every_collective(Communicator& comm, DType dtype,
       require(broadcasted[i] == value_of<T>(root, i),
               "broadcast {} count {} root {}: element {} is {}, expected {}", dtype_name(dtype),
               count, root, i, broadcasted[i], value_of<T>(root, i));
+    }
+  }
+  comm.barrier()->wait();
+}
+
+// send/recv around the ring (to rank+1, from rank-1): every rank posts all
+// its sends before any recv (eager sends must not deadlock), two tags are
+// received in the opposite order to how they were sent, and two messages
+// share each tag (matched oldest first).
+template <typename T>
+void check_point_to_point(Communicator& comm, DType dtype, const std::vector<int64_t>& counts) {
+  const int rank = comm.rank();
+  const int size = comm.size();
+  if (size < 2) return;
+  const int next = (rank + 1) % size;
+  const int prev = (rank + size - 1) % size;
+  constexpr uint32_t kTags[4] = {7, 7, 3, 3};  // message k goes with tag kTags[k]
+  for (int64_t count : counts) {
+    std::vector<std::vector<T>> out(4, std::vector<T>(count));
+    std::vector<std::vector<T>> in(4, std::vector<T>(count, T{-55}));
+    for (int k = 0; k < 4; ++k) {
+      for (int64_t i = 0; i < count; ++i) out[k][i] = value_of<T>(rank * 4 + k, i);
+    }
+    std::vector<std::shared_ptr<Work>> works;
+    for (int k = 0; k < 4; ++k)
+      works.push_back(comm.send(out[k].data(), count, dtype, next, kTags[k]));
+    for (int k : {2, 3, 0, 1})
+      works.push_back(comm.recv(in[k].data(), count, dtype, prev, kTags[k]));
+    for (auto& work : works) work->wait();
+    for (int k = 0; k < 4; ++k) {
+      for (int64_t i = 0; i < count; ++i) {
+        require(in[k][i] == value_of<T>(prev * 4 + k, i),
+                "recv {} count {} message {} (tag {}) from rank {}: element {} is {}, expected {}",
+                dtype_name(dtype), count, k, kTags[k], prev, i, in[k][i],
+                value_of<T>(prev * 4 + k, i));
+      }
     }
   }
   comm.barrier()->wait();

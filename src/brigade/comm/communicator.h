@@ -148,6 +148,17 @@ class Communicator {
 
   // Done once every rank has called barrier() (and finished what it queued before).
   virtual std::shared_ptr<Work> barrier() = 0;
+
+  // Point-to-point, for pipeline stages. A recv takes the oldest message
+  // from `peer` with `tag` (MPI's matching rule); the counts must agree.
+  // Sends and recvs are eager and independent of the collectives: a send is
+  // done once its data has left the caller's buffer and never waits for the
+  // recv to be posted, so two ranks may both send first without deadlock.
+  // The timeout counts from the call.
+  virtual std::shared_ptr<Work> send(const void* data, int64_t count, DType dtype, int peer,
+                                     uint32_t tag) = 0;
+  virtual std::shared_ptr<Work> recv(void* data, int64_t count, DType dtype, int peer,
+                                     uint32_t tag) = 0;
 };
 
 }  // namespace brigade

@@ -19,10 +19,13 @@
 #include <cstddef>
 #include <cstring>
 #include <functional>
+#include <list>
+#include <mutex>
 #include <thread>
 #include <type_traits>
 #include <vector>
 
+#include "brigade/comm/flight_recorder.h"
 #include "brigade/comm/op_queue.h"
 #include "brigade/comm/tcp_store.h"
 #include "brigade/core/clock.h"
@@ -33,6 +36,7 @@ namespace {
 // Gloo's own collectives use slot prefixes 0x01..0x08 (gloo/types.h); ours
 // must not collide with them.
 constexpr uint8_t kReduceScatterSlotPrefix = 0x40;
+constexpr uint8_t kPointToPointSlotPrefix = 0x41;
 
 std::string rank_list(const std::vector<int>& ranks) {
   std::string out;
@@ -126,6 +130,12 @@ struct GlooCommunicator::Impl {
                   uint32_t tag);
   void broadcast(std::byte* data, int64_t count, DType dtype, int root, uint32_t tag);
   void barrier(uint32_t tag);
+  // send/recv: posted to Gloo at once (a send from a private copy, so it is
+  // eager), then waited for on a thread of their own, since waiting on them
+  // in any fixed order could deadlock a pipeline schedule.
+  std::shared_ptr<Work> point_to_point(bool is_send, const std::byte* data, int64_t bytes, int peer,
+                                       uint32_t tag, std::string what);
+  void reap_finished_waiters(bool all);
 
   GlooCommunicatorOptions options;
   int rank;
@@ -136,6 +146,15 @@ struct GlooCommunicator::Impl {
   std::shared_ptr<gloo::rendezvous::Context> context;
 
   std::unique_ptr<OpQueue> ops;
+
+  struct Waiter {
+    std::thread thread;
+    std::unique_ptr<gloo::transport::UnboundBuffer> buffer;
+    std::shared_ptr<Work> work;
+  };
+  std::mutex waiters_mutex;
+  std::list<Waiter> waiters;
+  uint64_t next_p2p_seq = 0;
 
   // Touched only by the communication thread once it runs.
   const OpQueue::Op* running = nullptr;
@@ -163,6 +182,7 @@ GlooCommunicator::Impl::Impl(GlooCommunicatorOptions opts)
 
 GlooCommunicator::Impl::~Impl() {
   ops.reset();  // finishes queued operations while the context is still up
+  reap_finished_waiters(true);
 }
 
 void GlooCommunicator::Impl::connect() {
@@ -371,6 +391,91 @@ void GlooCommunicator::Impl::barrier(uint32_t tag) {
   gloo::barrier(opts);
 }
 
+std::shared_ptr<Work> GlooCommunicator::Impl::point_to_point(bool is_send, const std::byte* data,
+                                                             int64_t bytes, int peer, uint32_t tag,
+                                                             std::string what) {
+  if (peer < 0 || peer >= size || peer == rank) {
+    throw_error("gloo {} on group '{}' (rank {} of {}): peer {} must be another rank of the group",
+                what, options.group_name, rank, size, peer);
+  }
+  reap_finished_waiters(false);
+  auto work = std::make_shared<Work>();
+  auto copy = is_send ? std::make_shared<std::vector<std::byte>>(data, data + bytes) : nullptr;
+  std::byte* target = is_send ? copy->data() : const_cast<std::byte*>(data);
+  // Gloo refuses null buffers; an empty message still needs its frame.
+  static std::byte empty_message;
+  if (bytes == 0) target = &empty_message;
+  std::lock_guard<std::mutex> lock(waiters_mutex);
+  const uint64_t record =
+      FlightRecorder::global().scheduled(options.group_name, next_p2p_seq++, "gloo " + what, bytes);
+  auto buffer = context->createUnboundBuffer(target, static_cast<size_t>(bytes));
+  const uint64_t slot = gloo::Slot::build(kPointToPointSlotPrefix, tag);
+  FlightRecorder::global().started(record);
+  if (is_send) {
+    buffer->send(peer, slot, 0, static_cast<size_t>(bytes));
+  } else {
+    buffer->recv(peer, slot, 0, static_cast<size_t>(bytes));
+  }
+  gloo::transport::UnboundBuffer* raw = buffer.get();
+  waiters.push_back(Waiter{{}, std::move(buffer), work});
+  waiters.back().thread =
+      std::thread([this, raw, is_send, peer, record, work, copy, what = std::move(what)] {
+        std::string failure;
+        try {
+          const auto timeout = std::chrono::milliseconds(options.timeout_ms);
+          const bool done = is_send ? raw->waitSend(timeout) : raw->waitRecv(timeout);
+          if (!done) failure = "aborted: the communicator was destroyed";
+        } catch (const std::exception& e) {
+          const std::string reason = e.what();
+          failure = reason.find("imeout") != std::string::npos ||
+                            reason.find("Timed out") != std::string::npos
+                        ? fmt::format("timed out after {} ms: peer rank {} did not {}: {}",
+                                      options.timeout_ms, peer,
+                                      is_send ? "take the data" : "send it", reason)
+                        : fmt::format("peer rank {}: {}", peer, reason);
+        }
+        if (failure.empty()) {
+          FlightRecorder::global().completed(record);
+          work->finish();
+          return;
+        }
+        CommError error(fmt::format("gloo {} on group '{}' (rank {} of {}) failed: {}", what,
+                                    options.group_name, rank, size, failure),
+                        {peer});
+        FlightRecorder::global().failed(record, error.what());
+        try {
+          FlightRecorder::global().dump_to_run_dir(rank);
+        } catch (const std::exception&) {
+          // The communication error is what the caller must see.
+        }
+        // An eager send's caller has moved on; its failure still shows in the
+        // flight recorder and in the peer's recv.
+        work->finish(std::make_exception_ptr(std::move(error)));
+      });
+  if (!is_send) return work;
+  // The data has left the caller's buffer: the send is done for the caller,
+  // while `work` tracks the transfer for the destructor.
+  auto sent = std::make_shared<Work>();
+  sent->finish();
+  return sent;
+}
+
+void GlooCommunicator::Impl::reap_finished_waiters(bool all) {
+  std::lock_guard<std::mutex> lock(waiters_mutex);
+  for (auto it = waiters.begin(); it != waiters.end();) {
+    if (all && !it->work->test()) {
+      it->buffer->abortWaitSend();
+      it->buffer->abortWaitRecv();
+    }
+    if (all || it->work->test()) {
+      it->thread.join();
+      it = waiters.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
 GlooCommunicator::GlooCommunicator(GlooCommunicatorOptions options)
     : impl_(std::make_unique<Impl>(std::move(options))) {
   impl_->connect();
@@ -447,6 +552,22 @@ std::shared_ptr<Work> GlooCommunicator::broadcast(void* data, int64_t count, DTy
       count * dtype_bytes(dtype), [impl = impl_.get(), bytes, count, dtype, root](uint32_t tag) {
         impl->broadcast(bytes, count, dtype, root, tag);
       });
+}
+
+std::shared_ptr<Work> GlooCommunicator::send(const void* data, int64_t count, DType dtype, int peer,
+                                             uint32_t tag) {
+  check_buffer(data, count, "send");
+  return impl_->point_to_point(
+      true, static_cast<const std::byte*>(data), count * dtype_bytes(dtype), peer, tag,
+      fmt::format("send(count {}, {}, to rank {}, tag {})", count, dtype_name(dtype), peer, tag));
+}
+
+std::shared_ptr<Work> GlooCommunicator::recv(void* data, int64_t count, DType dtype, int peer,
+                                             uint32_t tag) {
+  check_buffer(data, count, "recv");
+  return impl_->point_to_point(
+      false, static_cast<const std::byte*>(data), count * dtype_bytes(dtype), peer, tag,
+      fmt::format("recv(count {}, {}, from rank {}, tag {})", count, dtype_name(dtype), peer, tag));
 }
 
 std::shared_ptr<Work> GlooCommunicator::barrier() {

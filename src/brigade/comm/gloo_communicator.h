@@ -16,6 +16,11 @@
 // group size afterwards; every rank divides the same bits, so results stay
 // bit-identical across ranks.
 //
+// send/recv use Gloo's unbound buffers on their own slots, outside the
+// operation queue: a send is copied and posted at once (eager), and each is
+// waited for on its own thread, since pipeline schedules post them in orders
+// that a single waiting thread could deadlock on.
+//
 // Failures. Each Gloo wait is bounded by timeout_ms. When an operation fails
 // (timeout, a peer's socket closed, any Gloo error) this rank closes all its
 // connections, so peers blocked on it fail at once instead of waiting out
@@ -84,6 +89,10 @@ class GlooCommunicator final : public Communicator {
                                    DType dtype) override;
   std::shared_ptr<Work> broadcast(void* data, int64_t count, DType dtype, int root) override;
   std::shared_ptr<Work> barrier() override;
+  std::shared_ptr<Work> send(const void* data, int64_t count, DType dtype, int peer,
+                             uint32_t tag) override;
+  std::shared_ptr<Work> recv(void* data, int64_t count, DType dtype, int peer,
+                             uint32_t tag) override;
 
  private:
   struct Impl;

@@ -35,10 +35,12 @@ void divide_by(std::byte* data, int64_t count, DType dtype, int divisor) {
 HierarchicalCommunicator::HierarchicalCommunicator(std::string group_name,
                                                    std::unique_ptr<Communicator> node,
                                                    std::unique_ptr<Communicator> leaders,
-                                                   int num_nodes)
+                                                   int num_nodes,
+                                                   std::unique_ptr<Communicator> cross_node)
     : group_name_(std::move(group_name)),
       node_(std::move(node)),
       leaders_(std::move(leaders)),
+      cross_node_(std::move(cross_node)),
       num_nodes_(num_nodes) {
   BRIGADE_CHECK(node_ != nullptr);
   BRIGADE_CHECK((node_->rank() == 0) == (leaders_ != nullptr),
@@ -61,6 +63,9 @@ HierarchicalCommunicator::HierarchicalCommunicator(std::string group_name,
         }
       });
   ops_->start();
+  BRIGADE_CHECK(
+      cross_node_ == nullptr || (cross_node_->size() == size() && cross_node_->rank() == rank()),
+      "the cross-node group numbers ranks like this one");
 }
 
 HierarchicalCommunicator::~HierarchicalCommunicator() {
@@ -153,6 +158,35 @@ std::shared_ptr<Work> HierarchicalCommunicator::barrier() {
     if (leader()) leaders_->barrier()->wait();
     node_->barrier()->wait();
   });
+}
+
+std::pair<Communicator*, int> HierarchicalCommunicator::route(int peer, const char* what) {
+  if (peer < 0 || peer >= size() || peer == rank()) {
+    throw_error(
+        "hierarchical {} on group '{}' (rank {} of {}): peer {} must be another rank of "
+        "the group",
+        what, group_name_, rank(), size(), peer);
+  }
+  if (peer / node_->size() == node_index()) return {node_.get(), peer % node_->size()};
+  if (cross_node_ == nullptr) {
+    throw_error(
+        "hierarchical {} on group '{}': rank {} is on another node and this group was "
+        "built without a cross-node group for point-to-point",
+        what, group_name_, peer);
+  }
+  return {cross_node_.get(), peer};
+}
+
+std::shared_ptr<Work> HierarchicalCommunicator::send(const void* data, int64_t count, DType dtype,
+                                                     int peer, uint32_t tag) {
+  const auto [group, group_peer] = route(peer, "send");
+  return group->send(data, count, dtype, group_peer, tag);
+}
+
+std::shared_ptr<Work> HierarchicalCommunicator::recv(void* data, int64_t count, DType dtype,
+                                                     int peer, uint32_t tag) {
+  const auto [group, group_peer] = route(peer, "recv");
+  return group->recv(data, count, dtype, group_peer, tag);
 }
 
 }  // namespace brigade

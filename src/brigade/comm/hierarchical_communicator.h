@@ -14,6 +14,8 @@
 //                   moves the whole buffer; fine until ZeRO across nodes
 //                   needs better)
 //   barrier:     node barrier -> leaders barrier -> node barrier
+//   send/recv:   to a rank on this node through the node group; to another
+//                node through `cross_node`, a flat world-wide group (Gloo)
 //
 // avg is the sum divided by the world size once at the end, so it is exact
 // for sums that are.
@@ -21,6 +23,7 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "brigade/comm/communicator.h"
 
@@ -32,9 +35,11 @@ class HierarchicalCommunicator final : public Communicator {
  public:
   // node: this node's ranks (size ranks_per_node, rank = local rank).
   // leaders: the leaders' group (rank = node index), non-null exactly on
-  // local rank 0.
+  // local rank 0. cross_node: a group of every rank (same rank numbers as
+  // this one) for send/recv between nodes; null if none is needed.
   HierarchicalCommunicator(std::string group_name, std::unique_ptr<Communicator> node,
-                           std::unique_ptr<Communicator> leaders, int num_nodes);
+                           std::unique_ptr<Communicator> leaders, int num_nodes,
+                           std::unique_ptr<Communicator> cross_node = nullptr);
   ~HierarchicalCommunicator() override;
 
   int rank() const override;
@@ -49,8 +54,15 @@ class HierarchicalCommunicator final : public Communicator {
                                    DType dtype) override;
   std::shared_ptr<Work> broadcast(void* data, int64_t count, DType dtype, int root) override;
   std::shared_ptr<Work> barrier() override;
+  std::shared_ptr<Work> send(const void* data, int64_t count, DType dtype, int peer,
+                             uint32_t tag) override;
+  std::shared_ptr<Work> recv(void* data, int64_t count, DType dtype, int peer,
+                             uint32_t tag) override;
 
  private:
+  // The group that carries point-to-point traffic to `peer`, and the peer's
+  // rank in it.
+  std::pair<Communicator*, int> route(int peer, const char* what);
   bool leader() const { return leaders_ != nullptr; }
   int node_index() const;
   void run_all_reduce(std::byte* data, int64_t count, DType dtype, ReduceOp op);
@@ -58,6 +70,7 @@ class HierarchicalCommunicator final : public Communicator {
   std::string group_name_;
   std::unique_ptr<Communicator> node_;
   std::unique_ptr<Communicator> leaders_;
+  std::unique_ptr<Communicator> cross_node_;
   int num_nodes_;
   int leader_node_ = 0;  // set from leaders_ on local rank 0, from node 0 otherwise
   std::unique_ptr<OpQueue> ops_;

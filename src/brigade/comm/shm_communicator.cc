@@ -18,15 +18,19 @@
 #include <vector>
 
 #include "brigade/comm/op_queue.h"
+#include "brigade/comm/shm_mailbox.h"
+#include "brigade/comm/shm_primitives.h"
 #include "brigade/core/clock.h"
 
 namespace brigade {
 namespace {
 
 constexpr uint64_t kMagic = 0x316d6873'67697262;  // "brigshm1"
-// Two cache lines: x86 prefetches lines in pairs, so ranks' control words
-// and share boundaries are kept 128 bytes apart to avoid false sharing.
-constexpr int64_t kLineBytes = 128;
+using shm::AtomicU64;
+using shm::cpu_relax;
+using shm::kLineBytes;
+using shm::process_exists;
+
 constexpr int64_t kSlotAlignBytes = 4096;
 // Waiting: this many pause instructions (a few microseconds), then yield the
 // core for up to kYieldNs, then nap kNapNs at a time. Latency-critical small
@@ -53,31 +57,14 @@ struct alignas(kLineBytes) RankControl {
   uint64_t shared_offset;
 };
 
-// The segment is zero-filled by ftruncate, and plain uint64_t fields accessed
-// through atomic_ref need no construction, whichever process maps them first.
-using AtomicU64 = std::atomic_ref<uint64_t>;
-static_assert(AtomicU64::is_always_lock_free, "shared-memory atomics must be lock-free");
-
 int64_t round_up(int64_t value, int64_t multiple) {
   return (value + multiple - 1) / multiple * multiple;
-}
-
-inline void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
 }
 
 std::string rank_list(const std::vector<int>& ranks) {
   std::string out;
   for (int r : ranks) out += (out.empty() ? "" : ", ") + std::to_string(r);
   return out;
-}
-
-bool process_exists(uint64_t pid) {
-  return pid == 0 || ::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH;
 }
 
 // The elements [begin, end) of an n-element chunk that `owner` reduces: an
@@ -181,12 +168,14 @@ struct ShmCommunicator::Impl {
   int64_t controls_offset;
   int64_t slots_offset;
   int64_t shared_offset;
+  int64_t mailbox_offset;
   int64_t total_bytes;
   int fd = -1;
   std::byte* base = nullptr;
   bool linked = false;  // rank 0 created the name and has not unlinked it yet
 
   std::unique_ptr<OpQueue> ops;
+  std::unique_ptr<ShmMailboxes> mailboxes;  // null when options.mailbox_bytes is 0
 
   // Touched only by the communication thread once it runs.
   uint64_t phase = 0;
@@ -223,11 +212,16 @@ ShmCommunicator::Impl::Impl(ShmCommunicatorOptions opts)
   controls_offset = round_up(sizeof(Header), kLineBytes);
   slots_offset = round_up(controls_offset + size * int64_t{sizeof(RankControl)}, kSlotAlignBytes);
   shared_offset = slots_offset + size * options.slot_bytes;
-  total_bytes = shared_offset + size * options.shared_bytes;
+  mailbox_offset = shared_offset + size * options.shared_bytes;
+  total_bytes =
+      mailbox_offset +
+      (options.mailbox_bytes > 0 ? ShmMailboxes::region_bytes(size, options.mailbox_bytes) : 0);
 }
 
 ShmCommunicator::Impl::~Impl() {
-  ops.reset();  // finishes queued operations while the segment is still mapped
+  // Both finish or fail what is queued while the segment is still mapped.
+  mailboxes.reset();
+  ops.reset();
   if (base != nullptr) ::munmap(base, total_bytes);
   if (fd >= 0) ::close(fd);
   if (linked) ::shm_unlink(options.segment_name.c_str());
@@ -294,7 +288,7 @@ void ShmCommunicator::Impl::attach() {
       if (st.st_size != total_bytes) {
         throw_error(
             "shm segment {} has {} bytes but rank {} expects {}: the ranks disagree on "
-            "group size, slot_bytes or shared_bytes",
+            "group size, slot_bytes, shared_bytes or mailbox_bytes",
             name, st.st_size, rank, total_bytes);
       }
       map_segment();
@@ -589,6 +583,12 @@ ShmCommunicator::ShmCommunicator(ShmCommunicatorOptions options)
                                           return impl->describe_failure(op, std::move(e));
                                         });
   impl->ops->start();
+  if (impl->options.mailbox_bytes > 0) {
+    impl->mailboxes = std::make_unique<ShmMailboxes>(
+        impl->options.group_name, impl->rank, impl->size, impl->options.timeout_ms,
+        impl->base + impl->mailbox_offset, impl->options.mailbox_bytes,
+        [impl](int r) { return AtomicU64(impl->control(r).pid).load(std::memory_order_acquire); });
+  }
 }
 
 ShmCommunicator::~ShmCommunicator() = default;
@@ -671,6 +671,30 @@ std::shared_ptr<Work> ShmCommunicator::broadcast(void* data, int64_t count, DTyp
 
 void* ShmCommunicator::shared_buffer() {
   return impl_->options.shared_bytes > 0 ? impl_->shared_region(impl_->rank) : nullptr;
+}
+
+std::shared_ptr<Work> ShmCommunicator::send(const void* data, int64_t count, DType dtype, int peer,
+                                            uint32_t tag) {
+  check_buffer(data, count, "send");
+  if (!impl_->mailboxes) {
+    throw_error("shm send on group '{}': point-to-point is off (mailbox_bytes is 0)",
+                impl_->options.group_name);
+  }
+  return impl_->mailboxes->send(
+      static_cast<const std::byte*>(data), count * dtype_bytes(dtype), peer, tag,
+      fmt::format("send(count {}, {}, to rank {}, tag {})", count, dtype_name(dtype), peer, tag));
+}
+
+std::shared_ptr<Work> ShmCommunicator::recv(void* data, int64_t count, DType dtype, int peer,
+                                            uint32_t tag) {
+  check_buffer(data, count, "recv");
+  if (!impl_->mailboxes) {
+    throw_error("shm recv on group '{}': point-to-point is off (mailbox_bytes is 0)",
+                impl_->options.group_name);
+  }
+  return impl_->mailboxes->recv(
+      static_cast<std::byte*>(data), count * dtype_bytes(dtype), peer, tag,
+      fmt::format("recv(count {}, {}, from rank {}, tag {})", count, dtype_name(dtype), peer, tag));
 }
 
 std::shared_ptr<Work> ShmCommunicator::barrier() {

@@ -25,6 +25,9 @@
 // counters are behind are exactly the ones a timeout names. While waiting it
 // also notices a peer process that no longer exists and fails at once.
 //
+// send/recv go through per-pair rings in the same segment, driven by their
+// own progress thread (shm_mailbox.h).
+//
 // Rendezvous: rank 0 creates the segment under the caller's name (it removes
 // a leftover of that name first), the others open it by name, retrying until
 // timeout_ms. Once every rank has attached, rank 0 unlinks the name, so
@@ -57,6 +60,10 @@ struct ShmCommunicatorOptions {
   // gathered in place, each rank reading its peers' buffers directly, with no
   // copy in or out. A multiple of 4096; 0 for none.
   int64_t shared_bytes = 0;
+  // Bytes of each (sender, receiver) ring for send/recv (see shm_mailbox.h):
+  // a power of two >= 4096, or 0 to turn point-to-point off. Larger
+  // messages stream through; the ring only bounds how far a sender runs ahead.
+  int64_t mailbox_bytes = 1 << 20;
 };
 
 class ShmCommunicator final : public Communicator {
@@ -82,6 +89,10 @@ class ShmCommunicator final : public Communicator {
                                    DType dtype) override;
   std::shared_ptr<Work> broadcast(void* data, int64_t count, DType dtype, int root) override;
   std::shared_ptr<Work> barrier() override;
+  std::shared_ptr<Work> send(const void* data, int64_t count, DType dtype, int peer,
+                             uint32_t tag) override;
+  std::shared_ptr<Work> recv(void* data, int64_t count, DType dtype, int peer,
+                             uint32_t tag) override;
 
   // This rank's region of options.shared_bytes inside the segment, which
   // every peer can read. all_reduce on data inside it, reduce_scatter with

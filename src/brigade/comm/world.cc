@@ -149,11 +149,13 @@ std::unique_ptr<Communicator> connect_world(const std::string& backend, int64_t 
   if (world.local_rank == 0) {
     leaders = connect_gloo(world, "world.leaders", node, num_nodes, timeout_ms);
   }
+  auto node_group = connect_shm(world, fmt::format("world.node{}", node), world.local_rank,
+                                world.local_world_size, timeout_ms, shm_shared_bytes);
+  // Pipeline neighbours on different nodes talk directly, not through leaders.
+  auto cross_node =
+      connect_gloo(world, "world.p2p", world.world_rank, world.world_size, timeout_ms);
   return std::make_unique<HierarchicalCommunicator>(
-      "world",
-      connect_shm(world, fmt::format("world.node{}", node), world.local_rank,
-                  world.local_world_size, timeout_ms, shm_shared_bytes),
-      std::move(leaders), num_nodes);
+      "world", std::move(node_group), std::move(leaders), num_nodes, std::move(cross_node));
 }
 
 }  // namespace brigade

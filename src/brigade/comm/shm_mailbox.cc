@@ -1,0 +1,490 @@
+#include "brigade/comm/shm_mailbox.h"
+
+#include <sched.h>
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <list>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "brigade/comm/flight_recorder.h"
+#include "brigade/comm/shm_primitives.h"
+#include "brigade/core/clock.h"
+
+namespace brigade {
+namespace {
+
+using shm::AtomicU64;
+using shm::kLineBytes;
+
+struct FrameHeader {
+  uint64_t tag;
+  uint64_t bytes;
+};
+constexpr int64_t kFrameHeaderBytes = sizeof(FrameHeader);
+constexpr int64_t kRingControlBytes = 2 * kLineBytes;  // head line, tail line
+
+// With operations pending: spin, then yield, then nap. Idle, the thread only
+// looks for arriving messages every kIdlePoll, so an early sender's frames
+// are drained (never blocking it for long) at almost no cost.
+constexpr int kSpinIterations = 2000;
+constexpr int64_t kYieldNs = 1'000'000;
+constexpr auto kNap = std::chrono::microseconds(50);
+constexpr auto kIdlePoll = std::chrono::milliseconds(1);
+constexpr int64_t kLivenessCheckNs = 20'000'000;
+
+// One ring: the byte stream from one sender to one receiver.
+struct Ring {
+  uint64_t* head;  // bytes ever written; stored by the sender (release)
+  uint64_t* tail;  // bytes ever consumed; stored by the receiver (release)
+  std::byte* data;
+  int64_t capacity;
+
+  // Copies n bytes to/from stream position `position`, wrapping around.
+  void write(uint64_t position, const std::byte* from, int64_t n) const {
+    const int64_t offset = static_cast<int64_t>(position % capacity);
+    const int64_t first = std::min(n, capacity - offset);
+    std::memcpy(data + offset, from, first);
+    std::memcpy(data, from + first, n - first);
+  }
+  void read(uint64_t position, std::byte* to, int64_t n) const {
+    const int64_t offset = static_cast<int64_t>(position % capacity);
+    const int64_t first = std::min(n, capacity - offset);
+    std::memcpy(to, data + offset, first);
+    std::memcpy(to + first, data, n - first);
+  }
+};
+
+// A send or recv from the caller until its Work is finished.
+struct Pending {
+  bool is_send = false;
+  std::byte* data = nullptr;
+  int64_t bytes = 0;
+  int peer = 0;
+  uint32_t tag = 0;
+  std::string what;
+  uint64_t record_id = 0;
+  int64_t deadline_ns = 0;
+  std::shared_ptr<Work> work;
+  int64_t moved = 0;  // sends: stream bytes written, frame header included
+};
+
+// A message that arrived before its recv was posted.
+struct Unexpected {
+  int src = 0;
+  uint32_t tag = 0;
+  std::vector<std::byte> data;
+  int64_t received = 0;
+  bool complete() const { return received == static_cast<int64_t>(data.size()); }
+};
+
+// The frame a receiver is in the middle of, per sender.
+struct Incoming {
+  bool active = false;
+  int64_t bytes = 0;
+  int64_t received = 0;
+  std::shared_ptr<Pending> recv;           // the matched recv, or
+  std::shared_ptr<Unexpected> unexpected;  // where it is parked
+};
+
+std::string rank_or_none(uint64_t pid) {
+  return pid == 0 ? "not attached" : fmt::format("pid {}", pid);
+}
+
+}  // namespace
+
+struct ShmMailboxes::Impl {
+  Impl(std::string group_name, int rank, int size, int64_t timeout_ms, std::byte* region,
+       int64_t ring_bytes, std::function<uint64_t(int)> peer_pid);
+
+  Ring ring(int src, int dst) const {
+    std::byte* base =
+        region + (static_cast<int64_t>(src) * size + dst) * (kRingControlBytes + ring_bytes);
+    return Ring{reinterpret_cast<uint64_t*>(base), reinterpret_cast<uint64_t*>(base + kLineBytes),
+                base + kRingControlBytes, ring_bytes};
+  }
+
+  std::shared_ptr<Work> post(bool is_send, std::byte* data, int64_t bytes, int peer, uint32_t tag,
+                             std::string what);
+  void run();
+  // One pass over everything; returns whether anything moved.
+  bool progress();
+  bool progress_sends(int dst);
+  bool drain(int src);
+  void accept_posted();
+  void match_recv(const std::shared_ptr<Pending>& recv);
+  void deliver(Pending& recv, const std::byte* from);
+  void complete(Pending& op);
+  void check_deadlines();
+  [[noreturn]] void fail(const Pending& op, const std::string& reason);
+  void fail_everything(const std::string& reason, std::vector<int> peers);
+
+  const std::string group_name;
+  const int rank;
+  const int size;
+  const int64_t timeout_ms;
+  std::byte* const region;
+  const int64_t ring_bytes;
+  const std::function<uint64_t(int)> peer_pid;
+
+  std::mutex mutex;
+  std::condition_variable posted_cv;
+  std::vector<std::shared_ptr<Pending>> posted;  // handed over by callers
+  uint64_t next_seq = 0;
+  bool stopping = false;
+  std::thread thread;
+
+  // Touched only by the progress thread.
+  std::vector<std::deque<std::shared_ptr<Pending>>> sends;  // per destination, in order
+  std::list<std::shared_ptr<Pending>> recvs;                // posted, not yet matched
+  std::list<std::shared_ptr<Unexpected>> unexpected;        // arrival order
+  std::vector<Incoming> incoming;                           // per source
+  std::vector<uint64_t> head;                               // my write position per destination
+  std::vector<uint64_t> tail;                               // my read position per source
+  std::string broken;
+  std::vector<int> broken_peers;
+  int64_t next_liveness_ns = 0;
+};
+
+ShmMailboxes::Impl::Impl(std::string group, int rank_, int size_, int64_t timeout, std::byte* base,
+                         int64_t ring, std::function<uint64_t(int)> pid)
+    : group_name(std::move(group)),
+      rank(rank_),
+      size(size_),
+      timeout_ms(timeout),
+      region(base),
+      ring_bytes(ring),
+      peer_pid(std::move(pid)),
+      sends(size_),
+      incoming(size_),
+      head(size_, 0),
+      tail(size_, 0) {}
+
+int64_t ShmMailboxes::region_bytes(int size, int64_t ring_bytes) {
+  return static_cast<int64_t>(size) * size * (kRingControlBytes + ring_bytes);
+}
+
+ShmMailboxes::ShmMailboxes(std::string group_name, int rank, int size, int64_t timeout_ms,
+                           std::byte* region, int64_t ring_bytes,
+                           std::function<uint64_t(int)> peer_pid) {
+  if (ring_bytes < 4096 || (ring_bytes & (ring_bytes - 1)) != 0) {
+    throw_error("shm group '{}': mailbox ring of {} bytes must be a power of two >= 4096",
+                group_name, ring_bytes);
+  }
+  impl_ = std::make_unique<Impl>(std::move(group_name), rank, size, timeout_ms, region, ring_bytes,
+                                 std::move(peer_pid));
+  impl_->thread = std::thread([impl = impl_.get()] { impl->run(); });
+}
+
+ShmMailboxes::~ShmMailboxes() {
+  {
+    std::lock_guard<std::mutex> lock(impl_->mutex);
+    impl_->stopping = true;
+  }
+  impl_->posted_cv.notify_all();
+  impl_->thread.join();
+}
+
+std::shared_ptr<Work> ShmMailboxes::send(const std::byte* data, int64_t bytes, int peer,
+                                         uint32_t tag, std::string what) {
+  return impl_->post(true, const_cast<std::byte*>(data), bytes, peer, tag, std::move(what));
+}
+
+std::shared_ptr<Work> ShmMailboxes::recv(std::byte* data, int64_t bytes, int peer, uint32_t tag,
+                                         std::string what) {
+  return impl_->post(false, data, bytes, peer, tag, std::move(what));
+}
+
+std::shared_ptr<Work> ShmMailboxes::Impl::post(bool is_send, std::byte* data, int64_t bytes,
+                                               int peer, uint32_t tag, std::string what) {
+  if (peer < 0 || peer >= size || peer == rank) {
+    throw_error("shm {} on group '{}' (rank {} of {}): peer {} must be another rank of the group",
+                what, group_name, rank, size, peer);
+  }
+  auto op = std::make_shared<Pending>();
+  op->is_send = is_send;
+  op->data = data;
+  op->bytes = bytes;
+  op->peer = peer;
+  op->tag = tag;
+  op->what = std::move(what);
+  op->deadline_ns = now_ns() + timeout_ms * 1'000'000;
+  op->work = std::make_shared<Work>();
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    op->record_id =
+        FlightRecorder::global().scheduled(group_name, next_seq++, "shm " + op->what, bytes);
+    posted.push_back(op);
+  }
+  posted_cv.notify_one();
+  return op->work;
+}
+
+void ShmMailboxes::Impl::run() {
+  int idle_spins = 0;
+  int64_t idle_since_ns = 0;
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lock(mutex);
+      const bool busy =
+          !recvs.empty() || !posted.empty() ||
+          std::any_of(sends.begin(), sends.end(), [](auto& q) { return !q.empty(); }) ||
+          std::any_of(incoming.begin(), incoming.end(), [](auto& f) { return f.active; });
+      if (!busy && !stopping) posted_cv.wait_for(lock, kIdlePoll);
+      if (stopping) break;
+    }
+    bool moved = false;
+    try {
+      accept_posted();
+      moved = progress();
+      check_deadlines();
+    } catch (const CommError& e) {
+      fail_everything(e.what(), e.peer_ranks());
+    }
+    if (moved) {
+      idle_spins = 0;
+      idle_since_ns = 0;
+    } else if (idle_spins < kSpinIterations) {
+      ++idle_spins;
+      shm::cpu_relax();
+    } else {
+      const int64_t now = now_ns();
+      if (idle_since_ns == 0) idle_since_ns = now;
+      if (now - idle_since_ns < kYieldNs) {
+        ::sched_yield();
+      } else {
+        std::this_thread::sleep_for(kNap);
+      }
+    }
+  }
+  fail_everything(fmt::format("the communicator of group '{}' was destroyed", group_name), {});
+}
+
+void ShmMailboxes::Impl::accept_posted() {
+  std::vector<std::shared_ptr<Pending>> taken;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    taken.swap(posted);
+  }
+  for (auto& op : taken) {
+    if (!broken.empty()) {
+      FlightRecorder::global().failed(op->record_id, "not run: the mailboxes failed earlier");
+      op->work->finish(std::make_exception_ptr(CommError(
+          fmt::format("shm {} on group '{}' (rank {} of {}) not run: point-to-point failed "
+                      "earlier: {}",
+                      op->what, group_name, rank, size, broken),
+          broken_peers)));
+      continue;
+    }
+    FlightRecorder::global().started(op->record_id);
+    if (op->is_send) {
+      sends[op->peer].push_back(op);
+    } else {
+      match_recv(op);
+    }
+  }
+}
+
+bool ShmMailboxes::Impl::progress() {
+  bool moved = false;
+  for (int peer = 0; peer < size; ++peer) {
+    if (peer == rank) continue;
+    moved |= progress_sends(peer);
+    moved |= drain(peer);
+  }
+  return moved;
+}
+
+bool ShmMailboxes::Impl::progress_sends(int dst) {
+  const Ring out = ring(rank, dst);
+  bool moved = false;
+  while (!sends[dst].empty()) {
+    Pending& op = *sends[dst].front();
+    const uint64_t consumed = AtomicU64(*out.tail).load(std::memory_order_acquire);
+    int64_t space = ring_bytes - static_cast<int64_t>(head[dst] - consumed);
+    if (op.moved < kFrameHeaderBytes) {
+      // The header goes in whole, so the receiver never sees half of one.
+      if (space < kFrameHeaderBytes) break;
+      const FrameHeader frame{op.tag, static_cast<uint64_t>(op.bytes)};
+      out.write(head[dst], reinterpret_cast<const std::byte*>(&frame), kFrameHeaderBytes);
+      head[dst] += kFrameHeaderBytes;
+      op.moved = kFrameHeaderBytes;
+      space -= kFrameHeaderBytes;
+      moved = true;
+    }
+    const int64_t sent = op.moved - kFrameHeaderBytes;
+    const int64_t n = std::min(space, op.bytes - sent);
+    if (n > 0) {
+      out.write(head[dst], op.data + sent, n);
+      head[dst] += n;
+      op.moved += n;
+      moved = true;
+    }
+    AtomicU64(*out.head).store(head[dst], std::memory_order_release);
+    if (op.moved < kFrameHeaderBytes + op.bytes) break;  // the ring is full
+    complete(op);
+    sends[dst].pop_front();
+  }
+  return moved;
+}
+
+bool ShmMailboxes::Impl::drain(int src) {
+  const Ring in = ring(src, rank);
+  Incoming& frame = incoming[src];
+  bool moved = false;
+  for (;;) {
+    const uint64_t written = AtomicU64(*in.head).load(std::memory_order_acquire);
+    const int64_t available = static_cast<int64_t>(written - tail[src]);
+    if (!frame.active) {
+      if (available < kFrameHeaderBytes) break;
+      FrameHeader header{};
+      in.read(tail[src], reinterpret_cast<std::byte*>(&header), kFrameHeaderBytes);
+      tail[src] += kFrameHeaderBytes;
+      frame = Incoming{true, static_cast<int64_t>(header.bytes), 0, nullptr, nullptr};
+      const auto tag = static_cast<uint32_t>(header.tag);
+      // Older parked messages of this (src, tag) come first, so a recv only
+      // takes a frame straight off the ring when none are parked.
+      const bool parked = std::any_of(unexpected.begin(), unexpected.end(),
+                                      [&](auto& u) { return u->src == src && u->tag == tag; });
+      auto recv = parked ? recvs.end() : std::find_if(recvs.begin(), recvs.end(), [&](auto& r) {
+        return r->peer == src && r->tag == tag;
+      });
+      if (recv != recvs.end()) {
+        frame.recv = *recv;
+        recvs.erase(recv);
+        if (frame.recv->bytes != frame.bytes) {
+          fail(*frame.recv,
+               fmt::format("rank {} sent a message of {} bytes with this tag", src, frame.bytes));
+        }
+      } else {
+        frame.unexpected = std::make_shared<Unexpected>();
+        frame.unexpected->src = src;
+        frame.unexpected->tag = tag;
+        frame.unexpected->data.resize(static_cast<size_t>(frame.bytes));
+        unexpected.push_back(frame.unexpected);
+      }
+      moved = true;
+      continue;
+    }
+    const int64_t n = std::min(available, frame.bytes - frame.received);
+    if (n > 0) {
+      std::byte* to = frame.recv ? frame.recv->data : frame.unexpected->data.data();
+      in.read(tail[src], to + frame.received, n);
+      tail[src] += n;
+      frame.received += n;
+      AtomicU64(*in.tail).store(tail[src], std::memory_order_release);
+      moved = true;
+    }
+    if (frame.received < frame.bytes) break;
+    if (frame.recv) {
+      complete(*frame.recv);
+    } else {
+      frame.unexpected->received = frame.bytes;
+      // A recv posted while this message was still arriving waits for it.
+      auto recv = std::find_if(recvs.begin(), recvs.end(), [&](auto& r) {
+        return r->peer == src && r->tag == frame.unexpected->tag;
+      });
+      if (recv != recvs.end()) {
+        auto waiting = *recv;
+        recvs.erase(recv);
+        match_recv(waiting);
+      }
+    }
+    frame = Incoming{};
+  }
+  return moved;
+}
+
+void ShmMailboxes::Impl::match_recv(const std::shared_ptr<Pending>& recv) {
+  auto message = std::find_if(unexpected.begin(), unexpected.end(),
+                              [&](auto& u) { return u->src == recv->peer && u->tag == recv->tag; });
+  if (message == unexpected.end() || !(*message)->complete()) {
+    recvs.push_back(recv);  // matched when its message arrives
+    return;
+  }
+  if (static_cast<int64_t>((*message)->data.size()) != recv->bytes) {
+    fail(*recv, fmt::format("rank {} sent a message of {} bytes with this tag", recv->peer,
+                            (*message)->data.size()));
+  }
+  std::memcpy(recv->data, (*message)->data.data(), static_cast<size_t>(recv->bytes));
+  unexpected.erase(message);
+  complete(*recv);
+}
+
+void ShmMailboxes::Impl::complete(Pending& op) {
+  FlightRecorder::global().completed(op.record_id);
+  op.work->finish();
+}
+
+void ShmMailboxes::Impl::check_deadlines() {
+  const int64_t now = now_ns();
+  const bool check_liveness = now >= next_liveness_ns;
+  if (check_liveness) next_liveness_ns = now + kLivenessCheckNs;
+  auto check = [&](const Pending& op) {
+    if (now > op.deadline_ns) {
+      fail(op, fmt::format("timed out after {} ms: peer rank {} did not {} (stopped, hung, or "
+                           "not calling the matching {})",
+                           timeout_ms, op.peer, op.is_send ? "take the data" : "send it",
+                           op.is_send ? "recv" : "send"));
+    }
+    if (check_liveness && !shm::process_exists(peer_pid(op.peer))) {
+      fail(op,
+           fmt::format("peer rank {} ({}) has exited", op.peer, rank_or_none(peer_pid(op.peer))));
+    }
+  };
+  for (const auto& queue : sends) {
+    for (const auto& op : queue) check(*op);
+  }
+  for (const auto& op : recvs) check(*op);
+  for (const Incoming& frame : incoming) {
+    if (frame.recv) check(*frame.recv);
+  }
+}
+
+void ShmMailboxes::Impl::fail(const Pending& op, const std::string& reason) {
+  throw CommError(fmt::format("shm {} on group '{}' (rank {} of {}) failed: {}", op.what,
+                              group_name, rank, size, reason),
+                  {op.peer});
+}
+
+void ShmMailboxes::Impl::fail_everything(const std::string& reason, std::vector<int> peers) {
+  const bool first = broken.empty();
+  if (first) {
+    broken = reason;
+    broken_peers = peers;
+  }
+  std::vector<std::shared_ptr<Pending>> failing;
+  for (auto& queue : sends) {
+    failing.insert(failing.end(), queue.begin(), queue.end());
+    queue.clear();
+  }
+  failing.insert(failing.end(), recvs.begin(), recvs.end());
+  recvs.clear();
+  for (Incoming& frame : incoming) {
+    if (frame.recv) failing.push_back(frame.recv);
+    frame = Incoming{};
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    failing.insert(failing.end(), posted.begin(), posted.end());
+    posted.clear();
+  }
+  for (auto& op : failing) {
+    FlightRecorder::global().failed(op->record_id, reason);
+    op->work->finish(std::make_exception_ptr(CommError(reason, peers)));
+  }
+  if (first && !peers.empty()) {
+    try {
+      FlightRecorder::global().dump_to_run_dir(rank);
+    } catch (const std::exception&) {
+      // The communication error is what callers must see.
+    }
+  }
+}
+
+}  // namespace brigade

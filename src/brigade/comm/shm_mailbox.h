@@ -1,0 +1,67 @@
+// Point-to-point messages between the ranks of one shared-memory group: the
+// send/recv of ShmCommunicator, which pipeline schedules use to pass
+// activations and their gradients between neighbouring stages.
+//
+// Every ordered pair (src, dst) owns a ring in the segment, a byte stream of
+// frames [tag, byte count][payload]:
+//
+//   [head: bytes written, by src][tail: bytes consumed, by dst][data x ring_bytes]
+//
+// Each rank runs one progress thread. It writes its queued sends into the
+// rings as space allows, and it drains every ring addressed to it all the
+// time, into the matching posted recv if there is one, else into a private
+// "unexpected" buffer that a later recv copies from. So a send never waits
+// for its recv to be posted (only for ring space, which the peer's thread
+// frees within microseconds), and any order of sends and recvs among the
+// ranks completes: no deadlock from two ranks both sending first.
+//
+// Matching is MPI's rule: a recv takes the oldest message from its peer with
+// its tag, and the byte counts must agree. Sends to one peer go out in the
+// order they were issued; sends and recvs are independent of the group's
+// collectives (neither waits for the other).
+//
+// Each send and recv must finish within timeout_ms of being issued. One that
+// does not, or whose peer process has exited, fails with a CommError naming
+// the peer; like the collectives, the mailboxes then fail every later send
+// and recv, since the ranks no longer agree on the streams.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "brigade/comm/communicator.h"
+
+namespace brigade {
+
+class ShmMailboxes {
+ public:
+  // The bytes a group of `size` ranks needs in its segment for rings of
+  // ring_bytes each (a power of two, at least 4096).
+  static int64_t region_bytes(int size, int64_t ring_bytes);
+
+  // region: region_bytes(size, ring_bytes) zeroed bytes inside the mapped
+  // segment, at the same offset in every rank. peer_pid(r) is rank r's pid
+  // (0 if not attached), for noticing a dead peer. Starts the progress thread.
+  ShmMailboxes(std::string group_name, int rank, int size, int64_t timeout_ms, std::byte* region,
+               int64_t ring_bytes, std::function<uint64_t(int)> peer_pid);
+  // Stops the progress thread; sends and recvs still pending fail.
+  ~ShmMailboxes();
+  ShmMailboxes(const ShmMailboxes&) = delete;
+  ShmMailboxes& operator=(const ShmMailboxes&) = delete;
+
+  // `what` names the operation in errors and the flight recorder. The
+  // buffer must stay alive and untouched until the Work is done.
+  std::shared_ptr<Work> send(const std::byte* data, int64_t bytes, int peer, uint32_t tag,
+                             std::string what);
+  std::shared_ptr<Work> recv(std::byte* data, int64_t bytes, int peer, uint32_t tag,
+                             std::string what);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace brigade
