@@ -2,7 +2,8 @@
 //                    [--iters auto|N] [--json]
 // What the links between this node's workers deliver: time per operation,
 // algorithm bandwidth and bus bandwidth (nccl-tests' definitions) of
-// all-reduce, reduce-scatter, all-gather and broadcast, for sizes from
+// all-reduce, reduce-scatter, all-gather, broadcast and send/recv (each rank
+// sends to the next and receives from the previous at once), for sizes from
 // --min-bytes to --max-bytes in powers of 4. bench/compare_comm.py runs it
 // beside OpenMPI's MPI_Allreduce (bench/mpi_allreduce_peer.c) and Gloo.
 //
@@ -15,8 +16,8 @@
 // all-reduce buffer, reduce-scatter's input, all-gather's output), so algbw =
 // bytes / time, and busbw = algbw * factor, where the factor turns every
 // operation into the bandwidth a ring would need on each link:
-//   all-reduce 2(n-1)/n, reduce-scatter and all-gather (n-1)/n, broadcast 1.
-// send/recv are not timed: the Communicator interface has none yet.
+//   all-reduce 2(n-1)/n, reduce-scatter and all-gather (n-1)/n, broadcast
+//   and send/recv 1.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -102,8 +103,9 @@ std::string format_bytes(int64_t bytes) {
   return fmt::format("{}", bytes);
 }
 
-enum class Op { kAllReduce, kReduceScatter, kAllGather, kBroadcast };
-constexpr Op kOps[] = {Op::kAllReduce, Op::kReduceScatter, Op::kAllGather, Op::kBroadcast};
+enum class Op { kAllReduce, kReduceScatter, kAllGather, kBroadcast, kSendRecv };
+constexpr Op kOps[] = {Op::kAllReduce, Op::kReduceScatter, Op::kAllGather, Op::kBroadcast,
+                       Op::kSendRecv};
 
 const char* op_name(Op op) {
   switch (op) {
@@ -115,6 +117,8 @@ const char* op_name(Op op) {
       return "all_gather";
     case Op::kBroadcast:
       return "broadcast";
+    case Op::kSendRecv:
+      return "send_recv";
   }
   return "?";
 }
@@ -128,6 +132,7 @@ double bus_factor(Op op, int n) {
     case Op::kAllGather:
       return static_cast<double>(n - 1) / n;
     case Op::kBroadcast:
+    case Op::kSendRecv:
       return 1.0;
   }
   return 1.0;
@@ -139,11 +144,12 @@ double bus_factor(Op op, int n) {
 // Both live either in this process's heap or, with --shared, in the shm
 // segment's peer-visible region (the zero-copy path training's flat buffers take).
 struct Buffers {
-  float* big = nullptr;      // [total_count]
-  float* small = nullptr;    // [share_count]
-  int64_t total_count = 0;   // all-reduce and broadcast count
-  int64_t share_count = 0;   // per-rank count of reduce-scatter and all-gather
-  std::vector<float> owned;  // the heap behind big and small, when not shared
+  float* big = nullptr;         // [total_count]
+  float* small = nullptr;       // [share_count]
+  int64_t total_count = 0;      // all-reduce and broadcast count
+  int64_t share_count = 0;      // per-rank count of reduce-scatter and all-gather
+  std::vector<float> owned;     // the heap behind big and small, when not shared
+  std::vector<float> received;  // send/recv's destination [total_count], always private
 };
 
 // The elements an operation moves, and the bytes it reports (nccl-tests: the
@@ -167,6 +173,14 @@ std::shared_ptr<Work> issue(Communicator& comm, Op op, Buffers& buffers) {
       return comm.all_gather(buffers.small, buffers.big, buffers.share_count, DType::kF32);
     case Op::kBroadcast:
       return comm.broadcast(buffers.big, buffers.total_count, DType::kF32, /*root=*/0);
+    case Op::kSendRecv: {
+      const int next = (comm.rank() + 1) % comm.size();
+      const int prev = (comm.rank() + comm.size() - 1) % comm.size();
+      auto sent = comm.send(buffers.big, buffers.total_count, DType::kF32, next, 0);
+      auto received = comm.recv(buffers.received.data(), buffers.total_count, DType::kF32, prev, 0);
+      sent->wait();
+      return received;
+    }
   }
   BRIGADE_CHECK(false, "unknown op");
 }
@@ -213,6 +227,11 @@ std::string check_op(Communicator& comm, Op op, Buffers& buffers) {
     case Op::kBroadcast:
       for (int64_t i = 0; i < total; ++i) buffers.big[i] = rank == 0 ? pattern(i, 11) : -1.0f;
       break;
+    case Op::kSendRecv:
+      for (int64_t i = 0; i < total; ++i)
+        buffers.big[i] = static_cast<float>(rank + 1) * pattern(i, 7);
+      std::fill(buffers.received.begin(), buffers.received.end(), -1.0f);
+      break;
   }
   issue(comm, op, buffers)->wait();
 
@@ -251,6 +270,14 @@ std::string check_op(Communicator& comm, Op op, Buffers& buffers) {
         if (buffers.big[i] != pattern(i, 11)) return mismatch(i, buffers.big[i], pattern(i, 11));
       }
       break;
+    case Op::kSendRecv: {
+      const int prev = (rank + n - 1) % n;
+      for (int64_t i = 0; i < total; ++i) {
+        const float expected = static_cast<float>(prev + 1) * pattern(i, 7);
+        if (buffers.received[i] != expected) return mismatch(i, buffers.received[i], expected);
+      }
+      break;
+    }
   }
   return "";
 }
@@ -317,6 +344,7 @@ void run_bench_comm_worker(const BenchCommWorkerArgs& args) {
       buffers.big = buffers.owned.data();
       buffers.small = buffers.owned.data() + buffers.total_count;
     }
+    buffers.received.assign(static_cast<size_t>(buffers.total_count), 0.0f);
 
     for (const Op op : kOps) {
       if (op_bytes(op, buffers, n) == 0) continue;  // fewer elements than ranks
@@ -358,11 +386,6 @@ void run_bench_comm_worker(const BenchCommWorkerArgs& args) {
       }
       std::fflush(stdout);
     }
-  }
-  if (printer) {
-    std::fprintf(stderr,
-                 "bench comm: send/recv not measured: the Communicator interface has no "
-                 "point-to-point operations yet\n");
   }
   comm->barrier()->wait();
 }

@@ -28,6 +28,9 @@ struct FrameHeader {
 };
 constexpr int64_t kFrameHeaderBytes = sizeof(FrameHeader);
 constexpr int64_t kRingControlBytes = 2 * kLineBytes;  // head line, tail line
+// Sender and receiver publish their positions every this many bytes, so the
+// two copies of a large message overlap instead of taking turns.
+constexpr int64_t kPieceBytes = 64 << 10;
 
 // With operations pending: spin, then yield, then nap. Idle, the thread only
 // looks for arriving messages every kIdlePoll, so an early sender's frames
@@ -116,7 +119,7 @@ struct ShmMailboxes::Impl {
   bool progress();
   bool progress_sends(int dst);
   bool drain(int src);
-  void accept_posted();
+  bool accept_posted();  // whether there was anything to accept
   void match_recv(const std::shared_ptr<Pending>& recv);
   void deliver(Pending& recv, const std::byte* from);
   void complete(Pending& op);
@@ -226,8 +229,10 @@ std::shared_ptr<Work> ShmMailboxes::Impl::post(bool is_send, std::byte* data, in
 }
 
 void ShmMailboxes::Impl::run() {
-  int idle_spins = 0;
-  int64_t idle_since_ns = 0;
+  // Spin while an exchange is live; back off only once nothing has moved
+  // for a while (a peer that is computing, stopped or gone).
+  int spins = 0;
+  int64_t quiet_since_ns = 0;
   for (;;) {
     {
       std::unique_lock<std::mutex> lock(mutex);
@@ -235,27 +240,28 @@ void ShmMailboxes::Impl::run() {
           !recvs.empty() || !posted.empty() ||
           std::any_of(sends.begin(), sends.end(), [](auto& q) { return !q.empty(); }) ||
           std::any_of(incoming.begin(), incoming.end(), [](auto& f) { return f.active; });
+      // Nothing pending: give the core back to the workers' compute.
       if (!busy && !stopping) posted_cv.wait_for(lock, kIdlePoll);
       if (stopping) break;
     }
     bool moved = false;
     try {
-      accept_posted();
-      moved = progress();
+      moved = accept_posted();
+      moved |= progress();
       check_deadlines();
     } catch (const CommError& e) {
       fail_everything(e.what(), e.peer_ranks());
     }
     if (moved) {
-      idle_spins = 0;
-      idle_since_ns = 0;
-    } else if (idle_spins < kSpinIterations) {
-      ++idle_spins;
+      spins = 0;
+      quiet_since_ns = 0;
+    } else if (spins < kSpinIterations) {
+      ++spins;
       shm::cpu_relax();
     } else {
       const int64_t now = now_ns();
-      if (idle_since_ns == 0) idle_since_ns = now;
-      if (now - idle_since_ns < kYieldNs) {
+      if (quiet_since_ns == 0) quiet_since_ns = now;
+      if (now - quiet_since_ns < kYieldNs) {
         ::sched_yield();
       } else {
         std::this_thread::sleep_for(kNap);
@@ -265,7 +271,7 @@ void ShmMailboxes::Impl::run() {
   fail_everything(fmt::format("the communicator of group '{}' was destroyed", group_name), {});
 }
 
-void ShmMailboxes::Impl::accept_posted() {
+bool ShmMailboxes::Impl::accept_posted() {
   std::vector<std::shared_ptr<Pending>> taken;
   {
     std::lock_guard<std::mutex> lock(mutex);
@@ -288,6 +294,7 @@ void ShmMailboxes::Impl::accept_posted() {
       match_recv(op);
     }
   }
+  return !taken.empty();
 }
 
 bool ShmMailboxes::Impl::progress() {
@@ -317,13 +324,16 @@ bool ShmMailboxes::Impl::progress_sends(int dst) {
       space -= kFrameHeaderBytes;
       moved = true;
     }
-    const int64_t sent = op.moved - kFrameHeaderBytes;
-    const int64_t n = std::min(space, op.bytes - sent);
-    if (n > 0) {
+    for (;;) {
+      const int64_t sent = op.moved - kFrameHeaderBytes;
+      const int64_t n = std::min({space, op.bytes - sent, kPieceBytes});
+      if (n <= 0) break;
       out.write(head[dst], op.data + sent, n);
       head[dst] += n;
       op.moved += n;
+      space -= n;
       moved = true;
+      AtomicU64(*out.head).store(head[dst], std::memory_order_release);
     }
     AtomicU64(*out.head).store(head[dst], std::memory_order_release);
     if (op.moved < kFrameHeaderBytes + op.bytes) break;  // the ring is full
@@ -344,8 +354,6 @@ bool ShmMailboxes::Impl::drain(int src) {
       if (available < kFrameHeaderBytes) break;
       FrameHeader header{};
       in.read(tail[src], reinterpret_cast<std::byte*>(&header), kFrameHeaderBytes);
-      tail[src] += kFrameHeaderBytes;
-      frame = Incoming{true, static_cast<int64_t>(header.bytes), 0, nullptr, nullptr};
       const auto tag = static_cast<uint32_t>(header.tag);
       // Older parked messages of this (src, tag) come first, so a recv only
       // takes a frame straight off the ring when none are parked.
@@ -354,6 +362,15 @@ bool ShmMailboxes::Impl::drain(int src) {
       auto recv = parked ? recvs.end() : std::find_if(recvs.begin(), recvs.end(), [&](auto& r) {
         return r->peer == src && r->tag == tag;
       });
+      // An unmatched message stays in the ring (so its recv, posted a moment
+      // later, copies it once) unless it holds up the stream: the ring is
+      // half full, or a recv waits for a message behind it.
+      const bool blocking =
+          available >= ring_bytes / 2 ||
+          std::any_of(recvs.begin(), recvs.end(), [&](auto& r) { return r->peer == src; });
+      if (recv == recvs.end() && !blocking) break;
+      tail[src] += kFrameHeaderBytes;
+      frame = Incoming{true, static_cast<int64_t>(header.bytes), 0, nullptr, nullptr};
       if (recv != recvs.end()) {
         frame.recv = *recv;
         recvs.erase(recv);
@@ -371,7 +388,7 @@ bool ShmMailboxes::Impl::drain(int src) {
       moved = true;
       continue;
     }
-    const int64_t n = std::min(available, frame.bytes - frame.received);
+    const int64_t n = std::min({available, frame.bytes - frame.received, kPieceBytes});
     if (n > 0) {
       std::byte* to = frame.recv ? frame.recv->data : frame.unexpected->data.data();
       in.read(tail[src], to + frame.received, n);

@@ -9,7 +9,8 @@
 //
 // Each rank runs one progress thread. It writes its queued sends into the
 // rings as space allows, and it drains every ring addressed to it all the
-// time, into the matching posted recv if there is one, else into a private
+// time, into the matching posted recv if there is one, else (once the ring
+// is half full, or a recv waits for a message behind it) into a private
 // "unexpected" buffer that a later recv copies from. So a send never waits
 // for its recv to be posted (only for ring space, which the peer's thread
 // frees within microseconds), and any order of sends and recvs among the
