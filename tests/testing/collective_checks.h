@@ -76,6 +76,29 @@ void check_every_collective(Communicator& comm, DType dtype,
       }
     }
 
+    // In place, as ZeRO uses them: reduce_scatter into my own segment of the
+    // input, all_gather from my own segment of the output.
+    std::vector<T> in_place(count * size);
+    for (int64_t i = 0; i < count * size; ++i) in_place[i] = value_of<T>(rank, i);
+    comm.reduce_scatter(in_place.data(), in_place.data() + rank * count, count, dtype,
+                        ReduceOp::kSum)
+        ->wait();
+    for (int64_t j = 0; j < count; ++j) {
+      const T expected = expected_reduction<T>(ReduceOp::kSum, size, rank * count + j);
+      require(in_place[rank * count + j] == expected,
+              "in-place reduce_scatter {} count {}: element {} is {}, expected {}",
+              dtype_name(dtype), count, j, in_place[rank * count + j], expected);
+    }
+    for (int64_t i = 0; i < count; ++i) in_place[rank * count + i] = value_of<T>(rank, i);
+    comm.all_gather(in_place.data() + rank * count, in_place.data(), count, dtype)->wait();
+    for (int s = 0; s < size; ++s) {
+      for (int64_t i = 0; i < count; ++i) {
+        require(in_place[s * count + i] == value_of<T>(s, i),
+                "in-place all_gather {} count {}: element {} of rank {} is {}, expected {}",
+                dtype_name(dtype), count, i, s, in_place[s * count + i], value_of<T>(s, i));
+      }
+    }
+
     const int root = static_cast<int>(count % size);
     std::vector<T> broadcasted(count, T{-99});
     if (rank == root) broadcasted = mine;

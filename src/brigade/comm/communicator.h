@@ -135,11 +135,13 @@ class Communicator {
   // input holds count * size() elements: segment s is input[s*count, (s+1)*count).
   // output[0, count) <- op over every rank's segment rank(). Every rank passes
   // the same count (pad the last rank's share if the total does not divide).
+  // output may be this rank's own segment of input (ZeRO reduces in place).
   virtual std::shared_ptr<Work> reduce_scatter(const void* input, void* output, int64_t count,
                                                DType dtype, ReduceOp op) = 0;
 
   // output[s*count, (s+1)*count) <- rank s's input[0, count), for every s.
-  // Every rank passes the same count.
+  // Every rank passes the same count. input may be this rank's own segment
+  // of output (ZeRO gathers parameters in place).
   virtual std::shared_ptr<Work> all_gather(const void* input, void* output, int64_t count,
                                            DType dtype) = 0;
 

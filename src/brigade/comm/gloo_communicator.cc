@@ -343,7 +343,9 @@ void GlooCommunicator::Impl::reduce_scatter(const std::byte* input, std::byte* o
       if (!send_buffer->waitSend(wait_timeout())) throw gloo::IoException("send aborted");
     }
   }
-  std::memcpy(output, input + rank * segment_bytes, segment_bytes);
+  if (output != input + rank * segment_bytes) {
+    std::memcpy(output, input + rank * segment_bytes, segment_bytes);
+  }
   visit_dtype(dtype, [&]<typename T>(std::type_identity<T>) {
     T* out = reinterpret_cast<T*>(output);
     for (int k = 0; k < size - 1; ++k) {
@@ -365,7 +367,8 @@ void GlooCommunicator::Impl::all_gather(const std::byte* input, std::byte* outpu
   const size_t bytes = static_cast<size_t>(count * dtype_bytes(dtype));
   auto* in = reinterpret_cast<uint8_t*>(const_cast<std::byte*>(input));
   gloo::AllgatherOptions opts(context);
-  opts.setInput(in, bytes);
+  // In place (input is my segment of output): Gloo takes that as no input.
+  if (input != output + rank * bytes) opts.setInput(in, bytes);
   opts.setOutput(reinterpret_cast<uint8_t*>(output), bytes * size);
   opts.setTag(tag);
   opts.setTimeout(wait_timeout());

@@ -461,7 +461,8 @@ void ShmCommunicator::Impl::reduce_scatter(const std::byte* input, std::byte* ou
       if (s != rank) std::memcpy(mine + s * n * elem, piece, n * elem);
     }
     std::byte* dst = output + offset * elem;
-    std::memcpy(dst, input + (rank * count + offset) * elem, n * elem);
+    const std::byte* own = input + (rank * count + offset) * elem;
+    if (dst != own) std::memcpy(dst, own, n * elem);
     sync("copy-in");
     int k = 0;
     for (int p = 0; p < size; ++p) {
@@ -482,7 +483,8 @@ void ShmCommunicator::Impl::all_gather(const std::byte* input, std::byte* output
     sync("copy-in");
     for (int p = 0; p < size; ++p) {
       const std::byte* source = p == rank ? input + offset * elem : half(p, parity);
-      std::memcpy(output + (p * count + offset) * elem, source, n * elem);
+      std::byte* target = output + (p * count + offset) * elem;
+      if (target != source) std::memcpy(target, source, n * elem);
     }
     parity ^= 1;
   }

@@ -10,7 +10,17 @@
 
 namespace brigade {
 
+// Frees what FloatBuffer allocated; leaves a view's memory alone.
+struct FloatBufferFree {
+  bool owned = true;
+  void operator()(float* p) const {
+    if (owned) std::free(p);
+  }
+};
+
 class FloatBuffer {
+  using Free = FloatBufferFree;
+
  public:
   FloatBuffer() = default;
   explicit FloatBuffer(int64_t size) : size_(size) {
@@ -22,6 +32,15 @@ class FloatBuffer {
     data_.reset(static_cast<float*>(p));
   }
 
+  // A buffer over memory someone else owns (a shared-memory segment, say);
+  // it is not zeroed and never freed here.
+  static FloatBuffer view(float* data, int64_t size) {
+    FloatBuffer buffer;
+    buffer.data_ = std::unique_ptr<float[], Free>(data, Free{false});
+    buffer.size_ = size;
+    return buffer;
+  }
+
   float* data() { return data_.get(); }
   const float* data() const { return data_.get(); }
   int64_t size() const { return size_; }
@@ -31,9 +50,6 @@ class FloatBuffer {
   }
 
  private:
-  struct Free {
-    void operator()(float* p) const { std::free(p); }
-  };
   std::unique_ptr<float[], Free> data_;
   int64_t size_ = 0;
 };

@@ -251,6 +251,7 @@ float Gpt::forward_backward(const int32_t* inputs, const int32_t* targets, int64
   cpu::layernorm_backward(ws.dresid, g + layout_.ln_f_w(), g + layout_.ln_f_b(), ws.c_a,
                           ws.resid[config_.n_layer], ws.lnf_mean, ws.lnf_rstd, p + layout_.ln_f_w(),
                           n, c);
+  if (grad_ready_) grad_ready_(layout_.ln_f_w());
   for (int64_t l = config_.n_layer - 1; l >= 0; --l) {
     const Stash& s = stash(l);
     if (config_.recompute == Recompute::kFull) {
@@ -261,8 +262,10 @@ float Gpt::forward_backward(const int32_t* inputs, const int32_t* targets, int64
       block_forward(l, s, ws.resid[l], ws.c_b, b, t);
     }
     block_backward(l, s, ws.resid[l], ws.dresid, b, t);
+    if (grad_ready_) grad_ready_(layout_.block(l).ln_1_w);
   }
   cpu::embedding_backward(g + layout_.wte(), g + layout_.wpe(), ws.dresid, inputs, b, t, c);
+  if (grad_ready_) grad_ready_(0);
   return mean_loss(n);
 }
 

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 
 #include "brigade/core/aligned_buffer.h"
 #include "brigade/model/gpt_config.h"
@@ -34,6 +35,15 @@ class Gpt {
   // the gradient of the global mean loss. Returns this micro-batch's mean loss.
   float forward_backward(const int32_t* inputs, const int32_t* targets, int64_t b, int64_t t,
                          float loss_scale);
+
+  // Called during backward as gradients become final: every gradient at a
+  // flat offset >= ready_from has been fully written for this micro-batch.
+  // Offsets only go down (ln_f, then the blocks from last to first, then the
+  // embeddings, ending at 0), so data parallelism can start reducing the tail
+  // of the gradient buffer while backward still runs.
+  using GradReadyHook = std::function<void(int64_t ready_from)>;
+  // Applies to later forward_backward calls; an empty hook turns it off.
+  void set_grad_ready_hook(GradReadyHook hook) { grad_ready_ = std::move(hook); }
 
   // Mean loss over the B*T positions, no gradients.
   float forward_loss(const int32_t* inputs, const int32_t* targets, int64_t b, int64_t t);
@@ -68,6 +78,7 @@ class Gpt {
   ParamLayout layout_;
   float* params_;
   float* grads_;
+  GradReadyHook grad_ready_;
   FloatBuffer arena_;
   struct WorkspaceDeleter {
     void operator()(Workspace* w) const;
