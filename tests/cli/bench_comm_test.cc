@@ -108,10 +108,10 @@ TEST(BenchComm, ShmJsonLinesCoverEveryOpWithPositiveBandwidth) {
     EXPECT_GT(row.at("busbw_gbps").get<double>(), 0) << line;
     sizes_by_op[row.at("op").get<std::string>()].insert(row.at("bytes").get<int64_t>());
   }
-  // 4K, 16K, 64K for each of the four collectives.
-  EXPECT_EQ(line_count, 12) << result.out;
+  // 4K, 16K, 64K for each of the four collectives and send/recv.
+  EXPECT_EQ(line_count, 15) << result.out;
   const std::set<int64_t> expected_sizes = {4 << 10, 16 << 10, 64 << 10};
-  for (const char* op : {"all_reduce", "reduce_scatter", "all_gather", "broadcast"}) {
+  for (const char* op : {"all_reduce", "reduce_scatter", "all_gather", "broadcast", "send_recv"}) {
     EXPECT_EQ(sizes_by_op[op], expected_sizes) << op << " missing sizes in:\n" << result.out;
   }
 }

@@ -27,6 +27,7 @@
 #include <utility>
 #include <vector>
 
+#include "brigade/core/clock.h"
 #include "brigade/core/error.h"
 
 namespace brigade {
@@ -98,11 +99,18 @@ class Work {
     return done_;
   }
 
+  // When the operation finished (steady clock, now_ns()); 0 while running.
+  int64_t finished_ns() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return finished_ns_;
+  }
+
   // For backends: marks the operation done, failed if `error` is set.
   void finish(std::exception_ptr error = nullptr) {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       done_ = true;
+      finished_ns_ = now_ns();
       error_ = std::move(error);
     }
     done_cv_.notify_all();
@@ -112,6 +120,7 @@ class Work {
   std::mutex mutex_;
   std::condition_variable done_cv_;
   bool done_ = false;
+  int64_t finished_ns_ = 0;
   std::exception_ptr error_;
 };
 
@@ -161,6 +170,12 @@ class Communicator {
                                      uint32_t tag) = 0;
   virtual std::shared_ptr<Work> recv(void* data, int64_t count, DType dtype, int peer,
                                      uint32_t tag) = 0;
+
+  // This rank's peer-visible memory, shared_buffer_bytes() long, where the
+  // backend runs collectives without copying (the shm backend's shared
+  // region), or null. Training places its flat buffers there when it fits.
+  virtual void* shared_buffer() { return nullptr; }
+  virtual int64_t shared_buffer_bytes() const { return 0; }
 };
 
 }  // namespace brigade

@@ -675,6 +675,10 @@ void* ShmCommunicator::shared_buffer() {
   return impl_->options.shared_bytes > 0 ? impl_->shared_region(impl_->rank) : nullptr;
 }
 
+int64_t ShmCommunicator::shared_buffer_bytes() const {
+  return impl_->options.shared_bytes;
+}
+
 std::shared_ptr<Work> ShmCommunicator::send(const void* data, int64_t count, DType dtype, int peer,
                                             uint32_t tag) {
   check_buffer(data, count, "send");

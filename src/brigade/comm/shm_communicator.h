@@ -100,7 +100,8 @@ class ShmCommunicator final : public Communicator {
   // path; each rank may use a different offset within its region, but all
   // ranks must take the same path in the same operation (all inside, or all
   // outside, their regions). Null if shared_bytes is 0.
-  void* shared_buffer();
+  void* shared_buffer() override;
+  int64_t shared_buffer_bytes() const override;
 
  private:
   struct Impl;

@@ -1,24 +1,47 @@
 #include "brigade/optim/adamw.h"
 
+#include <algorithm>
+
+#include "brigade/core/error.h"
 #include "brigade/kernels/cpu/vector_ops.h"
 
 namespace brigade {
 
-AdamW::AdamW(const AdamWConfig& config, std::vector<DecayRange> ranges, int64_t size)
-    : config_(config), ranges_(std::move(ranges)), m_(size), v_(size) {}
+AdamW::AdamW(const AdamWConfig& config, const std::vector<DecayRange>& ranges, int64_t size)
+    : AdamW(config, ranges, std::vector<Slice>{{0, size}}) {}
+
+AdamW::AdamW(const AdamWConfig& config, const std::vector<DecayRange>& ranges,
+             const std::vector<Slice>& slices)
+    : config_(config), slices_(slices) {
+  // Each slice meets the decay ranges in a few pieces; elements no range
+  // covers (padding) are left alone.
+  int64_t moment = 0;
+  for (const Slice& slice : slices_) {
+    BRIGADE_CHECK(slice.begin <= slice.end);
+    for (const DecayRange& r : ranges) {
+      const int64_t begin = std::max(slice.begin, r.begin);
+      const int64_t end = std::min(slice.end, r.end);
+      if (begin < end)
+        pieces_.push_back({begin, moment + (begin - slice.begin), end - begin, r.decay});
+    }
+    moment += slice.end - slice.begin;
+  }
+  m_ = FloatBuffer(moment);
+  v_ = FloatBuffer(moment);
+}
 
 void AdamW::step(float* params, const float* grads, double lr, double grad_scale) {
   ++step_count_;
-  for (const DecayRange& r : ranges_) {
+  for (const Piece& p : pieces_) {
     const cpu::AdamWStep s{static_cast<float>(lr),
                            static_cast<float>(config_.beta1),
                            static_cast<float>(config_.beta2),
                            static_cast<float>(config_.eps),
-                           r.decay ? static_cast<float>(config_.weight_decay) : 0.0f,
+                           p.decay ? static_cast<float>(config_.weight_decay) : 0.0f,
                            step_count_,
                            static_cast<float>(grad_scale)};
-    cpu::adamw_update(params + r.begin, grads + r.begin, m_.data() + r.begin, v_.data() + r.begin,
-                      r.end - r.begin, s);
+    cpu::adamw_update(params + p.begin, grads + p.begin, m_.data() + p.moment, v_.data() + p.moment,
+                      p.n, s);
   }
 }
 

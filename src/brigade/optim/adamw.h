@@ -2,8 +2,10 @@
 //
 // The buffer is described as ranges, each decayed or not; the optimizer does
 // not know what a "layer" is (ARCHITECTURE.md: optim/ knows nothing of who
-// owns which shard). Moments m and v mirror the parameter buffer element for
-// element, so a shard of parameters has the matching shard of moments.
+// owns which shard). It updates either the whole buffer or a given set of
+// slices of it (a ZeRO rank's share, from parallel/); the moments m and v
+// hold exactly the updated elements, slice after slice, so a rank's
+// optimizer state is its share and no more.
 #pragma once
 
 #include <cstdint>
@@ -27,14 +29,29 @@ struct DecayRange {
   bool decay = false;
 };
 
+// A slice [begin, end) of the flat buffer that an optimizer updates.
+struct Slice {
+  int64_t begin = 0;
+  int64_t end = 0;
+};
+
 class AdamW {
  public:
-  AdamW(const AdamWConfig& config, std::vector<DecayRange> ranges, int64_t size);
+  // Updates all of [0, size).
+  AdamW(const AdamWConfig& config, const std::vector<DecayRange>& ranges, int64_t size);
+  // Updates only `slices` (disjoint, any order); m and v are compact.
+  AdamW(const AdamWConfig& config, const std::vector<DecayRange>& ranges,
+        const std::vector<Slice>& slices);
 
   // One update with gradients grads * grad_scale (the clipping factor).
-  // step_count() increments first, so the first update has bias-correction
-  // step 1.
+  // params and grads are the whole flat buffers; only the slices are read
+  // and written. step_count() increments first, so the first update has
+  // bias-correction step 1.
   void step(float* params, const float* grads, double lr, double grad_scale = 1.0);
+
+  const std::vector<Slice>& slices() const { return slices_; }
+  // Elements updated: the length of m and v.
+  int64_t size() const { return m_.size(); }
 
   int64_t step_count() const { return step_count_; }
   void set_step_count(int64_t n) { step_count_ = n; }
@@ -44,8 +61,17 @@ class AdamW {
   const FloatBuffer& v() const { return v_; }
 
  private:
+  // A run of elements with one decay flag: buffer offset and moment offset.
+  struct Piece {
+    int64_t begin = 0;
+    int64_t moment = 0;
+    int64_t n = 0;
+    bool decay = false;
+  };
+
   AdamWConfig config_;
-  std::vector<DecayRange> ranges_;
+  std::vector<Slice> slices_;
+  std::vector<Piece> pieces_;
   FloatBuffer m_;
   FloatBuffer v_;
   int64_t step_count_ = 0;

@@ -4,6 +4,7 @@
 
 #include "brigade/core/config.h"
 #include "brigade/core/error.h"
+#include "brigade/parallel/mesh.h"
 
 namespace brigade {
 
@@ -38,6 +39,36 @@ TrainOptions TrainOptions::from_config(Config& config) {
   o.data.dir = config.get_string("data.dir", o.data.dir);
   o.data.val_fraction = config.get_double("data.val_fraction", o.data.val_fraction);
   o.data.synthetic = config.get_bool("data.synthetic", o.data.synthetic);
+
+  const MeshShape mesh = MeshShape::from_config(config);
+  if (mesh.tp != 1 || mesh.pp != 1) {
+    throw_error(
+        "parallel.tp = {} and parallel.pp = {}: tensor and pipeline parallelism are not built "
+        "yet; set both to 1 and scale with parallel.dp",
+        mesh.tp, mesh.pp);
+  }
+  o.parallel.dp = mesh.dp;
+  o.parallel.zero = static_cast<int>(config.get_int("parallel.zero", o.parallel.zero));
+  o.parallel.bucket_mb = config.get_double("parallel.bucket_mb", o.parallel.bucket_mb);
+  o.parallel.backend = config.get_string("parallel.backend", o.parallel.backend);
+  o.parallel.timeout_s = config.get_int("parallel.timeout_s", o.parallel.timeout_s);
+  if (o.parallel.zero < 0 || o.parallel.zero > 2) {
+    throw_error(
+        "parallel.zero must be 0 (replicated), 1 (optimizer state sharded) or 2 (gradients "
+        "too), got {}; ZeRO 3 is not built yet",
+        o.parallel.zero);
+  }
+  if (!(o.parallel.bucket_mb > 0)) {
+    throw_error("parallel.bucket_mb must be positive, got {}", o.parallel.bucket_mb);
+  }
+  if (o.parallel.backend != "auto" && o.parallel.backend != "shm" && o.parallel.backend != "gloo" &&
+      o.parallel.backend != "hierarchical") {
+    throw_error("parallel.backend must be auto, shm, gloo or hierarchical, got '{}'",
+                o.parallel.backend);
+  }
+  if (o.parallel.timeout_s < 1) {
+    throw_error("parallel.timeout_s must be at least 1, got {}", o.parallel.timeout_s);
+  }
 
   auto at_least = [](const char* key, int64_t v, int64_t min) {
     if (v < min) throw_error("{} must be at least {}, got {}", key, min, v);

@@ -5,6 +5,7 @@
 //   [optim]  lr, min_lr, warmup_steps, weight_decay, beta1, beta2, eps,
 //            grad_clip, decay_position_embedding
 //   [data]   source, tokenizer, dir, val_fraction, synthetic
+//   [parallel] dp, tp, pp, zero, bucket_mb, backend, timeout_s
 #pragma once
 
 #include <cstdint>
@@ -27,6 +28,14 @@ struct DataOptions {
   bool synthetic = false;
 };
 
+struct ParallelOptions {
+  int dp = 1;                    // data-parallel ranks (tensor and pipeline parallelism come later)
+  int zero = 0;                  // ZeRO stage: 0 none, 1 optimizer state, 2 + gradients sharded
+  double bucket_mb = 25.0;       // gradient bucket size, MB (1e6 bytes)
+  std::string backend = "auto";  // comm backend: auto, shm, gloo, hierarchical
+  int64_t timeout_s = 300;       // bound on every collective
+};
+
 struct TrainOptions {
   int64_t micro_batch = 8;  // sequences per forward/backward
   int64_t grad_accum = 1;   // micro-batches per optimizer step
@@ -46,10 +55,11 @@ struct TrainOptions {
   bool decay_position_embedding = false;
 
   DataOptions data;
+  ParallelOptions parallel;
 
-  // Sequences in one optimizer step: micro_batch * grad_accum (times the
-  // data-parallel size once there is one).
-  int64_t global_batch() const { return micro_batch * grad_accum; }
+  // Sequences in one optimizer step: each data-parallel rank runs grad_accum
+  // micro-batches of micro_batch sequences.
+  int64_t global_batch() const { return micro_batch * grad_accum * parallel.dp; }
 
   static TrainOptions from_config(Config& config);
 };

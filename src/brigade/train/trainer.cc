@@ -2,8 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
+#include <tuple>
 
 #include "brigade/ckpt/checkpoint.h"
+#include "brigade/comm/communicator.h"
 #include "brigade/core/clock.h"
 #include "brigade/core/error.h"
 #include "brigade/core/philox.h"
@@ -78,18 +81,43 @@ std::unique_ptr<Dataset> open_or_prepare(const DataOptions& data, const GptConfi
 
 }  // namespace
 
-Trainer::Trainer(const GptConfig& model, const TrainOptions& options) : options_(options) {
+Trainer::Trainer(const GptConfig& model, const TrainOptions& options, Communicator* dp_group)
+    : options_(options), dp_group_(dp_group) {
+  const int dp = options_.parallel.dp;
+  if (dp > 1 && (dp_group_ == nullptr || dp_group_->size() != dp)) {
+    throw_error(
+        "parallel.dp = {} needs {} worker processes: start them with `brigade train --nproc {} "
+        "CONFIG`",
+        dp, dp, dp);
+  }
   // Find the checkpoint first: a bad --resume should fail before any work.
   const fs::path resume_dir =
       options_.resume.empty() ? fs::path() : resolve_checkpoint(options_.resume);
   set_num_threads(static_cast<int>(options_.threads));
   const ParamLayout layout(model);
-  params_ = FloatBuffer(layout.size());
-  grads_ = FloatBuffer(layout.size());
+  const auto bucket_elements =
+      static_cast<int64_t>(options_.parallel.bucket_mb * 1e6 / sizeof(float));
+  plan_ = std::make_unique<BucketPlan>(layout.size(), dp, bucket_elements);
+  allocate_buffers(plan_->padded_size());
   model_ = std::make_unique<Gpt>(model, params_.data(), grads_.data());
+  // Every rank draws the same weights from the seed: no broadcast needed.
   init_gpt2_weights(layout, model.n_layer, options_.seed, params_.data());
-  optimizer_ = std::make_unique<AdamW>(
-      options_.adamw, decay_ranges(layout, options_.decay_position_embedding), layout.size());
+  const auto ranges = decay_ranges(layout, options_.decay_position_embedding);
+  if (options_.parallel.zero >= 1) {
+    std::vector<Slice> slices;
+    for (const FlatRange& r : plan_->owned(dp_rank())) slices.push_back({r.begin, r.end});
+    optimizer_ = std::make_unique<AdamW>(options_.adamw, ranges, slices);
+  } else {
+    optimizer_ = std::make_unique<AdamW>(options_.adamw, ranges, plan_->padded_size());
+  }
+  if (dp > 1) {
+    const int zero = options_.parallel.zero;
+    const GradSync::Mode mode = zero == 0   ? GradSync::Mode::kAllReduce
+                                : zero == 1 ? GradSync::Mode::kReduceScatter
+                                            : GradSync::Mode::kReduceScatterAndRelease;
+    grad_sync_ = std::make_unique<GradSync>(*dp_group_, *plan_, grads_.data(), mode,
+                                            grads_in_shared_memory_);
+  }
   if (!options_.data.synthetic) {
     dataset_ = open_or_prepare(options_.data, model);
     sampler_ = std::make_unique<GlobalSampler>(*dataset_, options_.seed,
@@ -128,21 +156,84 @@ void Trainer::fill_batch(int64_t first_sample, int64_t num_samples) {
   }
 }
 
+int Trainer::dp_rank() const {
+  return dp_group_ != nullptr ? dp_group_->rank() : 0;
+}
+
+void Trainer::allocate_buffers(int64_t size) {
+  const int64_t bytes = (size * static_cast<int64_t>(sizeof(float)) + 63) / 64 * 64;
+  if (dp_group_ != nullptr && dp_group_->shared_buffer() != nullptr &&
+      dp_group_->shared_buffer_bytes() >= 2 * bytes) {
+    auto* base = static_cast<std::byte*>(dp_group_->shared_buffer());
+    grads_ = FloatBuffer::view(reinterpret_cast<float*>(base), size);
+    params_ = FloatBuffer::view(reinterpret_cast<float*>(base + bytes), size);
+    grads_.zero();
+    params_.zero();
+    grads_in_shared_memory_ = true;
+    return;
+  }
+  params_ = FloatBuffer(size);
+  grads_ = FloatBuffer(size);
+}
+
+int64_t shared_bytes_for_training(const GptConfig& model) {
+  // Two flat buffers (gradients, parameters), padded for any dp up to 1024.
+  const int64_t padded = (ParamLayout(model).size() + 1024 * BucketPlan::kAlignFloats - 1) /
+                         (1024 * BucketPlan::kAlignFloats) * (1024 * BucketPlan::kAlignFloats);
+  const int64_t bytes = 2 * padded * static_cast<int64_t>(sizeof(float));
+  return (bytes + 4095) / 4096 * 4096;
+}
+
+double Trainer::sum_over_ranks(double value) {
+  if (dp_group_ == nullptr || dp_group_->size() == 1) return value;
+  dp_group_->all_reduce(&value, 1, DType::kF64, ReduceOp::kSum)->wait();
+  return value;
+}
+
+double Trainer::global_grad_norm() {
+  if (options_.parallel.zero == 0) return grad_norm(grads_.data(), grads_.size());
+  // Each rank holds the reduced values of its slices only: every element is
+  // counted once, on its owner.
+  double squares = 0.0;
+  for (const Slice& slice : optimizer_->slices()) {
+    const double norm = grad_norm(grads_.data() + slice.begin, slice.end - slice.begin);
+    squares += norm * norm;
+  }
+  return std::sqrt(sum_over_ranks(squares));
+}
+
 StepMetrics Trainer::train_step() {
   Stopwatch sw;
   const int64_t b = options_.micro_batch, t = model_config().block_size;
-  const int64_t n = params_.size();
-  grads_.zero();
+  const int64_t accum = options_.grad_accum;
+  if (options_.parallel.zero >= 2 && grad_sync_) {
+    // Only the owned slices hold values; the rest was released as zeros.
+    for (const Slice& slice : optimizer_->slices()) {
+      std::fill(grads_.data() + slice.begin, grads_.data() + slice.end, 0.0f);
+    }
+  } else {
+    grads_.zero();
+  }
   const float loss_scale = 1.0f / static_cast<float>(options_.global_batch() * t);
   double loss = 0.0;
-  for (int64_t micro = 0; micro < options_.grad_accum; ++micro) {
-    fill_batch(micro * b, b);
+  const int64_t first_sample = dp_rank() * b * accum;
+  for (int64_t micro = 0; micro < accum; ++micro) {
+    fill_batch(first_sample + micro * b, b);
+    // Only the last micro-batch reduces: the earlier ones just accumulate.
+    const bool reduce = grad_sync_ && micro + 1 == accum;
+    if (reduce) {
+      grad_sync_->arm();
+      model_->set_grad_ready_hook(
+          [sync = grad_sync_.get()](int64_t from) { sync->on_ready(from); });
+    }
     loss += model_->forward_backward(inputs_.data(), targets_.data(), b, t, loss_scale);
+    if (reduce) model_->set_grad_ready_hook(nullptr);
   }
   StepMetrics m;
   m.step = step_;
-  m.loss = loss / static_cast<double>(options_.grad_accum);
-  m.grad_norm = grad_norm(grads_.data(), n);
+  if (grad_sync_) m.exposed_comm_ms = grad_sync_->finish();
+  m.loss = sum_over_ranks(loss) / static_cast<double>(accum * dp_size());
+  m.grad_norm = global_grad_norm();
   if (!std::isfinite(m.grad_norm)) {
     throw_error(
         "step {}: the gradient norm is {} (loss {}): training diverged; lower optim.lr or "
@@ -152,10 +243,39 @@ StepMetrics Trainer::train_step() {
   m.lr = options_.lr.at(step_);
   optimizer_->step(params_.data(), grads_.data(), m.lr,
                    clip_scale(m.grad_norm, options_.grad_clip));
+  if (options_.parallel.zero >= 1 && dp_size() > 1) {
+    // Each rank updated its slices; gather everyone's, bucket by bucket, in place.
+    const int64_t gather_start = now_ns();
+    std::vector<std::shared_ptr<Work>> gathers;
+    for (int64_t i = 0; i < static_cast<int64_t>(plan_->buckets().size()); ++i) {
+      const FlatRange mine = plan_->slice(i, dp_rank());
+      gathers.push_back(dp_group_->all_gather(params_.data() + mine.begin,
+                                              params_.data() + plan_->buckets()[i].begin,
+                                              mine.size(), DType::kF32));
+    }
+    for (auto& work : gathers) work->wait();
+    m.exposed_comm_ms += static_cast<double>(now_ns() - gather_start) * 1e-6;
+  }
   ++step_;
   m.step_ms = sw.elapsed_ms();
+  m.compute_ms = m.step_ms - m.exposed_comm_ms;
   m.tokens_per_s = static_cast<double>(tokens_per_step()) / (m.step_ms * 1e-3);
   return m;
+}
+
+MemoryAccount Trainer::memory() const {
+  MemoryAccount account;
+  account.params = params_.bytes();
+  // Sharded gradients still use the whole buffer during backward; ZeRO 2's
+  // saving is what the rank keeps after the reduce-scatter.
+  account.grads = options_.parallel.zero >= 2 ? grads_.bytes() / dp_size() : grads_.bytes();
+  account.optimizer = 2 * optimizer_->size() * static_cast<int64_t>(sizeof(float));
+  account.activations = model_->activation_bytes(options_.micro_batch, model_config().block_size);
+  return account;
+}
+
+std::vector<BucketTiming> Trainer::bucket_timings() const {
+  return grad_sync_ ? grad_sync_->timings() : std::vector<BucketTiming>{};
 }
 
 double Trainer::evaluate() {
@@ -179,9 +299,36 @@ nlohmann::json Trainer::state_json() const {
           {"dataset", dataset_ ? dataset_->dir().string() : "synthetic"}};
 }
 
+std::pair<FloatBuffer, FloatBuffer> Trainer::gather_moments() {
+  const int64_t size = params_.size();
+  FloatBuffer m(size), v(size);
+  int64_t compact = 0;
+  std::vector<std::shared_ptr<Work>> works;
+  for (int64_t i = 0; i < static_cast<int64_t>(plan_->buckets().size()); ++i) {
+    const FlatRange bucket = plan_->buckets()[i];
+    const int64_t share = plan_->slice(i, dp_rank()).size();
+    for (auto [from, to] : {std::pair{&optimizer_->m(), &m}, std::pair{&optimizer_->v(), &v}}) {
+      works.push_back(dp_group_->all_gather(from->data() + compact, to->data() + bucket.begin,
+                                            share, DType::kF32));
+    }
+    compact += share;
+  }
+  for (auto& work : works) work->wait();
+  return {std::move(m), std::move(v)};
+}
+
 fs::path Trainer::save_checkpoint() {
+  FloatBuffer gathered_m, gathered_v;
+  const float* m = optimizer_->m().data();
+  const float* v = optimizer_->v().data();
+  if (options_.parallel.zero >= 1 && dp_size() > 1) {
+    std::tie(gathered_m, gathered_v) = gather_moments();
+    m = gathered_m.data();
+    v = gathered_v.data();
+  }
+  if (dp_rank() != 0) return {};
   const fs::path root = fs::path(options_.run_dir) / "checkpoints";
-  CheckpointView view{params_.data(), optimizer_->m().data(), optimizer_->v().data(), state_json(),
+  CheckpointView view{params_.data(), m, v, state_json(),
                       dataset_ ? dataset_->tokenizer_spec() : ""};
   const fs::path dir = brigade::save_checkpoint(root, step_, model_config(), view);
   prune_checkpoints(root, options_.keep_checkpoints);
@@ -218,8 +365,13 @@ void Trainer::load_checkpoint(const fs::path& path) {
         dir.string(), seed, options_.seed, seed);
   }
   std::copy(p.data(), p.data() + size, params_.data());
-  std::copy(m.data(), m.data() + size, optimizer_->m().data());
-  std::copy(v.data(), v.data() + size, optimizer_->v().data());
+  // Whole moments, or this rank's slices of them back to back.
+  int64_t compact = 0;
+  for (const Slice& slice : optimizer_->slices()) {
+    std::copy(m.data() + slice.begin, m.data() + slice.end, optimizer_->m().data() + compact);
+    std::copy(v.data() + slice.begin, v.data() + slice.end, optimizer_->v().data() + compact);
+    compact += slice.end - slice.begin;
+  }
   step_ = step;
   optimizer_->set_step_count(optimizer_step);
 }

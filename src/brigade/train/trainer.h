@@ -1,22 +1,35 @@
-// The single-process trainer: one model, one optimizer, one data stream.
-// It owns the three flat buffers (parameters, gradients, AdamW moments) and
-// runs optimizer steps; reporting, progress and files for the user are the
-// CLI's job.
+// The trainer: one model replica, its optimizer and its share of the data.
+// It owns the flat buffers (parameters, gradients, AdamW moments) and runs
+// optimizer steps; reporting, progress and files for the user are the CLI's
+// job.
+//
+// With a data-parallel group (options.parallel.dp ranks), each rank runs
+// samples [rank * B * accum, (rank + 1) * B * accum) of every step's global
+// batch; gradient buckets are reduced during the last micro-batch's backward
+// (parallel/grad_sync.h). ZeRO 1 shards the AdamW moments (each rank updates
+// its slices, then the parameters are all-gathered); ZeRO 2 also keeps only
+// the rank's slices of the reduced gradients. Every rank ends each step with
+// the same parameters, equal to a single process's on the same global batch
+// up to float summation order.
 #pragma once
 
 #include <cstdint>
 #include <filesystem>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <utility>
 #include <vector>
 
 #include "brigade/core/aligned_buffer.h"
 #include "brigade/model/gpt.h"
 #include "brigade/optim/adamw.h"
+#include "brigade/parallel/grad_buckets.h"
+#include "brigade/parallel/grad_sync.h"
 #include "brigade/train/train_options.h"
 
 namespace brigade {
 
+class Communicator;
 class Dataset;
 class GlobalSampler;
 
@@ -26,14 +39,28 @@ struct StepMetrics {
   double lr = 0.0;
   double grad_norm = 0.0;  // before clipping
   double step_ms = 0.0;
-  double tokens_per_s = 0.0;
+  double tokens_per_s = 0.0;  // global batch tokens per second
+  double compute_ms = 0.0;    // forward, backward and optimizer
+  // Time spent waiting on communication after compute was done: the part
+  // that overlap did not hide.
+  double exposed_comm_ms = 0.0;
+};
+
+// Bytes one rank holds for training state, by kind.
+struct MemoryAccount {
+  int64_t params = 0;
+  int64_t grads = 0;
+  int64_t optimizer = 0;
+  int64_t activations = 0;  // estimate for one micro-batch
 };
 
 class Trainer {
  public:
   // Opens (or prepares) the data, initialises the model, and if
-  // options.resume is set, loads that checkpoint.
-  Trainer(const GptConfig& model, const TrainOptions& options);
+  // options.resume is set, loads that checkpoint. dp_group: the
+  // data-parallel communicator, required when options.parallel.dp > 1
+  // (its size must equal dp), and outliving the trainer.
+  Trainer(const GptConfig& model, const TrainOptions& options, Communicator* dp_group = nullptr);
   ~Trainer();
 
   // One optimizer step over the global batch of step `step()`.
@@ -41,7 +68,9 @@ class Trainer {
   // Mean validation loss over options.eval_windows windows (all if 0).
   double evaluate();
 
-  // Saves to <run_dir>/checkpoints/step_<N> and prunes old ones.
+  // Saves to <run_dir>/checkpoints/step_<N> and prunes old ones. Every
+  // data-parallel rank must call it (sharded moments are gathered); rank 0
+  // writes, and the path is empty on the others.
   std::filesystem::path save_checkpoint();
   // Loads a checkpoint or the newest one in a run directory.
   void load_checkpoint(const std::filesystem::path& path);
@@ -50,6 +79,12 @@ class Trainer {
   const GptConfig& model_config() const { return model_->config(); }
   const TrainOptions& options() const { return options_; }
   const FloatBuffer& params() const { return params_; }
+  int dp_rank() const;
+  int dp_size() const { return options_.parallel.dp; }
+  // What this rank holds, for the start-up report and the ZeRO tests.
+  MemoryAccount memory() const;
+  // The last step's bucket reductions (empty without data parallelism).
+  std::vector<BucketTiming> bucket_timings() const;
   Gpt& model() { return *model_; }
   const Dataset* dataset() const { return dataset_.get(); }  // null when synthetic
   int64_t tokens_per_step() const { return options_.global_batch() * model_config().block_size; }
@@ -61,16 +96,34 @@ class Trainer {
   // Fills inputs_/targets_ with samples [first, first+num) of this step's
   // global batch.
   void fill_batch(int64_t first_sample, int64_t num_samples);
+  // The flat buffers: in the communicator's shared region when they fit
+  // (zero-copy collectives), else on the heap.
+  void allocate_buffers(int64_t size);
+  // Sum over the data-parallel group (a no-op alone).
+  double sum_over_ranks(double value);
+  double global_grad_norm();
+  // Full-length copies of the AdamW moments, gathered from every rank's
+  // slices under ZeRO (every rank must call it).
+  std::pair<FloatBuffer, FloatBuffer> gather_moments();
 
   TrainOptions options_;
+  Communicator* dp_group_ = nullptr;
+  std::unique_ptr<BucketPlan> plan_;
   FloatBuffer params_, grads_;
+  bool grads_in_shared_memory_ = false;
   std::unique_ptr<Gpt> model_;
   std::unique_ptr<AdamW> optimizer_;
+  std::unique_ptr<GradSync> grad_sync_;
   std::unique_ptr<Dataset> dataset_;
   std::unique_ptr<GlobalSampler> sampler_;
   std::vector<int32_t> inputs_, targets_;  // one micro-batch, (B,T) each
   int64_t step_ = 0;
 };
+
+// The shared-memory bytes per rank that let a Trainer for `model` place its
+// flat gradient and parameter buffers in the shm backend's shared region
+// (pass to connect_world).
+int64_t shared_bytes_for_training(const GptConfig& model);
 
 // Which ranges of the flat buffer get weight decay: matmul weights and the
 // token embedding (it is also the LM head's matrix); not biases, not

@@ -1,0 +1,111 @@
+#include "brigade/parallel/grad_sync.h"
+
+#include <sys/mman.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "brigade/comm/communicator.h"
+#include "brigade/core/clock.h"
+#include "brigade/core/error.h"
+
+namespace brigade {
+
+namespace {
+
+// Gives the whole pages inside [begin, end) back to the system and zeroes the
+// partial pages at the edges: afterwards all of it reads as zeros.
+void release(float* begin, float* end, bool shared) {
+  if (begin >= end) return;
+  constexpr uintptr_t kPage = 4096;
+  const auto first = reinterpret_cast<uintptr_t>(begin);
+  const auto last = reinterpret_cast<uintptr_t>(end);
+  const uintptr_t page_begin = (first + kPage - 1) / kPage * kPage;
+  const uintptr_t page_end = last / kPage * kPage;
+  if (page_begin >= page_end) {
+    std::memset(begin, 0, (last - first));
+    return;
+  }
+  std::memset(begin, 0, page_begin - first);
+  std::memset(reinterpret_cast<void*>(page_end), 0, last - page_end);
+  // MADV_REMOVE frees a shared mapping's backing; DONTNEED private memory.
+  if (::madvise(reinterpret_cast<void*>(page_begin), page_end - page_begin,
+                shared ? MADV_REMOVE : MADV_DONTNEED) != 0) {
+    std::memset(reinterpret_cast<void*>(page_begin), 0, page_end - page_begin);
+  }
+}
+
+}  // namespace
+
+GradSync::GradSync(Communicator& comm, const BucketPlan& plan, float* grads, Mode mode,
+                   bool grads_shared)
+    : comm_(comm),
+      plan_(plan),
+      grads_(grads),
+      mode_(mode),
+      grads_shared_(grads_shared),
+      works_(plan.buckets().size()),
+      timings_(plan.buckets().size()) {
+  BRIGADE_CHECK(comm.size() == plan.dp(), "the communicator is the data-parallel group");
+}
+
+// Waits for anything still in flight, so no reduction outlives the buffers.
+GradSync::~GradSync() {
+  for (auto& work : works_) {
+    if (!work) continue;
+    try {
+      work->wait();
+    } catch (const std::exception&) {
+      // Already reported by finish(), or the step is being abandoned.
+    }
+  }
+}
+
+void GradSync::arm() {
+  for (auto& work : works_) work.reset();
+  next_ = 0;
+  armed_ns_ = now_ns();
+}
+
+void GradSync::launch(size_t index) {
+  const FlatRange& bucket = plan_.buckets()[index];
+  float* data = grads_ + bucket.begin;
+  if (mode_ != Mode::kAllReduce) {
+    const FlatRange mine = plan_.slice(static_cast<int64_t>(index), comm_.rank());
+    works_[index] =
+        comm_.reduce_scatter(data, grads_ + mine.begin, mine.size(), DType::kF32, ReduceOp::kSum);
+  } else {
+    works_[index] = comm_.all_reduce(data, bucket.size(), DType::kF32, ReduceOp::kSum);
+  }
+  timings_[index] = {bucket.size() * static_cast<int64_t>(sizeof(float)),
+                     static_cast<double>(now_ns() - armed_ns_) * 1e-6, 0.0};
+}
+
+void GradSync::on_ready(int64_t ready_from) {
+  const auto& buckets = plan_.buckets();
+  while (next_ < buckets.size() && buckets[next_].begin >= ready_from) launch(next_++);
+  if (mode_ == Mode::kReduceScatterAndRelease) release_finished(false);
+}
+
+void GradSync::release_finished(bool wait) {
+  for (size_t i = 0; i < next_; ++i) {
+    if (!works_[i] || (!wait && !works_[i]->test())) continue;
+    works_[i]->wait();  // rethrows a failure
+    timings_[i].done_ms = static_cast<double>(works_[i]->finished_ns() - armed_ns_) * 1e-6;
+    works_[i].reset();
+    if (mode_ != Mode::kReduceScatterAndRelease) continue;
+    const FlatRange bucket = plan_.buckets()[i];
+    const FlatRange mine = plan_.slice(static_cast<int64_t>(i), comm_.rank());
+    release(grads_ + bucket.begin, grads_ + mine.begin, grads_shared_);
+    release(grads_ + mine.end, grads_ + bucket.end, grads_shared_);
+  }
+}
+
+double GradSync::finish() {
+  while (next_ < plan_.buckets().size()) launch(next_++);
+  const int64_t start = now_ns();
+  release_finished(true);
+  return static_cast<double>(now_ns() - start) * 1e-6;
+}
+
+}  // namespace brigade

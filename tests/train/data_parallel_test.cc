@@ -1,0 +1,189 @@
+// Data parallelism and ZeRO against a single process: dp ranks (forked
+// processes over the shm backend) training on one global batch must give the
+// same losses at every step and the same final parameters as one process
+// running that whole batch through gradient accumulation. Also: every rank
+// ends with the same parameters, the memory accounting follows the ZeRO
+// formulas, and a checkpoint saved under ZeRO resumes on one process.
+//
+// Every run, the reference too, happens in a forked child: OpenMP's thread
+// pool does not survive a fork, so the parent never trains itself.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "brigade/comm/shm_communicator.h"
+#include "brigade/core/config.h"
+#include "brigade/train/trainer.h"
+#include "testing/forked_ranks.h"
+#include "testing/temp_dir.h"
+
+namespace brigade {
+namespace {
+namespace fs = std::filesystem;
+
+constexpr int kSteps = 20;
+constexpr int64_t kMicroBatch = 2;
+constexpr int64_t kGradAccum = 2;
+
+// Parameters (26,080 of them) that divide by none of 3, 32 or 64: every
+// shard boundary lands inside a tensor, and the last bucket is padded.
+GptConfig tiny_model() {
+  Config c = Config::from_string(R"(
+    [model]
+    n_layer = 2
+    n_head = 2
+    n_embd = 24
+    block_size = 16
+    vocab_size = 67
+  )");
+  return GptConfig::from_config(c);
+}
+
+TrainOptions options_for(int dp, int zero, int64_t grad_accum, const fs::path& run_dir) {
+  TrainOptions o;
+  o.micro_batch = kMicroBatch;
+  o.grad_accum = grad_accum;
+  o.steps = kSteps;
+  o.seed = 11;
+  o.threads = 1;
+  o.run_dir = run_dir.string();
+  o.lr.lr = 3e-3;
+  o.lr.min_lr = 3e-4;
+  o.lr.warmup_steps = 3;
+  o.lr.total_steps = kSteps;
+  o.grad_clip = 0.5;  // low enough that clipping happens: the norm must be exact
+  o.data.synthetic = true;
+  o.parallel.dp = dp;
+  o.parallel.zero = zero;
+  o.parallel.bucket_mb = 0.02;  // 5,000 floats: several buckets
+  return o;
+}
+
+// What a run leaves behind for the parent to compare.
+struct RunResult {
+  std::vector<double> losses;
+  std::vector<float> params;
+  MemoryAccount memory;
+};
+
+void write_result(const fs::path& path, const std::vector<double>& losses,
+                  const FloatBuffer& params, const MemoryAccount& memory) {
+  std::ofstream out(path, std::ios::binary);
+  const int64_t n = params.size();
+  out.write(reinterpret_cast<const char*>(losses.data()), sizeof(double) * losses.size());
+  out.write(reinterpret_cast<const char*>(&memory), sizeof(memory));
+  out.write(reinterpret_cast<const char*>(&n), sizeof(n));
+  out.write(reinterpret_cast<const char*>(params.data()), sizeof(float) * n);
+}
+
+RunResult read_result(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  EXPECT_TRUE(in.good()) << "no result at " << path;
+  RunResult r;
+  r.losses.resize(kSteps);
+  in.read(reinterpret_cast<char*>(r.losses.data()), sizeof(double) * kSteps);
+  in.read(reinterpret_cast<char*>(&r.memory), sizeof(r.memory));
+  int64_t n = 0;
+  in.read(reinterpret_cast<char*>(&n), sizeof(n));
+  r.params.resize(static_cast<size_t>(n));
+  in.read(reinterpret_cast<char*>(r.params.data()), sizeof(float) * n);
+  return r;
+}
+
+// Trains kSteps with dp forked ranks (dp 1: one process, no communicator)
+// and writes each rank's result to dir/rank<r>.bin.
+void train_forked(int dp, int zero, int64_t grad_accum, const fs::path& dir) {
+  const GptConfig model = tiny_model();
+  const std::string segment =
+      fmt::format("/brigade-dp-test-{}-{}", ::getpid(), dir.filename().string());
+  const auto pids = testing::fork_ranks(dp, [&](int rank) {
+    std::unique_ptr<ShmCommunicator> comm;
+    if (dp > 1) {
+      ShmCommunicatorOptions shm;
+      shm.segment_name = segment;
+      shm.group_name = "dp";
+      shm.rank = rank;
+      shm.size = dp;
+      shm.timeout_ms = 20000;
+      shm.shared_bytes = shared_bytes_for_training(model);
+      comm = std::make_unique<ShmCommunicator>(shm);
+    }
+    Trainer trainer(model, options_for(dp, zero, grad_accum, dir / "run"), comm.get());
+    std::vector<double> losses;
+    for (int s = 0; s < kSteps; ++s) losses.push_back(trainer.train_step().loss);
+    write_result(dir / fmt::format("rank{}.bin", rank), losses, trainer.params(), trainer.memory());
+  });
+  const auto codes = testing::reap_all(pids, std::chrono::seconds(120));
+  for (size_t r = 0; r < codes.size(); ++r) ASSERT_EQ(codes[r], 0) << "rank " << r;
+}
+
+void expect_same_training(const RunResult& reference, const RunResult& run,
+                          const std::string& what) {
+  ASSERT_EQ(run.losses.size(), reference.losses.size());
+  for (int s = 0; s < kSteps; ++s) {
+    EXPECT_LE(std::abs(run.losses[s] - reference.losses[s]), 1e-5 * std::abs(reference.losses[s]))
+        << what << ": step " << s << " loss " << run.losses[s] << " vs " << reference.losses[s];
+  }
+  float largest = 0;
+  for (float p : reference.params) largest = std::max(largest, std::abs(p));
+  const size_t n = std::min(reference.params.size(), run.params.size());
+  float worst = 0;
+  for (size_t i = 0; i < n; ++i)
+    worst = std::max(worst, std::abs(run.params[i] - reference.params[i]));
+  EXPECT_LE(worst, 1e-5f * largest) << what << ": largest parameter difference";
+}
+
+class DataParallelTest : public ::testing::TestWithParam<std::tuple<int, int>> {
+ protected:
+  testing::TempDir temp_{"brigade_dp_test"};
+};
+
+TEST_P(DataParallelTest, MatchesOneProcessOnTheSameGlobalBatch) {
+  const auto [dp, zero] = GetParam();
+  const fs::path reference_dir = temp_.path() / "reference";
+  const fs::path dp_dir = temp_.path() / "dp";
+  fs::create_directories(reference_dir);
+  fs::create_directories(dp_dir);
+  // One process runs all dp * accum micro-batches of each global batch.
+  train_forked(1, 0, kGradAccum * dp, reference_dir);
+  train_forked(dp, zero, kGradAccum, dp_dir);
+  const RunResult reference = read_result(reference_dir / "rank0.bin");
+  const std::string what = fmt::format("dp {} zero {}", dp, zero);
+  for (int r = 0; r < dp; ++r) {
+    const RunResult run = read_result(dp_dir / fmt::format("rank{}.bin", r));
+    expect_same_training(reference, run, what + fmt::format(" rank {}", r));
+  }
+  // ZeRO's memory formulas, per rank: P + G + O bytes of 4 + 4 + 8 per
+  // parameter, O divided by dp from stage 1, G too from stage 2.
+  const RunResult rank0 = read_result(dp_dir / "rank0.bin");
+  const double n = static_cast<double>(tiny_model().num_params());
+  const double expected_optimizer = 8 * n / (zero >= 1 ? dp : 1);
+  const double expected_grads = 4 * n / (zero >= 2 ? dp : 1);
+  EXPECT_NEAR(rank0.memory.params, 4 * n, 0.05 * 4 * n) << what;
+  EXPECT_NEAR(rank0.memory.grads, expected_grads, 0.05 * expected_grads) << what;
+  EXPECT_NEAR(rank0.memory.optimizer, expected_optimizer, 0.05 * expected_optimizer) << what;
+}
+
+INSTANTIATE_TEST_SUITE_P(DpTimesZero, DataParallelTest,
+                         ::testing::Values(std::make_tuple(2, 0), std::make_tuple(4, 0),
+                                           std::make_tuple(2, 1), std::make_tuple(4, 1),
+                                           std::make_tuple(3, 1), std::make_tuple(2, 2),
+                                           std::make_tuple(4, 2)),
+                         [](const auto& info) {
+                           return fmt::format("dp{}_zero{}", std::get<0>(info.param),
+                                              std::get<1>(info.param));
+                         });
+
+TEST(DataParallel, RefusesDpWithoutAGroup) {
+  TrainOptions options = options_for(2, 0, 1, "unused");
+  EXPECT_THROW(Trainer(tiny_model(), options, nullptr), Error);
+}
+
+}  // namespace
+}  // namespace brigade
