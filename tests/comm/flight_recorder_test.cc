@@ -5,7 +5,9 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <csignal>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <thread>
 
@@ -15,6 +17,7 @@
 
 namespace brigade {
 namespace {
+namespace fs = std::filesystem;
 
 TEST(FlightRecorder, KeepsTheLastRecordsWithTheirStates) {
   FlightRecorder recorder(3);
@@ -86,6 +89,31 @@ TEST(FlightRecorder, ShmErrorDumpsToTheRunDirectory) {
   EXPECT_EQ(j["records"][1]["seq"], 1);
   EXPECT_NE(j["records"][1]["error"].get<std::string>().find("rank 1"), std::string::npos)
       << j["records"][1]["error"];
+}
+
+TEST(FlightRecorder, SignalDumpsToTheRunDirectory) {
+  testing::TempDir dir("brigade_flight_recorder_signal");
+  std::fflush(nullptr);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::setenv("BRIGADE_FLIGHT_RECORDER_DIR", dir.path().c_str(), 1);
+    FlightRecorder::global().scheduled("dp", 0, "all_reduce(count 4, f32, sum)", 16);
+    dump_flight_recorder_on_signal(SIGUSR1, 3);
+    ::raise(SIGUSR1);
+    const fs::path dump = dir.path() / "flight_recorder_rank3.json";
+    for (int i = 0; i < 100 && !fs::exists(dump); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    ::_exit(fs::exists(dump) ? 0 : 1);
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  ASSERT_EQ(WEXITSTATUS(status), 0) << "no dump within 2 s of SIGUSR1";
+  std::ifstream in(dir.path() / "flight_recorder_rank3.json");
+  const nlohmann::json j = nlohmann::json::parse(in);
+  EXPECT_EQ(j["rank"], 3);
+  ASSERT_GE(j["records"].size(), 1u);
+  EXPECT_EQ(j["records"].back()["state"], "scheduled");
 }
 
 }  // namespace

@@ -1,16 +1,29 @@
-// brigade train CONFIG [--set section.key=value ...] [--resume PATH]
+// brigade train CONFIG [--set section.key=value ...] [--resume PATH] [--nproc N]
+//
+// With --nproc N this process becomes the launcher of N workers (brigade
+// launch), each running `brigade train` with parallel.dp = N. A worker (RANK
+// and WORLD_SIZE set by a launcher) joins the data-parallel group over
+// parallel.backend; rank 0 alone writes the run directory, the metrics and
+// the progress line, and every rank dumps its flight recorder there on a
+// communication error or on SIGUSR1.
 #include <unistd.h>
 
 #include <atomic>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
 
 #include "brigade/ckpt/checkpoint.h"
 #include "brigade/cli/commands.h"
+#include "brigade/cli/launcher.h"
 #include "brigade/cli/load_config.h"
+#include "brigade/comm/communicator.h"
+#include "brigade/comm/flight_recorder.h"
+#include "brigade/comm/world.h"
 #include "brigade/core/error.h"
 #include "brigade/core/files.h"
 #include "brigade/core/process_stats.h"
@@ -81,16 +94,92 @@ class ProgressLine {
   double ema_ms_ = 0;
 };
 
+bool launched_worker() {
+  return std::getenv("RANK") != nullptr && std::getenv("WORLD_SIZE") != nullptr;
+}
+
+// `brigade train --nproc N`: re-runs this command as N workers under the launcher.
+[[noreturn]] void launch_workers(int nproc, const std::string& config_path,
+                                 const std::vector<std::string>& overrides,
+                                 const std::string& resume) {
+  Config config = load_config(config_path, overrides);
+  const int configured_dp = static_cast<int>(config.get_int("parallel.dp", nproc));
+  if (configured_dp != nproc) {
+    throw_error(
+        "--nproc {} but the config sets parallel.dp = {}: data parallelism runs one worker per "
+        "dp rank; drop --nproc, or make them equal",
+        nproc, configured_dp);
+  }
+  LaunchOptions launch;
+  launch.nproc_per_node = nproc;
+  launch.command = {"train", config_path};
+  for (const std::string& o : overrides) {
+    launch.command.push_back("--set");
+    launch.command.push_back(o);
+  }
+  launch.command.push_back("--set");
+  launch.command.push_back(fmt::format("parallel.dp={}", nproc));
+  if (!resume.empty()) {
+    launch.command.push_back("--resume");
+    launch.command.push_back(resume);
+  }
+  const int status = run_launch(launch);
+  std::fflush(nullptr);
+  std::exit(status);
+}
+
+// The data-parallel group of a launched worker, or null alone.
+std::unique_ptr<Communicator> join_group(const GptConfig& model, const TrainOptions& options) {
+  if (!launched_worker()) return nullptr;
+  const WorldEnvironment world = read_world_environment();
+  if (world.world_size != options.parallel.dp) {
+    throw_error(
+        "this job has {} workers but parallel.dp = {}: start it with `brigade train --nproc {} "
+        "CONFIG`, or set parallel.dp = {}",
+        world.world_size, options.parallel.dp, options.parallel.dp, world.world_size);
+  }
+  if (world.world_size == 1) return nullptr;
+  // Every rank's dumps go next to the run's metrics unless the user chose.
+  ::setenv("BRIGADE_FLIGHT_RECORDER_DIR", options.run_dir.c_str(), 0);
+  fs::create_directories(options.run_dir);
+  dump_flight_recorder_on_signal(SIGUSR1, world.world_rank);
+  return connect_world(options.parallel.backend, options.parallel.timeout_s * 1000,
+                       shared_bytes_for_training(model));
+}
+
 void run_train(const std::string& config_path, const std::vector<std::string>& overrides,
-               const std::string& resume) {
+               const std::string& resume, int nproc) {
+  if (nproc > 0 && !launched_worker()) launch_workers(nproc, config_path, overrides, resume);
   Config config = load_config(config_path, overrides);
   const GptConfig model = GptConfig::from_config(config);
   TrainOptions options = TrainOptions::from_config(config);
   config.check_all_used();
   if (!resume.empty()) options.resume = resume;
-  check_run_dir_is_free(options);
+  const bool first_rank = !launched_worker() || read_world_environment().world_rank == 0;
+  if (first_rank) check_run_dir_is_free(options);
 
-  Trainer trainer(model, options);
+  const std::unique_ptr<Communicator> group = join_group(model, options);
+  // Ranks agree on when to stop, or one would wait for the others forever.
+  auto any_rank = [&](bool flag) {
+    double value = flag ? 1.0 : 0.0;
+    if (group) group->all_reduce(&value, 1, DType::kF64, ReduceOp::kMax)->wait();
+    return value > 0;
+  };
+  Trainer trainer(model, options, group.get());
+  if (!first_rank) {
+    std::signal(SIGINT, request_stop);
+    std::signal(SIGTERM, request_stop);
+    while (trainer.step() < options.steps && !any_rank(g_stop_requested)) {
+      trainer.train_step();
+      const int64_t done = trainer.step();
+      if (options.checkpoint_every > 0 && done % options.checkpoint_every == 0 &&
+          done < options.steps) {
+        trainer.save_checkpoint();
+      }
+    }
+    trainer.save_checkpoint();
+    return;
+  }
   const fs::path run_dir = options.run_dir;
   fs::create_directories(run_dir);
   // A resume records its own config beside the first one, never over it.
@@ -99,16 +188,20 @@ void run_train(const std::string& config_path, const std::vector<std::string>& o
                           : fmt::format("config.resumed_at_step_{}.toml", trainer.step());
   write_file_atomic(run_dir / config_name, config.to_toml() + "\n");
 
-  const double peak_gflops = cpu::measure_sgemm_peak_gflops();
+  // Every worker has the same cores, so one's peak times dp is the job's.
+  const double peak_gflops = cpu::measure_sgemm_peak_gflops() * trainer.dp_size();
   const double flops_per_step = model.train_flops_per_token(model.block_size) *
                                 static_cast<double>(trainer.tokens_per_step());
-  const int64_t param_bytes = trainer.params().bytes();
+  const MemoryAccount memory = trainer.memory();
   std::fprintf(stderr,
-               "brigade train: %lld parameters (%.1f MB each for weights, grads, 2x AdamW), "
-               "activations %.1f MB, %lld tokens/step, %d threads, sgemm peak %.1f GFLOP/s\n",
-               static_cast<long long>(model.num_params()), param_bytes / 1e6,
-               trainer.model().activation_bytes(options.micro_batch, model.block_size) / 1e6,
-               static_cast<long long>(trainer.tokens_per_step()), num_threads(), peak_gflops);
+               "brigade train: %lld parameters, %lld tokens/step, dp %d, ZeRO %d, %d threads per "
+               "rank, sgemm peak %.1f GFLOP/s\n"
+               "  per rank: parameters %.1f MB, gradients %.1f MB, optimizer state %.1f MB, "
+               "activations %.1f MB (estimate)\n",
+               static_cast<long long>(model.num_params()),
+               static_cast<long long>(trainer.tokens_per_step()), trainer.dp_size(),
+               options.parallel.zero, num_threads(), peak_gflops, memory.params / 1e6,
+               memory.grads / 1e6, memory.optimizer / 1e6, memory.activations / 1e6);
   if (trainer.step() > 0) {
     std::fprintf(stderr, "resumed at step %lld from %s\n", static_cast<long long>(trainer.step()),
                  options.resume.c_str());
@@ -126,19 +219,28 @@ void run_train(const std::string& config_path, const std::vector<std::string>& o
     metrics << nlohmann::json{{"step", step}, {"val_loss", val_loss}}.dump() << "\n" << std::flush;
     return val_loss;
   };
-  while (trainer.step() < options.steps && !g_stop_requested) {
+  while (trainer.step() < options.steps && !any_rank(g_stop_requested)) {
     const StepMetrics m = trainer.train_step();
     const double mfu = flops_per_step / (m.step_ms * 1e-3) / (peak_gflops * 1e9);
-    metrics << nlohmann::json{{"step", m.step + 1},
-                              {"loss", m.loss},
-                              {"lr", m.lr},
-                              {"grad_norm", m.grad_norm},
-                              {"tokens_per_s", m.tokens_per_s},
-                              {"step_ms", m.step_ms},
-                              {"mfu", mfu},
-                              {"peak_rss_bytes", peak_rss_bytes()}}
-                   .dump()
-            << "\n";
+    nlohmann::json line = {{"step", m.step + 1},
+                           {"loss", m.loss},
+                           {"lr", m.lr},
+                           {"grad_norm", m.grad_norm},
+                           {"tokens_per_s", m.tokens_per_s},
+                           {"step_ms", m.step_ms},
+                           {"compute_ms", m.compute_ms},
+                           {"exposed_comm_ms", m.exposed_comm_ms},
+                           {"exposed_comm_fraction", m.exposed_comm_ms / m.step_ms},
+                           {"mfu", mfu},
+                           {"peak_rss_bytes", peak_rss_bytes()}};
+    // One trace event per gradient bucket: when it was handed to the
+    // communicator and when its reduction finished, ms after backward began.
+    nlohmann::json buckets = nlohmann::json::array();
+    for (const BucketTiming& b : trainer.bucket_timings()) {
+      buckets.push_back({{"bytes", b.bytes}, {"issued_ms", b.issued_ms}, {"done_ms", b.done_ms}});
+    }
+    if (!buckets.empty()) line["buckets"] = std::move(buckets);
+    metrics << line.dump() << "\n";
     progress.update(m, mfu);
     const int64_t done = trainer.step();
     if (options.eval_every > 0 && done % options.eval_every == 0 && done < options.steps) {
@@ -167,11 +269,15 @@ void add_train_command(CLI::App& app) {
   auto config_path = std::make_shared<std::string>();
   auto overrides = std::make_shared<std::vector<std::string>>();
   auto resume = std::make_shared<std::string>();
+  auto nproc = std::make_shared<int>(0);
   cmd->add_option("config", *config_path, "Config file (see examples/)")->required();
   cmd->add_option("--set", *overrides, "Override a config key: section.key=value (repeatable)")
       ->allow_extra_args(false);
   cmd->add_option("--resume", *resume, "Continue from a run or checkpoint directory");
-  cmd->callback([=] { run_train(*config_path, *overrides, *resume); });
+  cmd->add_option("--nproc", *nproc,
+                  "Data-parallel worker processes on this machine (sets parallel.dp)")
+      ->check(CLI::Range(1, 1024));
+  cmd->callback([=] { run_train(*config_path, *overrides, *resume, *nproc); });
 }
 
 }  // namespace brigade::cli

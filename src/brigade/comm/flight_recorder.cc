@@ -2,8 +2,12 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
+#include <csignal>
+#include <cstdio>
 #include <cstdlib>
+#include <thread>
 
 #include "brigade/core/clock.h"
 #include "brigade/core/files.h"
@@ -121,6 +125,35 @@ std::filesystem::path FlightRecorder::dump_to_run_dir(int rank) const {
       std::filesystem::path(dir) / ("flight_recorder_rank" + std::to_string(rank) + ".json");
   dump(path, rank);
   return path;
+}
+
+namespace {
+std::atomic<int> g_dump_requests{0};
+void count_dump_request(int) {
+  g_dump_requests.fetch_add(1, std::memory_order_relaxed);
+}
+}  // namespace
+
+void dump_flight_recorder_on_signal(int signal, int rank) {
+  // The handler only counts (async-signal-safe); the thread writes.
+  std::signal(signal, count_dump_request);
+  std::thread([rank] {
+    int handled = 0;
+    for (;;) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      const int requested = g_dump_requests.load(std::memory_order_relaxed);
+      if (requested == handled) continue;
+      handled = requested;
+      try {
+        const auto path = FlightRecorder::global().dump_to_run_dir(rank);
+        std::fprintf(
+            stderr, "rank %d: flight recorder written to %s\n", rank,
+            path.empty() ? "(nowhere: BRIGADE_FLIGHT_RECORDER_DIR is not set)" : path.c_str());
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "rank %d: flight recorder dump failed: %s\n", rank, e.what());
+      }
+    }
+  }).detach();
 }
 
 }  // namespace brigade

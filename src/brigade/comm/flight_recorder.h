@@ -66,4 +66,11 @@ class FlightRecorder {
 
 const char* op_state_name(OpState state);
 
+// Dumps the process's recorder to the run directory (dump_to_run_dir) each
+// time the process gets `signal` (SIGUSR1 by convention): how an operator
+// asks a live, possibly hung, job where every rank is. A watcher thread does
+// the writing, so it works while the training thread is stuck in a
+// collective. Call once per process.
+void dump_flight_recorder_on_signal(int signal, int rank);
+
 }  // namespace brigade

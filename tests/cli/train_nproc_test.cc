@@ -1,0 +1,88 @@
+// `brigade train --nproc N` end to end: the real binary launches N
+// data-parallel workers, rank 0 writes the run directory with the per-step
+// communication metrics and bucket trace, and a mismatch between --nproc and
+// the config's parallel.dp is refused before anything starts.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "testing/run_brigade.h"
+#include "testing/temp_dir.h"
+
+namespace brigade {
+namespace {
+namespace fs = std::filesystem;
+using testing::run_brigade;
+
+constexpr char kTinyModel[] = R"(
+[model]
+n_layer = 2
+n_head = 2
+n_embd = 32
+block_size = 16
+vocab_size = 64
+[train]
+micro_batch = 2
+steps = 4
+[data]
+synthetic = true
+[parallel]
+bucket_mb = 0.01
+)";
+
+fs::path write_config(const fs::path& dir, const std::string& extra = "") {
+  const fs::path path = dir / "config.toml";
+  std::ofstream(path) << kTinyModel << extra;
+  return path;
+}
+
+TEST(TrainNproc, TwoWorkersTrainAndRankZeroReportsCommunication) {
+  testing::TempDir dir("brigade_train_nproc");
+  const fs::path run = dir.path() / "run";
+  const auto result =
+      run_brigade({"train", "--nproc", "2", write_config(dir.path()).string(), "--set",
+                   "parallel.zero=1", "--set", "train.run_dir=\"" + run.string() + "\""});
+  ASSERT_EQ(result.status, 0) << result.err;
+  EXPECT_NE(result.err.find("dp 2, ZeRO 1"), std::string::npos) << result.err;
+  EXPECT_NE(result.err.find("per rank: parameters"), std::string::npos) << result.err;
+  std::ifstream metrics(run / "metrics.jsonl");
+  int steps = 0;
+  for (std::string line; std::getline(metrics, line);) {
+    const auto row = nlohmann::json::parse(line);
+    if (!row.contains("loss")) continue;
+    ++steps;
+    EXPECT_GE(row.at("exposed_comm_ms").get<double>(), 0.0) << line;
+    EXPECT_LE(row.at("exposed_comm_fraction").get<double>(), 1.0) << line;
+    EXPECT_GT(row.at("compute_ms").get<double>(), 0.0) << line;
+    ASSERT_TRUE(row.contains("buckets")) << line;
+    EXPECT_GT(row.at("buckets").size(), 1u) << "bucket_mb = 0.01 makes several: " << line;
+    for (const auto& bucket : row.at("buckets")) {
+      EXPECT_LE(bucket.at("issued_ms").get<double>(), bucket.at("done_ms").get<double>());
+    }
+  }
+  EXPECT_EQ(steps, 4);
+  EXPECT_TRUE(fs::exists(run / "checkpoints" / "step_00000004" / "model.safetensors"));
+}
+
+TEST(TrainNproc, NprocDisagreeingWithTheConfigIsRefused) {
+  testing::TempDir dir("brigade_train_nproc");
+  const auto result =
+      run_brigade({"train", "--nproc", "2", write_config(dir.path(), "dp = 3\n").string()});
+  EXPECT_NE(result.status, 0);
+  EXPECT_NE(result.err.find("--nproc 2 but the config sets parallel.dp = 3"), std::string::npos)
+      << result.err;
+}
+
+TEST(TrainNproc, DpWithoutWorkersSaysHowToStartThem) {
+  testing::TempDir dir("brigade_train_nproc");
+  const auto result = run_brigade({"train", write_config(dir.path(), "dp = 2\n").string(), "--set",
+                                   "train.run_dir=\"" + (dir.path() / "run").string() + "\""});
+  EXPECT_NE(result.status, 0);
+  EXPECT_NE(result.err.find("brigade train --nproc 2"), std::string::npos) << result.err;
+}
+
+}  // namespace
+}  // namespace brigade
