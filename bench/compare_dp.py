@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Data parallelism against one process on the same cores, in one run.
 
-  compare_dp.py CONFIG [--build build] [--steps 8] [--zero 0 1 2] [--micro-batch B]
+  compare_dp.py CONFIG [--build build] [--steps 8] [--zero 0 1 2 3] [--micro-batch B]
 
 For each ZeRO stage asked for, trains CONFIG on synthetic tokens as
   - one process with 2 threads, grad_accum 2 (the peer), and
@@ -59,7 +59,7 @@ def main():
     parser.add_argument("config")
     parser.add_argument("--build", default=os.path.join(REPO_ROOT, "build"))
     parser.add_argument("--steps", type=int, default=8)
-    parser.add_argument("--zero", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--zero", type=int, nargs="+", default=[0, 1, 2, 3])
     parser.add_argument("--micro-batch", type=int, default=0)
     args = parser.parse_args()
     brigade = os.path.join(args.build, "brigade")

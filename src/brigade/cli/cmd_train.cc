@@ -16,6 +16,7 @@
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "brigade/ckpt/checkpoint.h"
 #include "brigade/cli/commands.h"
@@ -94,6 +95,81 @@ class ProgressLine {
   double ema_ms_ = 0;
 };
 
+// What rank 0 writes for the user: the run directory's config and
+// metrics.jsonl, the start-up summary and the progress line.
+class RunReport {
+ public:
+  RunReport(const Config& config, const GptConfig& model, const TrainOptions& options,
+            const Trainer& trainer)
+      : progress_(options.steps) {
+    const fs::path run_dir = options.run_dir;
+    fs::create_directories(run_dir);
+    // A resume records its own config beside the first one, never over it.
+    const std::string config_name =
+        trainer.step() == 0 ? std::string("config.toml")
+                            : fmt::format("config.resumed_at_step_{}.toml", trainer.step());
+    write_file_atomic(run_dir / config_name, config.to_toml() + "\n");
+
+    // Every worker has the same cores, so one's peak times dp is the job's.
+    peak_gflops_ = cpu::measure_sgemm_peak_gflops() * trainer.dp_size();
+    flops_per_step_ = model.train_flops_per_token(model.block_size) *
+                      static_cast<double>(trainer.tokens_per_step());
+    const MemoryAccount memory = trainer.memory();
+    std::fprintf(stderr,
+                 "brigade train: %lld parameters, %lld tokens/step, dp %d, ZeRO %d, %d threads "
+                 "per rank, sgemm peak %.1f GFLOP/s\n"
+                 "  per rank: parameters %.1f MB, gradients %.1f MB, optimizer state %.1f MB, "
+                 "activations %.1f MB (estimate)\n",
+                 static_cast<long long>(model.num_params()),
+                 static_cast<long long>(trainer.tokens_per_step()), trainer.dp_size(),
+                 options.parallel.zero, num_threads(), peak_gflops_, memory.params / 1e6,
+                 memory.grads / 1e6, memory.optimizer / 1e6, memory.activations / 1e6);
+    if (trainer.step() > 0) {
+      std::fprintf(stderr, "resumed at step %lld from %s\n", static_cast<long long>(trainer.step()),
+                   options.resume.c_str());
+    }
+    metrics_.open(run_dir / "metrics.jsonl", std::ios::app);
+    if (!metrics_) throw_error("cannot append to {}", (run_dir / "metrics.jsonl").string());
+  }
+
+  void step(const StepMetrics& m, const std::vector<BucketTiming>& bucket_timings) {
+    const double mfu = flops_per_step_ / (m.step_ms * 1e-3) / (peak_gflops_ * 1e9);
+    nlohmann::json line = {{"step", m.step + 1},
+                           {"loss", m.loss},
+                           {"lr", m.lr},
+                           {"grad_norm", m.grad_norm},
+                           {"tokens_per_s", m.tokens_per_s},
+                           {"step_ms", m.step_ms},
+                           {"compute_ms", m.compute_ms},
+                           {"exposed_comm_ms", m.exposed_comm_ms},
+                           {"exposed_comm_fraction", m.exposed_comm_ms / m.step_ms},
+                           {"mfu", mfu},
+                           {"peak_rss_bytes", peak_rss_bytes()}};
+    // One trace event per gradient bucket: when it was handed to the
+    // communicator and when its reduction finished, ms after backward began.
+    nlohmann::json buckets = nlohmann::json::array();
+    for (const BucketTiming& b : bucket_timings) {
+      buckets.push_back({{"bytes", b.bytes}, {"issued_ms", b.issued_ms}, {"done_ms", b.done_ms}});
+    }
+    if (!buckets.empty()) line["buckets"] = std::move(buckets);
+    metrics_ << line.dump() << "\n" << std::flush;
+    progress_.update(m, mfu);
+  }
+
+  void validation(int64_t step, double val_loss) {
+    progress_.note(fmt::format("step {}: validation loss {:.4f}", step, val_loss));
+    metrics_ << nlohmann::json{{"step", step}, {"val_loss", val_loss}}.dump() << "\n" << std::flush;
+  }
+
+  void note(const std::string& message) { progress_.note(message); }
+
+ private:
+  ProgressLine progress_;
+  std::ofstream metrics_;
+  double peak_gflops_ = 0;
+  double flops_per_step_ = 0;
+};
+
 bool launched_worker() {
   return std::getenv("RANK") != nullptr && std::getenv("WORLD_SIZE") != nullptr;
 }
@@ -166,99 +242,44 @@ void run_train(const std::string& config_path, const std::vector<std::string>& o
     return value > 0;
   };
   Trainer trainer(model, options, group.get());
-  if (!first_rank) {
-    std::signal(SIGINT, request_stop);
-    std::signal(SIGTERM, request_stop);
-    while (trainer.step() < options.steps && !any_rank(g_stop_requested)) {
-      trainer.train_step();
-      const int64_t done = trainer.step();
-      if (options.checkpoint_every > 0 && done % options.checkpoint_every == 0 &&
-          done < options.steps) {
-        trainer.save_checkpoint();
-      }
-    }
-    trainer.save_checkpoint();
-    return;
-  }
-  const fs::path run_dir = options.run_dir;
-  fs::create_directories(run_dir);
-  // A resume records its own config beside the first one, never over it.
-  const std::string config_name =
-      trainer.step() == 0 ? std::string("config.toml")
-                          : fmt::format("config.resumed_at_step_{}.toml", trainer.step());
-  write_file_atomic(run_dir / config_name, config.to_toml() + "\n");
-
-  // Every worker has the same cores, so one's peak times dp is the job's.
-  const double peak_gflops = cpu::measure_sgemm_peak_gflops() * trainer.dp_size();
-  const double flops_per_step = model.train_flops_per_token(model.block_size) *
-                                static_cast<double>(trainer.tokens_per_step());
-  const MemoryAccount memory = trainer.memory();
-  std::fprintf(stderr,
-               "brigade train: %lld parameters, %lld tokens/step, dp %d, ZeRO %d, %d threads per "
-               "rank, sgemm peak %.1f GFLOP/s\n"
-               "  per rank: parameters %.1f MB, gradients %.1f MB, optimizer state %.1f MB, "
-               "activations %.1f MB (estimate)\n",
-               static_cast<long long>(model.num_params()),
-               static_cast<long long>(trainer.tokens_per_step()), trainer.dp_size(),
-               options.parallel.zero, num_threads(), peak_gflops, memory.params / 1e6,
-               memory.grads / 1e6, memory.optimizer / 1e6, memory.activations / 1e6);
-  if (trainer.step() > 0) {
-    std::fprintf(stderr, "resumed at step %lld from %s\n", static_cast<long long>(trainer.step()),
-                 options.resume.c_str());
-  }
-
-  std::ofstream metrics(run_dir / "metrics.jsonl", std::ios::app);
-  if (!metrics) throw_error("cannot append to {}", (run_dir / "metrics.jsonl").string());
   std::signal(SIGINT, request_stop);
   std::signal(SIGTERM, request_stop);
-
-  ProgressLine progress(options.steps);
+  // Rank 0 reports; every rank trains, evaluates and saves (under ZeRO these
+  // are collective), at the same steps.
+  std::optional<RunReport> report;
+  if (first_rank) report.emplace(config, model, options, trainer);
   auto evaluate = [&](int64_t step) {
     const double val_loss = trainer.evaluate();
-    progress.note(fmt::format("step {}: validation loss {:.4f}", step, val_loss));
-    metrics << nlohmann::json{{"step", step}, {"val_loss", val_loss}}.dump() << "\n" << std::flush;
-    return val_loss;
+    if (report) report->validation(step, val_loss);
   };
-  while (trainer.step() < options.steps && !any_rank(g_stop_requested)) {
+  auto save = [&] {
+    const fs::path saved = trainer.save_checkpoint();
+    if (report) report->note("saved " + saved.string());
+  };
+  bool stopped = false;
+  while (trainer.step() < options.steps && !(stopped = any_rank(g_stop_requested))) {
     const StepMetrics m = trainer.train_step();
-    const double mfu = flops_per_step / (m.step_ms * 1e-3) / (peak_gflops * 1e9);
-    nlohmann::json line = {{"step", m.step + 1},
-                           {"loss", m.loss},
-                           {"lr", m.lr},
-                           {"grad_norm", m.grad_norm},
-                           {"tokens_per_s", m.tokens_per_s},
-                           {"step_ms", m.step_ms},
-                           {"compute_ms", m.compute_ms},
-                           {"exposed_comm_ms", m.exposed_comm_ms},
-                           {"exposed_comm_fraction", m.exposed_comm_ms / m.step_ms},
-                           {"mfu", mfu},
-                           {"peak_rss_bytes", peak_rss_bytes()}};
-    // One trace event per gradient bucket: when it was handed to the
-    // communicator and when its reduction finished, ms after backward began.
-    nlohmann::json buckets = nlohmann::json::array();
-    for (const BucketTiming& b : trainer.bucket_timings()) {
-      buckets.push_back({{"bytes", b.bytes}, {"issued_ms", b.issued_ms}, {"done_ms", b.done_ms}});
-    }
-    if (!buckets.empty()) line["buckets"] = std::move(buckets);
-    metrics << line.dump() << "\n";
-    progress.update(m, mfu);
+    if (report) report->step(m, trainer.bucket_timings());
     const int64_t done = trainer.step();
-    if (options.eval_every > 0 && done % options.eval_every == 0 && done < options.steps) {
+    if (options.eval_every > 0 && done % options.eval_every == 0 && done < options.steps &&
+        trainer.dataset() != nullptr) {
       evaluate(done);
     }
     if (options.checkpoint_every > 0 && done % options.checkpoint_every == 0 &&
         done < options.steps) {
-      progress.note("saved " + trainer.save_checkpoint().string());
+      save();
     }
   }
-  metrics.flush();
-  if (g_stop_requested) {
-    progress.note(fmt::format("interrupted at step {}; saving a checkpoint", trainer.step()));
-    progress.note("saved " + trainer.save_checkpoint().string());
+  if (stopped) {
+    if (report) {
+      report->note(fmt::format("interrupted at step {}; saving a checkpoint", trainer.step()));
+    }
+    save();
+    std::fflush(nullptr);
     std::exit(130);
   }
   // Save before the final evaluation: the trained state is what matters.
-  progress.note("saved " + trainer.save_checkpoint().string());
+  save();
   if (trainer.dataset() != nullptr) evaluate(trainer.step());
 }
 

@@ -176,30 +176,64 @@ void Gpt::block_forward(int64_t layer, const Stash& s, const float* resid_in, fl
   cpu::linear_forward(mlp_out, ws.c4_a, p + o.mlp_proj_w, p + o.mlp_proj_b, n, 4 * c, c);
 }
 
+Gpt::Range Gpt::embeddings_range() const {
+  return {layout_.wte(), layout_.block(0).ln_1_w};
+}
+Gpt::Range Gpt::wte_range() const {
+  return {layout_.wte(), layout_.wpe()};
+}
+Gpt::Range Gpt::block_range(int64_t layer) const {
+  const int64_t end =
+      layer + 1 < config_.n_layer ? layout_.block(layer + 1).ln_1_w : layout_.ln_f_w();
+  return {layout_.block(layer).ln_1_w, end};
+}
+Gpt::Range Gpt::ln_f_range() const {
+  return {layout_.ln_f_w(), layout_.size()};
+}
+
 void Gpt::forward_trunk(const int32_t* inputs, int64_t b, int64_t t) {
   ensure_workspace(b, t);
   Workspace& ws = *ws_;
   const float* p = params_;
   const int64_t n = b * t, c = config_.n_embd, v = config_.vocab_size;
   check_token_ids(inputs, n, v, "token");
+  // Residency (ZeRO 3): each step holds what it reads and fetches the next
+  // block meanwhile. Block l's closing LayerNorm belongs to block l+1 (or
+  // ln_f), so that range is acquired before block l runs and kept for its own turn.
+  acquire(embeddings_range());
+  acquire(block_range(0));
   cpu::embedding_forward(ws.resid[0], inputs, p + layout_.wte(), p + layout_.wpe(), b, t, c);
   const BlockOffsets& first = layout_.block(0);
   cpu::layernorm_forward(stash(0).ln1, stash(0).ln1_mean, stash(0).ln1_rstd, ws.resid[0],
                          p + first.ln_1_w, p + first.ln_1_b, n, c);
+  release(embeddings_range());
   for (int64_t l = 0; l < config_.n_layer; ++l) {
     const Stash& s = stash(l);
+    const bool last = l + 1 == config_.n_layer;
+    const Range next = last ? ln_f_range() : block_range(l + 1);
+    acquire(next);
+    if (last) {
+      prefetch(wte_range());  // the LM head's
+    } else if (l + 2 < config_.n_layer) {
+      prefetch(block_range(l + 2));
+    }
     block_forward(l, s, ws.resid[l], ws.c_b, b, t);
     // The block's closing residual add is fused with the next LayerNorm:
     // resid[l+1] = resid_mid + mlp_out, then ln_1 of block l+1 (or ln_f).
-    const bool last = l + 1 == config_.n_layer;
-    const Stash& next = stash(last ? l : l + 1);
+    const Stash& next_stash = stash(last ? l : l + 1);
     const BlockOffsets* nb = last ? nullptr : &layout_.block(l + 1);
-    cpu::residual_layernorm_forward(ws.resid[l + 1], last ? ws.lnf : next.ln1,
-                                    last ? ws.lnf_mean : next.ln1_mean,
-                                    last ? ws.lnf_rstd : next.ln1_rstd, s.resid_mid, ws.c_b,
+    cpu::residual_layernorm_forward(ws.resid[l + 1], last ? ws.lnf : next_stash.ln1,
+                                    last ? ws.lnf_mean : next_stash.ln1_mean,
+                                    last ? ws.lnf_rstd : next_stash.ln1_rstd, s.resid_mid, ws.c_b,
                                     p + (last ? layout_.ln_f_w() : nb->ln_1_w),
                                     p + (last ? layout_.ln_f_b() : nb->ln_1_b), n, c);
+    release(block_range(l));
   }
+  // ln_f stays acquired: its backward (or end_forward_only) releases it.
+}
+
+void Gpt::end_forward_only() {
+  release(ln_f_range());
 }
 
 void Gpt::block_backward(int64_t layer, const Stash& s, const float* resid_in, float* dresid,
@@ -245,15 +279,21 @@ float Gpt::forward_backward(const int32_t* inputs, const int32_t* targets, int64
   head.dx = ws.c_a;
   head.dwte = g + layout_.wte();
   head.loss_scale = loss_scale;
+  acquire(wte_range());
+  prefetch(block_range(config_.n_layer - 1));
   cpu::lm_head_loss(head);
+  release(wte_range());
 
   std::memset(ws.dresid, 0, sizeof(float) * n * c);
   cpu::layernorm_backward(ws.dresid, g + layout_.ln_f_w(), g + layout_.ln_f_b(), ws.c_a,
                           ws.resid[config_.n_layer], ws.lnf_mean, ws.lnf_rstd, p + layout_.ln_f_w(),
                           n, c);
+  release(ln_f_range());
   if (grad_ready_) grad_ready_(layout_.ln_f_w());
   for (int64_t l = config_.n_layer - 1; l >= 0; --l) {
     const Stash& s = stash(l);
+    acquire(block_range(l));
+    if (l > 0) prefetch(block_range(l - 1));
     if (config_.recompute == Recompute::kFull) {
       // Rebuild this block's stash from its saved input: ln_1, then the rest.
       const BlockOffsets& o = layout_.block(l);
@@ -262,6 +302,7 @@ float Gpt::forward_backward(const int32_t* inputs, const int32_t* targets, int64
       block_forward(l, s, ws.resid[l], ws.c_b, b, t);
     }
     block_backward(l, s, ws.resid[l], ws.dresid, b, t);
+    release(block_range(l));
     if (grad_ready_) grad_ready_(layout_.block(l).ln_1_w);
   }
   cpu::embedding_backward(g + layout_.wte(), g + layout_.wpe(), ws.dresid, inputs, b, t, c);
@@ -291,23 +332,32 @@ float Gpt::mean_loss(int64_t n) const {
 float Gpt::forward_loss(const int32_t* inputs, const int32_t* targets, int64_t b, int64_t t) {
   check_token_ids(targets, b * t, config_.vocab_size, "target");
   forward_trunk(inputs, b, t);
+  acquire(wte_range());
   cpu::lm_head_loss(lm_head_args(targets, b * t));
+  release(wte_range());
+  end_forward_only();
   return mean_loss(b * t);
 }
 
 void Gpt::forward_logits(const int32_t* inputs, int64_t b, int64_t t, float* logits) {
   forward_trunk(inputs, b, t);
+  acquire(wte_range());
   cpu::lm_head_logits(logits, ws_->lnf, params_ + layout_.wte(), b * t, config_.n_embd,
                       config_.vocab_size);
+  release(wte_range());
+  end_forward_only();
 }
 
 void Gpt::forward_last_logits(const int32_t* inputs, int64_t b, int64_t t, float* logits) {
   forward_trunk(inputs, b, t);
+  acquire(wte_range());
   const int64_t c = config_.n_embd;
   for (int64_t row = 0; row < b; ++row) {
     cpu::lm_head_logits(logits + row * config_.vocab_size, ws_->lnf + (row * t + t - 1) * c,
                         params_ + layout_.wte(), 1, c, config_.vocab_size);
   }
+  release(wte_range());
+  end_forward_only();
 }
 
 void init_gpt2_weights(const ParamLayout& layout, int64_t n_layer, uint64_t seed, float* params) {

@@ -19,6 +19,20 @@ namespace cpu {
 struct LmHeadLossArgs;
 }
 
+// Where parameters come from when not all of them stay in memory (ZeRO 3,
+// parallel/sharded_params.h). The model brackets every read of a parameter
+// range with acquire and release, and names the range it will read next
+// with prefetch, so the owner can fetch it while this one computes. Ranges
+// are flat offsets [begin, end). The sequence of calls is the same on every
+// rank for the same forward/backward, which collectives need.
+class ParamResidency {
+ public:
+  virtual ~ParamResidency() = default;
+  virtual void prefetch(int64_t begin, int64_t end) = 0;
+  virtual void acquire(int64_t begin, int64_t end) = 0;
+  virtual void release(int64_t begin, int64_t end) = 0;
+};
+
 class Gpt {
  public:
   // params and grads point at flat buffers of layout().size() floats, owned
@@ -44,6 +58,9 @@ class Gpt {
   using GradReadyHook = std::function<void(int64_t ready_from)>;
   // Applies to later forward_backward calls; an empty hook turns it off.
   void set_grad_ready_hook(GradReadyHook hook) { grad_ready_ = std::move(hook); }
+
+  // Null (the default): every parameter is always resident.
+  void set_param_residency(ParamResidency* residency) { residency_ = residency; }
 
   // Mean loss over the B*T positions, no gradients.
   float forward_loss(const int32_t* inputs, const int32_t* targets, int64_t b, int64_t t);
@@ -79,6 +96,27 @@ class Gpt {
   float* params_;
   float* grads_;
   GradReadyHook grad_ready_;
+  ParamResidency* residency_ = nullptr;
+
+  // The parameter ranges the passes acquire as units.
+  struct Range {
+    int64_t begin, end;
+  };
+  Range embeddings_range() const;  // wte and wpe
+  Range wte_range() const;         // the LM head's matrix
+  Range block_range(int64_t layer) const;
+  Range ln_f_range() const;
+  void acquire(Range r) const {
+    if (residency_) residency_->acquire(r.begin, r.end);
+  }
+  void release(Range r) const {
+    if (residency_) residency_->release(r.begin, r.end);
+  }
+  void prefetch(Range r) const {
+    if (residency_) residency_->prefetch(r.begin, r.end);
+  }
+  // Releases what forward_trunk left acquired (ln_f), for passes without backward.
+  void end_forward_only();
   FloatBuffer arena_;
   struct WorkspaceDeleter {
     void operator()(Workspace* w) const;

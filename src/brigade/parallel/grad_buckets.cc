@@ -22,6 +22,21 @@ BucketPlan::BucketPlan(int64_t num_elements, int dp, int64_t bucket_elements) : 
   }
 }
 
+BucketPlan::BucketPlan(int64_t num_elements, int dp, const std::vector<int64_t>& cuts) : dp_(dp) {
+  if (dp < 1) throw_error("data-parallel size {} must be at least 1", dp);
+  if (num_elements < 1) throw_error("cannot plan buckets for an empty buffer");
+  const int64_t unit = dp * kAlignFloats;
+  padded_size_ = (num_elements + unit - 1) / unit * unit;
+  std::vector<int64_t> points = {0, padded_size_};
+  for (const int64_t cut : cuts) {
+    BRIGADE_CHECK(cut >= 0 && cut <= num_elements, "cut {} outside the buffer", cut);
+    points.push_back(cut / unit * unit);
+  }
+  std::sort(points.begin(), points.end());
+  points.erase(std::unique(points.begin(), points.end()), points.end());
+  for (size_t i = points.size() - 1; i > 0; --i) buckets_.push_back({points[i - 1], points[i]});
+}
+
 FlatRange BucketPlan::slice(int64_t index, int rank) const {
   BRIGADE_CHECK(index >= 0 && index < static_cast<int64_t>(buckets_.size()));
   BRIGADE_CHECK(rank >= 0 && rank < dp_);

@@ -36,6 +36,11 @@ class BucketPlan {
   // bucket_elements: the target bucket length (rounded up to a multiple of
   // dp * kAlignFloats; the first bucket of the buffer takes the remainder).
   BucketPlan(int64_t num_elements, int dp, int64_t bucket_elements);
+  // Buckets cut at the given offsets instead (each rounded down to a
+  // multiple of dp * kAlignFloats; 0 and the end are implied): ZeRO 3 cuts
+  // at block boundaries, so gathering one block's parameters moves one or
+  // two buckets rather than a fixed-size window.
+  BucketPlan(int64_t num_elements, int dp, const std::vector<int64_t>& cuts);
 
   // The buffer length every rank allocates: num_elements rounded up.
   int64_t padded_size() const { return padded_size_; }

@@ -1,41 +1,11 @@
 #include "brigade/parallel/grad_sync.h"
 
-#include <sys/mman.h>
-
-#include <cstdint>
-#include <cstring>
-
 #include "brigade/comm/communicator.h"
 #include "brigade/core/clock.h"
 #include "brigade/core/error.h"
+#include "brigade/parallel/release_pages.h"
 
 namespace brigade {
-
-namespace {
-
-// Gives the whole pages inside [begin, end) back to the system and zeroes the
-// partial pages at the edges: afterwards all of it reads as zeros.
-void release(float* begin, float* end, bool shared) {
-  if (begin >= end) return;
-  constexpr uintptr_t kPage = 4096;
-  const auto first = reinterpret_cast<uintptr_t>(begin);
-  const auto last = reinterpret_cast<uintptr_t>(end);
-  const uintptr_t page_begin = (first + kPage - 1) / kPage * kPage;
-  const uintptr_t page_end = last / kPage * kPage;
-  if (page_begin >= page_end) {
-    std::memset(begin, 0, (last - first));
-    return;
-  }
-  std::memset(begin, 0, page_begin - first);
-  std::memset(reinterpret_cast<void*>(page_end), 0, last - page_end);
-  // MADV_REMOVE frees a shared mapping's backing; DONTNEED private memory.
-  if (::madvise(reinterpret_cast<void*>(page_begin), page_end - page_begin,
-                shared ? MADV_REMOVE : MADV_DONTNEED) != 0) {
-    std::memset(reinterpret_cast<void*>(page_begin), 0, page_end - page_begin);
-  }
-}
-
-}  // namespace
 
 GradSync::GradSync(Communicator& comm, const BucketPlan& plan, float* grads, Mode mode,
                    bool grads_shared)
@@ -96,8 +66,8 @@ void GradSync::release_finished(bool wait) {
     if (mode_ != Mode::kReduceScatterAndRelease) continue;
     const FlatRange bucket = plan_.buckets()[i];
     const FlatRange mine = plan_.slice(static_cast<int64_t>(i), comm_.rank());
-    release(grads_ + bucket.begin, grads_ + mine.begin, grads_shared_);
-    release(grads_ + mine.end, grads_ + bucket.end, grads_shared_);
+    release_as_zeros(grads_ + bucket.begin, grads_ + mine.begin, grads_shared_);
+    release_as_zeros(grads_ + mine.end, grads_ + bucket.end, grads_shared_);
   }
 }
 

@@ -52,10 +52,10 @@ TrainOptions TrainOptions::from_config(Config& config) {
   o.parallel.bucket_mb = config.get_double("parallel.bucket_mb", o.parallel.bucket_mb);
   o.parallel.backend = config.get_string("parallel.backend", o.parallel.backend);
   o.parallel.timeout_s = config.get_int("parallel.timeout_s", o.parallel.timeout_s);
-  if (o.parallel.zero < 0 || o.parallel.zero > 2) {
+  if (o.parallel.zero < 0 || o.parallel.zero > 3) {
     throw_error(
-        "parallel.zero must be 0 (replicated), 1 (optimizer state sharded) or 2 (gradients "
-        "too), got {}; ZeRO 3 is not built yet",
+        "parallel.zero must be 0 (replicated), 1 (optimizer state sharded), 2 (gradients too) "
+        "or 3 (parameters too), got {}",
         o.parallel.zero);
   }
   if (!(o.parallel.bucket_mb > 0)) {

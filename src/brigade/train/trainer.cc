@@ -97,7 +97,16 @@ Trainer::Trainer(const GptConfig& model, const TrainOptions& options, Communicat
   const ParamLayout layout(model);
   const auto bucket_elements =
       static_cast<int64_t>(options_.parallel.bucket_mb * 1e6 / sizeof(float));
-  plan_ = std::make_unique<BucketPlan>(layout.size(), dp, bucket_elements);
+  const int zero = dp > 1 ? options_.parallel.zero : 0;
+  if (zero == 3) {
+    // One bucket per block (and the embeddings, ln_f): the unit ZeRO 3
+    // gathers before the block runs and reduces after its backward.
+    std::vector<int64_t> cuts = {layout.wpe(), layout.ln_f_w()};
+    for (int64_t l = 0; l < model.n_layer; ++l) cuts.push_back(layout.block(l).ln_1_w);
+    plan_ = std::make_unique<BucketPlan>(layout.size(), dp, cuts);
+  } else {
+    plan_ = std::make_unique<BucketPlan>(layout.size(), dp, bucket_elements);
+  }
   allocate_buffers(plan_->padded_size());
   model_ = std::make_unique<Gpt>(model, params_.data(), grads_.data());
   // Every rank draws the same weights from the seed: no broadcast needed.
@@ -111,12 +120,16 @@ Trainer::Trainer(const GptConfig& model, const TrainOptions& options, Communicat
     optimizer_ = std::make_unique<AdamW>(options_.adamw, ranges, plan_->padded_size());
   }
   if (dp > 1) {
-    const int zero = options_.parallel.zero;
     const GradSync::Mode mode = zero == 0   ? GradSync::Mode::kAllReduce
                                 : zero == 1 ? GradSync::Mode::kReduceScatter
                                             : GradSync::Mode::kReduceScatterAndRelease;
     grad_sync_ = std::make_unique<GradSync>(*dp_group_, *plan_, grads_.data(), mode,
                                             grads_in_shared_memory_);
+  }
+  if (zero == 3) {
+    sharded_params_ = std::make_unique<ShardedParams>(*dp_group_, *plan_, params_.data(),
+                                                      grads_in_shared_memory_);
+    model_->set_param_residency(sharded_params_.get());
   }
   if (!options_.data.synthetic) {
     dataset_ = open_or_prepare(options_.data, model);
@@ -206,7 +219,7 @@ StepMetrics Trainer::train_step() {
   Stopwatch sw;
   const int64_t b = options_.micro_batch, t = model_config().block_size;
   const int64_t accum = options_.grad_accum;
-  if (options_.parallel.zero >= 2 && grad_sync_) {
+  if (options_.parallel.zero >= 2 && grad_sync_) {  // ZeRO 2 and 3
     // Only the owned slices hold values; the rest was released as zeros.
     for (const Slice& slice : optimizer_->slices()) {
       std::fill(grads_.data() + slice.begin, grads_.data() + slice.end, 0.0f);
@@ -243,8 +256,9 @@ StepMetrics Trainer::train_step() {
   m.lr = options_.lr.at(step_);
   optimizer_->step(params_.data(), grads_.data(), m.lr,
                    clip_scale(m.grad_norm, options_.grad_clip));
-  if (options_.parallel.zero >= 1 && dp_size() > 1) {
-    // Each rank updated its slices; gather everyone's, bucket by bucket, in place.
+  if ((options_.parallel.zero == 1 || options_.parallel.zero == 2) && dp_size() > 1) {
+    // Each rank updated its slices; gather everyone's, bucket by bucket, in
+    // place. (ZeRO 3 gathers each block when the next forward needs it.)
     const int64_t gather_start = now_ns();
     std::vector<std::shared_ptr<Work>> gathers;
     for (int64_t i = 0; i < static_cast<int64_t>(plan_->buckets().size()); ++i) {
@@ -265,7 +279,8 @@ StepMetrics Trainer::train_step() {
 
 MemoryAccount Trainer::memory() const {
   MemoryAccount account;
-  account.params = params_.bytes();
+  // ZeRO 3: the owned slices; a block or two more are resident while they run.
+  account.params = sharded_params_ ? params_.bytes() / dp_size() : params_.bytes();
   // Sharded gradients still use the whole buffer during backward; ZeRO 2's
   // saving is what the rank keeps after the reduce-scatter.
   account.grads = options_.parallel.zero >= 2 ? grads_.bytes() / dp_size() : grads_.bytes();
@@ -326,6 +341,15 @@ fs::path Trainer::save_checkpoint() {
     m = gathered_m.data();
     v = gathered_v.data();
   }
+  // ZeRO 3: every rank gathers the whole model for the write, then drops it.
+  if (sharded_params_) sharded_params_->acquire(0, params_.size());
+  struct Release {
+    ShardedParams* params;
+    int64_t size;
+    ~Release() {
+      if (params) params->release(0, size);
+    }
+  } release{sharded_params_.get(), params_.size()};
   if (dp_rank() != 0) return {};
   const fs::path root = fs::path(options_.run_dir) / "checkpoints";
   CheckpointView view{params_.data(), m, v, state_json(),
@@ -365,6 +389,8 @@ void Trainer::load_checkpoint(const fs::path& path) {
         dir.string(), seed, options_.seed, seed);
   }
   std::copy(p.data(), p.data() + size, params_.data());
+  // ZeRO 3 keeps only the owned slices of what was just loaded.
+  if (sharded_params_) sharded_params_->release_unheld();
   // Whole moments, or this rank's slices of them back to back.
   int64_t compact = 0;
   for (const Slice& slice : optimizer_->slices()) {

@@ -8,9 +8,13 @@
 // batch; gradient buckets are reduced during the last micro-batch's backward
 // (parallel/grad_sync.h). ZeRO 1 shards the AdamW moments (each rank updates
 // its slices, then the parameters are all-gathered); ZeRO 2 also keeps only
-// the rank's slices of the reduced gradients. Every rank ends each step with
-// the same parameters, equal to a single process's on the same global batch
-// up to float summation order.
+// the rank's slices of the reduced gradients; ZeRO 3 keeps only its slices
+// of the parameters too, gathering each block's just before the model reads
+// it (parallel/sharded_params.h). The replicas stay equal to a single
+// process's on the same global batch, up to float summation order.
+//
+// Under ZeRO 3 every rank must call evaluate() and save_checkpoint() at the
+// same points, since both gather parameters.
 #pragma once
 
 #include <cstdint>
@@ -25,6 +29,7 @@
 #include "brigade/optim/adamw.h"
 #include "brigade/parallel/grad_buckets.h"
 #include "brigade/parallel/grad_sync.h"
+#include "brigade/parallel/sharded_params.h"
 #include "brigade/train/train_options.h"
 
 namespace brigade {
@@ -114,6 +119,7 @@ class Trainer {
   std::unique_ptr<Gpt> model_;
   std::unique_ptr<AdamW> optimizer_;
   std::unique_ptr<GradSync> grad_sync_;
+  std::unique_ptr<ShardedParams> sharded_params_;  // ZeRO 3
   std::unique_ptr<Dataset> dataset_;
   std::unique_ptr<GlobalSampler> sampler_;
   std::vector<int32_t> inputs_, targets_;  // one micro-batch, (B,T) each
