@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "brigade/comm/communicator.h"
+#include "brigade/core/clock.h"
 #include "brigade/core/error.h"
 #include "brigade/parallel/release_pages.h"
 
@@ -74,7 +75,9 @@ void ShardedParams::acquire(int64_t begin, int64_t end) {
   for (const size_t i : indices) {
     Bucket& bucket = buckets_[i];
     if (bucket.state == State::kGathering) {
+      const int64_t start = now_ns();
       bucket.gather->wait();
+      wait_ns_ += now_ns() - start;
       bucket.gather.reset();
       bucket.state = State::kResident;
     }
@@ -100,6 +103,12 @@ void ShardedParams::release_unheld() {
     }
     drop(i);
   }
+}
+
+double ShardedParams::take_wait_ms() {
+  const double ms = static_cast<double>(wait_ns_) * 1e-6;
+  wait_ns_ = 0;
+  return ms;
 }
 
 int64_t ShardedParams::resident_bytes() const {

@@ -43,6 +43,10 @@ class ShardedParams final : public ParamResidency {
   // wrote the whole buffer (loading a checkpoint).
   void release_unheld();
 
+  // Milliseconds acquire() spent waiting for gathers since the last call:
+  // communication the prefetch did not hide.
+  double take_wait_ms();
+
   // Bytes of parameters resident now, owned slices included.
   int64_t resident_bytes() const;
   // The most resident_bytes() has been since construction.
@@ -66,6 +70,7 @@ class ShardedParams final : public ParamResidency {
   bool shared_memory_;
   std::vector<Bucket> buckets_;
   int64_t peak_resident_bytes_ = 0;
+  int64_t wait_ns_ = 0;
 };
 
 }  // namespace brigade
