@@ -57,6 +57,8 @@ TEST(TrainNproc, TwoWorkersTrainAndRankZeroReportsCommunication) {
     EXPECT_GE(row.at("exposed_comm_ms").get<double>(), 0.0) << line;
     EXPECT_LE(row.at("exposed_comm_fraction").get<double>(), 1.0) << line;
     EXPECT_GT(row.at("compute_ms").get<double>(), 0.0) << line;
+    ASSERT_EQ(row.at("peak_rss_bytes_per_rank").size(), 2u) << line;
+    for (const auto& bytes : row.at("peak_rss_bytes_per_rank")) EXPECT_GT(bytes.get<int64_t>(), 0);
     ASSERT_TRUE(row.contains("buckets")) << line;
     EXPECT_GT(row.at("buckets").size(), 1u) << "bucket_mb = 0.01 makes several: " << line;
     for (const auto& bucket : row.at("buckets")) {

@@ -132,7 +132,8 @@ class RunReport {
     if (!metrics_) throw_error("cannot append to {}", (run_dir / "metrics.jsonl").string());
   }
 
-  void step(const StepMetrics& m, const std::vector<BucketTiming>& bucket_timings) {
+  void step(const StepMetrics& m, const std::vector<BucketTiming>& bucket_timings,
+            const std::vector<double>& peak_rss_per_rank) {
     const double mfu = flops_per_step_ / (m.step_ms * 1e-3) / (peak_gflops_ * 1e9);
     nlohmann::json line = {{"step", m.step + 1},
                            {"loss", m.loss},
@@ -145,6 +146,12 @@ class RunReport {
                            {"exposed_comm_fraction", m.exposed_comm_ms / m.step_ms},
                            {"mfu", mfu},
                            {"peak_rss_bytes", peak_rss_bytes()}};
+    if (peak_rss_per_rank.size() > 1) {
+      line["peak_rss_bytes_per_rank"] = nlohmann::json::array();
+      for (double bytes : peak_rss_per_rank) {
+        line["peak_rss_bytes_per_rank"].push_back(static_cast<int64_t>(bytes));
+      }
+    }
     // One trace event per gradient bucket: when it was handed to the
     // communicator and when its reduction finished, ms after backward began.
     nlohmann::json buckets = nlohmann::json::array();
@@ -259,7 +266,15 @@ void run_train(const std::string& config_path, const std::vector<std::string>& o
   bool stopped = false;
   while (trainer.step() < options.steps && !(stopped = any_rank(g_stop_requested))) {
     const StepMetrics m = trainer.train_step();
-    if (report) report->step(m, trainer.bucket_timings());
+    // Every rank's peak RSS, for rank 0's metrics (ZeRO's saving shows per rank).
+    std::vector<double> rss(group ? group->size() : 1);
+    double mine = static_cast<double>(peak_rss_bytes());
+    if (group) {
+      group->all_gather(&mine, rss.data(), 1, DType::kF64)->wait();
+    } else {
+      rss[0] = mine;
+    }
+    if (report) report->step(m, trainer.bucket_timings(), rss);
     const int64_t done = trainer.step();
     if (options.eval_every > 0 && done % options.eval_every == 0 && done < options.steps &&
         trainer.dataset() != nullptr) {
