@@ -176,6 +176,8 @@ struct ShmCommunicator::Impl {
 
   std::unique_ptr<OpQueue> ops;
   std::unique_ptr<ShmMailboxes> mailboxes;  // null when options.mailbox_bytes is 0
+  // The mailboxes, after checking the buffer and that point-to-point is on.
+  ShmMailboxes& point_to_point(const void* data, int64_t count, const char* what);
 
   // Touched only by the communication thread once it runs.
   uint64_t phase = 0;
@@ -679,28 +681,30 @@ int64_t ShmCommunicator::shared_buffer_bytes() const {
   return impl_->options.shared_bytes;
 }
 
+ShmMailboxes& ShmCommunicator::Impl::point_to_point(const void* data, int64_t count,
+                                                    const char* what) {
+  check_buffer(data, count, what);
+  if (!mailboxes) {
+    throw_error("shm {} on group '{}': point-to-point is off (mailbox_bytes is 0)", what,
+                options.group_name);
+  }
+  return *mailboxes;
+}
+
 std::shared_ptr<Work> ShmCommunicator::send(const void* data, int64_t count, DType dtype, int peer,
                                             uint32_t tag) {
-  check_buffer(data, count, "send");
-  if (!impl_->mailboxes) {
-    throw_error("shm send on group '{}': point-to-point is off (mailbox_bytes is 0)",
-                impl_->options.group_name);
-  }
-  return impl_->mailboxes->send(
-      static_cast<const std::byte*>(data), count * dtype_bytes(dtype), peer, tag,
-      fmt::format("send(count {}, {}, to rank {}, tag {})", count, dtype_name(dtype), peer, tag));
+  return impl_->point_to_point(data, count, "send")
+      .send(static_cast<const std::byte*>(data), count * dtype_bytes(dtype), peer, tag,
+            fmt::format("send(count {}, {}, to rank {}, tag {})", count, dtype_name(dtype), peer,
+                        tag));
 }
 
 std::shared_ptr<Work> ShmCommunicator::recv(void* data, int64_t count, DType dtype, int peer,
                                             uint32_t tag) {
-  check_buffer(data, count, "recv");
-  if (!impl_->mailboxes) {
-    throw_error("shm recv on group '{}': point-to-point is off (mailbox_bytes is 0)",
-                impl_->options.group_name);
-  }
-  return impl_->mailboxes->recv(
-      static_cast<std::byte*>(data), count * dtype_bytes(dtype), peer, tag,
-      fmt::format("recv(count {}, {}, from rank {}, tag {})", count, dtype_name(dtype), peer, tag));
+  return impl_->point_to_point(data, count, "recv")
+      .recv(static_cast<std::byte*>(data), count * dtype_bytes(dtype), peer, tag,
+            fmt::format("recv(count {}, {}, from rank {}, tag {})", count, dtype_name(dtype), peer,
+                        tag));
 }
 
 std::shared_ptr<Work> ShmCommunicator::barrier() {
