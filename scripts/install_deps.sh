@@ -11,6 +11,7 @@ packages=(
   libopenblas-openmp-dev   # BLAS for the GEMMs, OpenMP build: one thread pool with our kernels
   libfmt-dev nlohmann-json3-dev libtomlplusplus-dev libcli11-dev
   libgloo-dev   # TCP collectives for the gloo communicator backend
+  libxxhash-dev # checksums of checkpoint shards
 )
 if [[ "${1:-}" == "--test" ]]; then
   packages+=(

@@ -327,7 +327,7 @@ TEST_F(CliTest, ResumeWithOtherShapeIsRefusedAndCheckpointKept) {
   const fs::path config = write_config("train.toml");
   ASSERT_NO_FATAL_FAILURE(train_ok(config));
   const TreeSnapshot before = snapshot(work_);
-  ASSERT_EQ(before.count("run/checkpoints/step_00000003/model.safetensors"), 1u);
+  ASSERT_EQ(before.count("run/checkpoints/step_00000003/manifest.json"), 1u);
 
   expect_one_line_error(run({"train", config.string(), "--resume", run_dir().string(), "--set",
                              "model.n_embd=64", "--set", "train.steps=5"}),
@@ -411,8 +411,8 @@ TEST_F(CliTest, TrainWritesMetricsConfigAndCheckpoint) {
   const std::string recorded = read_all(run_dir() / "config.toml");
   EXPECT_NE(recorded.find("n_embd = 32"), std::string::npos) << recorded;
   const fs::path ckpt = run_dir() / "checkpoints" / "step_00000003";
-  EXPECT_GT(fs::file_size(ckpt / "model.safetensors"), 0u);
-  EXPECT_GT(fs::file_size(ckpt / "state.safetensors"), 0u);
+  EXPECT_GT(fs::file_size(ckpt / "manifest.json"), 0u);
+  EXPECT_GT(fs::file_size(ckpt / "shard_00000.safetensors"), 0u);
   EXPECT_TRUE(fs::exists(data_dir() / "dataset.json"));  // prepared on first use
 
   const RunResult rerun =
@@ -467,7 +467,7 @@ TEST_F(CliTest, ResumeContinuesFromTheSavedStep) {
   const std::vector<nlohmann::json> steps = step_lines(run_dir() / "metrics.jsonl");
   ASSERT_EQ(steps.size(), 5u);
   for (size_t i = 0; i < steps.size(); ++i) EXPECT_EQ(steps[i].at("step"), i + 1);
-  EXPECT_TRUE(fs::exists(run_dir() / "checkpoints" / "step_00000005" / "model.safetensors"));
+  EXPECT_TRUE(fs::exists(run_dir() / "checkpoints" / "step_00000005" / "manifest.json"));
 }
 
 TEST_F(CliTest, ResumeFromMidRunCheckpointRepeatsTheSameSteps) {
@@ -478,7 +478,7 @@ TEST_F(CliTest, ResumeFromMidRunCheckpointRepeatsTheSameSteps) {
   edit(config, "steps = 3\n", "steps = 5\ncheckpoint_every = 3\n");
   ASSERT_NO_FATAL_FAILURE(train_ok(config));
   const fs::path mid = run_dir() / "checkpoints" / "step_00000003";
-  ASSERT_TRUE(fs::exists(mid / "state.safetensors"));
+  ASSERT_TRUE(fs::exists(mid / "manifest.json"));
 
   const fs::path run_b = work_ / "run_b";
   ASSERT_NO_FATAL_FAILURE(train_ok(
@@ -514,7 +514,7 @@ TEST_F(CliTest, InterruptSavesACheckpointThatResumes) {
   ASSERT_GT(done, 0u);
   char name[32];
   std::snprintf(name, sizeof(name), "step_%08zu", done);
-  ASSERT_TRUE(fs::exists(run_dir() / "checkpoints" / name / "state.safetensors")) << name;
+  ASSERT_TRUE(fs::exists(run_dir() / "checkpoints" / name / "manifest.json")) << name;
 
   ASSERT_NO_FATAL_FAILURE(train_ok(config, {"--resume", run_dir().string(), "--set",
                                             "train.steps=" + std::to_string(done + 1)}));

@@ -3,9 +3,11 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <map>
+#include <memory>
 #include <vector>
 
-#include "brigade/ckpt/model_weights.h"
 #include "brigade/ckpt/safetensors.h"
 #include "brigade/core/error.h"
 #include "brigade/core/files.h"
@@ -15,7 +17,19 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr const char* kStepPrefix = "step_";
+constexpr StateKind kKinds[] = {StateKind::kParams, StateKind::kExpAvg, StateKind::kExpAvgSq};
 
+std::string shard_file(int rank) {
+  return fmt::format("shard_{:05d}.safetensors", rank);
+}
+std::string shard_index_file(int rank) {
+  return fmt::format("shard_{:05d}.json", rank);
+}
+fs::path partial_directory(const fs::path& root, int64_t step) {
+  return root / fmt::format("{}{:08d}.partial", kStepPrefix, step);
+}
+
+// Complete step directories under root, oldest first.
 std::vector<fs::path> step_dirs(const fs::path& root) {
   std::vector<fs::path> dirs;
   std::error_code ec;
@@ -23,8 +37,7 @@ std::vector<fs::path> step_dirs(const fs::path& root) {
   for (const auto& entry : fs::directory_iterator(root)) {
     const std::string name = entry.path().filename().string();
     if (entry.is_directory() && name.starts_with(kStepPrefix) &&
-        name.find('.') == std::string::npos && fs::exists(entry.path() / "model.safetensors") &&
-        fs::exists(entry.path() / "state.safetensors")) {
+        name.find('.') == std::string::npos && fs::exists(entry.path() / "manifest.json")) {
       dirs.push_back(entry.path());
     }
   }
@@ -34,42 +47,173 @@ std::vector<fs::path> step_dirs(const fs::path& root) {
 
 }  // namespace
 
-fs::path save_checkpoint(const fs::path& root, int64_t step, const GptConfig& config,
-                         const CheckpointView& view) {
-  const fs::path final_dir = root / fmt::format("{}{:08d}", kStepPrefix, step);
-  const fs::path tmp_dir = root / fmt::format("{}{:08d}.tmp", kStepPrefix, step);
-  fs::remove_all(tmp_dir);
-  fs::create_directories(tmp_dir);
-  try {
-    std::map<std::string, std::string> extra;
-    if (!view.tokenizer_spec.empty()) extra["tokenizer"] = view.tokenizer_spec;
-    save_model_weights(tmp_dir / "model.safetensors", config, view.params, extra);
-
-    const ParamLayout layout(config);
-    SafetensorsWriter state;
-    state.set_metadata("trainer_state", view.trainer_state.dump());
-    for (const ParamInfo& p : layout.params()) {
-      state.add_f32("exp_avg." + p.name, p.shape, view.adam_m + p.offset);
-      state.add_f32("exp_avg_sq." + p.name, p.shape, view.adam_v + p.offset);
-    }
-    state.write(tmp_dir / "state.safetensors");
-  } catch (...) {
-    std::error_code ignored;
-    fs::remove_all(tmp_dir, ignored);  // a failed save leaves nothing behind
-    throw;
+std::string state_tensor_name(StateKind kind, const std::string& param_name) {
+  switch (kind) {
+    case StateKind::kParams:
+      return "model/" + param_name;
+    case StateKind::kExpAvg:
+      return "optim/exp_avg/" + param_name;
+    case StateKind::kExpAvgSq:
+      return "optim/exp_avg_sq/" + param_name;
   }
-  // A re-save of the same step moves the old copy aside first, so at every
-  // moment one complete step directory exists.
+  return param_name;
+}
+
+fs::path step_directory(const fs::path& root, int64_t step) {
+  return root / fmt::format("{}{:08d}", kStepPrefix, step);
+}
+
+void begin_checkpoint(const fs::path& root, int64_t step) {
+  const fs::path partial = partial_directory(root, step);
+  fs::remove_all(partial);  // a crashed earlier attempt at this step
+  fs::create_directories(partial);
+}
+
+void write_checkpoint_shard(const fs::path& root, int64_t step, int rank, const GptConfig& config,
+                            const std::vector<CheckpointPiece>& pieces) {
+  const fs::path partial = partial_directory(root, step);
+  const ParamLayout layout(config);
+  SafetensorsWriter writer;
+  nlohmann::json chunks = nlohmann::json::array();
+  std::vector<std::vector<float>> contiguous;  // box data that is not one flat run
+  for (const CheckpointPiece& piece : pieces) {
+    for (const ParamInfo& p : layout.params()) {
+      const int64_t begin = std::max(piece.begin, p.offset);
+      const int64_t end = std::min(piece.end, p.offset + p.numel);
+      if (begin >= end) continue;
+      const std::string name = state_tensor_name(piece.kind, p.name);
+      const float* run = piece.data + (begin - piece.begin);
+      // The boxes of a flat range are consecutive runs of it, in order.
+      for (const TensorBox& box : flat_range_boxes(p.shape, begin - p.offset, end - p.offset)) {
+        const std::string key = fmt::format("{}#{}", name, chunks.size());
+        writer.add_f32(key, {box.numel()}, run);
+        run += box.numel();
+        chunks.push_back(
+            {{"name", name}, {"key", key}, {"offsets", box.offsets}, {"sizes", box.sizes}});
+      }
+    }
+  }
+  const fs::path file = partial / shard_file(rank);
+  writer.write(file);
+  const nlohmann::json index = {{"file", shard_file(rank)},
+                                {"bytes", static_cast<int64_t>(fs::file_size(file))},
+                                {"xxh64", fmt::format("{:016x}", file_xxh64(file))},
+                                {"chunks", chunks}};
+  write_file_atomic(partial / shard_index_file(rank), index.dump());
+}
+
+fs::path commit_checkpoint(const fs::path& root, int64_t step, int num_shards,
+                           const GptConfig& config, const CheckpointHeader& header) {
+  const fs::path partial = partial_directory(root, step);
+  const ParamLayout layout(config);
+  // Gather every rank's chunks under their tensors, in layout order.
+  std::map<std::string, std::vector<ChunkRecord>> chunks_by_tensor;
+  nlohmann::json shards = nlohmann::json::array();
+  for (int rank = 0; rank < num_shards; ++rank) {
+    const fs::path index_path = partial / shard_index_file(rank);
+    if (!fs::exists(index_path)) {
+      throw_error("checkpoint {}: rank {} wrote no shard ({} is missing)", partial.string(), rank,
+                  index_path.filename().string());
+    }
+    const nlohmann::json index = nlohmann::json::parse(read_file(index_path));
+    shards.push_back(
+        {{"file", index.at("file")}, {"bytes", index.at("bytes")}, {"xxh64", index.at("xxh64")}});
+    for (const auto& c : index.at("chunks")) {
+      ChunkRecord chunk{index.at("file").get<std::string>(), c.at("key").get<std::string>(),
+                        TensorBox{c.at("offsets").get<std::vector<int64_t>>(),
+                                  c.at("sizes").get<std::vector<int64_t>>()}};
+      chunks_by_tensor[c.at("name").get<std::string>()].push_back(std::move(chunk));
+    }
+  }
+  nlohmann::json tensors = nlohmann::json::array();
+  for (const StateKind kind : kKinds) {
+    for (const ParamInfo& p : layout.params()) {
+      const std::string name = state_tensor_name(kind, p.name);
+      nlohmann::json chunks = nlohmann::json::array();
+      for (const ChunkRecord& c : chunks_by_tensor[name]) {
+        chunks.push_back(
+            {{"file", c.file}, {"key", c.key}, {"offsets", c.box.offsets}, {"sizes", c.box.sizes}});
+      }
+      tensors.push_back({{"name", name}, {"dtype", "F32"}, {"shape", p.shape}, {"chunks", chunks}});
+    }
+  }
+  const nlohmann::json manifest = {{"format", "brigade-checkpoint-1"},
+                                   {"step", step},
+                                   {"model", config.to_json()},
+                                   {"mesh", header.mesh},
+                                   {"trainer_state", header.trainer_state},
+                                   {"tokenizer", header.tokenizer_spec},
+                                   {"tensors", tensors},
+                                   {"shards", shards}};
+  // The same checks a loader makes: never commit what could not be loaded.
+  Manifest::from_json(manifest, (partial / "manifest.json").string());
+  write_file_atomic(partial / "manifest.json", manifest.dump(1));
+  for (int rank = 0; rank < num_shards; ++rank) fs::remove(partial / shard_index_file(rank));
+
+  // A re-save of a step moves the old copy aside first, so at every moment
+  // one complete directory for the step exists.
+  const fs::path final_dir = step_directory(root, step);
   const fs::path old_dir = root / fmt::format("{}{:08d}.old", kStepPrefix, step);
   const bool replacing = fs::exists(final_dir);
   if (replacing) {
     fs::remove_all(old_dir);
     fs::rename(final_dir, old_dir);
   }
-  fs::rename(tmp_dir, final_dir);
+  fs::rename(partial, final_dir);
   fsync_directory(root);
   if (replacing) fs::remove_all(old_dir);
   return final_dir;
+}
+
+fs::path save_checkpoint(const fs::path& root, int64_t step, const GptConfig& config,
+                         const float* params, const float* adam_m, const float* adam_v,
+                         const CheckpointHeader& header) {
+  const int64_t size = ParamLayout(config).size();
+  begin_checkpoint(root, step);
+  try {
+    write_checkpoint_shard(root, step, 0, config,
+                           {{StateKind::kParams, 0, size, params},
+                            {StateKind::kExpAvg, 0, size, adam_m},
+                            {StateKind::kExpAvgSq, 0, size, adam_v}});
+    return commit_checkpoint(root, step, 1, config, header);
+  } catch (...) {
+    std::error_code ignored;
+    fs::remove_all(partial_directory(root, step), ignored);  // a failed save leaves nothing
+    throw;
+  }
+}
+
+Manifest verify_checkpoint(const fs::path& step_dir) {
+  const Manifest manifest = Manifest::read(step_dir);
+  for (const ShardRecord& shard : manifest.shards) {
+    const fs::path path = step_dir / shard.file;
+    // Name what a bad shard takes with it: the operator's first question.
+    auto holds = [&] {
+      std::string names;
+      int count = 0;
+      for (const TensorRecord& t : manifest.tensors) {
+        for (const ChunkRecord& c : t.chunks) {
+          if (c.file != shard.file) continue;
+          if (count++ < 3) names += (names.empty() ? "" : ", ") + t.name;
+          break;
+        }
+      }
+      return count > 3 ? fmt::format("{} and {} more", names, count - 3) : names;
+    };
+    std::error_code ec;
+    const auto bytes = fs::file_size(path, ec);
+    if (ec)
+      throw_error("{}: shard {} is missing (it holds {})", step_dir.string(), shard.file, holds());
+    if (static_cast<int64_t>(bytes) != shard.bytes) {
+      throw_error("{}: shard {} has {} bytes, the manifest says {} (truncated?); it holds {}",
+                  step_dir.string(), shard.file, bytes, shard.bytes, holds());
+    }
+    if (file_xxh64(path) != shard.xxh64) {
+      throw_error("{}: shard {} fails its xxHash64 check (corrupt); it holds {}", step_dir.string(),
+                  shard.file, holds());
+    }
+  }
+  return manifest;
 }
 
 std::optional<fs::path> latest_checkpoint(const fs::path& root) {
@@ -79,27 +223,39 @@ std::optional<fs::path> latest_checkpoint(const fs::path& root) {
 }
 
 fs::path resolve_checkpoint(const fs::path& path) {
-  if (fs::exists(path / "model.safetensors")) return path;
+  if (fs::exists(path / "manifest.json")) return path;
   for (const fs::path& root : {path / "checkpoints", path}) {
-    if (auto latest = latest_checkpoint(root)) return *latest;
+    const std::vector<fs::path> dirs = step_dirs(root);
+    for (auto it = dirs.rbegin(); it != dirs.rend(); ++it) {
+      try {
+        verify_checkpoint(*it);
+        return *it;
+      } catch (const Error& e) {
+        std::fprintf(stderr, "brigade: skipping checkpoint %s: %s\n", it->string().c_str(),
+                     e.what());
+      }
+    }
+    if (!dirs.empty()) {
+      throw_error("cannot resume from {}: none of its {} checkpoints verifies (see above)",
+                  path.string(), dirs.size());
+    }
   }
   if (!fs::exists(path)) throw_error("cannot resume from {}: no such directory", path.string());
   throw_error(
-      "cannot resume from {}: it holds no complete checkpoint (expected "
-      "model.safetensors, or checkpoints/step_*/ with model and state files)",
+      "cannot resume from {}: it holds no complete checkpoint (expected manifest.json, or "
+      "checkpoints/step_*/manifest.json)",
       path.string());
 }
 
-nlohmann::json load_checkpoint(const fs::path& dir, const GptConfig& config,
-                               const CheckpointBuffers& out) {
-  const SafetensorsFile weights(dir / "model.safetensors");
-  const GptConfig saved = read_weights_config(weights);
+void load_checkpoint_state(const fs::path& step_dir, const Manifest& manifest,
+                           const GptConfig& config, StateKind kind, float* out) {
+  const GptConfig saved = GptConfig::from_json(manifest.model);
   const auto mismatch = [&](const char* key, int64_t have, int64_t want) {
     if (have != want) {
       throw_error(
           "checkpoint {} was saved with model.{} = {} but the config says {}: set "
           "model.{} = {} to resume it",
-          dir.string(), key, have, want, key, have);
+          step_dir.string(), key, have, want, key, have);
     }
   };
   mismatch("n_layer", saved.n_layer, config.n_layer);
@@ -108,22 +264,27 @@ nlohmann::json load_checkpoint(const fs::path& dir, const GptConfig& config,
   mismatch("block_size", saved.block_size, config.block_size);
   mismatch("vocab_size", saved.vocab_size, config.vocab_size);
   const ParamLayout layout(config);
-  load_model_weights(weights, layout, out.params);
-
-  const SafetensorsFile state(dir / "state.safetensors");
+  std::map<std::string, std::unique_ptr<SafetensorsFile>> files;
   for (const ParamInfo& p : layout.params()) {
-    state.read_f32("exp_avg." + p.name, p.shape, out.adam_m + p.offset);
-    state.read_f32("exp_avg_sq." + p.name, p.shape, out.adam_v + p.offset);
+    const std::string name = state_tensor_name(kind, p.name);
+    const TensorRecord* tensor = manifest.find(name);
+    if (tensor == nullptr) throw_error("checkpoint {} has no tensor {}", step_dir.string(), name);
+    if (tensor->shape != p.shape) {
+      throw_error("checkpoint {}: {} has shape {}, the model needs {}", step_dir.string(), name,
+                  shape_string(tensor->shape), shape_string(p.shape));
+    }
+    for (const ChunkRecord& chunk : tensor->chunks) {
+      auto& file = files[chunk.file];
+      if (!file) file = std::make_unique<SafetensorsFile>(step_dir / chunk.file);
+      const TensorEntry* entry = file->find(chunk.key);
+      if (entry == nullptr || entry->dtype != "F32" || entry->numel() != chunk.box.numel()) {
+        throw_error("checkpoint {}: {} lacks a {}-element F32 tensor {} for {}", step_dir.string(),
+                    chunk.file, chunk.box.numel(), chunk.key, name);
+      }
+      scatter_box(static_cast<const float*>(file->data(*entry)), chunk.box, p.shape,
+                  out + p.offset);
+    }
   }
-  const auto it = state.metadata().find("trainer_state");
-  if (it == state.metadata().end()) {
-    throw_error("{}: state.safetensors has no trainer_state metadata", dir.string());
-  }
-  nlohmann::json trainer_state = nlohmann::json::parse(it->second, nullptr, false);
-  if (trainer_state.is_discarded() || !trainer_state.is_object()) {
-    throw_error("{}: trainer_state in state.safetensors is not a JSON object", dir.string());
-  }
-  return trainer_state;
 }
 
 void prune_checkpoints(const fs::path& root, int64_t keep) {

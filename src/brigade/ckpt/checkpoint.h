@@ -1,13 +1,25 @@
-// A single-process training checkpoint: one directory per step,
-//   <root>/step_00000100/model.safetensors   weights (see model_weights.h)
-//   <root>/step_00000100/state.safetensors   AdamW moments by parameter name
-//                                            ("exp_avg.<name>", "exp_avg_sq.<name>")
-//                                            and the trainer state as JSON
-//                                            metadata ("trainer_state")
-// The directory is assembled under a temporary name and renamed into place,
-// so a step directory either exists whole or not at all.
-// (The distributed, resharding form extends this; see issue "Distributed
-// checkpoints".)
+// Training checkpoints: one directory per step, written by every rank in
+// parallel, loadable under any other layout.
+//
+//   <root>/step_00000100/shard_00000.safetensors  rank 0's pieces of the global tensors
+//   <root>/step_00000100/shard_00001.safetensors  ...
+//   <root>/step_00000100/manifest.json            what is where, checksums (manifest.h)
+//
+// Saving is three phases; the caller keeps the ranks in step between them
+// (a barrier), since the checkpoint layer knows no communicator:
+//   1. rank 0:     begin_checkpoint   clears a leftover <root>/step_N.partial
+//   2. every rank: write_checkpoint_shard  its pieces, into step_N.partial
+//   3. rank 0:     commit_checkpoint  writes the manifest (atomically, last)
+//                                     and renames step_N.partial to step_N
+// So a step directory exists only complete, and a crash at any moment leaves
+// the previous checkpoints as they were. save_checkpoint is the three phases
+// for one process.
+//
+// A piece is a flat range of one of the three flat buffers (parameters and
+// AdamW's two moments, laid out by ParamLayout); the writer cuts it into
+// boxes of the tensors it crosses, so a ZeRO rank's slices and whole
+// tensors are stored alike, and loading assembles any tensor from whichever
+// ranks wrote its parts.
 #pragma once
 
 #include <cstdint>
@@ -15,44 +27,70 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <vector>
 
+#include "brigade/ckpt/manifest.h"
 #include "brigade/model/gpt_config.h"
 #include "brigade/model/param_layout.h"
 
 namespace brigade {
 
-struct CheckpointView {
-  const float* params = nullptr;  // flat buffers of ParamLayout(config).size()
-  const float* adam_m = nullptr;
-  const float* adam_v = nullptr;
-  nlohmann::json trainer_state;  // step, optimizer step, sampler and schedule
-  std::string tokenizer_spec;    // recorded in the weights so `brigade sample` can decode
+enum class StateKind { kParams, kExpAvg, kExpAvgSq };
+
+// The global tensor name of a parameter's state: "model/h.0.ln_1.weight",
+// "optim/exp_avg/h.0.ln_1.weight", "optim/exp_avg_sq/...".
+std::string state_tensor_name(StateKind kind, const std::string& param_name);
+
+struct CheckpointPiece {
+  StateKind kind = StateKind::kParams;
+  int64_t begin = 0;  // flat range [begin, end) of the ParamLayout buffer
+  int64_t end = 0;
+  const float* data = nullptr;  // element `begin`; end - begin floats
 };
 
-// Writes <root>/step_<step>; returns its path.
-std::filesystem::path save_checkpoint(const std::filesystem::path& root, int64_t step,
-                                      const GptConfig& config, const CheckpointView& view);
+struct CheckpointHeader {
+  nlohmann::json mesh;           // {"dp": .., "tp": .., "pp": .., "zero": ..}
+  nlohmann::json trainer_state;  // step, optimizer step, sampler and schedule
+  std::string tokenizer_spec;    // so `brigade sample` can decode
+};
 
-// `path` is a checkpoint directory (holds model.safetensors) or a run/root
-// directory (its newest complete step_* checkpoint, looking in checkpoints/).
-// Error if none is found.
+std::filesystem::path step_directory(const std::filesystem::path& root, int64_t step);
+
+void begin_checkpoint(const std::filesystem::path& root, int64_t step);
+void write_checkpoint_shard(const std::filesystem::path& root, int64_t step, int rank,
+                            const GptConfig& config, const std::vector<CheckpointPiece>& pieces);
+// Checks that the shards of ranks [0, num_shards) cover every tensor exactly
+// once before anything is committed; returns the step directory.
+std::filesystem::path commit_checkpoint(const std::filesystem::path& root, int64_t step,
+                                        int num_shards, const GptConfig& config,
+                                        const CheckpointHeader& header);
+
+// One process's save: all three flat buffers (ParamLayout(config).size()).
+std::filesystem::path save_checkpoint(const std::filesystem::path& root, int64_t step,
+                                      const GptConfig& config, const float* params,
+                                      const float* adam_m, const float* adam_v,
+                                      const CheckpointHeader& header);
+
+// Reads the manifest and checks every shard's size and xxHash64: Error
+// naming the file (and the tensors it holds) if one is missing, truncated or
+// changed.
+Manifest verify_checkpoint(const std::filesystem::path& step_dir);
+
+// `path` is a step directory (holds manifest.json), or a run or checkpoints
+// directory: then its newest checkpoint that verifies. A newer one that does
+// not is reported on stderr (which file, why) and skipped. Error if none.
 std::filesystem::path resolve_checkpoint(const std::filesystem::path& path);
 
-// The newest complete checkpoint under root, if any.
+// The newest complete (manifest present) step directory under root, unverified.
 std::optional<std::filesystem::path> latest_checkpoint(const std::filesystem::path& root);
 
-struct CheckpointBuffers {
-  float* params = nullptr;
-  float* adam_m = nullptr;
-  float* adam_v = nullptr;
-};
+// Fills the full flat buffer of `kind` (ParamLayout(config).size() floats)
+// from a verified checkpoint, whichever layout saved it. Error if the
+// checkpoint was made for another model shape (naming the config key).
+void load_checkpoint_state(const std::filesystem::path& step_dir, const Manifest& manifest,
+                           const GptConfig& config, StateKind kind, float* out);
 
-// Loads a checkpoint saved for `config`; a shape mismatch is an Error naming
-// the tensor, both shapes and the config key to change. Returns trainer_state.
-nlohmann::json load_checkpoint(const std::filesystem::path& dir, const GptConfig& config,
-                               const CheckpointBuffers& out);
-
-// Deletes all but the newest `keep` step directories under root (keep <= 0: none).
+// Deletes all but the newest `keep` complete step directories (keep <= 0: none).
 void prune_checkpoints(const std::filesystem::path& root, int64_t keep);
 
 }  // namespace brigade

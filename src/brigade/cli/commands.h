@@ -16,5 +16,6 @@ void add_bench_comm_command(CLI::App& bench);
 void add_tokenizer_command(CLI::App& app);
 void add_data_command(CLI::App& app);
 void add_launch_command(CLI::App& app);
+void add_ckpt_command(CLI::App& app);
 
 }  // namespace brigade::cli

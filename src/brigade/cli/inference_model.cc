@@ -12,7 +12,19 @@ namespace fs = std::filesystem;
 InferenceModel load_inference_model(const std::string& path) {
   fs::path weights = path;
   if (!fs::exists(weights)) throw_error("--ckpt {}: no such file or directory", path);
-  if (fs::is_directory(weights)) weights = resolve_checkpoint(weights) / "model.safetensors";
+  if (fs::is_directory(weights)) {
+    // A training checkpoint: the parameters, from whichever shards hold them.
+    const fs::path dir = resolve_checkpoint(weights);
+    const Manifest manifest = verify_checkpoint(dir);
+    const GptConfig config = GptConfig::from_json(manifest.model);
+    InferenceModel m;
+    m.weights_path = dir.string();
+    m.params = FloatBuffer(ParamLayout(config).size());
+    load_checkpoint_state(dir, manifest, config, StateKind::kParams, m.params.data());
+    m.model = std::make_unique<Gpt>(config, m.params.data(), nullptr);
+    m.tokenizer_spec = manifest.tokenizer;
+    return m;
+  }
   const SafetensorsFile file(weights);
   const GptConfig config = read_weights_config(file);
   InferenceModel m;

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
-#include <tuple>
 
 #include "brigade/ckpt/checkpoint.h"
 #include "brigade/comm/communicator.h"
@@ -97,7 +96,9 @@ Trainer::Trainer(const GptConfig& model, const TrainOptions& options, Communicat
   const ParamLayout layout(model);
   const auto bucket_elements =
       static_cast<int64_t>(options_.parallel.bucket_mb * 1e6 / sizeof(float));
-  const int zero = dp > 1 ? options_.parallel.zero : 0;
+  // Alone there is nothing to shard: every stage is ZeRO 0.
+  zero_ = dp > 1 ? options_.parallel.zero : 0;
+  const int zero = zero_;
   if (zero == 3) {
     // One bucket per block (and the embeddings, ln_f): the unit ZeRO 3
     // gathers before the block runs and reduces after its backward.
@@ -112,7 +113,7 @@ Trainer::Trainer(const GptConfig& model, const TrainOptions& options, Communicat
   // Every rank draws the same weights from the seed: no broadcast needed.
   init_gpt2_weights(layout, model.n_layer, options_.seed, params_.data());
   const auto ranges = decay_ranges(layout, options_.decay_position_embedding);
-  if (options_.parallel.zero >= 1) {
+  if (zero >= 1) {
     std::vector<Slice> slices;
     for (const FlatRange& r : plan_->owned(dp_rank())) slices.push_back({r.begin, r.end});
     optimizer_ = std::make_unique<AdamW>(options_.adamw, ranges, slices);
@@ -124,11 +125,11 @@ Trainer::Trainer(const GptConfig& model, const TrainOptions& options, Communicat
                                 : zero == 1 ? GradSync::Mode::kReduceScatter
                                             : GradSync::Mode::kReduceScatterAndRelease;
     grad_sync_ = std::make_unique<GradSync>(*dp_group_, *plan_, grads_.data(), mode,
-                                            grads_in_shared_memory_);
+                                            buffers_in_shared_memory_);
   }
   if (zero == 3) {
     sharded_params_ = std::make_unique<ShardedParams>(*dp_group_, *plan_, params_.data(),
-                                                      grads_in_shared_memory_);
+                                                      buffers_in_shared_memory_);
     model_->set_param_residency(sharded_params_.get());
   }
   if (!options_.data.synthetic) {
@@ -182,7 +183,7 @@ void Trainer::allocate_buffers(int64_t size) {
     params_ = FloatBuffer::view(reinterpret_cast<float*>(base + bytes), size);
     grads_.zero();
     params_.zero();
-    grads_in_shared_memory_ = true;
+    buffers_in_shared_memory_ = true;
     return;
   }
   params_ = FloatBuffer(size);
@@ -204,7 +205,7 @@ double Trainer::sum_over_ranks(double value) {
 }
 
 double Trainer::global_grad_norm() {
-  if (options_.parallel.zero == 0) return grad_norm(grads_.data(), grads_.size());
+  if (zero_ == 0) return grad_norm(grads_.data(), grads_.size());
   // Each rank holds the reduced values of its slices only: every element is
   // counted once, on its owner.
   double squares = 0.0;
@@ -219,7 +220,7 @@ StepMetrics Trainer::train_step() {
   Stopwatch sw;
   const int64_t b = options_.micro_batch, t = model_config().block_size;
   const int64_t accum = options_.grad_accum;
-  if (options_.parallel.zero >= 2 && grad_sync_) {  // ZeRO 2 and 3
+  if (zero_ >= 2) {
     // Only the owned slices hold values; the rest was released as zeros.
     for (const Slice& slice : optimizer_->slices()) {
       std::fill(grads_.data() + slice.begin, grads_.data() + slice.end, 0.0f);
@@ -258,7 +259,7 @@ StepMetrics Trainer::train_step() {
   m.lr = options_.lr.at(step_);
   optimizer_->step(params_.data(), grads_.data(), m.lr,
                    clip_scale(m.grad_norm, options_.grad_clip));
-  if ((options_.parallel.zero == 1 || options_.parallel.zero == 2) && dp_size() > 1) {
+  if (zero_ == 1 || zero_ == 2) {
     // Each rank updated its slices; gather everyone's, bucket by bucket, in
     // place. (ZeRO 3 gathers each block when the next forward needs it.)
     const int64_t gather_start = now_ns();
@@ -285,7 +286,7 @@ MemoryAccount Trainer::memory() const {
   account.params = sharded_params_ ? params_.bytes() / dp_size() : params_.bytes();
   // Sharded gradients still use the whole buffer during backward; ZeRO 2's
   // saving is what the rank keeps after the reduce-scatter.
-  account.grads = options_.parallel.zero >= 2 ? grads_.bytes() / dp_size() : grads_.bytes();
+  account.grads = zero_ >= 2 ? grads_.bytes() / dp_size() : grads_.bytes();
   account.optimizer = 2 * optimizer_->size() * static_cast<int64_t>(sizeof(float));
   account.activations = model_->activation_bytes(options_.micro_batch, model_config().block_size);
   return account;
@@ -316,58 +317,51 @@ nlohmann::json Trainer::state_json() const {
           {"dataset", dataset_ ? dataset_->dir().string() : "synthetic"}};
 }
 
-std::pair<FloatBuffer, FloatBuffer> Trainer::gather_moments() {
-  const int64_t size = params_.size();
-  FloatBuffer m(size), v(size);
-  int64_t compact = 0;
-  std::vector<std::shared_ptr<Work>> works;
-  for (int64_t i = 0; i < static_cast<int64_t>(plan_->buckets().size()); ++i) {
-    const FlatRange bucket = plan_->buckets()[i];
-    const int64_t share = plan_->slice(i, dp_rank()).size();
-    for (auto [from, to] : {std::pair{&optimizer_->m(), &m}, std::pair{&optimizer_->v(), &v}}) {
-      works.push_back(dp_group_->all_gather(from->data() + compact, to->data() + bucket.begin,
-                                            share, DType::kF32));
-    }
-    compact += share;
-  }
-  for (auto& work : works) work->wait();
-  return {std::move(m), std::move(v)};
-}
-
 fs::path Trainer::save_checkpoint() {
-  FloatBuffer gathered_m, gathered_v;
-  const float* m = optimizer_->m().data();
-  const float* v = optimizer_->v().data();
-  if (options_.parallel.zero >= 1 && dp_size() > 1) {
-    std::tie(gathered_m, gathered_v) = gather_moments();
-    m = gathered_m.data();
-    v = gathered_v.data();
-  }
-  // ZeRO 3: every rank gathers the whole model for the write, then drops it.
-  if (sharded_params_) sharded_params_->acquire(0, params_.size());
-  struct Release {
-    ShardedParams* params;
-    int64_t size;
-    ~Release() {
-      if (params) params->release(0, size);
-    }
-  } release{sharded_params_.get(), params_.size()};
-  if (dp_rank() != 0) return {};
+  // Every rank writes its slices of every bucket, whatever the ZeRO stage:
+  // its moments are exactly those (or, replicated, include them), and its
+  // parameter slices are current on it. So the writes are spread evenly and
+  // nothing is gathered.
   const fs::path root = fs::path(options_.run_dir) / "checkpoints";
-  CheckpointView view{params_.data(), m, v, state_json(),
-                      dataset_ ? dataset_->tokenizer_spec() : ""};
-  const fs::path dir = brigade::save_checkpoint(root, step_, model_config(), view);
+  const int64_t size = ParamLayout(model_config()).size();
+  std::vector<CheckpointPiece> pieces;
+  int64_t compact = 0;
+  for (const FlatRange& slice : plan_->owned(dp_rank())) {
+    const int64_t end = std::min(slice.end, size);
+    if (slice.begin < end) {
+      const int64_t moment = zero_ >= 1 ? compact : slice.begin;
+      pieces.push_back({StateKind::kParams, slice.begin, end, params_.data() + slice.begin});
+      pieces.push_back({StateKind::kExpAvg, slice.begin, end, optimizer_->m().data() + moment});
+      pieces.push_back({StateKind::kExpAvgSq, slice.begin, end, optimizer_->v().data() + moment});
+    }
+    compact += slice.size();
+  }
+  auto barrier = [&] {
+    if (dp_size() > 1) dp_group_->barrier()->wait();
+  };
+  if (dp_rank() == 0) begin_checkpoint(root, step_);
+  barrier();
+  write_checkpoint_shard(root, step_, dp_rank(), model_config(), pieces);
+  barrier();
+  if (dp_rank() != 0) return {};
+  const CheckpointHeader header{{{"dp", dp_size()}, {"tp", 1}, {"pp", 1}, {"zero", zero_}},
+                                state_json(),
+                                dataset_ ? dataset_->tokenizer_spec() : ""};
+  const fs::path dir = commit_checkpoint(root, step_, dp_size(), model_config(), header);
   prune_checkpoints(root, options_.keep_checkpoints);
   return dir;
 }
 
 void Trainer::load_checkpoint(const fs::path& path) {
   const fs::path dir = resolve_checkpoint(path);
+  const Manifest manifest = verify_checkpoint(dir);
   // Load into fresh buffers first, so a failure leaves this trainer intact.
   const int64_t size = params_.size();
   FloatBuffer p(size), m(size), v(size);
-  const nlohmann::json state =
-      brigade::load_checkpoint(dir, model_config(), {p.data(), m.data(), v.data()});
+  load_checkpoint_state(dir, manifest, model_config(), StateKind::kParams, p.data());
+  load_checkpoint_state(dir, manifest, model_config(), StateKind::kExpAvg, m.data());
+  load_checkpoint_state(dir, manifest, model_config(), StateKind::kExpAvgSq, v.data());
+  const nlohmann::json& state = manifest.trainer_state;
   const auto field = [&](const char* key) {
     if (!state.contains(key) || !state[key].is_number_integer()) {
       throw_error("checkpoint {} lacks trainer_state.{}: it was not written by brigade train",

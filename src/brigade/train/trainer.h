@@ -13,8 +13,9 @@
 // it (parallel/sharded_params.h). The replicas stay equal to a single
 // process's on the same global batch, up to float summation order.
 //
-// Under ZeRO 3 every rank must call evaluate() and save_checkpoint() at the
-// same points, since both gather parameters.
+// With data parallelism every rank must call evaluate() and
+// save_checkpoint() at the same points: under ZeRO 3 evaluation gathers
+// parameters, and a save synchronises the ranks' shard writes.
 #pragma once
 
 #include <cstdint>
@@ -74,8 +75,9 @@ class Trainer {
   double evaluate();
 
   // Saves to <run_dir>/checkpoints/step_<N> and prunes old ones. Every
-  // data-parallel rank must call it (sharded moments are gathered); rank 0
-  // writes, and the path is empty on the others.
+  // data-parallel rank must call it: each writes its own shard (its slices
+  // of the parameters and moments), rank 0 commits the manifest. The path
+  // is empty on the other ranks.
   std::filesystem::path save_checkpoint();
   // Loads a checkpoint or the newest one in a run directory.
   void load_checkpoint(const std::filesystem::path& path);
@@ -107,15 +109,13 @@ class Trainer {
   // Sum over the data-parallel group (a no-op alone).
   double sum_over_ranks(double value);
   double global_grad_norm();
-  // Full-length copies of the AdamW moments, gathered from every rank's
-  // slices under ZeRO (every rank must call it).
-  std::pair<FloatBuffer, FloatBuffer> gather_moments();
 
   TrainOptions options_;
   Communicator* dp_group_ = nullptr;
   std::unique_ptr<BucketPlan> plan_;
   FloatBuffer params_, grads_;
-  bool grads_in_shared_memory_ = false;
+  int zero_ = 0;  // the ZeRO stage in effect (0 without data parallelism)
+  bool buffers_in_shared_memory_ = false;
   std::unique_ptr<Gpt> model_;
   std::unique_ptr<AdamW> optimizer_;
   std::unique_ptr<GradSync> grad_sync_;

@@ -1,0 +1,77 @@
+// The manifest of a distributed checkpoint: what a step directory holds and
+// how it fits together. Written last, atomically: a step whose manifest.json
+// exists is complete, and one without it does not exist.
+//
+//   {
+//     "format": "brigade-checkpoint-1",
+//     "step": 100,
+//     "model": {n_layer, n_head, ...},         // GptConfig
+//     "mesh": {"dp": 2, "tp": 1, "pp": 1, "zero": 1},   // how it was saved
+//     "trainer_state": {...},                   // step, RNG/sampler, schedule
+//     "tokenizer": "byte",
+//     "tensors": [{"name": "model/h.0.attn.c_attn.weight", "dtype": "F32",
+//                  "shape": [768, 2304],
+//                  "chunks": [{"file": "shard_00000.safetensors",
+//                              "key": "model/h.0.attn.c_attn.weight#0",
+//                              "offsets": [0, 0], "sizes": [384, 2304]}, ...]}],
+//     "shards": [{"file": "shard_00000.safetensors", "bytes": 123, "xxh64": "9f..."}]
+//   }
+//
+// Tensor names are global: "model/<Hugging Face GPT-2 name>" for parameters,
+// "optim/exp_avg/<name>" and "optim/exp_avg_sq/<name>" for AdamW's moments.
+// Each chunk is a box (tensor_box.h) stored as a 1-D tensor `key` in `file`.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "brigade/ckpt/tensor_box.h"
+
+namespace brigade {
+
+struct ChunkRecord {
+  std::string file;
+  std::string key;
+  TensorBox box;
+};
+
+struct TensorRecord {
+  std::string name;
+  std::string dtype = "F32";
+  std::vector<int64_t> shape;
+  std::vector<ChunkRecord> chunks;
+};
+
+struct ShardRecord {
+  std::string file;
+  int64_t bytes = 0;
+  uint64_t xxh64 = 0;
+};
+
+struct Manifest {
+  int64_t step = 0;
+  nlohmann::json model;  // GptConfig::to_json()
+  nlohmann::json mesh;
+  nlohmann::json trainer_state;
+  std::string tokenizer;
+  std::vector<TensorRecord> tensors;
+  std::vector<ShardRecord> shards;
+
+  nlohmann::json to_json() const;
+  // Parses and checks everything a loader relies on: known format, shapes
+  // non-negative, every chunk inside its tensor and in a listed shard, the
+  // chunks of each tensor disjoint and covering it exactly, no duplicate
+  // names. Error naming `where` and the offending entry otherwise.
+  static Manifest from_json(const nlohmann::json& j, const std::string& where);
+  static Manifest read(const std::filesystem::path& step_dir);
+
+  const TensorRecord* find(const std::string& name) const;
+};
+
+// The xxHash64 of a file's bytes, streaming (seed 0).
+uint64_t file_xxh64(const std::filesystem::path& path);
+
+}  // namespace brigade

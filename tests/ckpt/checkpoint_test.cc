@@ -1,0 +1,219 @@
+// Distributed checkpoints: boxes of flat ranges, the manifest's checks, a
+// save by several "ranks" (each its slices, as ZeRO cuts them) loaded whole,
+// and corruption: a changed, truncated or missing shard is found and named,
+// and resume falls back to the previous checkpoint.
+#include "brigade/ckpt/checkpoint.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <numeric>
+#include <vector>
+
+#include "brigade/core/config.h"
+#include "brigade/core/error.h"
+#include "brigade/core/files.h"
+#include "brigade/parallel/grad_buckets.h"
+#include "testing/temp_dir.h"
+
+namespace brigade {
+namespace {
+namespace fs = std::filesystem;
+
+// Every flat range of a tensor, cut into boxes and scattered back, lands on
+// exactly its elements.
+TEST(TensorBox, FlatRangesBecomeBoxesInStorageOrder) {
+  const std::vector<std::vector<int64_t>> shapes = {{7}, {3, 5}, {2, 3, 4}};
+  for (const auto& shape : shapes) {
+    const int64_t n = std::accumulate(shape.begin(), shape.end(), int64_t{1}, std::multiplies<>());
+    for (int64_t begin = 0; begin <= n; ++begin) {
+      for (int64_t end = begin; end <= n; ++end) {
+        const auto boxes = flat_range_boxes(shape, begin, end);
+        EXPECT_LE(boxes.size(), 2 * shape.size() - 1);
+        std::vector<float> data(static_cast<size_t>(end - begin));
+        std::iota(data.begin(), data.end(), static_cast<float>(begin));
+        std::vector<float> tensor(static_cast<size_t>(n), -1.0f);
+        const float* next = data.data();
+        int64_t total = 0;
+        for (const TensorBox& box : boxes) {
+          ASSERT_TRUE(box_inside(box, shape));
+          scatter_box(next, box, shape, tensor.data());
+          next += box.numel();
+          total += box.numel();
+        }
+        ASSERT_EQ(total, end - begin);
+        for (int64_t i = 0; i < n; ++i) {
+          const float expected = i >= begin && i < end ? static_cast<float>(i) : -1.0f;
+          ASSERT_EQ(tensor[i], expected) << "range [" << begin << ", " << end << ") element " << i;
+        }
+      }
+    }
+  }
+}
+
+nlohmann::json valid_manifest() {
+  return nlohmann::json::parse(R"({
+    "format": "brigade-checkpoint-1", "step": 3, "model": {}, "mesh": {}, "trainer_state": {},
+    "tokenizer": "byte",
+    "tensors": [{"name": "model/w", "dtype": "F32", "shape": [2, 3], "chunks": [
+      {"file": "a.safetensors", "key": "k0", "offsets": [0, 0], "sizes": [1, 3]},
+      {"file": "b.safetensors", "key": "k1", "offsets": [1, 0], "sizes": [1, 3]}]}],
+    "shards": [{"file": "a.safetensors", "bytes": 10, "xxh64": "0123456789abcdef"},
+               {"file": "b.safetensors", "bytes": 10, "xxh64": "0123456789abcdef"}]
+  })");
+}
+
+TEST(Manifest, RejectsWhatALoaderCouldNotTrust) {
+  EXPECT_NO_THROW(Manifest::from_json(valid_manifest(), "m"));
+  const auto rejects = [](const std::function<void(nlohmann::json&)>& edit, const char* why) {
+    nlohmann::json j = valid_manifest();
+    edit(j);
+    try {
+      Manifest::from_json(j, "m");
+      ADD_FAILURE() << "accepted: " << why;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("m"), std::string::npos) << e.what();
+    }
+  };
+  rejects([](auto& j) { j["format"] = "other"; }, "unknown format");
+  rejects([](auto& j) { j.erase("shards"); }, "no shards");
+  rejects([](auto& j) { j["tensors"][0]["chunks"][1]["offsets"] = {1, 1}; }, "outside the shape");
+  rejects([](auto& j) { j["tensors"][0]["chunks"][1]["offsets"] = {0, 0}; }, "overlap");
+  rejects([](auto& j) { j["tensors"][0]["chunks"].erase(1); }, "incomplete coverage");
+  rejects([](auto& j) { j["tensors"][0]["chunks"][0]["file"] = "c.safetensors"; }, "unlisted");
+  rejects([](auto& j) { j["shards"][0]["xxh64"] = "xyz"; }, "bad hash");
+  rejects([](auto& j) { j["shards"][0]["file"] = "../a.safetensors"; }, "path escape");
+  rejects([](auto& j) { j["tensors"][0]["shape"] = {-2, 3}; }, "negative shape");
+  rejects([](auto& j) { j["tensors"][0]["dtype"] = "Q4"; }, "unknown dtype");
+  rejects([](auto& j) { j["tensors"].push_back(j["tensors"][0]); }, "duplicate tensor");
+}
+
+class CheckpointTest : public ::testing::Test {
+ protected:
+  GptConfig config() const {
+    Config c = Config::from_string(
+        "[model]\nn_layer = 2\nn_head = 2\nn_embd = 24\nblock_size = 16\nvocab_size = 67\n");
+    return GptConfig::from_config(c);
+  }
+  // Distinct values per kind and element, so a misplaced chunk shows.
+  std::vector<float> state(int kind) const {
+    std::vector<float> v(static_cast<size_t>(ParamLayout(config()).size()));
+    for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(kind * 100000 + i);
+    return v;
+  }
+  // Saves step `step` as `ranks` ranks, each writing its ZeRO slices.
+  fs::path save_as_ranks(int ranks, int64_t step) {
+    const int64_t size = ParamLayout(config()).size();
+    const BucketPlan plan(size, ranks, 1000);
+    const auto params = state(0), m = state(1), v = state(2);
+    begin_checkpoint(root(), step);
+    for (int r = 0; r < ranks; ++r) {
+      std::vector<CheckpointPiece> pieces;
+      for (const FlatRange& s : plan.owned(r)) {
+        const int64_t end = std::min(s.end, size);
+        if (s.begin >= end) continue;
+        pieces.push_back({StateKind::kParams, s.begin, end, params.data() + s.begin});
+        pieces.push_back({StateKind::kExpAvg, s.begin, end, m.data() + s.begin});
+        pieces.push_back({StateKind::kExpAvgSq, s.begin, end, v.data() + s.begin});
+      }
+      write_checkpoint_shard(root(), step, r, config(), pieces);
+    }
+    return commit_checkpoint(root(), step, ranks, config(),
+                             {{{"dp", ranks}}, {{"step", step}}, "byte"});
+  }
+  fs::path root() const { return temp_.path() / "checkpoints"; }
+  // Elements of the layout that belong to a tensor (padding is not saved).
+  std::vector<bool> in_tensor() const {
+    const ParamLayout layout(config());
+    std::vector<bool> mask(static_cast<size_t>(layout.size()), false);
+    for (const ParamInfo& p : layout.params()) {
+      std::fill(mask.begin() + p.offset, mask.begin() + p.offset + p.numel, true);
+    }
+    return mask;
+  }
+
+  testing::TempDir temp_{"brigade_checkpoint_test"};
+};
+
+TEST_F(CheckpointTest, ShardsOfAnyRankCountLoadWhole) {
+  for (int ranks : {1, 3, 4}) {
+    const fs::path dir = save_as_ranks(ranks, 10 + ranks);
+    EXPECT_TRUE(fs::exists(dir / "manifest.json"));
+    EXPECT_FALSE(fs::exists(dir.string() + ".partial"));
+    const Manifest manifest = verify_checkpoint(dir);
+    EXPECT_EQ(manifest.shards.size(), static_cast<size_t>(ranks));
+    EXPECT_EQ(manifest.tokenizer, "byte");
+    const auto mask = in_tensor();
+    for (int kind = 0; kind < 3; ++kind) {
+      const auto expected = state(kind);
+      std::vector<float> loaded(expected.size(), -1.0f);
+      load_checkpoint_state(dir, manifest, config(), static_cast<StateKind>(kind), loaded.data());
+      for (size_t i = 0; i < loaded.size(); ++i) {
+        ASSERT_EQ(loaded[i], mask[i] ? expected[i] : -1.0f)
+            << ranks << " ranks, kind " << kind << ", element " << i;
+      }
+    }
+  }
+}
+
+TEST_F(CheckpointTest, AStepWithoutManifestDoesNotExist) {
+  save_as_ranks(2, 5);
+  // A save that died after its shards, before the manifest.
+  begin_checkpoint(root(), 6);
+  write_checkpoint_shard(root(), 6, 0, config(), {});
+  EXPECT_EQ(latest_checkpoint(root())->filename(), "step_00000005");
+  EXPECT_EQ(resolve_checkpoint(temp_.path()).filename(), "step_00000005");
+}
+
+TEST_F(CheckpointTest, ACorruptShardIsNamedAndResumeFallsBack) {
+  save_as_ranks(2, 5);
+  const fs::path newest = save_as_ranks(2, 6);
+  const fs::path shard = newest / "shard_00001.safetensors";
+  {
+    std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(fs::file_size(shard) - 3));
+    f.put('\x7f');
+  }
+  try {
+    verify_checkpoint(newest);
+    ADD_FAILURE() << "a changed shard verified";
+  } catch (const Error& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("shard_00001.safetensors"), std::string::npos) << message;
+    EXPECT_NE(message.find("xxHash64"), std::string::npos) << message;
+    EXPECT_NE(message.find("model/"), std::string::npos) << "names the tensors: " << message;
+  }
+  EXPECT_EQ(resolve_checkpoint(temp_.path()).filename(), "step_00000005");
+
+  fs::resize_file(shard, fs::file_size(shard) / 2);  // truncated
+  EXPECT_THROW(verify_checkpoint(newest), Error);
+  fs::remove(newest / "shard_00000.safetensors");  // missing
+  EXPECT_THROW(verify_checkpoint(newest), Error);
+  write_file_atomic(newest / "manifest.json", "{\"format\": ");  // torn manifest
+  EXPECT_THROW(verify_checkpoint(newest), Error);
+  EXPECT_EQ(resolve_checkpoint(temp_.path()).filename(), "step_00000005");
+}
+
+TEST_F(CheckpointTest, CommitRefusesShardsThatDoNotCoverTheModel) {
+  begin_checkpoint(root(), 7);
+  const auto params = state(0);
+  write_checkpoint_shard(root(), 7, 0, config(), {{StateKind::kParams, 0, 100, params.data()}});
+  const CheckpointHeader header{{{"dp", 1}}, nlohmann::json::object(), "byte"};
+  try {
+    commit_checkpoint(root(), 7, 1, config(), header);
+    ADD_FAILURE() << "committed a checkpoint missing most of the model";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("elements"), std::string::npos) << e.what();
+  }
+  try {
+    commit_checkpoint(root(), 7, 2, config(), header);
+    ADD_FAILURE() << "committed without rank 1's shard";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 1"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(latest_checkpoint(root()).has_value());
+}
+
+}  // namespace
+}  // namespace brigade
