@@ -102,6 +102,14 @@ void write_checkpoint_shard(const fs::path& root, int64_t step, int rank, const 
   write_file_atomic(partial / shard_index_file(rank), index.dump());
 }
 
+int missing_checkpoint_shards(const fs::path& root, int64_t step, int num_shards) {
+  const fs::path partial = partial_directory(root, step);
+  for (int rank = 0; rank < num_shards; ++rank) {
+    if (!fs::exists(partial / shard_index_file(rank))) return rank;
+  }
+  return -1;
+}
+
 fs::path commit_checkpoint(const fs::path& root, int64_t step, int num_shards,
                            const GptConfig& config, const CheckpointHeader& header) {
   const fs::path partial = partial_directory(root, step);

@@ -65,6 +65,10 @@ std::filesystem::path commit_checkpoint(const std::filesystem::path& root, int64
                                         int num_shards, const GptConfig& config,
                                         const CheckpointHeader& header);
 
+// The lowest rank in [0, num_shards) whose shard of the step is not written
+// yet, or -1 when all are (what commit_checkpoint needs).
+int missing_checkpoint_shards(const std::filesystem::path& root, int64_t step, int num_shards);
+
 // One process's save: all three flat buffers (ParamLayout(config).size()).
 std::filesystem::path save_checkpoint(const std::filesystem::path& root, int64_t step,
                                       const GptConfig& config, const float* params,

@@ -282,7 +282,9 @@ void run_train(const std::string& config_path, const std::vector<std::string>& o
     }
     if (options.checkpoint_every > 0 && done % options.checkpoint_every == 0 &&
         done < options.steps) {
-      save();
+      // Training goes on while it is written; the next save waits for it.
+      const fs::path saving = trainer.start_checkpoint();
+      if (report) report->note("saving " + saving.string() + " in the background");
     }
   }
   if (stopped) {

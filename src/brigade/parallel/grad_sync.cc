@@ -40,6 +40,10 @@ void GradSync::arm() {
 void GradSync::launch(size_t index) {
   const FlatRange& bucket = plan_.buckets()[index];
   float* data = grads_ + bucket.begin;
+  // Stamped before the hand-off: a small reduction can finish before the
+  // call returns.
+  timings_[index] = {bucket.size() * static_cast<int64_t>(sizeof(float)),
+                     static_cast<double>(now_ns() - armed_ns_) * 1e-6, 0.0};
   if (mode_ != Mode::kAllReduce) {
     const FlatRange mine = plan_.slice(static_cast<int64_t>(index), comm_.rank());
     works_[index] =
@@ -47,8 +51,6 @@ void GradSync::launch(size_t index) {
   } else {
     works_[index] = comm_.all_reduce(data, bucket.size(), DType::kF32, ReduceOp::kSum);
   }
-  timings_[index] = {bucket.size() * static_cast<int64_t>(sizeof(float)),
-                     static_cast<double>(now_ns() - armed_ns_) * 1e-6, 0.0};
 }
 
 void GradSync::on_ready(int64_t ready_from) {

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstddef>
 
+#include "brigade/ckpt/async_writer.h"
 #include "brigade/ckpt/checkpoint.h"
 #include "brigade/comm/communicator.h"
 #include "brigade/core/clock.h"
@@ -127,6 +128,7 @@ Trainer::Trainer(const GptConfig& model, const TrainOptions& options, Communicat
     grad_sync_ = std::make_unique<GradSync>(*dp_group_, *plan_, grads_.data(), mode,
                                             buffers_in_shared_memory_);
   }
+  writer_ = std::make_unique<AsyncCheckpointWriter>(options_.parallel.timeout_s * 1000);
   if (zero == 3) {
     sharded_params_ = std::make_unique<ShardedParams>(*dp_group_, *plan_, params_.data(),
                                                       buffers_in_shared_memory_);
@@ -317,7 +319,7 @@ nlohmann::json Trainer::state_json() const {
           {"dataset", dataset_ ? dataset_->dir().string() : "synthetic"}};
 }
 
-fs::path Trainer::save_checkpoint() {
+fs::path Trainer::start_checkpoint() {
   // Every rank writes its slices of every bucket, whatever the ZeRO stage:
   // its moments are exactly those (or, replicated, include them), and its
   // parameter slices are current on it. So the writes are spread evenly and
@@ -336,19 +338,34 @@ fs::path Trainer::save_checkpoint() {
     }
     compact += slice.size();
   }
-  auto barrier = [&] {
-    if (dp_size() > 1) dp_group_->barrier()->wait();
-  };
+  // Phase 1: the previous save is done, rank 0 has cleared the step's
+  // directory, and every rank knows it before writing into it.
+  writer_->wait();
   if (dp_rank() == 0) begin_checkpoint(root, step_);
-  barrier();
-  write_checkpoint_shard(root, step_, dp_rank(), model_config(), pieces);
-  barrier();
-  if (dp_rank() != 0) return {};
-  const CheckpointHeader header{{{"dp", dp_size()}, {"tp", 1}, {"pp", 1}, {"zero", zero_}},
-                                state_json(),
-                                dataset_ ? dataset_->tokenizer_spec() : ""};
-  const fs::path dir = commit_checkpoint(root, step_, dp_size(), model_config(), header);
-  prune_checkpoints(root, options_.keep_checkpoints);
+  if (dp_size() > 1) dp_group_->barrier()->wait();
+  AsyncCheckpointWriter::Save save;
+  save.root = root;
+  save.step = step_;
+  save.rank = dp_rank();
+  save.num_shards = dp_size();
+  save.config = model_config();
+  save.keep = options_.keep_checkpoints;
+  if (dp_rank() == 0) {
+    save.header = {{{"dp", dp_size()}, {"tp", 1}, {"pp", 1}, {"zero", zero_}},
+                   state_json(),
+                   dataset_ ? dataset_->tokenizer_spec() : ""};
+  }
+  writer_->start(std::move(save), pieces);
+  return dp_rank() == 0 ? step_directory(root, step_) : fs::path();
+}
+
+void Trainer::wait_for_checkpoint() {
+  writer_->wait();
+}
+
+fs::path Trainer::save_checkpoint() {
+  const fs::path dir = start_checkpoint();
+  wait_for_checkpoint();
   return dir;
 }
 

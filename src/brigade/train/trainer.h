@@ -35,6 +35,7 @@
 
 namespace brigade {
 
+class AsyncCheckpointWriter;
 class Communicator;
 class Dataset;
 class GlobalSampler;
@@ -76,8 +77,14 @@ class Trainer {
 
   // Saves to <run_dir>/checkpoints/step_<N> and prunes old ones. Every
   // data-parallel rank must call it: each writes its own shard (its slices
-  // of the parameters and moments), rank 0 commits the manifest. The path
-  // is empty on the other ranks.
+  // of the parameters and moments), rank 0 commits the manifest.
+  // start_checkpoint returns once this rank's state is copied to memory and
+  // writes in the background (it first waits for the previous save);
+  // wait_for_checkpoint waits for that write (on rank 0, for the commit) and
+  // rethrows its error; save_checkpoint is both. They return the step
+  // directory on rank 0, an empty path on the others.
+  std::filesystem::path start_checkpoint();
+  void wait_for_checkpoint();
   std::filesystem::path save_checkpoint();
   // Loads a checkpoint or the newest one in a run directory.
   void load_checkpoint(const std::filesystem::path& path);
@@ -120,6 +127,7 @@ class Trainer {
   std::unique_ptr<AdamW> optimizer_;
   std::unique_ptr<GradSync> grad_sync_;
   std::unique_ptr<ShardedParams> sharded_params_;  // ZeRO 3
+  std::unique_ptr<AsyncCheckpointWriter> writer_;
   std::unique_ptr<Dataset> dataset_;
   std::unique_ptr<GlobalSampler> sampler_;
   std::vector<int32_t> inputs_, targets_;  // one micro-batch, (B,T) each

@@ -1,0 +1,73 @@
+#include "brigade/ckpt/async_writer.h"
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+
+#include "brigade/core/clock.h"
+#include "brigade/core/error.h"
+
+namespace brigade {
+
+AsyncCheckpointWriter::AsyncCheckpointWriter(int64_t commit_timeout_ms)
+    : commit_timeout_ms_(commit_timeout_ms) {}
+
+AsyncCheckpointWriter::~AsyncCheckpointWriter() {
+  try {
+    wait();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "brigade: the last checkpoint save failed: %s\n", e.what());
+  }
+}
+
+void AsyncCheckpointWriter::wait() {
+  if (thread_.joinable()) thread_.join();
+  if (error_) {
+    std::exception_ptr error = error_;
+    error_ = nullptr;
+    std::rethrow_exception(error);
+  }
+}
+
+void AsyncCheckpointWriter::start(Save save, const std::vector<CheckpointPiece>& pieces) {
+  wait();
+  int64_t total = 0;
+  for (const CheckpointPiece& p : pieces) total += p.end - p.begin;
+  staging_.resize(static_cast<size_t>(total));
+  pieces_.clear();
+  float* next = staging_.data();
+  for (const CheckpointPiece& p : pieces) {
+    const int64_t n = p.end - p.begin;
+    if (n > 0) std::memcpy(next, p.data, static_cast<size_t>(n) * sizeof(float));
+    pieces_.push_back({p.kind, p.begin, p.end, next});
+    next += n;
+  }
+  thread_ = std::thread([this, save = std::move(save)] {
+    try {
+      run(save);
+    } catch (...) {
+      error_ = std::current_exception();
+    }
+  });
+}
+
+void AsyncCheckpointWriter::run(const Save& save) {
+  write_checkpoint_shard(save.root, save.step, save.rank, save.config, pieces_);
+  if (save.rank != 0) return;
+  const int64_t deadline = now_ns() + commit_timeout_ms_ * 1'000'000;
+  for (;;) {
+    const int missing = missing_checkpoint_shards(save.root, save.step, save.num_shards);
+    if (missing < 0) break;
+    if (now_ns() > deadline) {
+      throw_error(
+          "checkpoint of step {}: rank {}'s shard did not appear within {} ms (is the checkpoint "
+          "directory on a file system every rank shares?)",
+          save.step, missing, commit_timeout_ms_);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  commit_checkpoint(save.root, save.step, save.num_shards, save.config, save.header);
+  prune_checkpoints(save.root, save.keep);
+}
+
+}  // namespace brigade
