@@ -29,8 +29,17 @@ void AsyncCheckpointWriter::wait() {
   }
 }
 
+std::optional<AsyncCheckpointWriter::Stats> AsyncCheckpointWriter::take_finished() {
+  if (thread_.joinable() && !finished_.load(std::memory_order_acquire)) return std::nullopt;
+  wait();
+  if (stats_taken_) return std::nullopt;
+  stats_taken_ = true;
+  return stats_;
+}
+
 void AsyncCheckpointWriter::start(Save save, const std::vector<CheckpointPiece>& pieces) {
   wait();
+  const int64_t copy_start = now_ns();
   int64_t total = 0;
   for (const CheckpointPiece& p : pieces) total += p.end - p.begin;
   staging_.resize(static_cast<size_t>(total));
@@ -42,17 +51,23 @@ void AsyncCheckpointWriter::start(Save save, const std::vector<CheckpointPiece>&
     pieces_.push_back({p.kind, p.begin, p.end, next});
     next += n;
   }
+  stats_ = Stats{save.step, 0, static_cast<double>(now_ns() - copy_start) * 1e-6, 0};
+  stats_taken_ = false;
+  finished_.store(false, std::memory_order_release);
   thread_ = std::thread([this, save = std::move(save)] {
+    const int64_t write_start = now_ns();
     try {
       run(save);
     } catch (...) {
       error_ = std::current_exception();
     }
+    stats_.write_ms = static_cast<double>(now_ns() - write_start) * 1e-6;
+    finished_.store(true, std::memory_order_release);
   });
 }
 
 void AsyncCheckpointWriter::run(const Save& save) {
-  write_checkpoint_shard(save.root, save.step, save.rank, save.config, pieces_);
+  stats_.bytes = write_checkpoint_shard(save.root, save.step, save.rank, save.config, pieces_);
   if (save.rank != 0) return;
   const int64_t deadline = now_ns() + commit_timeout_ms_ * 1'000'000;
   for (;;) {

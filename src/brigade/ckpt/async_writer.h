@@ -12,9 +12,11 @@
 // the file system the checkpoints go to.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <exception>
 #include <filesystem>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -46,6 +48,17 @@ class AsyncCheckpointWriter {
   // Waits for the save in flight, if any; rethrows its error.
   void wait();
 
+  // What the last save cost this rank.
+  struct Stats {
+    int64_t step = 0;
+    int64_t bytes = 0;       // of this rank's shard
+    double blocking_ms = 0;  // the copy the caller waited for
+    double write_ms = 0;     // the background write (and, on rank 0, the commit)
+  };
+  // The stats of a save that has finished since the last call, without
+  // waiting for one that has not; rethrows a finished save's error.
+  std::optional<Stats> take_finished();
+
  private:
   void run(const Save& save);
 
@@ -54,6 +67,9 @@ class AsyncCheckpointWriter {
   std::vector<CheckpointPiece> pieces_;  // pointing into staging_
   std::thread thread_;
   std::exception_ptr error_;
+  std::atomic<bool> finished_{false};
+  Stats stats_;
+  bool stats_taken_ = true;
 };
 
 }  // namespace brigade

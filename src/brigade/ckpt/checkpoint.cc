@@ -69,8 +69,9 @@ void begin_checkpoint(const fs::path& root, int64_t step) {
   fs::create_directories(partial);
 }
 
-void write_checkpoint_shard(const fs::path& root, int64_t step, int rank, const GptConfig& config,
-                            const std::vector<CheckpointPiece>& pieces) {
+int64_t write_checkpoint_shard(const fs::path& root, int64_t step, int rank,
+                               const GptConfig& config,
+                               const std::vector<CheckpointPiece>& pieces) {
   const fs::path partial = partial_directory(root, step);
   const ParamLayout layout(config);
   SafetensorsWriter writer;
@@ -100,6 +101,7 @@ void write_checkpoint_shard(const fs::path& root, int64_t step, int rank, const 
                                 {"xxh64", fmt::format("{:016x}", file_xxh64(file))},
                                 {"chunks", chunks}};
   write_file_atomic(partial / shard_index_file(rank), index.dump());
+  return index.at("bytes").get<int64_t>();
 }
 
 int missing_checkpoint_shards(const fs::path& root, int64_t step, int num_shards) {

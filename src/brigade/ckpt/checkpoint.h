@@ -57,8 +57,9 @@ struct CheckpointHeader {
 std::filesystem::path step_directory(const std::filesystem::path& root, int64_t step);
 
 void begin_checkpoint(const std::filesystem::path& root, int64_t step);
-void write_checkpoint_shard(const std::filesystem::path& root, int64_t step, int rank,
-                            const GptConfig& config, const std::vector<CheckpointPiece>& pieces);
+// Returns the shard's size in bytes.
+int64_t write_checkpoint_shard(const std::filesystem::path& root, int64_t step, int rank,
+                               const GptConfig& config, const std::vector<CheckpointPiece>& pieces);
 // Checks that the shards of ranks [0, num_shards) cover every tensor exactly
 // once before anything is committed; returns the step directory.
 std::filesystem::path commit_checkpoint(const std::filesystem::path& root, int64_t step,

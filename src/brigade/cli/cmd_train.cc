@@ -133,7 +133,8 @@ class RunReport {
   }
 
   void step(const StepMetrics& m, const std::vector<BucketTiming>& bucket_timings,
-            const std::vector<double>& peak_rss_per_rank) {
+            const std::vector<double>& peak_rss_per_rank,
+            const std::optional<AsyncCheckpointWriter::Stats>& checkpoint) {
     const double mfu = flops_per_step_ / (m.step_ms * 1e-3) / (peak_gflops_ * 1e9);
     nlohmann::json line = {{"step", m.step + 1},
                            {"loss", m.loss},
@@ -159,6 +160,13 @@ class RunReport {
       buckets.push_back({{"bytes", b.bytes}, {"issued_ms", b.issued_ms}, {"done_ms", b.done_ms}});
     }
     if (!buckets.empty()) line["buckets"] = std::move(buckets);
+    // A background save that finished during this step: what it cost.
+    if (checkpoint) {
+      line["checkpoint"] = {{"step", checkpoint->step},
+                            {"rank0_bytes", checkpoint->bytes},
+                            {"blocking_ms", checkpoint->blocking_ms},
+                            {"write_ms", checkpoint->write_ms}};
+    }
     metrics_ << line.dump() << "\n" << std::flush;
     progress_.update(m, mfu);
   }
@@ -274,7 +282,7 @@ void run_train(const std::string& config_path, const std::vector<std::string>& o
     } else {
       rss[0] = mine;
     }
-    if (report) report->step(m, trainer.bucket_timings(), rss);
+    if (report) report->step(m, trainer.bucket_timings(), rss, trainer.finished_checkpoint());
     const int64_t done = trainer.step();
     if (options.eval_every > 0 && done % options.eval_every == 0 && done < options.steps &&
         trainer.dataset() != nullptr) {

@@ -363,6 +363,10 @@ void Trainer::wait_for_checkpoint() {
   writer_->wait();
 }
 
+std::optional<AsyncCheckpointWriter::Stats> Trainer::finished_checkpoint() {
+  return writer_->take_finished();
+}
+
 fs::path Trainer::save_checkpoint() {
   const fs::path dir = start_checkpoint();
   wait_for_checkpoint();

@@ -22,9 +22,11 @@
 #include <filesystem>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <utility>
 #include <vector>
 
+#include "brigade/ckpt/async_writer.h"
 #include "brigade/core/aligned_buffer.h"
 #include "brigade/model/gpt.h"
 #include "brigade/optim/adamw.h"
@@ -35,7 +37,6 @@
 
 namespace brigade {
 
-class AsyncCheckpointWriter;
 class Communicator;
 class Dataset;
 class GlobalSampler;
@@ -85,6 +86,8 @@ class Trainer {
   // directory on rank 0, an empty path on the others.
   std::filesystem::path start_checkpoint();
   void wait_for_checkpoint();
+  // What the last finished save cost this rank, once (see AsyncCheckpointWriter).
+  std::optional<AsyncCheckpointWriter::Stats> finished_checkpoint();
   std::filesystem::path save_checkpoint();
   // Loads a checkpoint or the newest one in a run directory.
   void load_checkpoint(const std::filesystem::path& path);
