@@ -192,7 +192,20 @@ TEST_F(CheckpointTest, ACorruptShardIsNamedAndResumeFallsBack) {
   EXPECT_THROW(verify_checkpoint(newest), Error);
   write_file_atomic(newest / "manifest.json", "{\"format\": ");  // torn manifest
   EXPECT_THROW(verify_checkpoint(newest), Error);
-  EXPECT_EQ(resolve_checkpoint(temp_.path()).filename(), "step_00000005");
+  // A manifest changed in a way that still parses: the step number.
+  const fs::path older = root() / "step_00000005";
+  std::string text = read_file(older / "manifest.json");
+  const size_t at = text.find("\"step\": 5");
+  ASSERT_NE(at, std::string::npos);
+  text[at + 8] = '4';
+  write_file_atomic(older / "manifest.json", text);
+  try {
+    verify_checkpoint(older);
+    ADD_FAILURE() << "an edited manifest verified";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("own xxHash64"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(resolve_checkpoint(temp_.path()), Error);  // neither verifies now
 }
 
 TEST_F(CheckpointTest, CommitRefusesShardsThatDoNotCoverTheModel) {

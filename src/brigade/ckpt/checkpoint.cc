@@ -64,9 +64,16 @@ fs::path step_directory(const fs::path& root, int64_t step) {
 }
 
 void begin_checkpoint(const fs::path& root, int64_t step) {
-  const fs::path partial = partial_directory(root, step);
-  fs::remove_all(partial);  // a crashed earlier attempt at this step
-  fs::create_directories(partial);
+  // Leftovers of saves, replacements and prunes that died half-way: no save
+  // is in flight now (the caller waited for the last one), so all are stale.
+  std::error_code ec;
+  if (fs::is_directory(root, ec)) {
+    for (const auto& entry : fs::directory_iterator(root)) {
+      const fs::path ext = entry.path().extension();
+      if (ext == ".partial" || ext == ".old" || ext == ".pruned") fs::remove_all(entry.path());
+    }
+  }
+  fs::create_directories(partial_directory(root, step));
 }
 
 int64_t write_checkpoint_shard(const fs::path& root, int64_t step, int rank,
@@ -95,10 +102,10 @@ int64_t write_checkpoint_shard(const fs::path& root, int64_t step, int rank,
     }
   }
   const fs::path file = partial / shard_file(rank);
-  writer.write(file);
+  const uint64_t hash = writer.write(file);
   const nlohmann::json index = {{"file", shard_file(rank)},
                                 {"bytes", static_cast<int64_t>(fs::file_size(file))},
-                                {"xxh64", fmt::format("{:016x}", file_xxh64(file))},
+                                {"xxh64", fmt::format("{:016x}", hash)},
                                 {"chunks", chunks}};
   write_file_atomic(partial / shard_index_file(rank), index.dump());
   return index.at("bytes").get<int64_t>();
@@ -157,7 +164,7 @@ fs::path commit_checkpoint(const fs::path& root, int64_t step, int num_shards,
                                    {"shards", shards}};
   // The same checks a loader makes: never commit what could not be loaded.
   Manifest::from_json(manifest, (partial / "manifest.json").string());
-  write_file_atomic(partial / "manifest.json", manifest.dump(1));
+  write_file_atomic(partial / "manifest.json", Manifest::sealed(manifest).dump(1));
   for (int rank = 0; rank < num_shards; ++rank) fs::remove(partial / shard_index_file(rank));
 
   // A re-save of a step moves the old copy aside first, so at every moment
@@ -300,7 +307,14 @@ void load_checkpoint_state(const fs::path& step_dir, const Manifest& manifest,
 void prune_checkpoints(const fs::path& root, int64_t keep) {
   if (keep <= 0) return;
   const std::vector<fs::path> dirs = step_dirs(root);
-  for (size_t i = 0; i + static_cast<size_t>(keep) < dirs.size(); ++i) fs::remove_all(dirs[i]);
+  for (size_t i = 0; i + static_cast<size_t>(keep) < dirs.size(); ++i) {
+    // Renamed first, in one atomic step: a prune cut short must not leave a
+    // manifest whose shards are half deleted.
+    fs::path doomed = dirs[i];
+    doomed += ".pruned";
+    fs::rename(dirs[i], doomed);
+    fs::remove_all(doomed);
+  }
 }
 
 }  // namespace brigade

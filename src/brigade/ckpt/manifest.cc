@@ -58,7 +58,19 @@ const nlohmann::json& array_field(const nlohmann::json& j, const char* key,
   return v;
 }
 
+uint64_t json_xxh64(const nlohmann::json& j) {
+  const std::string text = j.dump();
+  return XXH64(text.data(), text.size(), 0);
+}
+
 }  // namespace
+
+nlohmann::json Manifest::sealed(nlohmann::json j) {
+  j.erase("manifest_xxh64");
+  const uint64_t hash = json_xxh64(j);
+  j["manifest_xxh64"] = hex64(hash);
+  return j;
+}
 
 nlohmann::json Manifest::to_json() const {
   nlohmann::json tensors_json = nlohmann::json::array();
@@ -176,8 +188,15 @@ Manifest Manifest::read(const fs::path& step_dir) {
   const fs::path path = step_dir / "manifest.json";
   std::ifstream in(path);
   if (!in) throw_error("{}: cannot open", path.string());
-  const nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
-  if (j.is_discarded()) throw_error("{}: not valid JSON (truncated or corrupt)", path.string());
+  nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) {
+    throw_error("{}: not valid JSON (truncated or corrupt)", path.string());
+  }
+  const std::string recorded = string_field(j, "manifest_xxh64", path.string());
+  j.erase("manifest_xxh64");
+  if (recorded != hex64(json_xxh64(j))) {
+    throw_error("{}: fails its own xxHash64 check (corrupt)", path.string());
+  }
   return from_json(j, path.string());
 }
 

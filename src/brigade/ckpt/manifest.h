@@ -14,8 +14,12 @@
 //                  "chunks": [{"file": "shard_00000.safetensors",
 //                              "key": "model/h.0.attn.c_attn.weight#0",
 //                              "offsets": [0, 0], "sizes": [384, 2304]}, ...]}],
-//     "shards": [{"file": "shard_00000.safetensors", "bytes": 123, "xxh64": "9f..."}]
+//     "shards": [{"file": "shard_00000.safetensors", "bytes": 123, "xxh64": "9f..."}],
+//     "manifest_xxh64": "..."   // of the compact JSON of everything else
 //   }
+//
+// The manifest checks itself: a flipped byte that still parses (a digit of
+// the step, say) fails the self-checksum rather than loading wrong state.
 //
 // Tensor names are global: "model/<Hugging Face GPT-2 name>" for parameters,
 // "optim/exp_avg/<name>" and "optim/exp_avg_sq/<name>" for AdamW's moments.
@@ -61,6 +65,8 @@ struct Manifest {
   std::vector<ShardRecord> shards;
 
   nlohmann::json to_json() const;
+  // Adds "manifest_xxh64" to a manifest's JSON (the writer's last step).
+  static nlohmann::json sealed(nlohmann::json j);
   // Parses and checks everything a loader relies on: known format, shapes
   // non-negative, every chunk inside its tensor and in a listed shard, the
   // chunks of each tensor disjoint and covering it exactly, no duplicate

@@ -4,6 +4,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include <cerrno>
 #include <cstring>
@@ -77,7 +78,7 @@ void SafetensorsWriter::set_metadata(const std::string& key, const std::string& 
   metadata_[key] = value;
 }
 
-void SafetensorsWriter::write(const std::filesystem::path& path) const {
+uint64_t SafetensorsWriter::write(const std::filesystem::path& path) const {
   nlohmann::ordered_json header;
   if (!metadata_.empty()) header["__metadata__"] = metadata_;
   int64_t offset = 0;
@@ -91,10 +92,19 @@ void SafetensorsWriter::write(const std::filesystem::path& path) const {
   text.append((8 - text.size() % 8) % 8, ' ');
   const uint64_t header_size = text.size();
   AtomicFileWriter out(path);
-  out.write(&header_size, sizeof(header_size));
-  out.write(text);
-  for (const Pending& t : tensors_) out.write(t.data, static_cast<size_t>(t.bytes));
+  XXH64_state_t* hash = XXH64_createState();
+  XXH64_reset(hash, 0);
+  const auto put = [&](const void* data, size_t bytes) {
+    out.write(data, bytes);
+    XXH64_update(hash, data, bytes);
+  };
+  put(&header_size, sizeof(header_size));
+  put(text.data(), text.size());
+  for (const Pending& t : tensors_) put(t.data, static_cast<size_t>(t.bytes));
+  const uint64_t digest = XXH64_digest(hash);
+  XXH64_freeState(hash);
   out.commit();
+  return digest;
 }
 
 SafetensorsFile::SafetensorsFile(const std::filesystem::path& path) : path_(path) {

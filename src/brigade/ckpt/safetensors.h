@@ -29,7 +29,9 @@ class SafetensorsWriter {
            const void* data, int64_t bytes);
   void add_f32(const std::string& name, std::vector<int64_t> shape, const float* data);
   void set_metadata(const std::string& key, const std::string& value);
-  void write(const std::filesystem::path& path) const;
+  // Returns the xxHash64 (seed 0) of the file's bytes, computed as they are
+  // written, so a checksum costs no second pass over the file.
+  uint64_t write(const std::filesystem::path& path) const;
 
  private:
   struct Pending {
