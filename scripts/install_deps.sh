@@ -18,6 +18,7 @@ if [[ "${1:-}" == "--test" ]]; then
     libgtest-dev libbenchmark-dev
     python3 python3-numpy python3-torch   # reference tests against PyTorch (CPU)
     clang-format
+    clang libclang-rt-14-dev   # libFuzzer targets (scripts/fuzz.sh)
   )
 fi
 

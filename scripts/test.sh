@@ -8,6 +8,10 @@
 #      less the Gloo and hierarchical ones: their test process forks ranks
 #      after starting a store thread, and a child of a threaded parent can
 #      hang on a lock ASan's allocator held at the fork (seen here)
+#   4. the libFuzzer targets (safetensors and checkpoint-manifest readers),
+#      20 s each (scripts/fuzz.sh)
+# The Release run includes the chaos label at its reduced size (10 trials);
+# BRIGADE_CHAOS_TRIALS=50 ctest --test-dir build -L chaos is the long form.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install_deps.sh --test
@@ -25,7 +29,11 @@ TSAN_OPTIONS="halt_on_error=1 die_after_fork=0 suppressions=$PWD/tests/tsan.supp
 
 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBRIGADE_WERROR=ON \
   -DBRIGADE_SANITIZE=ON >/dev/null
-ninja -C build-asan
+# Only what `ctest -L unit` runs: the unit binaries and the CLI they drive.
+ninja -C build-asan brigade core_tests kernels_tests model_tests comm_tests parallel_tests \
+  optim_tests data_tests ckpt_tests train_tests cli_tests
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
   ctest --test-dir build-asan --output-on-failure -j "$jobs" -L unit --timeout 600 \
   -E 'GlooCommunicator|HierarchicalCommunicator'
+
+scripts/fuzz.sh 20
