@@ -57,8 +57,8 @@ nlohmann::json valid_manifest() {
     "format": "brigade-checkpoint-1", "step": 3, "model": {}, "mesh": {}, "trainer_state": {},
     "tokenizer": "byte",
     "tensors": [{"name": "model/w", "dtype": "F32", "shape": [2, 3], "chunks": [
-      {"file": "a.safetensors", "key": "k0", "offsets": [0, 0], "sizes": [1, 3]},
-      {"file": "b.safetensors", "key": "k1", "offsets": [1, 0], "sizes": [1, 3]}]}],
+      {"file": "a.safetensors", "key": "k0", "offset": 0, "offsets": [0, 0], "sizes": [1, 3]},
+      {"file": "b.safetensors", "key": "k1", "offset": 5, "offsets": [1, 0], "sizes": [1, 3]}]}],
     "shards": [{"file": "a.safetensors", "bytes": 10, "xxh64": "0123456789abcdef"},
                {"file": "b.safetensors", "bytes": 10, "xxh64": "0123456789abcdef"}]
   })");
@@ -86,6 +86,7 @@ TEST(Manifest, RejectsWhatALoaderCouldNotTrust) {
   rejects([](auto& j) { j["shards"][0]["file"] = "../a.safetensors"; }, "path escape");
   rejects([](auto& j) { j["tensors"][0]["shape"] = {-2, 3}; }, "negative shape");
   rejects([](auto& j) { j["tensors"][0]["dtype"] = "Q4"; }, "unknown dtype");
+  rejects([](auto& j) { j["tensors"][0]["chunks"][0]["offset"] = -1; }, "negative offset");
   rejects([](auto& j) { j["tensors"].push_back(j["tensors"][0]); }, "duplicate tensor");
 }
 

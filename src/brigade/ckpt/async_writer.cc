@@ -6,6 +6,7 @@
 
 #include "brigade/core/clock.h"
 #include "brigade/core/error.h"
+#include "brigade/core/files.h"
 
 namespace brigade {
 
@@ -42,9 +43,15 @@ void AsyncCheckpointWriter::start(Save save, const std::vector<CheckpointPiece>&
   const int64_t copy_start = now_ns();
   int64_t total = 0;
   for (const CheckpointPiece& p : pieces) total += p.end - p.begin;
-  staging_.resize(static_cast<size_t>(total));
+  if (total > staging_floats_) {
+    const size_t align = AtomicFileWriter::kDirectAlign;
+    const size_t bytes = (static_cast<size_t>(total) * sizeof(float) + align - 1) / align * align;
+    staging_.reset(static_cast<float*>(std::aligned_alloc(align, bytes)));
+    if (!staging_) throw_error("cannot allocate {} bytes to stage a checkpoint", bytes);
+    staging_floats_ = total;
+  }
   pieces_.clear();
-  float* next = staging_.data();
+  float* next = staging_.get();
   for (const CheckpointPiece& p : pieces) {
     const int64_t n = p.end - p.begin;
     if (n > 0) std::memcpy(next, p.data, static_cast<size_t>(n) * sizeof(float));

@@ -81,23 +81,27 @@ int64_t write_checkpoint_shard(const fs::path& root, int64_t step, int rank,
                                const std::vector<CheckpointPiece>& pieces) {
   const fs::path partial = partial_directory(root, step);
   const ParamLayout layout(config);
+  // Each piece is stored whole, as one 1-D tensor; the chunks say which
+  // elements of it belong to which box of which model tensor.
   SafetensorsWriter writer;
   nlohmann::json chunks = nlohmann::json::array();
-  std::vector<std::vector<float>> contiguous;  // box data that is not one flat run
   for (const CheckpointPiece& piece : pieces) {
+    const std::string key = fmt::format("{}@{}", state_tensor_name(piece.kind, ""), piece.begin);
+    writer.add_f32(key, {piece.end - piece.begin}, piece.data);
     for (const ParamInfo& p : layout.params()) {
       const int64_t begin = std::max(piece.begin, p.offset);
       const int64_t end = std::min(piece.end, p.offset + p.numel);
       if (begin >= end) continue;
       const std::string name = state_tensor_name(piece.kind, p.name);
-      const float* run = piece.data + (begin - piece.begin);
       // The boxes of a flat range are consecutive runs of it, in order.
+      int64_t offset = begin - piece.begin;
       for (const TensorBox& box : flat_range_boxes(p.shape, begin - p.offset, end - p.offset)) {
-        const std::string key = fmt::format("{}#{}", name, chunks.size());
-        writer.add_f32(key, {box.numel()}, run);
-        run += box.numel();
-        chunks.push_back(
-            {{"name", name}, {"key", key}, {"offsets", box.offsets}, {"sizes", box.sizes}});
+        chunks.push_back({{"name", name},
+                          {"key", key},
+                          {"offset", offset},
+                          {"offsets", box.offsets},
+                          {"sizes", box.sizes}});
+        offset += box.numel();
       }
     }
   }
@@ -137,6 +141,7 @@ fs::path commit_checkpoint(const fs::path& root, int64_t step, int num_shards,
         {{"file", index.at("file")}, {"bytes", index.at("bytes")}, {"xxh64", index.at("xxh64")}});
     for (const auto& c : index.at("chunks")) {
       ChunkRecord chunk{index.at("file").get<std::string>(), c.at("key").get<std::string>(),
+                        c.at("offset").get<int64_t>(),
                         TensorBox{c.at("offsets").get<std::vector<int64_t>>(),
                                   c.at("sizes").get<std::vector<int64_t>>()}};
       chunks_by_tensor[c.at("name").get<std::string>()].push_back(std::move(chunk));
@@ -148,8 +153,11 @@ fs::path commit_checkpoint(const fs::path& root, int64_t step, int num_shards,
       const std::string name = state_tensor_name(kind, p.name);
       nlohmann::json chunks = nlohmann::json::array();
       for (const ChunkRecord& c : chunks_by_tensor[name]) {
-        chunks.push_back(
-            {{"file", c.file}, {"key", c.key}, {"offsets", c.box.offsets}, {"sizes", c.box.sizes}});
+        chunks.push_back({{"file", c.file},
+                          {"key", c.key},
+                          {"offset", c.offset},
+                          {"offsets", c.box.offsets},
+                          {"sizes", c.box.sizes}});
       }
       tensors.push_back({{"name", name}, {"dtype", "F32"}, {"shape", p.shape}, {"chunks", chunks}});
     }
@@ -294,11 +302,12 @@ void load_checkpoint_state(const fs::path& step_dir, const Manifest& manifest,
       auto& file = files[chunk.file];
       if (!file) file = std::make_unique<SafetensorsFile>(step_dir / chunk.file);
       const TensorEntry* entry = file->find(chunk.key);
-      if (entry == nullptr || entry->dtype != "F32" || entry->numel() != chunk.box.numel()) {
-        throw_error("checkpoint {}: {} lacks a {}-element F32 tensor {} for {}", step_dir.string(),
-                    chunk.file, chunk.box.numel(), chunk.key, name);
+      if (entry == nullptr || entry->dtype != "F32" || entry->shape.size() != 1 ||
+          entry->numel() < chunk.offset + chunk.box.numel()) {
+        throw_error("checkpoint {}: {} lacks F32 elements [{}, {}) of {} for {}", step_dir.string(),
+                    chunk.file, chunk.offset, chunk.offset + chunk.box.numel(), chunk.key, name);
       }
-      scatter_box(static_cast<const float*>(file->data(*entry)), chunk.box, p.shape,
+      scatter_box(static_cast<const float*>(file->data(*entry)) + chunk.offset, chunk.box, p.shape,
                   out + p.offset);
     }
   }

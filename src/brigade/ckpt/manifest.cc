@@ -77,8 +77,11 @@ nlohmann::json Manifest::to_json() const {
   for (const TensorRecord& t : tensors) {
     nlohmann::json chunks = nlohmann::json::array();
     for (const ChunkRecord& c : t.chunks) {
-      chunks.push_back(
-          {{"file", c.file}, {"key", c.key}, {"offsets", c.box.offsets}, {"sizes", c.box.sizes}});
+      chunks.push_back({{"file", c.file},
+                        {"key", c.key},
+                        {"offset", c.offset},
+                        {"offsets", c.box.offsets},
+                        {"sizes", c.box.sizes}});
     }
     tensors_json.push_back(
         {{"name", t.name}, {"dtype", t.dtype}, {"shape", t.shape}, {"chunks", chunks}});
@@ -158,18 +161,21 @@ Manifest Manifest::from_json(const nlohmann::json& j, const std::string& where) 
       ChunkRecord chunk;
       chunk.file = string_field(c, "file", context + " chunk");
       chunk.key = string_field(c, "key", context + " chunk");
-      chunk.box.offsets = ints_field(c, "offsets", context + " chunk " + chunk.key);
-      chunk.box.sizes = ints_field(c, "sizes", context + " chunk " + chunk.key);
+      chunk.offset = int_field(c, "offset", context + " chunk " + chunk.key);
+      if (chunk.offset < 0) throw_error("{}: chunk {} has a negative offset", context, chunk.key);
+      const std::string label = fmt::format("{}+{}", chunk.key, chunk.offset);
+      chunk.box.offsets = ints_field(c, "offsets", context + " chunk " + label);
+      chunk.box.sizes = ints_field(c, "sizes", context + " chunk " + label);
       if (!shard_files.count(chunk.file)) {
-        throw_error("{}: chunk {} is in {}, which is not a listed shard", context, chunk.key,
+        throw_error("{}: chunk {} is in {}, which is not a listed shard", context, label,
                     chunk.file);
       }
       if (!box_inside(chunk.box, tensor.shape)) {
-        throw_error("{}: chunk {} lies outside the tensor's shape", context, chunk.key);
+        throw_error("{}: chunk {} lies outside the tensor's shape", context, label);
       }
       for (const ChunkRecord& other : tensor.chunks) {
         if (boxes_overlap(other.box, chunk.box)) {
-          throw_error("{}: chunks {} and {} overlap", context, other.key, chunk.key);
+          throw_error("{}: chunks {}+{} and {} overlap", context, other.key, other.offset, label);
         }
       }
       covered += chunk.box.numel();

@@ -12,7 +12,7 @@
 //     "tensors": [{"name": "model/h.0.attn.c_attn.weight", "dtype": "F32",
 //                  "shape": [768, 2304],
 //                  "chunks": [{"file": "shard_00000.safetensors",
-//                              "key": "model/h.0.attn.c_attn.weight#0",
+//                              "key": "model@0", "offset": 38597376,
 //                              "offsets": [0, 0], "sizes": [384, 2304]}, ...]}],
 //     "shards": [{"file": "shard_00000.safetensors", "bytes": 123, "xxh64": "9f..."}],
 //     "manifest_xxh64": "..."   // of the compact JSON of everything else
@@ -23,7 +23,10 @@
 //
 // Tensor names are global: "model/<Hugging Face GPT-2 name>" for parameters,
 // "optim/exp_avg/<name>" and "optim/exp_avg_sq/<name>" for AdamW's moments.
-// Each chunk is a box (tensor_box.h) stored as a 1-D tensor `key` in `file`.
+// Each chunk is a box (tensor_box.h) whose elements, in row-major box order,
+// are stored in `file` as elements [offset, offset + box size) of the 1-D
+// tensor `key`. (A rank writes each flat range it owns as one such tensor,
+// so a shard is a few long runs however many model tensors they cross.)
 #pragma once
 
 #include <cstdint>
@@ -39,6 +42,7 @@ namespace brigade {
 struct ChunkRecord {
   std::string file;
   std::string key;
+  int64_t offset = 0;  // elements into `key`
   TensorBox box;
 };
 

@@ -88,19 +88,28 @@ uint64_t SafetensorsWriter::write(const std::filesystem::path& path) const {
     offset += t.bytes;
   }
   std::string text = header.dump();
-  // Pad so the data section starts 8-byte aligned, as the format recommends.
-  text.append((8 - text.size() % 8) % 8, ' ');
+  // Pad so the data section starts 8-byte aligned, as the format recommends;
+  // a large file's data section starts on a block boundary, for write_direct.
+  const size_t align = offset >= (int64_t{1} << 20) ? AtomicFileWriter::kDirectAlign : 8;
+  text.append((align - (sizeof(uint64_t) + text.size()) % align) % align, ' ');
   const uint64_t header_size = text.size();
   AtomicFileWriter out(path);
   XXH64_state_t* hash = XXH64_createState();
   XXH64_reset(hash, 0);
-  const auto put = [&](const void* data, size_t bytes) {
-    out.write(data, bytes);
-    XXH64_update(hash, data, bytes);
-  };
-  put(&header_size, sizeof(header_size));
-  put(text.data(), text.size());
-  for (const Pending& t : tensors_) put(t.data, static_cast<size_t>(t.bytes));
+  std::string start(reinterpret_cast<const char*>(&header_size), sizeof(header_size));
+  start += text;
+  out.write(start);
+  XXH64_update(hash, start.data(), start.size());
+  // Tensors that lie back to back in memory go out as one run.
+  for (size_t i = 0; i < tensors_.size();) {
+    const auto* run = static_cast<const char*>(tensors_[i].data);
+    size_t bytes = static_cast<size_t>(tensors_[i].bytes);
+    for (++i; i < tensors_.size() && tensors_[i].data == run + bytes; ++i) {
+      bytes += static_cast<size_t>(tensors_[i].bytes);
+    }
+    out.write_direct(run, bytes);
+    XXH64_update(hash, run, bytes);
+  }
   const uint64_t digest = XXH64_digest(hash);
   XXH64_freeState(hash);
   out.commit();

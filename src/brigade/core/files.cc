@@ -3,7 +3,9 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -55,6 +57,7 @@ AtomicFileWriter::~AtomicFileWriter() {
 
 void AtomicFileWriter::write(const void* data, size_t bytes) {
   const char* p = static_cast<const char*>(data);
+  written_ += bytes;
   while (bytes > 0) {
     const ssize_t n = ::write(fd_, p, bytes);
     if (n < 0) {
@@ -64,6 +67,37 @@ void AtomicFileWriter::write(const void* data, size_t bytes) {
     p += n;
     bytes -= static_cast<size_t>(n);
   }
+}
+
+void AtomicFileWriter::write_direct(const void* data, size_t bytes) {
+  const char* p = static_cast<const char*>(data);
+  const size_t blocks = bytes / kDirectAlign * kDirectAlign;
+  const int flags = ::fcntl(fd_, F_GETFL);
+  if (blocks == 0 || written_ % kDirectAlign != 0 ||
+      reinterpret_cast<uintptr_t>(p) % kDirectAlign != 0 || flags < 0 ||
+      ::fcntl(fd_, F_SETFL, flags | O_DIRECT) != 0) {
+    write(data, bytes);
+    return;
+  }
+  size_t done = 0;
+  while (done < blocks) {
+    // Whole blocks at a time; a short write stays block-aligned.
+    const size_t chunk = std::min<size_t>(blocks - done, size_t{64} << 20);
+    const ssize_t n = ::write(fd_, p + done, chunk);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0 || static_cast<size_t>(n) % kDirectAlign != 0) {
+      // The file system took less than it promised: finish buffered.
+      ::fcntl(fd_, F_SETFL, flags);
+      written_ += done + (n > 0 ? static_cast<size_t>(n) : 0);
+      const size_t taken = n > 0 ? static_cast<size_t>(n) : 0;
+      write(p + done + taken, bytes - done - taken);
+      return;
+    }
+    done += static_cast<size_t>(n);
+  }
+  ::fcntl(fd_, F_SETFL, flags);
+  written_ += blocks;
+  write(p + blocks, bytes - blocks);
 }
 
 void AtomicFileWriter::commit() {
