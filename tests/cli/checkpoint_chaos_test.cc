@@ -33,12 +33,6 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr char kConfig[] = R"(
-[model]
-n_layer = 2
-n_head = 2
-n_embd = 32
-block_size = 16
-vocab_size = 64
 [train]
 micro_batch = 2
 steps = 1000000
@@ -91,7 +85,7 @@ void corrupt(const fs::path& step_dir, std::mt19937& rng) {
 TEST(CheckpointChaos, KillsAndCorruptionNeverLoadBadStateNorLoseAStep) {
   testing::TempDir dir("brigade_ckpt_chaos");
   const fs::path config = dir.path() / "config.toml";
-  std::ofstream(config) << kConfig;
+  std::ofstream(config) << testing::kTinyModelToml << kConfig;
   const fs::path run = dir.path() / "run";
   const fs::path root = run / "checkpoints";
   const std::string run_dir = "train.run_dir=\"" + run.string() + "\"";

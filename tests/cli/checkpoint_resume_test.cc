@@ -32,12 +32,6 @@ using testing::run_brigade;
 // constant learning rate, so a run told to go on for 1000 steps (to be
 // killed mid-way) follows the same trajectory as one of 20.
 constexpr char kConfig[] = R"(
-[model]
-n_layer = 2
-n_head = 2
-n_embd = 32
-block_size = 16
-vocab_size = 64
 [train]
 micro_batch = 2
 grad_accum = 3
@@ -70,7 +64,7 @@ std::string set_run_dir(const fs::path& run) {
 
 class CheckpointResume : public ::testing::Test {
  protected:
-  void SetUp() override { std::ofstream(config_) << kConfig; }
+  void SetUp() override { std::ofstream(config_) << testing::kTinyModelToml << kConfig; }
   // The uninterrupted reference: dp 2, ZeRO 1, 20 steps.
   fs::path reference() {
     const fs::path run = dir_.path() / "reference";

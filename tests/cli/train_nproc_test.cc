@@ -17,13 +17,8 @@ namespace {
 namespace fs = std::filesystem;
 using testing::run_brigade;
 
-constexpr char kTinyModel[] = R"(
-[model]
-n_layer = 2
-n_head = 2
-n_embd = 32
-block_size = 16
-vocab_size = 64
+// Appended to the tiny model.
+constexpr char kTraining[] = R"(
 [train]
 micro_batch = 2
 steps = 4
@@ -35,7 +30,7 @@ bucket_mb = 0.01
 
 fs::path write_config(const fs::path& dir, const std::string& extra = "") {
   const fs::path path = dir / "config.toml";
-  std::ofstream(path) << kTinyModel << extra;
+  std::ofstream(path) << testing::kTinyModelToml << kTraining << extra;
   return path;
 }
 

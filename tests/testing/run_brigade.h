@@ -14,6 +14,16 @@
 
 namespace brigade::testing {
 
+// A model small enough that a CLI test trains it for 20 steps on several
+// workers in about a second; tests append their [train], [data], ... sections.
+inline constexpr char kTinyModelToml[] = R"([model]
+n_layer = 2
+n_head = 2
+n_embd = 32
+block_size = 16
+vocab_size = 64
+)";
+
 inline const char* const kBrigade = BRIGADE_BINARY_DIR "/brigade";
 
 struct Output {
