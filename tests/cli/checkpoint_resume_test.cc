@@ -1,9 +1,11 @@
 // Checkpoints through the real binary and launcher, data-parallel:
 // - kill -9 after the step-10 checkpoint, resume, finish: the same losses,
 //   bit for bit, and the same final state (ckpt hash) as an uninterrupted run;
-// - a checkpoint saved by dp 2 under ZeRO 1 continues under dp 3 with ZeRO 3
-//   and under dp 4 with ZeRO 2 (same global batch), within the data-parallel
-//   equivalence tolerance of the same-layout continuation.
+// - a checkpoint saved by dp 2 under ZeRO 1 continues under dp 3 with ZeRO 3,
+//   dp 4 with ZeRO 2 and one process (same global batch), within the
+//   data-parallel equivalence tolerance of the same-layout continuation; and
+//   what each of those saves, reloaded by dp 3 and saved again, has the same
+//   `ckpt hash`.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -144,6 +146,18 @@ TEST_F(CheckpointResume, ContinuesUnderOtherDpAndZeroStages) {
       EXPECT_LE(std::abs(b.at(step) - a.at(step)), 1e-5 * std::abs(a.at(step)))
           << "dp " << l.dp << " zero " << l.zero << " step " << step;
     }
+    // Its step-20 checkpoint, loaded by dp 3 under ZeRO 1 (4 -> 3 ranks
+    // among them: shards that do not line up) and saved again at once: the
+    // same global state, whichever layout wrote it.
+    const fs::path resaved = dir_.path() / fmt::format("resaved_from_dp{}", l.dp);
+    const auto again =
+        run_brigade({"train", "--nproc", "3", config_.string(), "--resume",
+                     (run / "checkpoints" / "step_00000020").string(), "--set", "parallel.zero=1",
+                     "--set", "train.grad_accum=2", "--set", set_run_dir(resaved)});
+    ASSERT_EQ(again.status, 0) << again.err;
+    EXPECT_EQ(hash(resaved / "checkpoints" / "step_00000020"),
+              hash(run / "checkpoints" / "step_00000020"))
+        << "dp " << l.dp << " zero " << l.zero;
   }
 }
 
