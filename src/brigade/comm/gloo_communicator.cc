@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "brigade/comm/flight_recorder.h"
+#include "brigade/comm/op_description.h"
 #include "brigade/comm/op_queue.h"
 #include "brigade/comm/tcp_store.h"
 #include "brigade/core/clock.h"
@@ -95,13 +96,6 @@ template <typename T>
 void divide_by(T* data, int64_t count, int size) {
   const T divisor = static_cast<T>(size);
   for (int64_t i = 0; i < count; ++i) data[i] /= divisor;
-}
-
-void check_buffer(const void* buffer, int64_t count, const char* what) {
-  if (count < 0) throw_error("gloo {}: count must be >= 0, got {}", what, count);
-  if (count > 0 && buffer == nullptr) {
-    throw_error("gloo {}: null buffer for {} elements", what, count);
-  }
 }
 
 }  // namespace
@@ -506,23 +500,21 @@ int64_t GlooCommunicator::timeout_ms() const {
 
 std::shared_ptr<Work> GlooCommunicator::all_reduce(void* data, int64_t count, DType dtype,
                                                    ReduceOp op) {
-  check_buffer(data, count, "all_reduce");
+  describe::check_operand("gloo", data, count, "all_reduce");
   auto* bytes = static_cast<std::byte*>(data);
-  return impl_->enqueue(
-      fmt::format("all_reduce(count {}, {}, {})", count, dtype_name(dtype), reduce_op_name(op)),
-      count * dtype_bytes(dtype), [impl = impl_.get(), bytes, count, dtype, op](uint32_t tag) {
-        impl->all_reduce(bytes, count, dtype, op, tag);
-      });
+  return impl_->enqueue(describe::all_reduce(count, dtype, op), count * dtype_bytes(dtype),
+                        [impl = impl_.get(), bytes, count, dtype, op](uint32_t tag) {
+                          impl->all_reduce(bytes, count, dtype, op, tag);
+                        });
 }
 
 std::shared_ptr<Work> GlooCommunicator::reduce_scatter(const void* input, void* output,
                                                        int64_t count, DType dtype, ReduceOp op) {
-  check_buffer(input, count, "reduce_scatter");
-  check_buffer(output, count, "reduce_scatter");
+  describe::check_operand("gloo", input, count, "reduce_scatter");
+  describe::check_operand("gloo", output, count, "reduce_scatter");
   auto* in = static_cast<const std::byte*>(input);
   auto* out = static_cast<std::byte*>(output);
-  return impl_->enqueue(fmt::format("reduce_scatter(count {} per rank, {}, {})", count,
-                                    dtype_name(dtype), reduce_op_name(op)),
+  return impl_->enqueue(describe::reduce_scatter(count, dtype, op),
                         count * impl_->size * dtype_bytes(dtype),
                         [impl = impl_.get(), in, out, count, dtype, op](uint32_t tag) {
                           impl->reduce_scatter(in, out, count, dtype, op, tag);
@@ -531,12 +523,11 @@ std::shared_ptr<Work> GlooCommunicator::reduce_scatter(const void* input, void* 
 
 std::shared_ptr<Work> GlooCommunicator::all_gather(const void* input, void* output, int64_t count,
                                                    DType dtype) {
-  check_buffer(input, count, "all_gather");
-  check_buffer(output, count, "all_gather");
+  describe::check_operand("gloo", input, count, "all_gather");
+  describe::check_operand("gloo", output, count, "all_gather");
   auto* in = static_cast<const std::byte*>(input);
   auto* out = static_cast<std::byte*>(output);
-  return impl_->enqueue(fmt::format("all_gather(count {} per rank, {})", count, dtype_name(dtype)),
-                        count * dtype_bytes(dtype),
+  return impl_->enqueue(describe::all_gather(count, dtype), count * dtype_bytes(dtype),
                         [impl = impl_.get(), in, out, count, dtype](uint32_t tag) {
                           impl->all_gather(in, out, count, dtype, tag);
                         });
@@ -544,33 +535,32 @@ std::shared_ptr<Work> GlooCommunicator::all_gather(const void* input, void* outp
 
 std::shared_ptr<Work> GlooCommunicator::broadcast(void* data, int64_t count, DType dtype,
                                                   int root) {
-  check_buffer(data, count, "broadcast");
+  describe::check_operand("gloo", data, count, "broadcast");
   if (root < 0 || root >= impl_->size) {
     throw_error("gloo broadcast on group '{}': root {} is not in a group of size {}",
                 impl_->options.group_name, root, impl_->size);
   }
   auto* bytes = static_cast<std::byte*>(data);
-  return impl_->enqueue(
-      fmt::format("broadcast(count {}, {}, root {})", count, dtype_name(dtype), root),
-      count * dtype_bytes(dtype), [impl = impl_.get(), bytes, count, dtype, root](uint32_t tag) {
-        impl->broadcast(bytes, count, dtype, root, tag);
-      });
+  return impl_->enqueue(describe::broadcast(count, dtype, root), count * dtype_bytes(dtype),
+                        [impl = impl_.get(), bytes, count, dtype, root](uint32_t tag) {
+                          impl->broadcast(bytes, count, dtype, root, tag);
+                        });
 }
 
 std::shared_ptr<Work> GlooCommunicator::send(const void* data, int64_t count, DType dtype, int peer,
                                              uint32_t tag) {
-  check_buffer(data, count, "send");
-  return impl_->point_to_point(
-      true, static_cast<const std::byte*>(data), count * dtype_bytes(dtype), peer, tag,
-      fmt::format("send(count {}, {}, to rank {}, tag {})", count, dtype_name(dtype), peer, tag));
+  describe::check_operand("gloo", data, count, "send");
+  return impl_->point_to_point(true, static_cast<const std::byte*>(data),
+                               count * dtype_bytes(dtype), peer, tag,
+                               describe::send(count, dtype, peer, tag));
 }
 
 std::shared_ptr<Work> GlooCommunicator::recv(void* data, int64_t count, DType dtype, int peer,
                                              uint32_t tag) {
-  check_buffer(data, count, "recv");
-  return impl_->point_to_point(
-      false, static_cast<const std::byte*>(data), count * dtype_bytes(dtype), peer, tag,
-      fmt::format("recv(count {}, {}, from rank {}, tag {})", count, dtype_name(dtype), peer, tag));
+  describe::check_operand("gloo", data, count, "recv");
+  return impl_->point_to_point(false, static_cast<const std::byte*>(data),
+                               count * dtype_bytes(dtype), peer, tag,
+                               describe::recv(count, dtype, peer, tag));
 }
 
 std::shared_ptr<Work> GlooCommunicator::barrier() {

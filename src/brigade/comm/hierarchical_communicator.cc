@@ -6,6 +6,7 @@
 #include <cstring>
 #include <vector>
 
+#include "brigade/comm/op_description.h"
 #include "brigade/comm/op_queue.h"
 
 namespace brigade {
@@ -97,11 +98,10 @@ void HierarchicalCommunicator::run_all_reduce(std::byte* data, int64_t count, DT
 std::shared_ptr<Work> HierarchicalCommunicator::all_reduce(void* data, int64_t count, DType dtype,
                                                            ReduceOp op) {
   auto* bytes = static_cast<std::byte*>(data);
-  return ops_->enqueue(
-      fmt::format("all_reduce(count {}, {}, {})", count, dtype_name(dtype), reduce_op_name(op)),
-      count * dtype_bytes(dtype), [this, bytes, count, dtype, op](const OpQueue::Op&) {
-        run_all_reduce(bytes, count, dtype, op);
-      });
+  return ops_->enqueue(describe::all_reduce(count, dtype, op), count * dtype_bytes(dtype),
+                       [this, bytes, count, dtype, op](const OpQueue::Op&) {
+                         run_all_reduce(bytes, count, dtype, op);
+                       });
 }
 
 std::shared_ptr<Work> HierarchicalCommunicator::reduce_scatter(const void* input, void* output,
@@ -109,8 +109,7 @@ std::shared_ptr<Work> HierarchicalCommunicator::reduce_scatter(const void* input
                                                                ReduceOp op) {
   const auto* in = static_cast<const std::byte*>(input);
   auto* out = static_cast<std::byte*>(output);
-  return ops_->enqueue(fmt::format("reduce_scatter(count {} per rank, {}, {})", count,
-                                   dtype_name(dtype), reduce_op_name(op)),
+  return ops_->enqueue(describe::reduce_scatter(count, dtype, op),
                        count * size() * dtype_bytes(dtype),
                        [this, in, out, count, dtype, op](const OpQueue::Op&) {
                          const int64_t elem = dtype_bytes(dtype);
@@ -125,8 +124,8 @@ std::shared_ptr<Work> HierarchicalCommunicator::all_gather(const void* input, vo
   const auto* in = static_cast<const std::byte*>(input);
   auto* out = static_cast<std::byte*>(output);
   return ops_->enqueue(
-      fmt::format("all_gather(count {} per rank, {})", count, dtype_name(dtype)),
-      count * dtype_bytes(dtype), [this, in, out, count, dtype](const OpQueue::Op&) {
+      describe::all_gather(count, dtype), count * dtype_bytes(dtype),
+      [this, in, out, count, dtype](const OpQueue::Op&) {
         const int64_t node_count = count * node_->size();
         std::vector<std::byte> node_part(static_cast<size_t>(node_count * dtype_bytes(dtype)));
         node_->all_gather(in, node_part.data(), count, dtype)->wait();
@@ -142,14 +141,16 @@ std::shared_ptr<Work> HierarchicalCommunicator::broadcast(void* data, int64_t co
                 group_name_, root, size());
   }
   auto* bytes = static_cast<std::byte*>(data);
-  return ops_->enqueue(
-      fmt::format("broadcast(count {}, {}, root {})", count, dtype_name(dtype), root),
-      count * dtype_bytes(dtype), [this, bytes, count, dtype, root](const OpQueue::Op&) {
-        const int root_node = root / node_->size(), root_local = root % node_->size();
-        if (node_index() == root_node) node_->broadcast(bytes, count, dtype, root_local)->wait();
-        if (leader()) leaders_->broadcast(bytes, count, dtype, root_node)->wait();
-        if (node_index() != root_node) node_->broadcast(bytes, count, dtype, 0)->wait();
-      });
+  return ops_->enqueue(describe::broadcast(count, dtype, root), count * dtype_bytes(dtype),
+                       [this, bytes, count, dtype, root](const OpQueue::Op&) {
+                         const int root_node = root / node_->size(),
+                                   root_local = root % node_->size();
+                         if (node_index() == root_node)
+                           node_->broadcast(bytes, count, dtype, root_local)->wait();
+                         if (leader()) leaders_->broadcast(bytes, count, dtype, root_node)->wait();
+                         if (node_index() != root_node)
+                           node_->broadcast(bytes, count, dtype, 0)->wait();
+                       });
 }
 
 std::shared_ptr<Work> HierarchicalCommunicator::barrier() {

@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "brigade/comm/op_description.h"
 #include "brigade/comm/op_queue.h"
 #include "brigade/comm/shm_mailbox.h"
 #include "brigade/comm/shm_primitives.h"
@@ -570,14 +571,6 @@ void ShmCommunicator::Impl::all_gather_in_place(const std::byte* input, std::byt
   sync("gathered");
 }
 
-namespace {
-void check_buffer(const void* buffer, int64_t count, const char* what) {
-  if (count < 0) throw_error("shm {}: count must be >= 0, got {}", what, count);
-  if (count > 0 && buffer == nullptr)
-    throw_error("shm {}: null buffer for {} elements", what, count);
-}
-}  // namespace
-
 ShmCommunicator::ShmCommunicator(ShmCommunicatorOptions options)
     : impl_(std::make_unique<Impl>(std::move(options))) {
   impl_->attach();
@@ -612,27 +605,25 @@ int64_t ShmCommunicator::timeout_ms() const {
 
 std::shared_ptr<Work> ShmCommunicator::all_reduce(void* data, int64_t count, DType dtype,
                                                   ReduceOp op) {
-  check_buffer(data, count, "all_reduce");
+  describe::check_operand("shm", data, count, "all_reduce");
   auto* bytes = static_cast<std::byte*>(data);
-  return impl_->enqueue(
-      fmt::format("all_reduce(count {}, {}, {})", count, dtype_name(dtype), reduce_op_name(op)),
-      count * dtype_bytes(dtype), [impl = impl_.get(), bytes, count, dtype, op] {
-        if (impl->in_shared_region(bytes, count * dtype_bytes(dtype))) {
-          impl->all_reduce_in_place(bytes, count, dtype, op);
-        } else {
-          impl->all_reduce(bytes, count, dtype, op);
-        }
-      });
+  return impl_->enqueue(describe::all_reduce(count, dtype, op), count * dtype_bytes(dtype),
+                        [impl = impl_.get(), bytes, count, dtype, op] {
+                          if (impl->in_shared_region(bytes, count * dtype_bytes(dtype))) {
+                            impl->all_reduce_in_place(bytes, count, dtype, op);
+                          } else {
+                            impl->all_reduce(bytes, count, dtype, op);
+                          }
+                        });
 }
 
 std::shared_ptr<Work> ShmCommunicator::reduce_scatter(const void* input, void* output,
                                                       int64_t count, DType dtype, ReduceOp op) {
-  check_buffer(input, count, "reduce_scatter");
-  check_buffer(output, count, "reduce_scatter");
+  describe::check_operand("shm", input, count, "reduce_scatter");
+  describe::check_operand("shm", output, count, "reduce_scatter");
   auto* in = static_cast<const std::byte*>(input);
   auto* out = static_cast<std::byte*>(output);
-  return impl_->enqueue(fmt::format("reduce_scatter(count {} per rank, {}, {})", count,
-                                    dtype_name(dtype), reduce_op_name(op)),
+  return impl_->enqueue(describe::reduce_scatter(count, dtype, op),
                         count * impl_->size * dtype_bytes(dtype),
                         [impl = impl_.get(), in, out, count, dtype, op] {
                           if (impl->in_shared_region(in, count * impl->size * dtype_bytes(dtype))) {
@@ -645,12 +636,12 @@ std::shared_ptr<Work> ShmCommunicator::reduce_scatter(const void* input, void* o
 
 std::shared_ptr<Work> ShmCommunicator::all_gather(const void* input, void* output, int64_t count,
                                                   DType dtype) {
-  check_buffer(input, count, "all_gather");
-  check_buffer(output, count, "all_gather");
+  describe::check_operand("shm", input, count, "all_gather");
+  describe::check_operand("shm", output, count, "all_gather");
   auto* in = static_cast<const std::byte*>(input);
   auto* out = static_cast<std::byte*>(output);
-  return impl_->enqueue(fmt::format("all_gather(count {} per rank, {})", count, dtype_name(dtype)),
-                        count * dtype_bytes(dtype), [impl = impl_.get(), in, out, count, dtype] {
+  return impl_->enqueue(describe::all_gather(count, dtype), count * dtype_bytes(dtype),
+                        [impl = impl_.get(), in, out, count, dtype] {
                           if (impl->in_shared_region(in, count * dtype_bytes(dtype))) {
                             impl->all_gather_in_place(in, out, count, dtype);
                           } else {
@@ -660,17 +651,16 @@ std::shared_ptr<Work> ShmCommunicator::all_gather(const void* input, void* outpu
 }
 
 std::shared_ptr<Work> ShmCommunicator::broadcast(void* data, int64_t count, DType dtype, int root) {
-  check_buffer(data, count, "broadcast");
+  describe::check_operand("shm", data, count, "broadcast");
   if (root < 0 || root >= impl_->size) {
     throw_error("shm broadcast on group '{}': root {} is not in a group of size {}",
                 impl_->options.group_name, root, impl_->size);
   }
   auto* bytes = static_cast<std::byte*>(data);
-  return impl_->enqueue(
-      fmt::format("broadcast(count {}, {}, root {})", count, dtype_name(dtype), root),
-      count * dtype_bytes(dtype), [impl = impl_.get(), bytes, count, dtype, root] {
-        impl->broadcast(bytes, count, dtype, root);
-      });
+  return impl_->enqueue(describe::broadcast(count, dtype, root), count * dtype_bytes(dtype),
+                        [impl = impl_.get(), bytes, count, dtype, root] {
+                          impl->broadcast(bytes, count, dtype, root);
+                        });
 }
 
 void* ShmCommunicator::shared_buffer() {
@@ -683,7 +673,7 @@ int64_t ShmCommunicator::shared_buffer_bytes() const {
 
 ShmMailboxes& ShmCommunicator::Impl::point_to_point(const void* data, int64_t count,
                                                     const char* what) {
-  check_buffer(data, count, what);
+  describe::check_operand("shm", data, count, what);
   if (!mailboxes) {
     throw_error("shm {} on group '{}': point-to-point is off (mailbox_bytes is 0)", what,
                 options.group_name);
@@ -695,16 +685,14 @@ std::shared_ptr<Work> ShmCommunicator::send(const void* data, int64_t count, DTy
                                             uint32_t tag) {
   return impl_->point_to_point(data, count, "send")
       .send(static_cast<const std::byte*>(data), count * dtype_bytes(dtype), peer, tag,
-            fmt::format("send(count {}, {}, to rank {}, tag {})", count, dtype_name(dtype), peer,
-                        tag));
+            describe::send(count, dtype, peer, tag));
 }
 
 std::shared_ptr<Work> ShmCommunicator::recv(void* data, int64_t count, DType dtype, int peer,
                                             uint32_t tag) {
   return impl_->point_to_point(data, count, "recv")
       .recv(static_cast<std::byte*>(data), count * dtype_bytes(dtype), peer, tag,
-            fmt::format("recv(count {}, {}, from rank {}, tag {})", count, dtype_name(dtype), peer,
-                        tag));
+            describe::recv(count, dtype, peer, tag));
 }
 
 std::shared_ptr<Work> ShmCommunicator::barrier() {
