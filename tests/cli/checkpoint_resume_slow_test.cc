@@ -1,10 +1,12 @@
-// Checkpoints through the real binary and launcher, data-parallel:
+// Checkpoints through the real binary and launcher, data-parallel (label
+// `slow`: some 30 training runs; the sanitizer build leaves them out):
 // - kill -9 after the step-10 checkpoint, resume, finish: the same losses,
 //   bit for bit, and the same final state (ckpt hash) as an uninterrupted run;
-// - a checkpoint saved by dp 2 under ZeRO 1 continues under dp 3 with ZeRO 3,
-//   dp 4 with ZeRO 2 and one process (same global batch), within the
-//   data-parallel equivalence tolerance of the same-layout continuation; and
-//   what each of those saves, reloaded by dp 3 and saved again, has the same
+// - a checkpoint saved by dp 2 under ZeRO 1 continues under dp 4 ZeRO 3,
+//   dp 2 ZeRO 2, dp 3 ZeRO 3, dp 4 ZeRO 2 and one process (same global
+//   batch), within the data-parallel equivalence tolerance of the
+//   same-layout continuation; and what each of those saves, reloaded by one
+//   process, dp 3 ZeRO 1 and dp 4 ZeRO 3 and saved again, has the same
 //   `ckpt hash`.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -132,32 +134,42 @@ TEST_F(CheckpointResume, ContinuesUnderOtherDpAndZeroStages) {
   struct Layout {
     int dp, zero, micro_batch, grad_accum;
   };
-  for (const Layout l : {Layout{3, 3, 2, 2}, Layout{4, 2, 3, 1}, Layout{1, 0, 2, 6}}) {
-    const fs::path run = dir_.path() / fmt::format("dp{}_zero{}", l.dp, l.zero);
-    const auto r =
-        run_brigade({"train", "--nproc", std::to_string(l.dp), config_.string(), "--resume",
-                     tenth.string(), "--set", fmt::format("parallel.zero={}", l.zero), "--set",
-                     fmt::format("train.micro_batch={}", l.micro_batch), "--set",
-                     fmt::format("train.grad_accum={}", l.grad_accum), "--set", set_run_dir(run)});
+  // The saving layouts (the reference is dp 2 ZeRO 1); each continues the
+  // reference's step-10 checkpoint to step 20 and saves there.
+  const Layout savers[] = {{4, 3, 3, 1}, {2, 2, 2, 3}, {3, 3, 2, 2}, {4, 2, 3, 1}, {1, 0, 2, 6}};
+  // The loading layouts: each reloads every saver's step-20 checkpoint.
+  const Layout loaders[] = {{1, 0, 2, 6}, {3, 1, 2, 2}, {4, 3, 3, 1}};
+  auto train = [&](const Layout& l, const fs::path& from, const fs::path& run) {
+    return run_brigade({"train", "--nproc", std::to_string(l.dp), config_.string(), "--resume",
+                        from.string(), "--set", fmt::format("parallel.zero={}", l.zero), "--set",
+                        fmt::format("train.micro_batch={}", l.micro_batch), "--set",
+                        fmt::format("train.grad_accum={}", l.grad_accum), "--set",
+                        set_run_dir(run)});
+  };
+  for (const Layout& saver : savers) {
+    const std::string what = fmt::format("saved by dp {} zero {}", saver.dp, saver.zero);
+    const fs::path run = dir_.path() / fmt::format("dp{}_zero{}", saver.dp, saver.zero);
+    const auto r = train(saver, tenth, run);
     ASSERT_EQ(r.status, 0) << r.err;
     const auto b = losses(run);
     for (int64_t step = 11; step <= 20; ++step) {
-      ASSERT_TRUE(b.count(step)) << "dp " << l.dp << " step " << step;
+      ASSERT_TRUE(b.count(step)) << what << ", step " << step;
       EXPECT_LE(std::abs(b.at(step) - a.at(step)), 1e-5 * std::abs(a.at(step)))
-          << "dp " << l.dp << " zero " << l.zero << " step " << step;
+          << what << ", step " << step;
     }
-    // Its step-20 checkpoint, loaded by dp 3 under ZeRO 1 (4 -> 3 ranks
-    // among them: shards that do not line up) and saved again at once: the
-    // same global state, whichever layout wrote it.
-    const fs::path resaved = dir_.path() / fmt::format("resaved_from_dp{}", l.dp);
-    const auto again =
-        run_brigade({"train", "--nproc", "3", config_.string(), "--resume",
-                     (run / "checkpoints" / "step_00000020").string(), "--set", "parallel.zero=1",
-                     "--set", "train.grad_accum=2", "--set", set_run_dir(resaved)});
-    ASSERT_EQ(again.status, 0) << again.err;
-    EXPECT_EQ(hash(resaved / "checkpoints" / "step_00000020"),
-              hash(run / "checkpoints" / "step_00000020"))
-        << "dp " << l.dp << " zero " << l.zero;
+    // Reloaded by each loader (4 -> 3 ranks among them: shards that do not
+    // line up) and saved again at once: the same global state.
+    const fs::path saved = run / "checkpoints" / "step_00000020";
+    const std::string expected = hash(saved);
+    for (const Layout& loader : loaders) {
+      const fs::path resaved =
+          dir_.path() /
+          fmt::format("{}_reloaded_dp{}_zero{}", run.filename().string(), loader.dp, loader.zero);
+      const auto again = train(loader, saved, resaved);
+      ASSERT_EQ(again.status, 0) << again.err;
+      EXPECT_EQ(hash(resaved / "checkpoints" / "step_00000020"), expected)
+          << what << ", reloaded by dp " << loader.dp << " zero " << loader.zero;
+    }
   }
 }
 
