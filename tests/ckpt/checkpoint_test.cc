@@ -164,7 +164,7 @@ TEST_F(CheckpointTest, AStepWithoutManifestDoesNotExist) {
   begin_checkpoint(root(), 6);
   write_checkpoint_shard(root(), 6, 0, config(), {});
   EXPECT_EQ(latest_checkpoint(root())->filename(), "step_00000005");
-  EXPECT_EQ(resolve_checkpoint(temp_.path()).filename(), "step_00000005");
+  EXPECT_EQ(resolve_checkpoint(temp_.path()).dir.filename(), "step_00000005");
 }
 
 TEST_F(CheckpointTest, ACorruptShardIsNamedAndResumeFallsBack) {
@@ -185,7 +185,7 @@ TEST_F(CheckpointTest, ACorruptShardIsNamedAndResumeFallsBack) {
     EXPECT_NE(message.find("xxHash64"), std::string::npos) << message;
     EXPECT_NE(message.find("model/"), std::string::npos) << "names the tensors: " << message;
   }
-  EXPECT_EQ(resolve_checkpoint(temp_.path()).filename(), "step_00000005");
+  EXPECT_EQ(resolve_checkpoint(temp_.path()).dir.filename(), "step_00000005");
 
   fs::resize_file(shard, fs::file_size(shard) / 2);  // truncated
   EXPECT_THROW(verify_checkpoint(newest), Error);

@@ -142,7 +142,7 @@ TEST(CheckpointChaos, KillsAndCorruptionNeverLoadBadStateNorLoseAStep) {
     EXPECT_GE(good, newest_good) << "trial " << trial << ": a complete checkpoint was lost";
     newest_good = good;
     // resolve_checkpoint picks a step that verifies, whatever was corrupted.
-    const fs::path chosen = resolve_checkpoint(run);
+    const fs::path chosen = resolve_checkpoint(run).dir;
     EXPECT_NO_THROW(verify_checkpoint(chosen)) << chosen;
 
     if (trial % 2 == 1) {

@@ -247,14 +247,13 @@ std::optional<fs::path> latest_checkpoint(const fs::path& root) {
   return dirs.back();
 }
 
-fs::path resolve_checkpoint(const fs::path& path) {
-  if (fs::exists(path / "manifest.json")) return path;
+ResolvedCheckpoint resolve_checkpoint(const fs::path& path) {
+  if (fs::exists(path / "manifest.json")) return {path, verify_checkpoint(path)};
   for (const fs::path& root : {path / "checkpoints", path}) {
     const std::vector<fs::path> dirs = step_dirs(root);
     for (auto it = dirs.rbegin(); it != dirs.rend(); ++it) {
       try {
-        verify_checkpoint(*it);
-        return *it;
+        return {*it, verify_checkpoint(*it)};
       } catch (const Error& e) {
         std::fprintf(stderr, "brigade: skipping checkpoint %s: %s\n", it->string().c_str(),
                      e.what());

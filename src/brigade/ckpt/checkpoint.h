@@ -81,10 +81,16 @@ std::filesystem::path save_checkpoint(const std::filesystem::path& root, int64_t
 // changed.
 Manifest verify_checkpoint(const std::filesystem::path& step_dir);
 
-// `path` is a step directory (holds manifest.json), or a run or checkpoints
-// directory: then its newest checkpoint that verifies. A newer one that does
-// not is reported on stderr (which file, why) and skipped. Error if none.
-std::filesystem::path resolve_checkpoint(const std::filesystem::path& path);
+// `path` is a step directory (holds manifest.json; Error if it does not
+// verify), or a run or checkpoints directory: then its newest checkpoint that
+// verifies. A newer one that does not is reported on stderr (which file,
+// why) and skipped. Error if none. Returns it with its verified manifest, so
+// callers read the shards' checksums once.
+struct ResolvedCheckpoint {
+  std::filesystem::path dir;
+  Manifest manifest;
+};
+ResolvedCheckpoint resolve_checkpoint(const std::filesystem::path& path);
 
 // The newest complete (manifest present) step directory under root, unverified.
 std::optional<std::filesystem::path> latest_checkpoint(const std::filesystem::path& root);

@@ -27,16 +27,18 @@ namespace {
 
 constexpr StateKind kKinds[] = {StateKind::kParams, StateKind::kExpAvg, StateKind::kExpAvgSq};
 
-// A step directory given directly is inspected as it is, even when it does
-// not verify; a run directory resolves to its newest good checkpoint.
-fs::path step_dir_of(const std::string& path) {
+ResolvedCheckpoint resolve(const std::string& path) {
   if (!fs::exists(path)) throw_error("{}: no such file or directory", path);
-  if (fs::exists(fs::path(path) / "manifest.json")) return path;
   return resolve_checkpoint(path);
 }
 
+// A step directory given directly is inspected as it is, even when it does
+// not verify (that is what inspect reports); a run directory resolves to its
+// newest good checkpoint.
 int run_inspect(const std::string& path) {
-  const fs::path dir = step_dir_of(path);
+  if (!fs::exists(path)) throw_error("{}: no such file or directory", path);
+  const fs::path dir =
+      fs::exists(fs::path(path) / "manifest.json") ? fs::path(path) : resolve(path).dir;
   const Manifest manifest = Manifest::read(dir);
   std::printf("checkpoint %s\n", dir.string().c_str());
   std::printf("  step %lld, saved under %s, tokenizer %s\n", static_cast<long long>(manifest.step),
@@ -76,8 +78,7 @@ int run_inspect(const std::string& path) {
 
 // Every global tensor, in name order: its name, shape and float32 bytes.
 void run_hash(const std::string& path) {
-  const fs::path dir = step_dir_of(path);
-  const Manifest manifest = verify_checkpoint(dir);
+  const auto [dir, manifest] = resolve(path);
   const GptConfig config = GptConfig::from_json(manifest.model);
   const ParamLayout layout(config);
   XXH64_state_t* state = XXH64_createState();
@@ -106,8 +107,7 @@ void run_hash(const std::string& path) {
 
 void run_export(const std::string& to, const std::string& out, const std::string& path) {
   if (to != "hf") throw_error("--to {}: the only export format is hf", to);
-  const fs::path dir = step_dir_of(path);
-  const Manifest manifest = verify_checkpoint(dir);
+  const auto [dir, manifest] = resolve(path);
   const GptConfig config = GptConfig::from_json(manifest.model);
   FloatBuffer params(ParamLayout(config).size());
   load_checkpoint_state(dir, manifest, config, StateKind::kParams, params.data());

@@ -14,8 +14,7 @@ InferenceModel load_inference_model(const std::string& path) {
   if (!fs::exists(weights)) throw_error("--ckpt {}: no such file or directory", path);
   if (fs::is_directory(weights)) {
     // A training checkpoint: the parameters, from whichever shards hold them.
-    const fs::path dir = resolve_checkpoint(weights);
-    const Manifest manifest = verify_checkpoint(dir);
+    const auto [dir, manifest] = resolve_checkpoint(weights);
     const GptConfig config = GptConfig::from_json(manifest.model);
     InferenceModel m;
     m.weights_path = dir.string();

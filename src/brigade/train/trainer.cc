@@ -91,8 +91,8 @@ Trainer::Trainer(const GptConfig& model, const TrainOptions& options, Communicat
         dp, dp, dp);
   }
   // Find the checkpoint first: a bad --resume should fail before any work.
-  const fs::path resume_dir =
-      options_.resume.empty() ? fs::path() : resolve_checkpoint(options_.resume);
+  std::optional<ResolvedCheckpoint> resume;
+  if (!options_.resume.empty()) resume = resolve_checkpoint(options_.resume);
   set_num_threads(static_cast<int>(options_.threads));
   const ParamLayout layout(model);
   const auto bucket_elements =
@@ -148,7 +148,7 @@ Trainer::Trainer(const GptConfig& model, const TrainOptions& options, Communicat
   }
   inputs_.resize(static_cast<size_t>(options_.micro_batch * model.block_size));
   targets_.resize(inputs_.size());
-  if (!resume_dir.empty()) load_checkpoint(resume_dir);
+  if (resume) load_checkpoint(*resume);
 }
 
 Trainer::~Trainer() = default;
@@ -374,8 +374,11 @@ fs::path Trainer::save_checkpoint() {
 }
 
 void Trainer::load_checkpoint(const fs::path& path) {
-  const fs::path dir = resolve_checkpoint(path);
-  const Manifest manifest = verify_checkpoint(dir);
+  load_checkpoint(resolve_checkpoint(path));
+}
+
+void Trainer::load_checkpoint(const ResolvedCheckpoint& checkpoint) {
+  const auto& [dir, manifest] = checkpoint;
   // Load into fresh buffers first, so a failure leaves this trainer intact.
   const int64_t size = params_.size();
   FloatBuffer p(size), m(size), v(size);

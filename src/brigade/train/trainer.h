@@ -91,6 +91,7 @@ class Trainer {
   std::filesystem::path save_checkpoint();
   // Loads a checkpoint or the newest one in a run directory.
   void load_checkpoint(const std::filesystem::path& path);
+  void load_checkpoint(const ResolvedCheckpoint& checkpoint);
 
   int64_t step() const { return step_; }  // steps completed
   const GptConfig& model_config() const { return model_->config(); }
