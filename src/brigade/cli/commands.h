@@ -17,5 +17,6 @@ void add_tokenizer_command(CLI::App& app);
 void add_data_command(CLI::App& app);
 void add_launch_command(CLI::App& app);
 void add_ckpt_command(CLI::App& app);
+void add_plan_command(CLI::App& app);
 
 }  // namespace brigade::cli

@@ -1,0 +1,182 @@
+// brigade plan --model PRESET|CONFIG --gpus N --hardware DEVICE   best layouts, why others lost,
+//                                                                 checkpoint interval and ETTR
+// brigade plan ... --layout tp=8,pp=8,dp=6,...                    one layout, evaluated
+// brigade plan ... --sweep-gpus 1024:16384                        how scale changes MFU and waiting
+// brigade plan --validate                                         the model against published runs
+// --json prints the same results as one JSON document.
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "brigade/cli/commands.h"
+#include "brigade/cli/load_config.h"
+#include "brigade/core/config.h"
+#include "brigade/core/error.h"
+#include "brigade/sim/failure_model.h"
+#include "brigade/sim/model_presets.h"
+#include "brigade/sim/plan_report.h"
+#include "brigade/sim/search.h"
+#include "brigade/sim/sweep.h"
+#include "brigade/sim/validation.h"
+
+namespace brigade::cli {
+namespace {
+
+struct PlanArgs {
+  std::string model;
+  int64_t gpus = 0;
+  std::string hardware = "h100-80g";
+  int64_t global_batch = 0;  // 0: the preset's (or the config's)
+  int64_t seq = 0;           // 0: the preset's (or block_size)
+  std::string layout;
+  std::string system = "current";
+  std::string sweep_gpus;
+  std::string calibration;
+  bool json = false;
+  bool validate = false;
+  size_t top = 5;
+  sim::FailureOptions failure;
+};
+
+sim::Workload workload_from(const PlanArgs& args) {
+  sim::Workload job;
+  if (auto preset = sim::find_model_preset(args.model)) {
+    job.model = preset->model;
+    job.seq_len = preset->seq_len;
+    job.global_batch = preset->global_batch;
+  } else if (std::filesystem::exists(args.model)) {
+    Config config = load_config(args.model, {});
+    job.model = GptConfig::from_config(config);
+    job.seq_len = job.model.block_size;
+    job.global_batch = config.get_int("train.micro_batch", 8) *
+                       config.get_int("train.grad_accum", 1) * config.get_int("parallel.dp", 1);
+  } else {
+    std::string names;
+    for (const sim::ModelPreset& p : sim::model_presets()) names += " " + p.name;
+    throw_error("--model {}: neither a preset nor a config file (presets:{})", args.model, names);
+  }
+  if (args.seq > 0) job.seq_len = args.seq;
+  if (args.global_batch > 0) job.global_batch = args.global_batch;
+  job.model.block_size = job.seq_len;
+  if (args.system == "megatron-2021") {
+    job.features = sim::SystemFeatures::megatron_2021();
+  } else if (args.system != "current") {
+    throw_error("--system must be current or megatron-2021, got {}", args.system);
+  }
+  return job;
+}
+
+sim::Hardware hardware_from(const PlanArgs& args) {
+  return sim::hardware_by_name(args.hardware);
+}
+
+int run_validate(const PlanArgs& args) {
+  const sim::ValidationSummary summary =
+      sim::validate(sim::parse_published_runs(sim::builtin_published_csv()));
+  if (args.json) {
+    std::printf("%s\n", sim::validation_json(summary).dump(2).c_str());
+  } else {
+    std::printf("%s", sim::format_validation(summary).c_str());
+  }
+  return 0;
+}
+
+int run_plan(const PlanArgs& args) {
+  if (args.model.empty()) throw_error("--model is required (a preset such as 175b, or a config)");
+  const sim::Workload job = workload_from(args);
+  job.model.validate();
+  const sim::Hardware hw = hardware_from(args);
+
+  if (!args.sweep_gpus.empty()) {
+    const sim::GpuSweep sweep = sim::sweep_gpus(job, hw, sim::parse_gpu_range(args.sweep_gpus));
+    std::printf("%s", args.json ? (sim::sweep_json(sweep).dump(2) + "\n").c_str()
+                                : sim::format_sweep(job, hw, sweep).c_str());
+    return 0;
+  }
+  if (args.gpus <= 0) throw_error("--gpus N is required (the number of GPUs to plan for)");
+
+  if (!args.layout.empty()) {
+    sim::Layout layout = sim::Layout::parse(args.layout);
+    if (layout.gpus() != args.gpus) {
+      throw_error("--layout uses tp*pp*dp = {} GPUs but --gpus is {}", layout.gpus(), args.gpus);
+    }
+    const sim::Estimate e = sim::estimate(job, layout, hw);
+    if (!e.valid) throw_error("--layout {} cannot run this job: {}", args.layout, e.invalid);
+    const sim::CheckpointReport ckpt = sim::checkpoint_report(job, e, hw, args.failure);
+    if (args.json) {
+      nlohmann::json out = sim::estimate_json(e, hw);
+      out["checkpointing"] = sim::checkpoint_json(ckpt);
+      std::printf("%s\n", out.dump(2).c_str());
+    } else {
+      std::printf("%s", sim::format_estimate(job, hw, e).c_str());
+      std::printf("%s", sim::format_checkpoint_report(ckpt).c_str());
+    }
+    return e.fits ? 0 : 3;
+  }
+
+  const sim::SearchResult result = sim::search_layouts(job, args.gpus, hw, {}, args.top);
+  if (result.ranked.empty()) {
+    std::printf("%s", sim::format_search(job, hw, args.gpus, result).c_str());
+    return 3;
+  }
+  const sim::CheckpointReport ckpt =
+      sim::checkpoint_report(job, result.ranked.front(), hw, args.failure);
+  if (args.json) {
+    nlohmann::json out = sim::search_json(result, hw);
+    out["checkpointing"] = sim::checkpoint_json(ckpt);
+    std::printf("%s\n", out.dump(2).c_str());
+  } else {
+    std::printf("%s", sim::format_search(job, hw, args.gpus, result).c_str());
+    std::printf("%s", sim::format_checkpoint_report(ckpt).c_str());
+  }
+  return 0;
+}
+
+}  // namespace
+
+void add_plan_command(CLI::App& app) {
+  auto args = std::make_shared<PlanArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "plan", "Plan a training job on a cluster: memory, step time, best layout, failure cost");
+  cmd->add_option("--model", args->model, "Preset (e.g. 175b, 1t, gpt2-small) or a config file");
+  cmd->add_option("--gpus", args->gpus, "Number of GPUs");
+  cmd->add_option("--hardware", args->hardware, "a100-80g, h100-80g, h200 or this-machine")
+      ->capture_default_str();
+  cmd->add_option("--global-batch", args->global_batch, "Sequences per step");
+  cmd->add_option("--seq", args->seq, "Sequence length");
+  cmd->add_option(
+      "--layout", args->layout,
+      "Evaluate one layout: tp=8,pp=8,dp=6,vp=1,zero=1,recompute=full,sp=false,micro=1");
+  cmd->add_option("--system", args->system,
+                  "current (fused attention, overlapped dp) or megatron-2021")
+      ->capture_default_str();
+  cmd->add_option("--sweep-gpus", args->sweep_gpus, "LO:HI, doubling: MFU and waiting vs scale");
+  cmd->add_option("--calibration", args->calibration,
+                  "this-machine's calibration file (default: measured and cached on first use)");
+  cmd->add_option("--top", args->top, "How many layouts to list")->capture_default_str();
+  cmd->add_flag("--json", args->json, "Machine-readable output");
+  cmd->add_flag("--validate", args->validate, "Compare predictions with published measurements");
+  cmd->add_option("--node-mtbf-hours", args->failure.node_mtbf_hours,
+                  "Mean time between failures of one node")
+      ->capture_default_str();
+  cmd->add_option("--restart-s", args->failure.restart_s,
+                  "Detect + restart + reload time after a failure")
+      ->capture_default_str();
+  cmd->add_option("--storage-gbps", args->failure.storage_gbps,
+                  "Aggregate checkpoint storage bandwidth, GB/s")
+      ->capture_default_str();
+  cmd->add_option("--train-tokens", args->failure.train_tokens,
+                  "Tokens the job trains on (default: 20 per parameter)");
+  cmd->add_option("--trials", args->failure.trials, "Monte Carlo trials")->capture_default_str();
+  cmd->callback([args] {
+    const int rc = args->validate ? run_validate(*args) : run_plan(*args);
+    if (rc != 0) {
+      std::fflush(stdout);
+      std::exit(rc);
+    }
+  });
+}
+
+}  // namespace brigade::cli

@@ -1,0 +1,338 @@
+#include "brigade/sim/cost_model.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+namespace brigade::sim {
+namespace {
+
+// Forward, backward and recompute cost of one piece of work, split into the
+// time the GPU computes and the time it waits on tensor-parallel peers.
+struct PassCost {
+  double fwd = 0, bwd = 0, recompute = 0;           // compute
+  double fwd_tp = 0, bwd_tp = 0, recompute_tp = 0;  // tensor-parallel collectives
+  double compute() const { return fwd + bwd + recompute; }
+  double tp() const { return fwd_tp + bwd_tp + recompute_tp; }
+  double total() const { return compute() + tp(); }
+};
+
+class Costs {
+ public:
+  Costs(const Hardware& hw, const SystemFeatures& f) : hw_(hw), f_(f) {}
+
+  // `batch` independent (m x k) @ (k x n) products in one kernel.
+  double gemm_s(double m, double n, double k, double batch = 1) const {
+    const double flops = 2.0 * m * n * k * batch;
+    const double bytes = f_.act_bytes * (m * k + k * n + m * n) * batch;
+    return std::max(flops / (hw_.peak_flops * hw_.gemm_efficiency), stream_s(bytes)) +
+           hw_.kernel_overhead_s;
+  }
+  // Forward (m x k)(k x n) plus its two backward products, dX = dY W^T
+  // (m x n)(n x k) and dW = X^T dY (k x m)(m x n).
+  void add_gemm(PassCost& c, double m, double n, double k, double batch = 1) const {
+    c.fwd += gemm_s(m, n, k, batch);
+    c.bwd += gemm_s(m, k, n, batch) + gemm_s(k, n, m, batch);
+  }
+  // Elementwise kernels streaming `elements` activations forward; backward
+  // reads the saved input and the incoming gradient and writes one: twice.
+  void add_elementwise(PassCost& c, double elements, int kernels) const {
+    c.fwd += stream_s(elements * f_.act_bytes) + kernels * hw_.kernel_overhead_s;
+    c.bwd += stream_s(2.0 * elements * f_.act_bytes) + 2 * kernels * hw_.kernel_overhead_s;
+  }
+  double stream_s(double bytes) const {
+    return bytes / (hw_.memory_bytes_per_s * hw_.memory_efficiency);
+  }
+  double intra_bus() const { return hw_.intra_bytes_per_s * hw_.intra_efficiency; }
+  double inter_bus() const { return hw_.inter_bytes_per_s * hw_.inter_efficiency; }
+
+ private:
+  const Hardware& hw_;
+  const SystemFeatures& f_;
+};
+
+// Core attention (scores, softmax, dropout, attention over values) of one
+// block, per micro-batch on one GPU: a/t heads of b sequences.
+PassCost attention_cost(const Costs& costs, const Workload& job, const Layout& l,
+                        const Hardware& hw) {
+  const double s = static_cast<double>(job.seq_len), b = static_cast<double>(l.micro);
+  const double t = static_cast<double>(l.tp), h = static_cast<double>(job.model.n_embd);
+  const double heads = static_cast<double>(job.model.n_head) / t;
+  const double head_dim = h / static_cast<double>(job.model.n_head);
+  PassCost c;
+  if (job.features.flash_attention) {
+    // One fused kernel; causal masking skips half of the s x s tiles, and the
+    // backward (which recomputes the scores) does 2.5x the forward's work.
+    const double flops = 0.5 * 4.0 * b * s * s * h / t;
+    c.fwd = flops / (hw.peak_flops * hw.attention_efficiency) + hw.kernel_overhead_s;
+    c.bwd = 2.5 * flops / (hw.peak_flops * hw.attention_efficiency) + hw.kernel_overhead_s;
+    return c;
+  }
+  costs.add_gemm(c, s, s, head_dim, b * heads);  // scores = Q K^T
+  costs.add_gemm(c, s, head_dim, s, b * heads);  // context = P V
+  // Scale-mask-softmax reads and writes the scores; dropout reads them,
+  // writes its output and a one-byte mask.
+  const double scores = b * heads * s * s;
+  costs.add_elementwise(c, scores * (job.features.attention_dropout ? 4.5 : 2.0),
+                        job.features.attention_dropout ? 2 : 1);
+  return c;
+}
+
+// One transformer block, per micro-batch on one GPU.
+PassCost block_cost(const Costs& costs, const Workload& job, const Layout& l, const Hardware& hw) {
+  const double s = static_cast<double>(job.seq_len), b = static_cast<double>(l.micro);
+  const double t = static_cast<double>(l.tp), h = static_cast<double>(job.model.n_embd);
+  const double tokens = b * s;
+  PassCost c;
+  costs.add_gemm(c, tokens, 3.0 * h / t, h);  // QKV (column parallel)
+  costs.add_gemm(c, tokens, h, h / t);        // attention projection (row parallel)
+  costs.add_gemm(c, tokens, 4.0 * h / t, h);  // fc1 (column parallel)
+  costs.add_gemm(c, tokens, h, 4.0 * h / t);  // fc2 (row parallel)
+  const PassCost attention = attention_cost(costs, job, l, hw);
+  c.fwd += attention.fwd;
+  c.bwd += attention.bwd;
+  // Two LayerNorms (read + write) and two bias-dropout-adds (read output and
+  // residual, write sum and mask): replicated across tp unless sequence
+  // parallel shards them. Bias + GELU streams the 4h-wide activations.
+  costs.add_elementwise(c, 11.0 * tokens * h / (l.sp ? t : 1.0), 4);
+  costs.add_elementwise(c, 8.0 * tokens * h / t, 1);
+
+  if (l.tp > 1) {
+    // Megatron's f/g operators: two all-reduces forward, two backward
+    // (with sequence parallelism, reduce-scatter + all-gather: same bytes).
+    const double bytes = tokens * h * job.features.act_bytes;
+    const double one =
+        ring_collective_s(bytes, l.tp, 2.0 * (t - 1.0) / t, costs.intra_bus(), hw.intra_latency_s);
+    c.fwd_tp = 2.0 * one;
+    c.bwd_tp = 2.0 * one;
+    // Sequence parallelism keeps only the 1/t sequence shard of each column-
+    // parallel GEMM's input, so backward all-gathers it again for the weight
+    // gradient (Korthikanti et al. 2022, section 4.2.2): two more all-gathers.
+    if (l.sp) c.bwd_tp += one;
+  }
+  if (l.recompute == PlanRecompute::kFull) {
+    c.recompute = c.fwd;
+    c.recompute_tp = c.fwd_tp;
+  } else if (l.recompute == PlanRecompute::kSelective) {
+    c.recompute = attention.fwd;
+  }
+  return c;
+}
+
+// Token + position embedding (first stage): gather, add, dropout; the
+// vocabulary-parallel lookup ends in an all-reduce.
+PassCost embedding_cost(const Costs& costs, const Workload& job, const Layout& l,
+                        const Hardware& hw) {
+  const double tokens = static_cast<double>(l.micro * job.seq_len);
+  const double h = static_cast<double>(job.model.n_embd), t = static_cast<double>(l.tp);
+  PassCost c;
+  costs.add_elementwise(c, 4.0 * tokens * h, 3);
+  if (l.tp > 1) {
+    c.fwd_tp = ring_collective_s(tokens * h * job.features.act_bytes, l.tp, 2.0 * (t - 1.0) / t,
+                                 costs.intra_bus(), hw.intra_latency_s);
+  }
+  return c;
+}
+
+// Final LayerNorm, LM head and vocabulary-parallel cross-entropy (last
+// stage). Cross-entropy works on fp32 logits: a few passes over b s V / t.
+PassCost logits_cost(const Costs& costs, const Workload& job, const Layout& l, const Hardware& hw) {
+  const double tokens = static_cast<double>(l.micro * job.seq_len);
+  const double h = static_cast<double>(job.model.n_embd), t = static_cast<double>(l.tp);
+  const double vocab = static_cast<double>(job.model.vocab_size);
+  PassCost c;
+  costs.add_elementwise(c, 2.0 * tokens * h, 1);
+  costs.add_gemm(c, tokens, vocab / t, h);
+  costs.add_elementwise(c, 4.0 * tokens * vocab / t * (4.0 / job.features.act_bytes), 3);
+  if (l.tp > 1) {
+    // max, sum of exponentials and target logit: three tiny all-reduces.
+    c.fwd_tp = 3.0 * ring_collective_s(tokens * 4.0, l.tp, 2.0 * (t - 1.0) / t, costs.intra_bus(),
+                                       hw.intra_latency_s);
+  }
+  return c;
+}
+
+std::string why_invalid(const Workload& job, const Layout& l, const Hardware& hw) {
+  const GptConfig& m = job.model;
+  if (l.tp > hw.gpus_per_node) {
+    return fmt::format("tp={} spans nodes ({} GPUs per node)", l.tp, hw.gpus_per_node);
+  }
+  if (m.n_head % l.tp != 0) return fmt::format("{} heads do not split over tp={}", m.n_head, l.tp);
+  if (m.n_layer % (l.pp * l.vp) != 0) {
+    return fmt::format("{} layers do not split into pp*vp={} chunks", m.n_layer, l.pp * l.vp);
+  }
+  if (job.global_batch % (l.dp * l.micro) != 0) {
+    return fmt::format("global batch {} is not a multiple of dp*micro={}", job.global_batch,
+                       l.dp * l.micro);
+  }
+  const int64_t m_count = job.global_batch / (l.dp * l.micro);
+  if (l.vp > 1 && (l.pp == 1 || m_count % l.pp != 0)) {
+    return "virtual stages need pp > 1 and micro-batches divisible by pp";
+  }
+  if (l.sp && l.tp == 1) return "sequence parallelism needs tp > 1";
+  if (l.zero >= 2 && l.pp > 1) {
+    return "ZeRO 2/3 shard gradients per micro-batch, which pipeline parallelism does not allow";
+  }
+  return "";
+}
+
+}  // namespace
+
+double ring_collective_s(double bytes, int64_t ranks, double ring_factor, double bus_bytes_per_s,
+                         double hop_latency_s) {
+  if (ranks <= 1) return 0;
+  return ring_factor * bytes / bus_bytes_per_s + static_cast<double>(ranks - 1) * hop_latency_s;
+}
+
+Estimate estimate(const Workload& job, const Layout& l, const Hardware& hw) {
+  Estimate e;
+  e.layout = l;
+  e.invalid = why_invalid(job, l, hw);
+  if (!e.invalid.empty()) return e;
+  e.valid = true;
+  const SystemFeatures& f = job.features;
+  const Costs costs(hw, f);
+  const int64_t m = job.global_batch / (l.dp * l.micro);
+  e.num_microbatches = m;
+  const double layers_per_stage = static_cast<double>(job.model.n_layer / l.pp);
+
+  // --- time of one micro-batch on each stage ---
+  const PassCost block = block_cost(costs, job, l, hw);
+  const PassCost embed = embedding_cost(costs, job, l, hw);
+  const PassCost logits = logits_cost(costs, job, l, hw);
+  auto stage = [&](bool first, bool last) {
+    PassCost s;
+    auto add = [&s](const PassCost& c, double times) {
+      s.fwd += times * c.fwd, s.bwd += times * c.bwd, s.recompute += times * c.recompute;
+      s.fwd_tp += times * c.fwd_tp, s.bwd_tp += times * c.bwd_tp;
+      s.recompute_tp += times * c.recompute_tp;
+    };
+    add(block, layers_per_stage);
+    if (first) add(embed, 1);
+    if (last) add(logits, 1);
+    return s;
+  };
+  const PassCost first = stage(true, l.pp == 1), last = stage(l.pp == 1, true);
+  const PassCost& slowest = first.total() >= last.total() ? first : last;
+  const double middle = stage(false, false).total();
+  const double pp = static_cast<double>(l.pp);
+  const double mean_stage =
+      l.pp == 1 ? slowest.total() : (first.total() + last.total() + (pp - 2.0) * middle) / pp;
+
+  const double mb = static_cast<double>(m);
+  e.time.compute_s = mb * slowest.compute();
+  e.time.tp_comm_s = mb * slowest.tp();
+  e.time.bubble_s = (pp - 1.0) / static_cast<double>(l.vp) * mean_stage;
+
+  const double tokens = static_cast<double>(l.micro * job.seq_len);
+  const double h = static_cast<double>(job.model.n_embd), t = static_cast<double>(l.tp);
+  const bool pp_inside_node = l.tp * l.dp < hw.gpus_per_node;
+  if (l.pp > 1) {
+    // Each tp rank sends its 1/t of the activations and the receivers
+    // all-gather them over NVLink (Megatron's scatter/gather). 1F1B blocks on
+    // one send forward and one backward per micro-batch and model chunk.
+    const double bytes = tokens * h * f.act_bytes;
+    const double link = pp_inside_node ? costs.intra_bus() : costs.inter_bus();
+    const double hop = pp_inside_node ? hw.intra_latency_s : hw.inter_latency_s;
+    const double one =
+        bytes / t / link + hop +
+        ring_collective_s(bytes, l.tp, (t - 1.0) / t, costs.intra_bus(), hw.intra_latency_s);
+    e.time.pp_comm_s = 2.0 * mb * static_cast<double>(l.vp) * one;
+  }
+
+  // --- data-parallel communication ---
+  const double params_first = stage_params_per_gpu(job.model, job.seq_len, l, true, l.pp == 1);
+  const double params_last = stage_params_per_gpu(job.model, job.seq_len, l, l.pp == 1, true);
+  const double params_gpu = std::max(params_first, params_last);
+  if (l.dp > 1) {
+    // Members of one dp group inside a node share that node's NICs.
+    const bool inside_node = l.tp * l.dp <= hw.gpus_per_node;
+    const double members_per_node =
+        inside_node ? static_cast<double>(l.dp)
+                    : std::max(1.0, static_cast<double>(hw.gpus_per_node / l.tp));
+    const double bus = inside_node
+                           ? costs.intra_bus()
+                           : std::min(costs.intra_bus(), members_per_node * costs.inter_bus());
+    const double hop = inside_node ? hw.intra_latency_s : hw.inter_latency_s;
+    const double d = static_cast<double>(l.dp);
+    const double grads = params_gpu * f.grad_bytes, weights = params_gpu * f.param_bytes;
+    const double half = (d - 1.0) / d;
+    const double reduce_grads =
+        ring_collective_s(grads, l.dp, l.zero == 0 ? 2 * half : half, bus, hop);
+    const double gather_weights = ring_collective_s(weights, l.dp, half, bus, hop);
+    // Overlap hides communication behind the backward (gradients) or forward
+    // (weights) of one micro-batch; the last bucket always shows.
+    const double share = std::min(1.0, f.dp_bucket_bytes / std::max(grads, 1.0));
+    auto exposed = [&](double comm, double window) {
+      return f.overlap_dp ? std::max(comm - window, comm * share) : comm;
+    };
+    const double fwd_mb = slowest.fwd + slowest.fwd_tp;
+    const double bwd_mb = slowest.bwd + slowest.bwd_tp + slowest.recompute + slowest.recompute_tp;
+    switch (l.zero) {
+      case 0:
+        e.dp_comm_s = reduce_grads;
+        e.time.dp_exposed_s = exposed(reduce_grads, bwd_mb);
+        break;
+      case 1:
+        e.dp_comm_s = reduce_grads + gather_weights;
+        e.time.dp_exposed_s = exposed(reduce_grads, bwd_mb) + exposed(gather_weights, fwd_mb);
+        break;
+      case 2:  // gradients reduce-scattered every micro-batch
+        e.dp_comm_s = mb * reduce_grads + gather_weights;
+        e.time.dp_exposed_s = mb * exposed(reduce_grads, bwd_mb) + exposed(gather_weights, fwd_mb);
+        break;
+      default:  // 3: weights gathered for forward and again for backward
+        e.dp_comm_s = mb * (2.0 * gather_weights + reduce_grads);
+        e.time.dp_exposed_s =
+            mb * (exposed(gather_weights, fwd_mb) + exposed(gather_weights + reduce_grads, bwd_mb));
+        break;
+    }
+  }
+  const double optimizer_params = params_gpu / (l.zero >= 1 ? static_cast<double>(l.dp) : 1.0);
+  e.time.optimizer_s = costs.stream_s(optimizer_params * f.optimizer_traffic_bytes);
+
+  // --- memory on the most loaded GPU (first or last stage) ---
+  const double block_act = block_activation_bytes(job.model, job.seq_len, l, f);
+  Layout no_recompute = l;
+  no_recompute.recompute = PlanRecompute::kNone;
+  // Full recompute rebuilds one block's activations at a time in backward.
+  const double working = l.recompute == PlanRecompute::kFull
+                             ? block_activation_bytes(job.model, job.seq_len, no_recompute, f)
+                             : 0.0;
+  const double vocab = static_cast<double>(job.model.vocab_size);
+  const double logits_bytes = 4.0 * tokens * vocab / t + 4.0 * tokens * h / t;  // fp32 logits
+  const double embed_bytes = tokens * h * f.act_bytes / (l.sp ? t : 1.0);
+  auto memory_of = [&](double params, double inflight, bool first_stage, bool last_stage) {
+    MemoryEstimate mem;
+    const StateBytes state = zero_state_bytes(params, l.zero, l.dp, f);
+    mem.params = state.params;
+    if (l.zero == 3) {
+      // Two blocks' gathered weights: the one running and the prefetched next.
+      mem.params += 2.0 * (block_params(h) / t) * f.param_bytes;
+    }
+    mem.grads = state.grads;
+    mem.optimizer = state.optimizer;
+    mem.activations = layers_per_stage * block_act * inflight + working;
+    if (first_stage) mem.activations += embed_bytes * inflight;
+    if (last_stage) mem.activations += logits_bytes;
+    mem.reserved = hw.reserved_bytes;
+    return mem;
+  };
+  const MemoryEstimate mem_first =
+      memory_of(params_first, inflight_microbatches(l, m), true, l.pp == 1);
+  const MemoryEstimate mem_last = memory_of(params_last, 1.0, l.pp == 1, true);
+  e.memory = mem_first.total() >= mem_last.total() ? mem_first : mem_last;
+  e.fits = e.memory.total() <= hw.memory_bytes;
+
+  // --- what the step achieves ---
+  const double step = e.time.step_s();
+  const double gpus = static_cast<double>(l.gpus());
+  e.model_flops = model_flops_per_step(job.model, job.seq_len, job.global_batch);
+  e.hardware_flops = hardware_flops_per_step(job.model, job.seq_len, job.global_batch, l.recompute);
+  e.tflops_per_gpu = e.hardware_flops / (step * gpus) / 1e12;
+  e.mfu = e.model_flops / (step * gpus * hw.peak_flops);
+  e.tokens_per_s = static_cast<double>(job.global_batch * job.seq_len) / step;
+  return e;
+}
+
+}  // namespace brigade::sim

@@ -1,0 +1,51 @@
+// What the planner knows about an accelerator and the links between them.
+//
+// Two kinds of numbers live here, kept apart on purpose:
+//  - datasheet figures (peak bf16 FLOP/s, HBM size and bandwidth, link
+//    bandwidths), which nobody reaches;
+//  - efficiency constants, the fraction of each figure that real kernels and
+//    NCCL rings reach. There is ONE set per device type, used for every model
+//    and layout (no per-run fitting); `brigade plan --validate` shows how well
+//    that one set predicts published measurements.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace brigade::sim {
+
+struct Hardware {
+  std::string name;         // catalogue key, e.g. "a100-80g"
+  std::string description;  // what it is, for the report
+
+  // Datasheet figures, per device.
+  double peak_flops = 0;             // dense bf16 (fp32 for this-machine)
+  double memory_bytes = 0;           // HBM (RAM share for this-machine)
+  double memory_bytes_per_s = 0;     // HBM bandwidth
+  int gpus_per_node = 8;             // devices sharing the fast intra-node link
+  double intra_bytes_per_s = 0;      // NVLink, per device and direction
+  double intra_latency_s = 0;        // one hop inside a node
+  double inter_bytes_per_s = 0;      // network per device (one NIC per GPU)
+  double inter_latency_s = 0;        // one hop between nodes
+  double reserved_bytes = 0;         // context, library workspaces, comm buffers
+  double host_copy_bytes_per_s = 0;  // device -> host (snapshot for checkpoints)
+
+  // Efficiency constants (fractions of the figures above).
+  double gemm_efficiency = 0;       // large GEMMs, of peak_flops
+  double attention_efficiency = 0;  // fused (flash) attention, of peak_flops
+  double memory_efficiency = 0;     // streaming elementwise kernels, of HBM bw
+  double intra_efficiency = 0;      // NCCL bus bandwidth, of intra_bytes_per_s
+  double inter_efficiency = 0;      // NCCL bus bandwidth, of inter_bytes_per_s
+  // Fixed cost of one kernel launch or small op; matters for tiny models and
+  // for the many small collectives of deep pipelines.
+  double kernel_overhead_s = 0;
+};
+
+// The catalogue: a100-80g, h100-80g, h200. Throws Error naming the known
+// devices when `name` is none of them. "this-machine" is not here: it comes
+// from a calibration file (see calibration.h).
+const Hardware& hardware_by_name(const std::string& name);
+std::vector<std::string> hardware_names();
+
+}  // namespace brigade::sim
