@@ -99,6 +99,7 @@ void add_bench_command(CLI::App& app) {
   train->add_flag("--json", args->json, "Print one JSON line");
   train->callback([args] { run_bench_train(*args); });
   add_bench_comm_command(*bench);
+  add_bench_calibrate_command(*bench);
 }
 
 }  // namespace brigade::cli

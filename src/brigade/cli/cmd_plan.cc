@@ -14,11 +14,13 @@
 #include "brigade/cli/load_config.h"
 #include "brigade/core/config.h"
 #include "brigade/core/error.h"
+#include "brigade/core/files.h"
 #include "brigade/sim/failure_model.h"
 #include "brigade/sim/model_presets.h"
 #include "brigade/sim/plan_report.h"
 #include "brigade/sim/search.h"
 #include "brigade/sim/sweep.h"
+#include "brigade/sim/this_machine.h"
 #include "brigade/sim/validation.h"
 
 namespace brigade::cli {
@@ -31,7 +33,7 @@ struct PlanArgs {
   int64_t global_batch = 0;  // 0: the preset's (or the config's)
   int64_t seq = 0;           // 0: the preset's (or block_size)
   std::string layout;
-  std::string system = "current";
+  std::string system;  // empty: brigade-cpu on this-machine, current elsewhere
   std::string sweep_gpus;
   std::string calibration;
   bool json = false;
@@ -60,16 +62,44 @@ sim::Workload workload_from(const PlanArgs& args) {
   if (args.seq > 0) job.seq_len = args.seq;
   if (args.global_batch > 0) job.global_batch = args.global_batch;
   job.model.block_size = job.seq_len;
-  if (args.system == "megatron-2021") {
+  const std::string system =
+      !args.system.empty() ? args.system
+                           : (args.hardware == "this-machine" ? "brigade-cpu" : "current");
+  if (system == "megatron-2021") {
     job.features = sim::SystemFeatures::megatron_2021();
-  } else if (args.system != "current") {
-    throw_error("--system must be current or megatron-2021, got {}", args.system);
+  } else if (system == "brigade-cpu") {
+    job.features = sim::brigade_cpu_features();
+  } else if (system != "current") {
+    throw_error("--system must be current, megatron-2021 or brigade-cpu, got {}", system);
   }
   return job;
 }
 
-sim::Hardware hardware_from(const PlanArgs& args) {
-  return sim::hardware_by_name(args.hardware);
+// this-machine reads its calibration, measuring (and caching) it first if
+// there is none yet.
+sim::Hardware hardware_from(const PlanArgs& args, int64_t devices) {
+  if (args.hardware != "this-machine") return sim::hardware_by_name(args.hardware);
+  const std::string path =
+      args.calibration.empty() ? sim::default_calibration_path() : args.calibration;
+  nlohmann::json calibration;
+  if (std::filesystem::exists(path)) {
+    try {
+      calibration = nlohmann::json::parse(read_file(path));
+    } catch (const nlohmann::json::exception& e) {
+      throw_error("{}: not a calibration file ({}); rerun `brigade bench calibrate --out {}`",
+                  path, e.what(), path);
+    }
+  } else if (!args.calibration.empty()) {
+    throw_error("{}: no such calibration file; write it with `brigade bench calibrate --out {}`",
+                path, path);
+  } else {
+    std::fprintf(stderr, "brigade plan: calibrating this machine (once; cached in %s)\n",
+                 path.c_str());
+    calibration = measure_this_machine();
+    std::filesystem::create_directories(std::filesystem::path(path).parent_path());
+    write_file_atomic(path, calibration.dump(2) + "\n");
+  }
+  return sim::this_machine_hardware(calibration, devices);
 }
 
 int run_validate(const PlanArgs& args) {
@@ -87,7 +117,10 @@ int run_plan(const PlanArgs& args) {
   if (args.model.empty()) throw_error("--model is required (a preset such as 175b, or a config)");
   const sim::Workload job = workload_from(args);
   job.model.validate();
-  const sim::Hardware hw = hardware_from(args);
+  // A node's devices share this machine's cores: the planner needs to know
+  // how many to split them between (all of --gpus, up to one per core).
+  const sim::Hardware hw =
+      hardware_from(args, args.sweep_gpus.empty() ? std::max<int64_t>(args.gpus, 1) : 1);
 
   if (!args.sweep_gpus.empty()) {
     const sim::GpuSweep sweep = sim::sweep_gpus(job, hw, sim::parse_gpu_range(args.sweep_gpus));
@@ -150,8 +183,8 @@ void add_plan_command(CLI::App& app) {
       "--layout", args->layout,
       "Evaluate one layout: tp=8,pp=8,dp=6,vp=1,zero=1,recompute=full,sp=false,micro=1");
   cmd->add_option("--system", args->system,
-                  "current (fused attention, overlapped dp) or megatron-2021")
-      ->capture_default_str();
+                  "current (fused attention, overlapped dp), megatron-2021 or brigade-cpu (default on "
+                  "this-machine)");
   cmd->add_option("--sweep-gpus", args->sweep_gpus, "LO:HI, doubling: MFU and waiting vs scale");
   cmd->add_option("--calibration", args->calibration,
                   "this-machine's calibration file (default: measured and cached on first use)");

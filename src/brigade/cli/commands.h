@@ -4,6 +4,7 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <nlohmann/json_fwd.hpp>
 
 namespace brigade::cli {
 
@@ -13,6 +14,10 @@ void add_sample_command(CLI::App& app);
 void add_bench_command(CLI::App& app);
 // Under `bench`: `bench comm` and its hidden worker (cmd_bench_comm.cc).
 void add_bench_comm_command(CLI::App& bench);
+// Under `bench`: `bench calibrate` (cmd_bench_calibrate.cc).
+void add_bench_calibrate_command(CLI::App& bench);
+// The measurements behind `bench calibrate`, as the JSON it writes (~15 s).
+nlohmann::json measure_this_machine();
 void add_tokenizer_command(CLI::App& app);
 void add_data_command(CLI::App& app);
 void add_launch_command(CLI::App& app);

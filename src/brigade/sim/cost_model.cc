@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 
 namespace brigade::sim {
 namespace {
@@ -25,7 +26,8 @@ class Costs {
   double gemm_s(double m, double n, double k, double batch = 1) const {
     const double flops = 2.0 * m * n * k * batch;
     const double bytes = f_.act_bytes * (m * k + k * n + m * n) * batch;
-    return std::max(flops / (hw_.peak_flops * hw_.gemm_efficiency), stream_s(bytes)) +
+    const double efficiency = hw_.gemm_efficiency * curve_efficiency(2.0 * m * n * k);
+    return std::max(flops / (hw_.peak_flops * efficiency), stream_s(bytes)) +
            hw_.kernel_overhead_s;
   }
   // Forward (m x k)(k x n) plus its two backward products, dX = dY W^T
@@ -42,6 +44,21 @@ class Costs {
   }
   double stream_s(double bytes) const {
     return bytes / (hw_.memory_bytes_per_s * hw_.memory_efficiency);
+  }
+  // The measured size curve, linear in log(FLOPs) between its points and
+  // flat beyond them.
+  double curve_efficiency(double flops) const {
+    const auto& curve = hw_.gemm_curve;
+    if (curve.empty()) return 1.0;
+    if (flops <= curve.front().first) return curve.front().second;
+    for (size_t i = 1; i < curve.size(); ++i) {
+      if (flops <= curve[i].first) {
+        const double x = std::log(flops / curve[i - 1].first) /
+                         std::log(curve[i].first / curve[i - 1].first);
+        return curve[i - 1].second + x * (curve[i].second - curve[i - 1].second);
+      }
+    }
+    return curve.back().second;
   }
   double intra_bus() const { return hw_.intra_bytes_per_s * hw_.intra_efficiency; }
   double inter_bus() const { return hw_.inter_bytes_per_s * hw_.inter_efficiency; }

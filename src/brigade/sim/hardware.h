@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace brigade::sim {
@@ -37,6 +38,10 @@ struct Hardware {
   double memory_efficiency = 0;     // streaming elementwise kernels, of HBM bw
   double intra_efficiency = 0;      // NCCL bus bandwidth, of intra_bytes_per_s
   double inter_efficiency = 0;      // NCCL bus bandwidth, of inter_bytes_per_s
+  // GEMM efficiency by size: (FLOPs per call, fraction of the best rate),
+  // ascending, interpolated in log(FLOPs) and multiplied into
+  // gemm_efficiency. Empty: no size dependence beyond the roofline (GPUs).
+  std::vector<std::pair<double, double>> gemm_curve;
   // Fixed cost of one kernel launch or small op; matters for tiny models and
   // for the many small collectives of deep pipelines.
   double kernel_overhead_s = 0;

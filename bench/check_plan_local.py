@@ -1,0 +1,126 @@
+#!/usr/bin/python3
+"""The planner against training runs on this machine, in one run.
+
+  check_plan_local.py [--build build] [--steps 8] [--calibration FILE] [--quick]
+
+Calibrates this machine (`brigade bench calibrate`, unless --calibration
+names an existing file), then for each case trains on synthetic tokens,
+takes the median step time over the steps after the first two (from
+metrics.jsonl), asks `brigade plan --hardware this-machine --layout ... --json`
+for its predicted step time, and prints both with the error. The issue's
+target is |error| <= 15% for every case; the last line says whether it held
+and the exit status is non-zero if not. Cases run one after the other, so
+they never share the cores.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO_ROOT = os.path.dirname(HERE)
+SKIP_STEPS = 2
+TARGET = 0.15
+
+# name, config, processes, extra --set overrides, layout (the same run as the
+# planner sees it: dp = processes, micro = micro_batch, grad_accum micro-batches).
+CASES = [
+    ("tiny, 1 process", "examples/tiny.toml", 1, [], "zero=0"),
+    ("tiny, full recompute", "examples/tiny.toml", 1, ["model.recompute=\"full\""],
+     "zero=0,recompute=full"),
+    ("tiny, grad_accum 4", "examples/tiny.toml", 1, ["train.grad_accum=4"], "zero=0"),
+    ("tiny, dp 2 ZeRO 0", "examples/tiny.toml", 2, ["parallel.zero=0"], "zero=0"),
+    ("tiny, dp 2 ZeRO 1", "examples/tiny.toml", 2, ["parallel.zero=1"], "zero=1"),
+    ("tiny, dp 2 ZeRO 3", "examples/tiny.toml", 2, ["parallel.zero=3"], "zero=3"),
+    ("shakespeare (demo), 1 process", "examples/shakespeare.toml", 1, [], "zero=0"),
+    ("GPT-2 small, 1 process", "examples/gpt2_small.toml", 1, [], "zero=0"),
+    ("GPT-2 small, dp 2 ZeRO 1", "examples/gpt2_small.toml", 2, ["parallel.zero=1"], "zero=1"),
+]
+QUICK = {"tiny, 1 process", "tiny, dp 2 ZeRO 1", "GPT-2 small, 1 process"}
+
+
+def run(argv):
+    print("$ " + " ".join(argv), file=sys.stderr, flush=True)
+    proc = subprocess.run(argv, capture_output=True, text=True)
+    if proc.returncode != 0:
+        sys.stderr.write(proc.stdout + proc.stderr)
+        raise SystemExit(f"check_plan_local: {argv[1]} failed with status {proc.returncode}")
+    return proc.stdout
+
+
+def measured_step_s(brigade, config, nproc, overrides, steps, run_dir):
+    argv = [brigade, "train", config, "--set", "data.synthetic=true",
+            "--set", f"train.steps={steps}", "--set", f"train.run_dir=\"{run_dir}\"",
+            "--set", "train.eval_every=0", "--set", "train.checkpoint_every=0"]
+    if nproc > 1:
+        argv += ["--nproc", str(nproc)]
+    for o in overrides:
+        argv += ["--set", o]
+    run(argv)
+    rows = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))
+            if '"step_ms"' in line]
+    timed = rows[SKIP_STEPS:] or rows
+    return statistics.median(r["step_ms"] for r in timed) / 1e3, rows[0]
+
+
+def predicted_step_s(brigade, calibration, config, nproc, overrides, layout):
+    micro = accum = None
+    for o in overrides:
+        if o.startswith("train.grad_accum="):
+            accum = int(o.split("=")[1])
+    text = open(os.path.join(REPO_ROOT, config)).read()
+    for line in text.splitlines():
+        if line.strip().startswith("micro_batch"):
+            micro = int(line.split("=")[1].split("#")[0])
+    accum = accum or 1
+    argv = [brigade, "plan", "--hardware", "this-machine", "--calibration", calibration,
+            "--model", os.path.join(REPO_ROOT, config), "--gpus", str(nproc),
+            "--global-batch", str(micro * accum * nproc),
+            "--layout", f"dp={nproc},micro={micro},{layout}", "--json"]
+    return json.loads(run(argv))["step_time_s"]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--build", default=os.path.join(REPO_ROOT, "build"))
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--calibration", default="")
+    parser.add_argument("--quick", action="store_true", help="three cases only")
+    args = parser.parse_args()
+    brigade = os.path.join(args.build, "brigade")
+
+    with tempfile.TemporaryDirectory(prefix="brigade_plan_local_") as tmp:
+        calibration = args.calibration or os.path.join(tmp, "calibration.json")
+        if not os.path.exists(calibration):
+            run([brigade, "bench", "calibrate", "--out", calibration])
+        results = []
+        for name, config, nproc, overrides, layout in CASES:
+            if args.quick and name not in QUICK:
+                continue
+            # Small models take many short steps: enough of them that the median
+            # is not one scheduler hiccup.
+            steps = args.steps if "gpt2" in config else 4 * args.steps
+            measured, _ = measured_step_s(brigade, os.path.join(REPO_ROOT, config), nproc,
+                                          overrides, steps, os.path.join(tmp, f"run{len(results)}"))
+            predicted = predicted_step_s(brigade, calibration, config, nproc, overrides, layout)
+            results.append((name, measured, predicted))
+
+    print(f"\n{'case':<32} {'measured s':>11} {'predicted s':>12} {'error':>8}")
+    worst = 0.0
+    for name, measured, predicted in results:
+        error = (predicted - measured) / measured
+        worst = max(worst, abs(error))
+        print(f"{name:<32} {measured:>11.4f} {predicted:>12.4f} {100 * error:>+7.1f}%")
+    errors = [abs(p - m) / m for _, m, p in results]
+    print(f"\nmean |error| {100 * statistics.mean(errors):.1f}%, max {100 * worst:.1f}% "
+          f"(target: every case within {100 * TARGET:.0f}%): {'met' if worst <= TARGET else 'NOT met'}")
+    return 0 if worst <= TARGET else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,208 @@
+// brigade bench calibrate [--out FILE]
+// Measures what the planner needs to treat this machine as hardware
+// (`brigade plan --hardware this-machine`): sgemm throughput across sizes (the
+// GEMM efficiency curve) with one thread and with every core, streaming memory
+// bandwidth, the rate of our attention kernel, the fixed cost of a small
+// kernel, and the shm all-reduce's bus bandwidth and latency between two
+// workers (`bench comm --shared`, the zero-copy path training uses). Writes
+// one JSON file (sim/this_machine.h reads it); takes about 15 s.
+#include <cblas.h>
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "brigade/cli/commands.h"
+#include "brigade/core/aligned_buffer.h"
+#include "brigade/core/clock.h"
+#include "brigade/core/error.h"
+#include "brigade/core/files.h"
+#include "brigade/core/threads.h"
+#include "brigade/kernels/cpu/attention.h"
+#include "brigade/kernels/cpu/gelu.h"
+#include "brigade/sim/this_machine.h"
+
+namespace brigade::cli {
+namespace {
+
+// Best time of `fn` over repetitions filling about `budget_s` (at least 3).
+template <typename Fn>
+double best_seconds(Fn&& fn, double budget_s = 0.15) {
+  fn();  // warm caches, pages and the thread pool
+  double best = 1e30;
+  Stopwatch total;
+  for (int rep = 0; rep < 3 || (total.elapsed_s() < budget_s && rep < 10000); ++rep) {
+    Stopwatch sw;
+    fn();
+    best = std::min(best, sw.elapsed_s());
+  }
+  return best;
+}
+
+void fill(FloatBuffer& b) {
+  for (int64_t i = 0; i < b.size(); ++i) b.data()[i] = static_cast<float>(i % 13) * 0.01f;
+}
+
+// (FLOPs per call, GFLOP/s) for square GEMMs from 64 to 1536. Training's
+// GEMMs find their operands in L3 or DRAM (other kernels ran in between), so
+// each size cycles through enough operand sets to fill 256 MiB: a small GEMM
+// measured on hot caches would promise 15% more than training sees.
+nlohmann::json gemm_curve() {
+  nlohmann::json curve = nlohmann::json::array();
+  for (int n : {64, 128, 192, 256, 384, 512, 768, 1024, 1536}) {
+    const int64_t elements = int64_t{n} * n;
+    const int sets = static_cast<int>(
+        std::clamp<int64_t>((int64_t{256} << 20) / (3 * 4 * elements), 1, 4096));
+    std::vector<FloatBuffer> a, b, c;
+    for (int i = 0; i < sets; ++i) {
+      a.emplace_back(elements);
+      b.emplace_back(elements);
+      c.emplace_back(elements);
+      fill(a.back());
+      fill(b.back());
+    }
+    int next = 0;
+    const int calls = std::max(2 * sets, 10);
+    const double s = best_seconds(
+        [&] {
+          for (int call = 0; call < calls; ++call, next = (next + 1) % sets) {
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a[next].data(),
+                        n, b[next].data(), n, 0.0f, c[next].data(), n);
+          }
+        },
+        0.1);
+    const double flops = 2.0 * n * n * static_cast<double>(n);
+    curve.push_back({flops, flops * calls / s * 1e-9});
+  }
+  return curve;
+}
+
+// Bytes per second of y += a * x over 64 MiB vectors (read 2, write 1).
+double stream_bytes_per_s() {
+  const int64_t n = int64_t{16} << 20;
+  FloatBuffer x(n), y(n);
+  fill(x);
+  fill(y);
+  float* yp = y.data();
+  const float* xp = x.data();
+  const double s = best_seconds(
+      [&] {
+#pragma omp parallel for schedule(static)
+        for (int64_t i = 0; i < n; ++i) yp[i] += 0.5f * xp[i];
+      },
+      0.3);
+  return 3.0 * 4.0 * static_cast<double>(n) / s;
+}
+
+// GFLOP/s of attention forward + backward, counting what the planner counts
+// for fused causal attention: half of 4 b s^2 h forward, 2.5x that backward.
+double attention_gflops() {
+  const int64_t b = 4, t = 256, c = 768, heads = 12;
+  FloatBuffer qkv(b * t * 3 * c), out(b * t * c), lse(b * heads * t), dout(b * t * c),
+      dqkv(b * t * 3 * c);
+  fill(qkv);
+  fill(dout);
+  const double s = best_seconds([&] {
+    cpu::attention_forward(out.data(), lse.data(), qkv.data(), b, t, c, heads);
+    cpu::attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), b, t, c,
+                            heads);
+  });
+  const double fwd_flops = 0.5 * 4.0 * b * static_cast<double>(t * t * c);
+  return 3.5 * fwd_flops / s * 1e-9;
+}
+
+// Time of one tiny parallel kernel: the floor every small op pays.
+double kernel_overhead_s() {
+  FloatBuffer x(256), y(256);
+  fill(x);
+  Stopwatch sw;
+  const int reps = 20000;
+  double best = 1e30;
+  for (int round = 0; round < 5; ++round) {
+    sw.reset();
+    for (int i = 0; i < reps; ++i) cpu::gelu_forward(y.data(), x.data(), 256);
+    best = std::min(best, sw.elapsed_s() / reps);
+  }
+  return best;
+}
+
+nlohmann::json measure_threads(int threads) {
+  set_num_threads(threads);
+  return {{"threads", threads},
+          {"gemm", gemm_curve()},
+          {"stream_bytes_per_s", stream_bytes_per_s()},
+          {"attention_gflops", attention_gflops()},
+          {"kernel_overhead_s", kernel_overhead_s()}};
+}
+
+// The all-reduce rows of `bench comm --shared --json` for 2 workers.
+nlohmann::json measure_comm() {
+  char self[4096];
+  const ssize_t len = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
+  if (len <= 0) throw_error("cannot find the brigade binary (/proc/self/exe)");
+  self[len] = '\0';
+  const std::string command = fmt::format(
+      "'{}' bench comm --nproc 2 --backend shm --shared --min-bytes 4K --max-bytes 16M --json",
+      self);
+  FILE* pipe = ::popen(command.c_str(), "r");
+  if (pipe == nullptr) throw_error("cannot run {}", command);
+  std::string output;
+  char buffer[4096];
+  while (size_t n = std::fread(buffer, 1, sizeof(buffer), pipe)) output.append(buffer, n);
+  if (::pclose(pipe) != 0) throw_error("{} failed: calibration needs 2 local workers", command);
+  nlohmann::json rows = nlohmann::json::array();
+  size_t start = 0;
+  while (start < output.size()) {
+    const size_t end = output.find('\n', start);
+    const std::string line = output.substr(start, end - start);
+    start = end == std::string::npos ? output.size() : end + 1;
+    if (line.empty() || line[0] != '{') continue;
+    const nlohmann::json row = nlohmann::json::parse(line);
+    if (row.at("op") == "all_reduce") {
+      rows.push_back({{"bytes", row.at("bytes")}, {"time_s", row.at("time_us").get<double>() * 1e-6}});
+    }
+  }
+  if (rows.empty()) throw_error("{} printed no all_reduce rows", command);
+  return {{"nproc", 2}, {"all_reduce", rows}};
+}
+
+}  // namespace
+
+nlohmann::json measure_this_machine() {
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  nlohmann::json out;
+  out["version"] = 1;
+  out["cores"] = cores;
+  out["memory_bytes"] =
+      static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * static_cast<double>(::sysconf(_SC_PAGE_SIZE));
+  nlohmann::json per_threads = nlohmann::json::array();
+  per_threads.push_back(measure_threads(1));
+  if (cores > 1) per_threads.push_back(measure_threads(cores));
+  set_num_threads(0);
+  out["compute"] = per_threads;
+  out["comm"] = measure_comm();
+  return out;
+}
+
+void add_bench_calibrate_command(CLI::App& bench) {
+  auto out = std::make_shared<std::string>(sim::default_calibration_path());
+  auto* cmd = bench.add_subcommand(
+      "calibrate", "Measure this machine for `brigade plan --hardware this-machine`");
+  cmd->add_option("--out", *out, "Where to write the calibration")->capture_default_str();
+  cmd->callback([out] {
+    const nlohmann::json calibration = measure_this_machine();
+    sim::this_machine_hardware(calibration, 1);  // refuse to write what cannot be read back
+    std::filesystem::create_directories(std::filesystem::path(*out).parent_path());
+    write_file_atomic(*out, calibration.dump(2) + "\n");
+    std::printf("%s\n", sim::describe_calibration(calibration).c_str());
+    std::printf("wrote %s\n", out->c_str());
+  });
+}
+
+}  // namespace brigade::cli

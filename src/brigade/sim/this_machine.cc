@@ -1,0 +1,170 @@
+#include "brigade/sim/this_machine.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <nlohmann/json.hpp>
+
+#include "brigade/core/error.h"
+
+namespace brigade::sim {
+namespace {
+
+const nlohmann::json& field(const nlohmann::json& j, const char* key, const char* where) {
+  if (!j.is_object() || !j.contains(key)) {
+    throw_error("calibration: {} has no \"{}\"; rerun `brigade bench calibrate`", where, key);
+  }
+  return j.at(key);
+}
+
+double positive(const nlohmann::json& j, const char* key, const char* where) {
+  const nlohmann::json& v = field(j, key, where);
+  if (!v.is_number() || v.get<double>() <= 0) {
+    throw_error("calibration: {}.{} must be a positive number; rerun `brigade bench calibrate`",
+                where, key);
+  }
+  return v.get<double>();
+}
+
+// The measurement taken with the thread count nearest to `threads`.
+const nlohmann::json& compute_for(const nlohmann::json& calibration, int64_t threads) {
+  const nlohmann::json& all = field(calibration, "compute", "the file");
+  if (!all.is_array() || all.empty()) {
+    throw_error("calibration: \"compute\" is empty; rerun `brigade bench calibrate`");
+  }
+  const nlohmann::json* best = &all.front();
+  for (const nlohmann::json& c : all) {
+    const double have = positive(c, "threads", "compute");
+    if (std::fabs(have - static_cast<double>(threads)) <
+        std::fabs(positive(*best, "threads", "compute") - static_cast<double>(threads))) {
+      best = &c;
+    }
+  }
+  return *best;
+}
+
+}  // namespace
+
+std::string default_calibration_path() {
+  if (const char* p = std::getenv("BRIGADE_CALIBRATION"); p != nullptr && *p != '\0') return p;
+  if (const char* x = std::getenv("XDG_CACHE_HOME"); x != nullptr && *x != '\0') {
+    return std::string(x) + "/brigade/this-machine.json";
+  }
+  const char* home = std::getenv("HOME");
+  return std::string(home != nullptr ? home : ".") + "/.cache/brigade/this-machine.json";
+}
+
+Hardware this_machine_hardware(const nlohmann::json& calibration, int64_t devices_per_node) {
+  const int64_t cores = static_cast<int64_t>(positive(calibration, "cores", "the file"));
+  const int64_t devices = std::max<int64_t>(1, devices_per_node);
+  const int64_t threads = std::max<int64_t>(1, cores / devices);
+  const nlohmann::json& c = compute_for(calibration, threads);
+  const double measured_threads = positive(c, "threads", "compute");
+  const double scale = static_cast<double>(threads) / measured_threads;
+  // Devices run at once and share the chip (clocks, L3, memory): a worker
+  // gets no more than its share of what every core achieves together.
+  const nlohmann::json& all = compute_for(calibration, cores);
+  const double share = static_cast<double>(threads) / positive(all, "threads", "compute");
+  auto best_of = [](const nlohmann::json& gemm) {
+    double best = 0;
+    for (const nlohmann::json& point : gemm) best = std::max(best, point.at(1).get<double>());
+    return best;
+  };
+
+  Hardware h;
+  h.name = "this-machine";
+  h.gpus_per_node = static_cast<int>(cores);
+  // The GEMM curve: efficiency against the best measured rate, by FLOPs per call.
+  const nlohmann::json& gemm = field(c, "gemm", "compute");
+  const double best_gflops = best_of(gemm);
+  if (best_gflops <= 0 || best_of(field(all, "gemm", "compute")) <= 0) {
+    throw_error("calibration: the GEMM curve is empty; rerun `brigade bench calibrate`");
+  }
+  for (const nlohmann::json& point : gemm) {
+    h.gemm_curve.emplace_back(point.at(0).get<double>(), point.at(1).get<double>() / best_gflops);
+  }
+  h.peak_flops =
+      std::min(best_gflops * scale, best_of(field(all, "gemm", "compute")) * share) * 1e9;
+  h.gemm_efficiency = 1.0;
+  const double attention_gflops =
+      std::min(positive(c, "attention_gflops", "compute") * scale,
+               positive(all, "attention_gflops", "compute") * share);
+  h.attention_efficiency = attention_gflops * 1e9 / h.peak_flops;
+  h.memory_bytes_per_s = std::min(positive(c, "stream_bytes_per_s", "compute") * scale,
+                                  positive(all, "stream_bytes_per_s", "compute") * share);
+  h.memory_efficiency = 1.0;
+  h.kernel_overhead_s = positive(c, "kernel_overhead_s", "compute");
+  h.memory_bytes = positive(calibration, "memory_bytes", "the file") / static_cast<double>(devices);
+  h.reserved_bytes = 0.2e9;
+  h.host_copy_bytes_per_s = h.memory_bytes_per_s;
+
+  // The shm all-reduce between two workers: the largest size gives the bus
+  // bandwidth (2 ranks: busbw = algbw), the smallest the latency left over.
+  const nlohmann::json& rows = field(field(calibration, "comm", "the file"), "all_reduce", "comm");
+  if (!rows.is_array() || rows.empty()) {
+    throw_error("calibration: comm.all_reduce is empty; rerun `brigade bench calibrate`");
+  }
+  const nlohmann::json& large = rows.back();
+  const double bus =
+      positive(large, "bytes", "comm.all_reduce") / positive(large, "time_s", "comm.all_reduce");
+  // Latency: the fastest small (<= 16 KiB) all-reduce; one noisy first size
+  // must not set it.
+  double latency = 1e30;
+  for (const nlohmann::json& row : rows) {
+    if (positive(row, "bytes", "comm.all_reduce") <= 16384) {
+      latency = std::min(latency, positive(row, "time_s", "comm.all_reduce"));
+    }
+  }
+  h.intra_bytes_per_s = h.inter_bytes_per_s = bus;
+  h.intra_efficiency = h.inter_efficiency = 1.0;
+  h.intra_latency_s = h.inter_latency_s = latency < 1e29 ? latency : 0.0;
+  h.description = fmt::format(
+      "this machine ({} cores; one device = one worker with {} thread(s)): {:.0f} GFLOP/s sgemm, "
+      "{:.1f} GB/s memory, shm all-reduce {:.2f} GB/s + {:.0f} us",
+      cores, threads, h.peak_flops * 1e-9, h.memory_bytes_per_s * 1e-9, bus * 1e-9,
+      h.intra_latency_s * 1e6);
+  return h;
+}
+
+std::string describe_calibration(const nlohmann::json& calibration) {
+  std::string out;
+  for (const nlohmann::json& c : calibration.at("compute")) {
+    double best = 0;
+    for (const nlohmann::json& p : c.at("gemm")) best = std::max(best, p.at(1).get<double>());
+    out += fmt::format(
+        "{} thread(s): sgemm up to {:.1f} GFLOP/s (64^3: {:.1f}), memory {:.1f} GB/s, attention "
+        "{:.1f} GFLOP/s, small kernel {:.1f} us\n",
+        c.at("threads").get<int>(), best, c.at("gemm").front().at(1).get<double>(),
+        c.at("stream_bytes_per_s").get<double>() * 1e-9, c.at("attention_gflops").get<double>(),
+        c.at("kernel_overhead_s").get<double>() * 1e6);
+  }
+  for (const nlohmann::json& r : calibration.at("comm").at("all_reduce")) {
+    out += fmt::format("shm all-reduce, 2 workers, {} bytes: {:.1f} us\n", r.at("bytes").get<int64_t>(),
+                       r.at("time_s").get<double>() * 1e6);
+  }
+  return out;
+}
+
+SystemFeatures brigade_cpu_features() {
+  SystemFeatures f;
+  f.flash_attention = true;
+  f.attention_dropout = false;
+  // Brigade does overlap its buckets with backward, but on a CPU the
+  // reductions run on the same cores that compute: with every core busy a
+  // collective's time is added to the step, not hidden.
+  f.overlap_dp = false;
+  f.act_bytes = 4;
+  f.param_bytes = 4;
+  f.grad_bytes = 4;
+  f.optimizer_bytes = 8;
+  // AdamW reads weights, gradient and both moments and writes three of
+  // them back (28 bytes); clipping reads the gradient and the next step's
+  // zeroing writes it (8 more).
+  f.optimizer_traffic_bytes = 36;
+  f.dp_bucket_bytes = 25e6;
+  return f;
+}
+
+}  // namespace brigade::sim

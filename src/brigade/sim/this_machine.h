@@ -1,0 +1,35 @@
+// `--hardware this-machine`: this computer as the planner's hardware, from a
+// calibration file that `brigade bench calibrate` writes (measured sgemm
+// curve, memory bandwidth, attention rate, kernel overhead, shm all-reduce).
+//
+// A "GPU" here is one worker process. The launcher splits the cores among a
+// node's workers, so a device's compute depends on how many share the
+// machine: the planner asks for the hardware of `devices_per_node` workers.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json_fwd.hpp>
+#include <string>
+
+#include "brigade/sim/hardware.h"
+#include "brigade/sim/layout.h"
+
+namespace brigade::sim {
+
+// $BRIGADE_CALIBRATION, else $XDG_CACHE_HOME/brigade/this-machine.json, else
+// ~/.cache/brigade/this-machine.json.
+std::string default_calibration_path();
+
+// Throws Error naming the missing or bad field (and `brigade bench
+// calibrate` as the fix).
+Hardware this_machine_hardware(const nlohmann::json& calibration, int64_t devices_per_node);
+
+// One paragraph: peak, bandwidth, attention, overhead, all-reduce.
+std::string describe_calibration(const nlohmann::json& calibration);
+
+// What Brigade's CPU engine does: fp32 everywhere (4-byte weights,
+// gradients and activations, AdamW's two fp32 moments and no master copy),
+// tiled causal attention that keeps no s^2 scores, overlapped buckets.
+SystemFeatures brigade_cpu_features();
+
+}  // namespace brigade::sim
