@@ -4,15 +4,19 @@
 // GEMM efficiency curve) with one thread and with every core, streaming memory
 // bandwidth, the rate of our attention kernel, the fixed cost of a small
 // kernel, and the shm all-reduce's bus bandwidth and latency between two
-// workers (`bench comm --shared`, the zero-copy path training uses). Writes
-// one JSON file (sim/this_machine.h reads it); takes about 15 s.
+// workers (`bench comm --shared`, the zero-copy path training uses), the
+// AdamW rate, and what ZeRO's released pages cost when they come back.
+// Writes one JSON file (sim/this_machine.h reads it); takes about 40 s.
 #include <cblas.h>
 #include <fmt/format.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
@@ -26,6 +30,8 @@
 #include "brigade/core/threads.h"
 #include "brigade/kernels/cpu/attention.h"
 #include "brigade/kernels/cpu/gelu.h"
+#include "brigade/kernels/cpu/vector_ops.h"
+#include "brigade/parallel/release_pages.h"
 #include "brigade/sim/this_machine.h"
 
 namespace brigade::cli {
@@ -57,8 +63,8 @@ nlohmann::json gemm_curve() {
   nlohmann::json curve = nlohmann::json::array();
   for (int n : {64, 128, 192, 256, 384, 512, 768, 1024, 1536}) {
     const int64_t elements = int64_t{n} * n;
-    const int sets = static_cast<int>(
-        std::clamp<int64_t>((int64_t{256} << 20) / (3 * 4 * elements), 1, 4096));
+    const int sets =
+        static_cast<int>(std::clamp<int64_t>((int64_t{256} << 20) / (3 * 4 * elements), 1, 4096));
     std::vector<FloatBuffer> a, b, c;
     for (int i = 0; i < sets; ++i) {
       a.emplace_back(elements);
@@ -72,8 +78,8 @@ nlohmann::json gemm_curve() {
     const double s = best_seconds(
         [&] {
           for (int call = 0; call < calls; ++call, next = (next + 1) % sets) {
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a[next].data(),
-                        n, b[next].data(), n, 0.0f, c[next].data(), n);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a[next].data(), n,
+                        b[next].data(), n, 0.0f, c[next].data(), n);
           }
         },
         0.1);
@@ -83,9 +89,10 @@ nlohmann::json gemm_curve() {
   return curve;
 }
 
-// Bytes per second of y += a * x over 64 MiB vectors (read 2, write 1).
-double stream_bytes_per_s() {
-  const int64_t n = int64_t{16} << 20;
+// Bytes per second of y += a * x (read 2, write 1) over vectors that
+// together occupy `working_set_bytes`.
+double stream_bytes_per_s(int64_t working_set_bytes) {
+  const int64_t n = working_set_bytes / 8;
   FloatBuffer x(n), y(n);
   fill(x);
   fill(y);
@@ -98,6 +105,57 @@ double stream_bytes_per_s() {
       },
       0.3);
   return 3.0 * 4.0 * static_cast<double>(n) / s;
+}
+
+// Parameters per second of the AdamW update over 16M parameters (256 MiB of
+// state, as large models have): on CPUs its square roots and divisions, not
+// the memory, can be the limit.
+double adamw_params_per_s() {
+  const int64_t n = int64_t{16} << 20;
+  FloatBuffer p(n), g(n), m(n), v(n);
+  fill(p);
+  fill(g);
+  int64_t step = 0;
+  const double s = best_seconds(
+      [&] {
+        cpu::adamw_update(p.data(), g.data(), m.data(), v.data(), n,
+                          {1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, ++step, 1.0f});
+      },
+      0.3);
+  return static_cast<double>(n) / s;
+}
+
+// Bytes per second at which memory handed back to the system (ZeRO 2 and
+// 3 release the shards a rank does not own, see parallel/release_pages.h)
+// comes back when written again: the page faults and the zeroing, over and
+// above the write itself. Measured on a shared mapping, like training's
+// flat buffers in the shm segment.
+double refault_bytes_per_s() {
+  const size_t bytes = size_t{64} << 20;
+  void* map = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (map == MAP_FAILED) throw_error("calibration: cannot map 64 MiB of shared memory");
+  float* begin = static_cast<float*>(map);
+  float* end = begin + bytes / sizeof(float);
+  std::memset(map, 1, bytes);
+  const double write_s = best_seconds([&] { std::memset(map, 1, bytes); });
+  const double refault_s = best_seconds([&] {
+    release_as_zeros(begin, end, /*shared=*/true);
+    std::memset(map, 1, bytes);
+  });
+  ::munmap(map, bytes);
+  return static_cast<double>(bytes) / std::max(refault_s - write_s, 1e-9);
+}
+
+// The last-level cache, from sysfs (0 if the kernel does not say).
+double l3_bytes() {
+  std::ifstream in("/sys/devices/system/cpu/cpu0/cache/index3/size");
+  double size = 0;
+  std::string unit;
+  if (!(in >> size)) return 0;
+  in >> unit;
+  if (!unit.empty() && (unit[0] == 'K' || unit[0] == 'k')) size *= 1024;
+  if (!unit.empty() && (unit[0] == 'M' || unit[0] == 'm')) size *= 1024 * 1024;
+  return size;
 }
 
 // GFLOP/s of attention forward + backward, counting what the planner counts
@@ -136,7 +194,11 @@ nlohmann::json measure_threads(int threads) {
   set_num_threads(threads);
   return {{"threads", threads},
           {"gemm", gemm_curve()},
-          {"stream_bytes_per_s", stream_bytes_per_s()},
+          // Activations of one kernel fit the cache; weights and optimizer state do not.
+          {"cache_stream_bytes_per_s", stream_bytes_per_s(int64_t{8} << 20)},
+          {"stream_bytes_per_s", stream_bytes_per_s(int64_t{768} << 20)},
+          {"adamw_params_per_s", adamw_params_per_s()},
+          {"refault_bytes_per_s", refault_bytes_per_s()},
           {"attention_gflops", attention_gflops()},
           {"kernel_overhead_s", kernel_overhead_s()}};
 }
@@ -148,7 +210,7 @@ nlohmann::json measure_comm() {
   if (len <= 0) throw_error("cannot find the brigade binary (/proc/self/exe)");
   self[len] = '\0';
   const std::string command = fmt::format(
-      "'{}' bench comm --nproc 2 --backend shm --shared --min-bytes 4K --max-bytes 16M --json",
+      "'{}' bench comm --nproc 2 --backend shm --shared --min-bytes 4K --max-bytes 64M --json",
       self);
   FILE* pipe = ::popen(command.c_str(), "r");
   if (pipe == nullptr) throw_error("cannot run {}", command);
@@ -165,7 +227,8 @@ nlohmann::json measure_comm() {
     if (line.empty() || line[0] != '{') continue;
     const nlohmann::json row = nlohmann::json::parse(line);
     if (row.at("op") == "all_reduce") {
-      rows.push_back({{"bytes", row.at("bytes")}, {"time_s", row.at("time_us").get<double>() * 1e-6}});
+      rows.push_back(
+          {{"bytes", row.at("bytes")}, {"time_s", row.at("time_us").get<double>() * 1e-6}});
     }
   }
   if (rows.empty()) throw_error("{} printed no all_reduce rows", command);
@@ -179,8 +242,9 @@ nlohmann::json measure_this_machine() {
   nlohmann::json out;
   out["version"] = 1;
   out["cores"] = cores;
-  out["memory_bytes"] =
-      static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * static_cast<double>(::sysconf(_SC_PAGE_SIZE));
+  out["cache_bytes"] = l3_bytes();
+  out["memory_bytes"] = static_cast<double>(::sysconf(_SC_PHYS_PAGES)) *
+                        static_cast<double>(::sysconf(_SC_PAGE_SIZE));
   nlohmann::json per_threads = nlohmann::json::array();
   per_threads.push_back(measure_threads(1));
   if (cores > 1) per_threads.push_back(measure_threads(cores));

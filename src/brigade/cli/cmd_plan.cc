@@ -62,9 +62,9 @@ sim::Workload workload_from(const PlanArgs& args) {
   if (args.seq > 0) job.seq_len = args.seq;
   if (args.global_batch > 0) job.global_batch = args.global_batch;
   job.model.block_size = job.seq_len;
-  const std::string system =
-      !args.system.empty() ? args.system
-                           : (args.hardware == "this-machine" ? "brigade-cpu" : "current");
+  const std::string system = !args.system.empty()
+                                 ? args.system
+                                 : (args.hardware == "this-machine" ? "brigade-cpu" : "current");
   if (system == "megatron-2021") {
     job.features = sim::SystemFeatures::megatron_2021();
   } else if (system == "brigade-cpu") {
@@ -86,8 +86,8 @@ sim::Hardware hardware_from(const PlanArgs& args, int64_t devices) {
     try {
       calibration = nlohmann::json::parse(read_file(path));
     } catch (const nlohmann::json::exception& e) {
-      throw_error("{}: not a calibration file ({}); rerun `brigade bench calibrate --out {}`",
-                  path, e.what(), path);
+      throw_error("{}: not a calibration file ({}); rerun `brigade bench calibrate --out {}`", path,
+                  e.what(), path);
     }
   } else if (!args.calibration.empty()) {
     throw_error("{}: no such calibration file; write it with `brigade bench calibrate --out {}`",
@@ -182,9 +182,10 @@ void add_plan_command(CLI::App& app) {
   cmd->add_option(
       "--layout", args->layout,
       "Evaluate one layout: tp=8,pp=8,dp=6,vp=1,zero=1,recompute=full,sp=false,micro=1");
-  cmd->add_option("--system", args->system,
-                  "current (fused attention, overlapped dp), megatron-2021 or brigade-cpu (default on "
-                  "this-machine)");
+  cmd->add_option(
+      "--system", args->system,
+      "current (fused attention, overlapped dp), megatron-2021 or brigade-cpu (default on "
+      "this-machine)");
   cmd->add_option("--sweep-gpus", args->sweep_gpus, "LO:HI, doubling: MFU and waiting vs scale");
   cmd->add_option("--calibration", args->calibration,
                   "this-machine's calibration file (default: measured and cached on first use)");

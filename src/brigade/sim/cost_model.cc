@@ -27,8 +27,7 @@ class Costs {
     const double flops = 2.0 * m * n * k * batch;
     const double bytes = f_.act_bytes * (m * k + k * n + m * n) * batch;
     const double efficiency = hw_.gemm_efficiency * curve_efficiency(2.0 * m * n * k);
-    return std::max(flops / (hw_.peak_flops * efficiency), stream_s(bytes)) +
-           hw_.kernel_overhead_s;
+    return std::max(flops / (hw_.peak_flops * efficiency), stream_s(bytes)) + hw_.kernel_overhead_s;
   }
   // Forward (m x k)(k x n) plus its two backward products, dX = dY W^T
   // (m x n)(n x k) and dW = X^T dY (k x m)(m x n).
@@ -39,12 +38,18 @@ class Costs {
   // Elementwise kernels streaming `elements` activations forward; backward
   // reads the saved input and the incoming gradient and writes one: twice.
   void add_elementwise(PassCost& c, double elements, int kernels) const {
-    c.fwd += stream_s(elements * f_.act_bytes) + kernels * hw_.kernel_overhead_s;
-    c.bwd += stream_s(2.0 * elements * f_.act_bytes) + 2 * kernels * hw_.kernel_overhead_s;
+    const double bytes = elements * f_.act_bytes;
+    c.fwd += stream_s(bytes, bytes / kernels) + kernels * hw_.kernel_overhead_s;
+    c.bwd += stream_s(2.0 * bytes, bytes / kernels) + 2 * kernels * hw_.kernel_overhead_s;
   }
-  double stream_s(double bytes) const {
+  // Time to stream `bytes` through kernels that each touch `working_set`.
+  double stream_s(double bytes, double working_set) const {
+    if (hw_.cache_bytes > 0 && working_set <= hw_.cache_bytes) {
+      return bytes / hw_.cache_bytes_per_s;
+    }
     return bytes / (hw_.memory_bytes_per_s * hw_.memory_efficiency);
   }
+  double stream_s(double bytes) const { return stream_s(bytes, bytes); }
   // The measured size curve, linear in log(FLOPs) between its points and
   // flat beyond them.
   double curve_efficiency(double flops) const {
@@ -53,8 +58,8 @@ class Costs {
     if (flops <= curve.front().first) return curve.front().second;
     for (size_t i = 1; i < curve.size(); ++i) {
       if (flops <= curve[i].first) {
-        const double x = std::log(flops / curve[i - 1].first) /
-                         std::log(curve[i].first / curve[i - 1].first);
+        const double x =
+            std::log(flops / curve[i - 1].first) / std::log(curve[i].first / curve[i - 1].first);
         return curve[i - 1].second + x * (curve[i].second - curve[i - 1].second);
       }
     }
@@ -174,6 +179,9 @@ std::string why_invalid(const Workload& job, const Layout& l, const Hardware& hw
   if (l.tp > hw.gpus_per_node) {
     return fmt::format("tp={} spans nodes ({} GPUs per node)", l.tp, hw.gpus_per_node);
   }
+  if (hw.gpus_per_node % l.tp != 0) {
+    return fmt::format("tp={} does not divide the {} GPUs of a node", l.tp, hw.gpus_per_node);
+  }
   if (m.n_head % l.tp != 0) return fmt::format("{} heads do not split over tp={}", m.n_head, l.tp);
   if (m.n_layer % (l.pp * l.vp) != 0) {
     return fmt::format("{} layers do not split into pp*vp={} chunks", m.n_layer, l.pp * l.vp);
@@ -285,6 +293,17 @@ Estimate estimate(const Workload& job, const Layout& l, const Hardware& hw) {
     };
     const double fwd_mb = slowest.fwd + slowest.fwd_tp;
     const double bwd_mb = slowest.bwd + slowest.bwd_tp + slowest.recompute + slowest.recompute_tp;
+    // Pages a rank gives back and writes again every step (Brigade's CPU
+    // engine): ZeRO 2/3 release the unowned gradient shards after the
+    // reduce-scatter; ZeRO 3 also releases each gathered block after its
+    // forward and again after its backward.
+    double refault_s = 0;
+    if (hw.refault_bytes_per_s > 0 && l.zero >= 2) {
+      const double unowned = (d - 1.0) / d;
+      double released = grads * unowned;
+      if (l.zero == 3) released += 2.0 * mb * weights * unowned;
+      refault_s = released / hw.refault_bytes_per_s;
+    }
     switch (l.zero) {
       case 0:
         e.dp_comm_s = reduce_grads;
@@ -304,9 +323,14 @@ Estimate estimate(const Workload& job, const Layout& l, const Hardware& hw) {
             mb * (exposed(gather_weights, fwd_mb) + exposed(gather_weights + reduce_grads, bwd_mb));
         break;
     }
+    e.dp_comm_s += refault_s;
+    e.time.dp_exposed_s += refault_s;
   }
   const double optimizer_params = params_gpu / (l.zero >= 1 ? static_cast<double>(l.dp) : 1.0);
-  e.time.optimizer_s = costs.stream_s(optimizer_params * f.optimizer_traffic_bytes);
+  e.time.optimizer_s = hw.optimizer_params_per_s > 0
+                           ? optimizer_params / hw.optimizer_params_per_s +
+                                 costs.stream_s(optimizer_params * f.optimizer_traffic_bytes)
+                           : costs.stream_s(optimizer_params * f.optimizer_traffic_bytes);
 
   // --- memory on the most loaded GPU (first or last stage) ---
   const double block_act = block_activation_bytes(job.model, job.seq_len, l, f);

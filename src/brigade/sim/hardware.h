@@ -38,6 +38,19 @@ struct Hardware {
   double memory_efficiency = 0;     // streaming elementwise kernels, of HBM bw
   double intra_efficiency = 0;      // NCCL bus bandwidth, of intra_bytes_per_s
   double inter_efficiency = 0;      // NCCL bus bandwidth, of inter_bytes_per_s
+  // A last-level cache that streams faster than memory: elementwise kernels
+  // whose data fit run at cache_bytes_per_s. 0: not modelled (GPUs, whose
+  // activations outgrow L2).
+  double cache_bytes = 0;
+  double cache_bytes_per_s = 0;
+  // Measured AdamW rate, parameters per second; 0: the optimizer step is
+  // memory-bound and costs SystemFeatures::optimizer_traffic_bytes per
+  // parameter (GPUs). CPUs spend it on square roots and divisions.
+  double optimizer_params_per_s = 0;
+  // Bytes per second at which pages a ZeRO rank released (Brigade's CPU
+  // engine returns unowned shards to the OS) come back when written again;
+  // 0: releasing is free (GPU allocators keep the memory).
+  double refault_bytes_per_s = 0;
   // GEMM efficiency by size: (FLOPs per call, fraction of the best rate),
   // ascending, interpolated in log(FLOPs) and multiplied into
   // gemm_efficiency. Empty: no size dependence beyond the roofline (GPUs).

@@ -30,17 +30,21 @@ const char* kLayoutHeader = "tp  pp    dp vp zero micro recompute  sp";
 
 std::string estimate_row(const Estimate& e) {
   const TimeEstimate& t = e.time;
+  const MemoryEstimate& m = e.memory;
   return fmt::format(
-      "{} | {:6.1f} | {:8.3f} {:7.3f} {:6.3f} {:6.3f} {:6.3f} {:6.3f} | {:5.1f}% {:10.0f}\n",
-      layout_cell(e.layout), e.memory.total() / kGiB, t.step_s(), t.compute_s, t.tp_comm_s,
-      t.pp_comm_s, t.dp_exposed_s, t.bubble_s, 100.0 * e.mfu, e.tokens_per_s);
+      "{} | {:5.1f} {:5.1f} {:5.1f} {:5.1f} {:5.1f} | {:8.3f} {:7.3f} {:6.3f} {:6.3f} {:6.3f} "
+      "{:6.3f} | {:5.1f}% {:10.0f}\n",
+      layout_cell(e.layout), m.params / kGiB, m.grads / kGiB, m.optimizer / kGiB,
+      m.activations / kGiB, m.total() / kGiB, t.step_s(), t.compute_s, t.tp_comm_s, t.pp_comm_s,
+      t.dp_exposed_s, t.bubble_s, 100.0 * e.mfu, e.tokens_per_s);
 }
 
 std::string table_header() {
   return fmt::format(
-      "{} | mem GiB |   step s compute  tp comm pp comm dp exp bubble |   MFU "
-      "  tokens/s\n",
-      kLayoutHeader);
+      "{} | memory per GPU, GiB              | time per step, s                              "
+      "|\n{} |    wt  grad optim  acts total |     step compute     tp     pp dp exp bubble |  "
+      " MFU   tokens/s\n",
+      std::string(std::string(kLayoutHeader).size(), ' '), kLayoutHeader);
 }
 
 }  // namespace
@@ -136,7 +140,8 @@ std::string format_search(const Workload& job, const Hardware& hw, int64_t gpus,
   if (result.ranked.empty()) {
     out += "no layout fits: use more GPUs, a shorter sequence or a smaller micro-batch\n";
   } else {
-    out += "best layouts (times per step, seconds)\n" + table_header();
+    out += "best layouts (total memory includes the reserve for context and buffers)\n" +
+           table_header();
     for (const Estimate& e : result.ranked) out += estimate_row(e);
   }
   if (!result.losses.empty()) {

@@ -11,7 +11,7 @@ const char* loss_reason_name(LossReason r) {
     case LossReason::kOutOfMemory:
       return "out of memory";
     case LossReason::kCompute:
-      return "compute (recompute or small GEMMs)";
+      return "compute (recompute, small GEMMs, unsplit work)";
     case LossReason::kTpComm:
       return "tensor-parallel communication";
     case LossReason::kPpComm:

@@ -1,0 +1,191 @@
+// `brigade plan` end to end: search, one layout, sweep, validation and the
+// errors a user can make.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "testing/run_brigade.h"
+#include "testing/temp_dir.h"
+
+namespace brigade {
+namespace {
+
+using testing::run_brigade;
+
+TEST(PlanCommand, SearchPrintsFittingLayoutsLosersAndCheckpointing) {
+  const auto r = run_brigade({"plan", "--model", "175b", "--gpus", "1024", "--hardware", "h100-80g",
+                              "--json", "--trials", "200"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  ASSERT_FALSE(j.at("layouts").empty());
+  double previous = 0;
+  for (const nlohmann::json& l : j.at("layouts")) {
+    EXPECT_TRUE(l.at("fits").get<bool>());
+    const nlohmann::json& layout = l.at("layout");
+    EXPECT_EQ(layout.at("tp").get<int>() * layout.at("pp").get<int>() * layout.at("dp").get<int>(),
+              1024);
+    EXPECT_LE(l.at("memory_gib").at("total").get<double>(), 80.0);
+    EXPECT_GE(l.at("step_time_s").get<double>(), previous);
+    previous = l.at("step_time_s").get<double>();
+  }
+  EXPECT_FALSE(j.at("losers").empty());
+  EXPECT_GT(j.at("evaluated").get<int64_t>(), 1000);
+  const nlohmann::json& ckpt = j.at("checkpointing");
+  // 128 nodes at 6,300 node-hours each: a failure every ~49 h.
+  EXPECT_NEAR(ckpt.at("job_mtbf_hours").get<double>(), 6300.0 / 128.0, 1e-9);
+  EXPECT_GT(ckpt.at("interval_s").get<double>(), 0.0);
+  EXPECT_GT(ckpt.at("monte_carlo").at("ettr_mean").get<double>(), 0.5);
+  EXPECT_LT(ckpt.at("monte_carlo").at("ettr_mean").get<double>(), 1.0);
+}
+
+TEST(PlanCommand, OneLayoutReportsTflopsTheWayMegatronCounts) {
+  const auto r = run_brigade(
+      {"plan", "--model", "175b", "--gpus", "1024", "--hardware", "a100-80g", "--layout",
+       "tp=8,pp=8,dp=16,vp=1,zero=1,recompute=full,sp=false,micro=1", "--json", "--trials", "100"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  const double step = j.at("step_time_s").get<double>();
+  EXPECT_GT(step, 0.0);
+  // TFLOP/s counts the recompute forward (96 B s L h^2 (1 + s/6h + V/16Lh)),
+  // MFU does not (72 ... (1 + s/6h + V/12Lh)): their ratio is fixed by the
+  // shape. GPT-3: s/6h = 2048/73728, V/16Lh and V/12Lh with V 51200.
+  const double s = 2048, h = 12288, L = 96, V = 51200;
+  const double ratio =
+      96.0 * (1 + s / (6 * h) + V / (16 * L * h)) / (72.0 * (1 + s / (6 * h) + V / (12 * L * h)));
+  EXPECT_NEAR(j.at("tflops_per_gpu").get<double>() / (j.at("mfu").get<double>() * 312.0), ratio,
+              1e-9);
+  // tokens/s is the batch over the step.
+  EXPECT_NEAR(j.at("tokens_per_s").get<double>(), 1536.0 * 2048.0 / step, 1e-6);
+  const nlohmann::json& t = j.at("time_s");
+  double sum = 0;
+  for (const char* k : {"compute", "tp_comm", "pp_comm", "dp_exposed", "bubble", "optimizer"}) {
+    sum += t.at(k).get<double>();
+  }
+  EXPECT_NEAR(sum, step, 1e-9 * step);
+}
+
+TEST(PlanCommand, ALayoutThatDoesNotFitExitsThree) {
+  const auto r = run_brigade({"plan", "--model", "175b", "--gpus", "8", "--hardware", "a100-80g",
+                              "--layout", "tp=8,pp=1,dp=1,micro=1"});
+  EXPECT_EQ(r.status, 3) << r.err;
+  EXPECT_NE(r.out.find("DOES NOT FIT"), std::string::npos) << r.out;
+}
+
+TEST(PlanCommand, SweepShowsEveryScale) {
+  const auto r = run_brigade(
+      {"plan", "--model", "175b", "--hardware", "h100-80g", "--sweep-gpus", "1024:4096", "--json"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j.at("points").size(), 3u);
+  EXPECT_EQ(j.at("points")[2].at("gpus").get<int>(), 4096);
+  for (const nlohmann::json& p : j.at("points")) {
+    ASSERT_TRUE(p.at("feasible").get<bool>());
+    EXPECT_GT(p.at("fastest").at("mfu").get<double>(), 0.0);
+  }
+}
+
+TEST(PlanCommand, ValidatePrintsEveryPublishedRow) {
+  const auto r = run_brigade({"plan", "--validate", "--json"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_GE(j.at("rows").size(), 6u);
+  EXPECT_LE(j.at("calibration_mean_abs_error").get<double>(), 0.05);
+  EXPECT_LE(j.at("calibration_max_abs_error").get<double>(), 0.10);
+  const auto text = run_brigade({"plan", "--validate"});
+  EXPECT_NE(text.out.find("Narayanan et al. 2021"), std::string::npos);
+  EXPECT_NE(text.out.find("calibration rows: mean |error|"), std::string::npos);
+}
+
+TEST(PlanCommand, ThisMachineReadsItsCalibration) {
+  testing::TempDir dir;
+  const std::string path = (dir.path() / "calibration.json").string();
+  // Two cores; 100 GFLOP/s per thread flat, 50 GB/s; 2 workers all-reduce 16 MiB in 8 ms.
+  nlohmann::json cal = {
+      {"version", 1},
+      {"cores", 2},
+      {"memory_bytes", 8e9},
+      {"cache_bytes", 0},
+      {"compute",
+       {{{"threads", 1},
+         {"gemm", {{1e6, 100.0}, {1e9, 100.0}}},
+         {"stream_bytes_per_s", 25e9},
+         {"cache_stream_bytes_per_s", 25e9},
+         {"adamw_params_per_s", 300e6},
+         {"refault_bytes_per_s", 1e9},
+         {"attention_gflops", 50.0},
+         {"kernel_overhead_s", 2e-6}},
+        {{"threads", 2},
+         {"gemm", {{1e6, 200.0}, {1e9, 200.0}}},
+         {"stream_bytes_per_s", 50e9},
+         {"cache_stream_bytes_per_s", 50e9},
+         {"adamw_params_per_s", 600e6},
+         {"refault_bytes_per_s", 2e9},
+         {"attention_gflops", 100.0},
+         {"kernel_overhead_s", 2e-6}}}},
+      {"comm",
+       {{"nproc", 2},
+        {"all_reduce",
+         {{{"bytes", 4096}, {"time_s", 1e-5}}, {{"bytes", 16777216}, {"time_s", 8e-3}}}}}}};
+  std::ofstream(path) << cal.dump();
+  const std::string model = std::string(BRIGADE_SOURCE_DIR) + "/examples/tiny.toml";
+  auto plan = [&](const std::string& gpus, const std::string& layout) {
+    return run_brigade({"plan", "--hardware", "this-machine", "--calibration", path, "--model",
+                        model, "--gpus", gpus, "--global-batch", gpus == "1" ? "8" : "16",
+                        "--layout", layout, "--json", "--trials", "50"});
+  };
+  const auto one = plan("1", "dp=1,micro=8");
+  ASSERT_EQ(one.status, 0) << one.err;
+  const auto two = plan("2", "dp=2,micro=8,zero=1");
+  ASSERT_EQ(two.status, 0) << two.err;
+  const nlohmann::json j1 = nlohmann::json::parse(one.out), j2 = nlohmann::json::parse(two.out);
+  // One process computes at 200 GFLOP/s on both cores; each of two workers
+  // gets one core (100) for the same 8 sequences: twice the compute time
+  // (less the fixed per-kernel cost), plus the exchange of the 3.3M fp32
+  // gradients (ZeRO 1: reduce-scatter + all-gather of 13 MB at 2.1 GB/s,
+  // ~6 ms), which the cores pay for themselves.
+  const double c1 = j1.at("time_s").at("compute").get<double>();
+  const double c2 = j2.at("time_s").at("compute").get<double>();
+  EXPECT_NEAR(c2, 2.0 * c1, 0.05 * c2);
+  EXPECT_NEAR(j2.at("time_s").at("dp_exposed").get<double>(), 2 * 0.5 * 13.2e6 / 2.097e9, 0.001);
+  nlohmann::json broken = cal;
+  broken.erase("comm");
+  std::ofstream(path) << broken.dump();
+  const auto bad = plan("1", "dp=1,micro=8");
+  EXPECT_EQ(bad.status, 1);
+  EXPECT_NE(bad.err.find("\"comm\""), std::string::npos) << bad.err;
+  EXPECT_NE(bad.err.find("brigade bench calibrate"), std::string::npos) << bad.err;
+}
+
+TEST(PlanCommand, BadInputSaysWhatIsWrong) {
+  struct Case {
+    std::vector<std::string> args;
+    const char* message;
+  };
+  const std::vector<Case> cases = {
+      {{"plan", "--model", "nosuch", "--gpus", "8"}, "neither a preset nor a config file"},
+      {{"plan", "--model", "175b"}, "--gpus N is required"},
+      {{"plan", "--gpus", "8"}, "--model is required"},
+      {{"plan", "--model", "175b", "--gpus", "8", "--hardware", "tpu-v9"}, "unknown hardware"},
+      {{"plan", "--model", "175b", "--gpus", "1024", "--layout", "tp=8,pp=8,dp=8"},
+       "tp*pp*dp = 512 GPUs but --gpus is 1024"},
+      {{"plan", "--model", "175b", "--gpus", "24", "--layout", "tp=3,pp=8,dp=1"},
+       "tp=3 does not divide the 8 GPUs of a node"},
+      {{"plan", "--model", "175b", "--gpus", "8", "--layout", "tp=8,flavour=mild"},
+       "unknown key \"flavour\""},
+      {{"plan", "--model", "175b", "--sweep-gpus", "4096:1024"}, "--sweep-gpus must be LO:HI"},
+      {{"plan", "--model", "175b", "--gpus", "8", "--hardware", "this-machine", "--calibration",
+        "/nonexistent/cal.json"},
+       "no such calibration file"},
+  };
+  for (const Case& c : cases) {
+    const auto r = run_brigade(c.args);
+    EXPECT_NE(r.status, 0) << c.message;
+    EXPECT_NE(r.err.find(c.message), std::string::npos)
+        << "wanted: " << c.message << "\ngot: " << r.err;
+  }
+}
+
+}  // namespace
+}  // namespace brigade
