@@ -147,7 +147,7 @@ std::string format_search(const Workload& job, const Hardware& hw, int64_t gpus,
   if (!result.losses.empty()) {
     out += "\nwhy the others lost (the fastest of each group)\n";
     for (const LossGroup& g : result.losses) {
-      out += fmt::format("  {:<36} {:>7} layouts, e.g. {}: {:.3f} s, {:.1f} GiB\n",
+      out += fmt::format("  {:<46} {:>7} layouts, e.g. {}: {:.3f} s, {:.1f} GiB\n",
                          loss_reason_name(g.reason), g.count, g.best.layout.to_string(),
                          g.best.time.step_s(), g.best.memory.total() / kGiB);
     }
