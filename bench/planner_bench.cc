@@ -13,17 +13,8 @@
 namespace brigade::sim {
 namespace {
 
-Workload preset_job(const char* name) {
-  const ModelPreset p = *find_model_preset(name);
-  Workload job;
-  job.model = p.model;
-  job.seq_len = p.seq_len;
-  job.global_batch = p.global_batch;
-  return job;
-}
-
 void BM_Estimate(benchmark::State& state) {
-  const Workload job = preset_job("1t");
+  const Workload job = preset_workload("1t");
   const Hardware& hw = hardware_by_name("a100-80g");
   const Layout layout = Layout::parse("tp=8,pp=64,dp=6,vp=2,zero=1,recompute=full,micro=1");
   for (auto _ : state) benchmark::DoNotOptimize(estimate(job, layout, hw));
@@ -32,7 +23,7 @@ void BM_Estimate(benchmark::State& state) {
 BENCHMARK(BM_Estimate);
 
 void search(benchmark::State& state, const char* model, int64_t gpus, const char* device) {
-  const Workload job = preset_job(model);
+  const Workload job = preset_workload(model);
   const Hardware& hw = hardware_by_name(device);
   int64_t layouts = 0;
   for (auto _ : state) {

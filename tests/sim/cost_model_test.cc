@@ -22,10 +22,7 @@ Hardware flops_only() {
 }
 
 Workload gpt3(int64_t global_batch) {
-  Workload job;
-  const ModelPreset preset = *find_model_preset("175b");
-  job.model = preset.model;
-  job.seq_len = preset.seq_len;
+  Workload job = preset_workload("175b");
   job.global_batch = global_batch;
   job.features = SystemFeatures::megatron_2021();
   return job;
@@ -130,8 +127,7 @@ TEST(CostModel, OverlapHidesDataParallelCommunication) {
   EXPECT_LT(partly.time.dp_exposed_s, 0.9 * partly.dp_comm_s);
   // 1.7B on 32 GPUs, micro-batch 16: the backward is long enough to hide all
   // but the last bucket.
-  const ModelPreset small = *find_model_preset("1.7b");
-  job.model = small.model;
+  job.model = preset_workload("1.7b").model;
   job.global_batch = 512;
   Layout dp32;
   dp32.dp = 32;

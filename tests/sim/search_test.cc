@@ -15,18 +15,9 @@
 namespace brigade::sim {
 namespace {
 
-Workload preset_job(const std::string& name) {
-  const ModelPreset p = *find_model_preset(name);
-  Workload job;
-  job.model = p.model;
-  job.seq_len = p.seq_len;
-  job.global_batch = p.global_batch;
-  return job;
-}
-
 TEST(Search, BestLayoutFitsAndIsFastest) {
   const Hardware& hw = hardware_by_name("h100-80g");
-  const Workload job = preset_job("175b");
+  const Workload job = preset_workload("175b");
   const SearchResult r = search_layouts(job, 1024, hw, {}, 1000000);
   ASSERT_FALSE(r.ranked.empty());
   EXPECT_EQ(static_cast<int64_t>(r.ranked.size()), r.fitting);
@@ -55,7 +46,7 @@ TEST(Search, PinsAreRespected) {
   pins.pp = 8;
   pins.recompute = PlanRecompute::kFull;
   pins.micro = 1;
-  const SearchResult r = search_layouts(preset_job("175b"), 1024, hw, pins, 50);
+  const SearchResult r = search_layouts(preset_workload("175b"), 1024, hw, pins, 50);
   ASSERT_FALSE(r.ranked.empty());
   for (const Estimate& e : r.ranked) {
     EXPECT_EQ(e.layout.tp, 8);
@@ -67,7 +58,7 @@ TEST(Search, PinsAreRespected) {
 }
 
 TEST(Search, NothingFitsSaysOutOfMemory) {
-  const SearchResult r = search_layouts(preset_job("1t"), 8, hardware_by_name("a100-80g"));
+  const SearchResult r = search_layouts(preset_workload("1t"), 8, hardware_by_name("a100-80g"));
   EXPECT_TRUE(r.ranked.empty());
   ASSERT_EQ(r.losses.size(), 1u);
   EXPECT_EQ(r.losses[0].reason, LossReason::kOutOfMemory);
@@ -93,7 +84,7 @@ TEST(Sweep, DoublesFromLowToHigh) {
 }
 
 TEST(Sweep, MoreGpusTrainFasterButWaitMore) {
-  const GpuSweep s = sweep_gpus(preset_job("175b"), hardware_by_name("h100-80g"), {256, 1024});
+  const GpuSweep s = sweep_gpus(preset_workload("175b"), hardware_by_name("h100-80g"), {256, 1024});
   ASSERT_EQ(s.points.size(), 2u);
   ASSERT_TRUE(s.points[0].feasible && s.points[1].feasible);
   EXPECT_GT(s.points[1].fastest.tokens_per_s, s.points[0].fastest.tokens_per_s);

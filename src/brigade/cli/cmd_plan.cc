@@ -44,10 +44,8 @@ struct PlanArgs {
 
 sim::Workload workload_from(const PlanArgs& args) {
   sim::Workload job;
-  if (auto preset = sim::find_model_preset(args.model)) {
-    job.model = preset->model;
-    job.seq_len = preset->seq_len;
-    job.global_batch = preset->global_batch;
+  if (sim::find_model_preset(args.model)) {
+    job = sim::preset_workload(args.model);
   } else if (std::filesystem::exists(args.model)) {
     Config config = load_config(args.model, {});
     job.model = GptConfig::from_config(config);

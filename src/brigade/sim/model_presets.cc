@@ -1,5 +1,7 @@
 #include "brigade/sim/model_presets.h"
 
+#include "brigade/core/error.h"
+
 namespace brigade::sim {
 namespace {
 
@@ -50,6 +52,20 @@ std::optional<ModelPreset> find_model_preset(const std::string& name) {
     if (p.name == name) return p;
   }
   return std::nullopt;
+}
+
+Workload preset_workload(const std::string& name) {
+  const std::optional<ModelPreset> preset = find_model_preset(name);
+  if (!preset) {
+    std::string names;
+    for (const ModelPreset& p : model_presets()) names += " " + p.name;
+    throw_error("no model preset \"{}\" (presets:{})", name, names);
+  }
+  Workload job;
+  job.model = preset->model;
+  job.seq_len = preset->seq_len;
+  job.global_batch = preset->global_batch;
+  return job;
 }
 
 }  // namespace brigade::sim

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "brigade/model/gpt_config.h"
+#include "brigade/sim/layout.h"
 
 namespace brigade::sim {
 
@@ -20,6 +21,9 @@ struct ModelPreset {
 };
 
 std::optional<ModelPreset> find_model_preset(const std::string& name);
+// The preset's job (shape, sequence, batch) with the default SystemFeatures;
+// throws Error naming the presets when `name` is none of them.
+Workload preset_workload(const std::string& name);
 const std::vector<ModelPreset>& model_presets();
 
 }  // namespace brigade::sim
