@@ -25,6 +25,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import tomllib
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO_ROOT = os.path.dirname(HERE)
@@ -73,15 +74,15 @@ def measured_step_s(brigade, config, nproc, overrides, steps, run_dir):
 
 
 def predicted_step_s(brigade, calibration, config, nproc, overrides, layout):
-    micro = accum = None
+    with open(os.path.join(REPO_ROOT, config), "rb") as f:
+        train = tomllib.load(f).get("train", {})
+    micro, accum = train.get("micro_batch", 8), train.get("grad_accum", 1)
     for o in overrides:
-        if o.startswith("train.grad_accum="):
-            accum = int(o.split("=")[1])
-    text = open(os.path.join(REPO_ROOT, config)).read()
-    for line in text.splitlines():
-        if line.strip().startswith("micro_batch"):
-            micro = int(line.split("=")[1].split("#")[0])
-    accum = accum or 1
+        key, value = o.split("=", 1)
+        if key == "train.micro_batch":
+            micro = int(value)
+        elif key == "train.grad_accum":
+            accum = int(value)
     argv = [brigade, "plan", "--hardware", "this-machine", "--calibration", calibration,
             "--model", os.path.join(REPO_ROOT, config), "--gpus", str(nproc),
             "--global-batch", str(micro * accum * nproc),

@@ -58,12 +58,6 @@ TEST(PlanCommand, OneLayoutReportsTflopsTheWayMegatronCounts) {
               1e-9);
   // tokens/s is the batch over the step.
   EXPECT_NEAR(j.at("tokens_per_s").get<double>(), 1536.0 * 2048.0 / step, 1e-6);
-  const nlohmann::json& t = j.at("time_s");
-  double sum = 0;
-  for (const char* k : {"compute", "tp_comm", "pp_comm", "dp_exposed", "bubble", "optimizer"}) {
-    sum += t.at(k).get<double>();
-  }
-  EXPECT_NEAR(sum, step, 1e-9 * step);
 }
 
 TEST(PlanCommand, ALayoutThatDoesNotFitExitsThree) {
@@ -71,6 +65,46 @@ TEST(PlanCommand, ALayoutThatDoesNotFitExitsThree) {
                               "--layout", "tp=8,pp=1,dp=1,micro=1"});
   EXPECT_EQ(r.status, 3) << r.err;
   EXPECT_NE(r.out.find("DOES NOT FIT"), std::string::npos) << r.out;
+}
+
+TEST(PlanCommand, NothingToShowStillAnswersInJson) {
+  // 7 GPUs: tp must divide a node's 8, so only tp=1 and dp=7, which does not
+  // divide a batch of 512: no layout can run.
+  const auto none = run_brigade({"plan", "--model", "1.7b", "--gpus", "7", "--json"});
+  EXPECT_EQ(none.status, 3);
+  const nlohmann::json j = nlohmann::json::parse(none.out);
+  EXPECT_EQ(j.at("evaluated").get<int>(), 0);
+  EXPECT_NE(j.at("common_invalid").get<std::string>().find("not a multiple of dp"),
+            std::string::npos);
+  const auto text = run_brigade({"plan", "--model", "1.7b", "--gpus", "7"});
+  EXPECT_NE(text.out.find("no layout can run this job on 7 GPUs"), std::string::npos) << text.out;
+  // 1T on one node: everything valid is out of memory.
+  const auto oom = run_brigade({"plan", "--model", "1t", "--gpus", "8", "--hardware", "a100-80g"});
+  EXPECT_EQ(oom.status, 3);
+  EXPECT_NE(oom.out.find("no layout fits in memory"), std::string::npos) << oom.out;
+}
+
+TEST(PlanCommand, EveryDeviceGivesFiniteAnswers) {
+  for (const char* device : {"a100-80g", "h100-80g", "h200"}) {
+    const auto r = run_brigade({"plan", "--model", "7.5b", "--gpus", "64", "--hardware", device,
+                                "--json", "--trials", "50"});
+    ASSERT_EQ(r.status, 0) << device << ": " << r.err;
+    const nlohmann::json j = nlohmann::json::parse(r.out);
+    const nlohmann::json& best = j.at("layouts").at(0);
+    ASSERT_TRUE(best.at("step_time_s").is_number()) << device;
+    const double mfu = best.at("mfu").get<double>();
+    EXPECT_GT(mfu, 0.1) << device;
+    EXPECT_LT(mfu, 1.0) << device;
+  }
+  // The H200 is an H100 with more and faster memory: never slower.
+  auto step = [](const char* device) {
+    const auto r =
+        run_brigade({"plan", "--model", "175b", "--gpus", "256", "--hardware", device, "--layout",
+                     "tp=8,pp=8,dp=4,zero=1,micro=1", "--json", "--trials", "50"});
+    return nlohmann::json::parse(r.out).at("step_time_s").get<double>();
+  };
+  EXPECT_LE(step("h200"), step("h100-80g"));
+  EXPECT_LT(step("h100-80g"), step("a100-80g"));
 }
 
 TEST(PlanCommand, SweepShowsEveryScale) {
@@ -178,6 +212,13 @@ TEST(PlanCommand, BadInputSaysWhatIsWrong) {
       {{"plan", "--model", "175b", "--gpus", "8", "--hardware", "this-machine", "--calibration",
         "/nonexistent/cal.json"},
        "no such calibration file"},
+      {{"plan", "--model", "175b", "--gpus", "8", "--top", "0"}, "--top"},
+      {{"plan", "--model", "175b", "--gpus", "-8"}, "--gpus"},
+      {{"plan", "--model", "175b", "--gpus", "8", "--restart-s", "-1"}, "--restart-s"},
+      {{"plan", "--model", "175b", "--gpus", "8", "--storage-gb-per-s", "0"}, "--storage-gb-per-s"},
+      {{"plan", "--model", "175b", "--gpus", "8", "--layout", "tp=8,tp=4"}, "tp is given twice"},
+      {{"plan", "--model", "175b", "--gpus", "8", "--layout", "tp=8,recompute=selective"},
+       "fused attention never keeps"},
   };
   for (const Case& c : cases) {
     const auto r = run_brigade(c.args);

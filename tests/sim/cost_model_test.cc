@@ -30,8 +30,9 @@ Workload gpt3(int64_t global_batch) {
 
 TEST(CostModel, RingCollectiveTime) {
   // 1 GB all-reduce over 8 ranks at 100 GB/s: 2 * 7/8 * 1e9 / 1e11 = 17.5 ms,
-  // plus 7 hops of 1 us.
-  EXPECT_DOUBLE_EQ(ring_collective_s(1e9, 8, 2.0 * 7.0 / 8.0, 100e9, 1e-6), 0.0175 + 7e-6);
+  // plus the ring's 14 steps of 1 us; an all-gather, half the bytes, 7 steps.
+  EXPECT_NEAR(ring_collective_s(1e9, 8, 2.0 * 7.0 / 8.0, 100e9, 1e-6), 0.0175 + 14e-6, 1e-15);
+  EXPECT_NEAR(ring_collective_s(1e9, 8, 7.0 / 8.0, 100e9, 1e-6), 0.00875 + 7e-6, 1e-15);
   EXPECT_EQ(ring_collective_s(1e9, 1, 0.0, 100e9, 1e-6), 0.0);
 }
 
@@ -108,6 +109,30 @@ TEST(CostModel, LayoutChangesMoveTimeAndMemoryTheRightWay) {
   EXPECT_EQ(ew.num_microbatches, e.num_microbatches / 2);
   EXPECT_NEAR(ew.time.compute_s, e.time.compute_s / 2.0, 1e-9);
   EXPECT_GT(ew.time.bubble_s / ew.time.step_s(), e.time.bubble_s / e.time.step_s());
+}
+
+TEST(CostModel, PipelineTransfersCrossNodesUnlessThePipelineFitsInOne) {
+  const Hardware& hw = hardware_by_name("a100-80g");
+  Workload job = preset_workload("7.5b");
+  job.features = SystemFeatures::megatron_2021();
+  // tp 2, dp 2, pp 2: 8 GPUs, one node, NVLink between stages.
+  Layout inside = Layout::parse("tp=2,pp=2,dp=2,micro=1");
+  // tp 2, dp 2, pp 4: 16 GPUs; stage 1 -> 2 crosses nodes, and the pipeline
+  // moves at its slowest link, one NIC per GPU (12x slower than NVLink).
+  Layout across = Layout::parse("tp=2,pp=4,dp=2,micro=1");
+  const Estimate a = estimate(job, inside, hw), b = estimate(job, across, hw);
+  ASSERT_TRUE(a.valid && b.valid) << a.invalid << b.invalid;
+  ASSERT_EQ(a.num_microbatches, b.num_microbatches);
+  EXPECT_GT(b.time.pp_comm_s, 5.0 * a.time.pp_comm_s);
+}
+
+TEST(CostModel, ZeroThreeAlwaysShowsTheFirstBlocksGather) {
+  const Hardware& hw = hardware_by_name("a100-80g");
+  const Workload job = preset_workload("175b");
+  const Estimate e = estimate(job, Layout::parse("tp=4,dp=256,zero=3,micro=3"), hw);
+  ASSERT_TRUE(e.valid) << e.invalid;
+  // At least one of 96 blocks' share of every gather is exposed.
+  EXPECT_GT(e.time.dp_exposed_s, e.dp_comm_s / 96.0 / 3.0);
 }
 
 TEST(CostModel, OverlapHidesDataParallelCommunication) {

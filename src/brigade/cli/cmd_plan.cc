@@ -120,6 +120,16 @@ int run_plan(const PlanArgs& args) {
   const sim::Hardware hw =
       hardware_from(args, args.sweep_gpus.empty() ? std::max<int64_t>(args.gpus, 1) : 1);
 
+  if (args.hardware == "this-machine") {
+    const int64_t cores = static_cast<int64_t>(hw.gpus_per_node);
+    if (!args.sweep_gpus.empty()) {
+      throw_error("--sweep-gpus plans clusters; this-machine runs at most {} workers", cores);
+    }
+    if (args.gpus > cores) {
+      throw_error("this-machine runs at most {} workers (one per core), --gpus is {}", cores,
+                  args.gpus);
+    }
+  }
   if (!args.sweep_gpus.empty()) {
     const sim::GpuSweep sweep = sim::sweep_gpus(job, hw, sim::parse_gpu_range(args.sweep_gpus));
     std::printf("%s", args.json ? (sim::sweep_json(sweep).dump(2) + "\n").c_str()
@@ -149,7 +159,8 @@ int run_plan(const PlanArgs& args) {
 
   const sim::SearchResult result = sim::search_layouts(job, args.gpus, hw, {}, args.top);
   if (result.ranked.empty()) {
-    std::printf("%s", sim::format_search(job, hw, args.gpus, result).c_str());
+    std::printf("%s", args.json ? (sim::search_json(result, hw).dump(2) + "\n").c_str()
+                                : sim::format_search(job, hw, args.gpus, result).c_str());
     return 3;
   }
   const sim::CheckpointReport ckpt =
@@ -172,11 +183,12 @@ void add_plan_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "plan", "Plan a training job on a cluster: memory, step time, best layout, failure cost");
   cmd->add_option("--model", args->model, "Preset (e.g. 175b, 1t, gpt2-small) or a config file");
-  cmd->add_option("--gpus", args->gpus, "Number of GPUs");
+  cmd->add_option("--gpus", args->gpus, "Number of GPUs")->check(CLI::PositiveNumber);
   cmd->add_option("--hardware", args->hardware, "a100-80g, h100-80g, h200 or this-machine")
       ->capture_default_str();
-  cmd->add_option("--global-batch", args->global_batch, "Sequences per step");
-  cmd->add_option("--seq", args->seq, "Sequence length");
+  cmd->add_option("--global-batch", args->global_batch, "Sequences per step")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--seq", args->seq, "Sequence length")->check(CLI::PositiveNumber);
   cmd->add_option(
       "--layout", args->layout,
       "Evaluate one layout: tp=8,pp=8,dp=6,vp=1,zero=1,recompute=full,sp=false,micro=1");
@@ -187,21 +199,29 @@ void add_plan_command(CLI::App& app) {
   cmd->add_option("--sweep-gpus", args->sweep_gpus, "LO:HI, doubling: MFU and waiting vs scale");
   cmd->add_option("--calibration", args->calibration,
                   "this-machine's calibration file (default: measured and cached on first use)");
-  cmd->add_option("--top", args->top, "How many layouts to list")->capture_default_str();
+  cmd->add_option("--top", args->top, "How many layouts to list")
+      ->check(CLI::Range(1, 100000))
+      ->capture_default_str();
   cmd->add_flag("--json", args->json, "Machine-readable output");
   cmd->add_flag("--validate", args->validate, "Compare predictions with published measurements");
   cmd->add_option("--node-mtbf-hours", args->failure.node_mtbf_hours,
                   "Mean time between failures of one node")
+      ->check(CLI::PositiveNumber)
       ->capture_default_str();
   cmd->add_option("--restart-s", args->failure.restart_s,
-                  "Detect + restart + reload time after a failure")
+                  "Detect + restart time after a failure, before reading the checkpoint")
+      ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
-  cmd->add_option("--storage-gbps", args->failure.storage_gbps,
+  cmd->add_option("--storage-gb-per-s", args->failure.storage_gb_per_s,
                   "Aggregate checkpoint storage bandwidth, GB/s")
+      ->check(CLI::PositiveNumber)
       ->capture_default_str();
   cmd->add_option("--train-tokens", args->failure.train_tokens,
-                  "Tokens the job trains on (default: 20 per parameter)");
-  cmd->add_option("--trials", args->failure.trials, "Monte Carlo trials")->capture_default_str();
+                  "Tokens the job trains on (default: 20 per parameter)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--trials", args->failure.trials, "Monte Carlo trials")
+      ->check(CLI::Range(1, 1000000))
+      ->capture_default_str();
   cmd->callback([args] {
     const int rc = args->validate ? run_validate(*args) : run_plan(*args);
     if (rc != 0) {

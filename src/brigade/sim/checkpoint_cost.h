@@ -21,10 +21,10 @@ struct FailureOptions {
   // in 54 days on 16,384 H100s = 2,048 nodes, i.e. one failure per
   // 54 * 24 * 2048 / 419 ~ 6,300 node-hours.
   double node_mtbf_hours = 6300;
-  double restart_s = 600;     // detect + reschedule + restart, before loading
-  double storage_gbps = 200;  // aggregate write/read bandwidth of the checkpoint store
-  double train_tokens = 0;    // 0: 20 tokens per parameter (Hoffmann et al. 2022)
-  int trials = 1000;          // Monte Carlo trials
+  double restart_s = 600;         // detect + reschedule + restart, before loading
+  double storage_gb_per_s = 200;  // aggregate write/read bandwidth of the checkpoint store
+  double train_tokens = 0;        // 0: 20 tokens per parameter (Hoffmann et al. 2022)
+  int trials = 1000;              // Monte Carlo trials
   uint64_t seed = 1;
 };
 
@@ -39,7 +39,8 @@ struct CheckpointReport {
   double young_s = 0, daly_s = 0;
   double interval_s = 0;  // Daly's, but never shorter than persisting takes
   double expected_ettr = 0;
-  MonteCarloResult monte_carlo;
+  MonteCarloResult monte_carlo;     // trials == 0 when it could not run
+  std::string monte_carlo_skipped;  // why not, then
 };
 
 CheckpointReport checkpoint_report(const Workload& job, const Estimate& plan, const Hardware& hw,

@@ -170,6 +170,10 @@ PassCost logits_cost(const Costs& costs, const Workload& job, const Layout& l, c
     // max, sum of exponentials and target logit: three tiny all-reduces.
     c.fwd_tp = 3.0 * ring_collective_s(tokens * 4.0, l.tp, 2.0 * (t - 1.0) / t, costs.intra_bus(),
                                        hw.intra_latency_s);
+    // The column-parallel LM head's input gradient is summed over tp (with
+    // sequence parallelism its input is all-gathered first: the same bytes).
+    c.bwd_tp = ring_collective_s(tokens * h * job.features.act_bytes, l.tp, 2.0 * (t - 1.0) / t,
+                                 costs.intra_bus(), hw.intra_latency_s);
   }
   return c;
 }
@@ -195,6 +199,9 @@ std::string why_invalid(const Workload& job, const Layout& l, const Hardware& hw
     return "virtual stages need pp > 1 and micro-batches divisible by pp";
   }
   if (l.sp && l.tp == 1) return "sequence parallelism needs tp > 1";
+  if (l.recompute == PlanRecompute::kSelective && job.features.flash_attention) {
+    return "selective recompute drops the attention scores, which fused attention never keeps";
+  }
   if (l.zero >= 2 && l.pp > 1) {
     return "ZeRO 2/3 shard gradients per micro-batch, which pipeline parallelism does not allow";
   }
@@ -206,7 +213,9 @@ std::string why_invalid(const Workload& job, const Layout& l, const Hardware& hw
 double ring_collective_s(double bytes, int64_t ranks, double ring_factor, double bus_bytes_per_s,
                          double hop_latency_s) {
   if (ranks <= 1) return 0;
-  return ring_factor * bytes / bus_bytes_per_s + static_cast<double>(ranks - 1) * hop_latency_s;
+  // A ring takes ring_factor * n steps: 2 (n-1) for all-reduce, n-1 for the others.
+  return ring_factor * bytes / bus_bytes_per_s +
+         ring_factor * static_cast<double>(ranks) * hop_latency_s;
 }
 
 Estimate estimate(const Workload& job, const Layout& l, const Hardware& hw) {
@@ -251,17 +260,23 @@ Estimate estimate(const Workload& job, const Layout& l, const Hardware& hw) {
 
   const double tokens = static_cast<double>(l.micro * job.seq_len);
   const double h = static_cast<double>(job.model.n_embd), t = static_cast<double>(l.tp);
-  const bool pp_inside_node = l.tp * l.dp < hw.gpus_per_node;
+  // Stages are tp * dp ranks apart: unless the whole pipeline sits in one
+  // node, some stage boundary crosses nodes, and the synchronous pipeline
+  // runs at its slowest link.
+  const bool pp_inside_node = l.tp * l.dp * l.pp <= hw.gpus_per_node;
   if (l.pp > 1) {
     // Each tp rank sends its 1/t of the activations and the receivers
-    // all-gather them over NVLink (Megatron's scatter/gather). 1F1B blocks on
-    // one send forward and one backward per micro-batch and model chunk.
+    // all-gather them over NVLink (Megatron's scatter/gather; with sequence
+    // parallelism the activations are already split, nothing to gather).
+    // 1F1B blocks on one send forward and one backward per micro-batch and
+    // model chunk.
     const double bytes = tokens * h * f.act_bytes;
     const double link = pp_inside_node ? costs.intra_bus() : costs.inter_bus();
     const double hop = pp_inside_node ? hw.intra_latency_s : hw.inter_latency_s;
-    const double one =
-        bytes / t / link + hop +
-        ring_collective_s(bytes, l.tp, (t - 1.0) / t, costs.intra_bus(), hw.intra_latency_s);
+    const double gather =
+        l.sp ? 0.0
+             : ring_collective_s(bytes, l.tp, (t - 1.0) / t, costs.intra_bus(), hw.intra_latency_s);
+    const double one = bytes / t / link + hop + gather;
     e.time.pp_comm_s = 2.0 * mb * static_cast<double>(l.vp) * one;
   }
 
@@ -288,9 +303,12 @@ Estimate estimate(const Workload& job, const Layout& l, const Hardware& hw) {
     // Overlap hides communication behind the backward (gradients) or forward
     // (weights) of one micro-batch; the last bucket always shows.
     const double share = std::min(1.0, f.dp_bucket_bytes / std::max(grads, 1.0));
-    auto exposed = [&](double comm, double window) {
-      return f.overlap_dp ? std::max(comm - window, comm * share) : comm;
+    auto exposed = [&](double comm, double window, double floor_share) {
+      return f.overlap_dp ? std::max(comm - window, comm * floor_share) : comm;
     };
+    // ZeRO 3 cannot start a micro-batch before its first block is gathered:
+    // at least one block's share of each gather shows.
+    const double block_share = std::min(1.0, (block_params(h) / t) / std::max(params_gpu, 1.0));
     const double fwd_mb = slowest.fwd + slowest.fwd_tp;
     const double bwd_mb = slowest.bwd + slowest.bwd_tp + slowest.recompute + slowest.recompute_tp;
     // Pages a rank gives back and writes again every step (Brigade's CPU
@@ -307,20 +325,22 @@ Estimate estimate(const Workload& job, const Layout& l, const Hardware& hw) {
     switch (l.zero) {
       case 0:
         e.dp_comm_s = reduce_grads;
-        e.time.dp_exposed_s = exposed(reduce_grads, bwd_mb);
+        e.time.dp_exposed_s = exposed(reduce_grads, bwd_mb, share);
         break;
       case 1:
         e.dp_comm_s = reduce_grads + gather_weights;
-        e.time.dp_exposed_s = exposed(reduce_grads, bwd_mb) + exposed(gather_weights, fwd_mb);
+        e.time.dp_exposed_s =
+            exposed(reduce_grads, bwd_mb, share) + exposed(gather_weights, fwd_mb, share);
         break;
       case 2:  // gradients reduce-scattered every micro-batch
         e.dp_comm_s = mb * reduce_grads + gather_weights;
-        e.time.dp_exposed_s = mb * exposed(reduce_grads, bwd_mb) + exposed(gather_weights, fwd_mb);
+        e.time.dp_exposed_s =
+            mb * exposed(reduce_grads, bwd_mb, share) + exposed(gather_weights, fwd_mb, share);
         break;
       default:  // 3: weights gathered for forward and again for backward
         e.dp_comm_s = mb * (2.0 * gather_weights + reduce_grads);
-        e.time.dp_exposed_s =
-            mb * (exposed(gather_weights, fwd_mb) + exposed(gather_weights + reduce_grads, bwd_mb));
+        e.time.dp_exposed_s = mb * (exposed(gather_weights, fwd_mb, block_share) +
+                                    exposed(gather_weights + reduce_grads, bwd_mb, block_share));
         break;
     }
     e.dp_comm_s += refault_s;

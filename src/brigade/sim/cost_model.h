@@ -53,7 +53,10 @@ struct Estimate {
   double model_flops = 0;     // per step, no recompute
   double hardware_flops = 0;  // per step, recompute counted as Megatron-LM does
   double tflops_per_gpu = 0;  // hardware_flops / (step * gpus) / 1e12
-  double mfu = 0;             // model_flops / (step * gpus * peak)
+  // model_flops / (step * gpus * peak). Like Megatron-LM and PaLM it counts
+  // the full s^2 attention term, while a causal fused kernel does half of
+  // it: at very long sequences MFU can exceed the GEMM efficiency.
+  double mfu = 0;
   double tokens_per_s = 0;
 };
 
@@ -64,7 +67,8 @@ Estimate estimate(const Workload& job, const Layout& layout, const Hardware& hw)
 
 // Time of one ring collective moving `bytes` per rank over `ranks` ranks;
 // `ring_factor` is 2 (n-1)/n for all-reduce and (n-1)/n for reduce-scatter
-// or all-gather. Bus bandwidth and hop latency come from the caller.
+// or all-gather: ring_factor * bytes / bus + ring_factor * n hops (2 (n-1)
+// steps of an all-reduce ring, n-1 of the others).
 double ring_collective_s(double bytes, int64_t ranks, double ring_factor, double bus_bytes_per_s,
                          double hop_latency_s);
 

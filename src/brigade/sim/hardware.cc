@@ -14,7 +14,7 @@ constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 // one HDR (200 Gb/s) NIC per A100, one NDR (400 Gb/s) NIC per H100/H200.
 // The efficiency constants are shared by the three devices (same software
 // stack, NCCL rings and cuBLAS); the A100 values were chosen once against the
-// rows of sim/validation/published.csv (`brigade plan --validate`).
+// rows of src/brigade/sim/published.csv (`brigade plan --validate`).
 Hardware with_shared_efficiencies(Hardware h) {
   h.gemm_efficiency = 0.72;
   h.attention_efficiency = 0.55;
@@ -55,10 +55,10 @@ const std::vector<Hardware>& catalogue() {
     h100.host_copy_bytes_per_s = 50e9;  // PCIe 5.0 x16
     d.push_back(with_shared_efficiencies(h100));
 
-    Hardware h200 = h100;
+    Hardware h200 = d.back();  // the H100 as catalogued, efficiencies included
     h200.name = "h200";
     h200.description = "NVIDIA H200 141GB SXM, 8 per node, NVLink 4, one NDR 400 Gb/s NIC per GPU";
-    h200.memory_bytes = 141e9;
+    h200.memory_bytes = 140.0 * kGiB;  // 143,771 MiB as the driver reports it
     h200.memory_bytes_per_s = 4.8e12;
     d.push_back(h200);
     return d;

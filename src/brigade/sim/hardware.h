@@ -62,7 +62,7 @@ struct Hardware {
 
 // The catalogue: a100-80g, h100-80g, h200. Throws Error naming the known
 // devices when `name` is none of them. "this-machine" is not here: it comes
-// from a calibration file (see calibration.h).
+// from a calibration file (see this_machine.h).
 const Hardware& hardware_by_name(const std::string& name);
 std::vector<std::string> hardware_names();
 

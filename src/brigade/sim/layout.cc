@@ -2,8 +2,10 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <charconv>
 #include <sstream>
+#include <vector>
 
 #include "brigade/core/error.h"
 
@@ -40,15 +42,21 @@ int64_t parse_positive(const std::string& key, const std::string& value) {
 }  // namespace
 
 Layout Layout::parse(const std::string& text) {
+  if (text.empty()) throw_error("--layout is empty (e.g. tp=8,pp=8,dp=6,micro=1)");
   Layout layout;
   std::stringstream stream(text);
   std::string item;
+  std::vector<std::string> seen;
   while (std::getline(stream, item, ',')) {
     const size_t eq = item.find('=');
     if (eq == std::string::npos) {
       throw_error("--layout: \"{}\" is not key=value (e.g. tp=8,pp=8,dp=6,micro=1)", item);
     }
     const std::string key = item.substr(0, eq), value = item.substr(eq + 1);
+    if (std::find(seen.begin(), seen.end(), key) != seen.end()) {
+      throw_error("--layout: {} is given twice", key);
+    }
+    seen.push_back(key);
     if (key == "tp") {
       layout.tp = parse_positive(key, value);
     } else if (key == "pp") {

@@ -13,12 +13,14 @@ namespace {
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
 std::string job_line(const Workload& job, const Hardware& hw) {
+  const double params = model_params(job.model, job.seq_len);
   return fmt::format(
-      "model: {} layers, hidden {}, {} heads, vocab {} = {:.2f}B parameters; sequence {}, "
-      "global batch {} ({} tokens)\nhardware: {}\n",
+      "model: {} layers, hidden {}, {} heads, vocab {} = {}; sequence {}, global batch {} ({} "
+      "tokens)\nhardware: {}\n",
       job.model.n_layer, job.model.n_embd, job.model.n_head, job.model.vocab_size,
-      model_params(job.model, job.seq_len) / 1e9, job.seq_len, job.global_batch,
-      job.global_batch * job.seq_len, hw.description);
+      params >= 1e9 ? fmt::format("{:.2f}B parameters", params / 1e9)
+                    : fmt::format("{:.2f}M parameters", params / 1e6),
+      job.seq_len, job.global_batch, job.global_batch * job.seq_len, hw.description);
 }
 
 std::string layout_cell(const Layout& l) {
@@ -124,8 +126,13 @@ nlohmann::json search_json(const SearchResult& result, const Hardware& hw) {
                       {"count", g.count},
                       {"best", estimate_json(g.best, hw)}});
   }
-  return {{"evaluated", result.evaluated}, {"invalid", result.invalid}, {"fitting", result.fitting},
-          {"search_s", result.seconds},    {"layouts", ranked},         {"losers", losses}};
+  return {{"evaluated", result.evaluated},
+          {"invalid", result.invalid},
+          {"common_invalid", result.common_invalid},
+          {"fitting", result.fitting},
+          {"search_s", result.seconds},
+          {"layouts", ranked},
+          {"losers", losses}};
 }
 
 std::string format_search(const Workload& job, const Hardware& hw, int64_t gpus,
@@ -137,8 +144,11 @@ std::string format_search(const Workload& job, const Hardware& hw, int64_t gpus,
       gpus, result.evaluated, result.seconds,
       static_cast<double>(result.evaluated) / std::max(result.seconds, 1e-9), result.fitting,
       hw.memory_bytes / kGiB, result.invalid);
-  if (result.ranked.empty()) {
-    out += "no layout fits: use more GPUs, a shorter sequence or a smaller micro-batch\n";
+  if (result.evaluated == 0) {
+    out += fmt::format("no layout can run this job on {} GPUs: {}\n", gpus,
+                       result.common_invalid.empty() ? "nothing to search" : result.common_invalid);
+  } else if (result.ranked.empty()) {
+    out += "no layout fits in memory: use more GPUs, a shorter sequence or a smaller batch\n";
   } else {
     out += "best layouts (total memory includes the reserve for context and buffers)\n" +
            table_header();

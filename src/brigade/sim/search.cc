@@ -1,8 +1,11 @@
 #include "brigade/sim/search.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <map>
 
 namespace brigade::sim {
 
@@ -22,6 +25,8 @@ const char* loss_reason_name(LossReason r) {
       return "pipeline bubble";
     case LossReason::kOptimizer:
       return "optimizer step";
+    case LossReason::kTie:
+      return "as fast, more memory";
   }
   return "?";
 }
@@ -37,7 +42,8 @@ LossReason loss_reason(const Estimate& winner, const Estimate& loser) {
       {l.bubble_s - w.bubble_s, LossReason::kBubble},
       {l.optimizer_s - w.optimizer_s, LossReason::kOptimizer},
   }};
-  return std::max_element(excess.begin(), excess.end())->second;
+  const auto worst = std::max_element(excess.begin(), excess.end());
+  return worst->first > 1e-12 * w.step_s() ? worst->second : LossReason::kTie;
 }
 
 namespace {
@@ -56,8 +62,10 @@ std::vector<T> pinned_or(const std::optional<T>& pin, std::vector<T> all) {
   return all;
 }
 
+// Faster first; between equally fast layouts, the one that needs less memory.
 bool faster(const Estimate& a, const Estimate& b) {
-  return a.time.step_s() < b.time.step_s();
+  if (a.time.step_s() != b.time.step_s()) return a.time.step_s() < b.time.step_s();
+  return a.memory.total() < b.memory.total();
 }
 
 }  // namespace
@@ -67,6 +75,7 @@ SearchResult search_layouts(const Workload& job, int64_t gpus, const Hardware& h
   const auto start = std::chrono::steady_clock::now();
   SearchResult result;
   std::vector<Estimate> fitting, oom;
+  std::map<std::string, int64_t> invalid_reasons;
   const std::vector<int64_t> tps = pinned_or(pins.tp, divisors(hw.gpus_per_node, hw.gpus_per_node));
   const std::vector<int64_t> pps = pinned_or(pins.pp, divisors(job.model.n_layer, gpus));
   std::vector<PlanRecompute> recomputes = {PlanRecompute::kNone, PlanRecompute::kFull};
@@ -81,6 +90,8 @@ SearchResult search_layouts(const Workload& job, int64_t gpus, const Hardware& h
       const int64_t dp = gpus / (tp * pp);
       if (job.global_batch % dp != 0) {
         ++result.invalid;
+        ++invalid_reasons[fmt::format("global batch {} is not a multiple of dp={}",
+                                      job.global_batch, dp)];
         continue;
       }
       const std::vector<int64_t> micros =
@@ -89,15 +100,18 @@ SearchResult search_layouts(const Workload& job, int64_t gpus, const Hardware& h
           pins.vp, pp == 1 ? std::vector<int64_t>{1} : divisors(job.model.n_layer / pp, 64));
       const std::vector<bool> sps =
           pinned_or(pins.sp, tp == 1 ? std::vector<bool>{false} : std::vector<bool>{false, true});
+      // Without data parallelism every ZeRO stage is ZeRO 0.
+      const std::vector<int> dp_zeros = dp == 1 && !pins.zero ? std::vector<int>{0} : zeros;
       for (int64_t micro : micros) {
         for (int64_t vp : vps) {
-          for (int zero : zeros) {
+          for (int zero : dp_zeros) {
             for (PlanRecompute recompute : recomputes) {
               for (bool sp : sps) {
                 Layout l{tp, pp, dp, vp, zero, recompute, sp, micro};
                 Estimate e = estimate(job, l, hw);
                 if (!e.valid) {
                   ++result.invalid;
+                  ++invalid_reasons[e.invalid];
                   continue;
                 }
                 ++result.evaluated;
@@ -110,6 +124,12 @@ SearchResult search_layouts(const Workload& job, int64_t gpus, const Hardware& h
     }
   }
   result.fitting = static_cast<int64_t>(fitting.size());
+  if (!invalid_reasons.empty()) {
+    result.common_invalid =
+        std::max_element(invalid_reasons.begin(), invalid_reasons.end(),
+                         [](const auto& a, const auto& b) { return a.second < b.second; })
+            ->first;
+  }
   std::sort(fitting.begin(), fitting.end(), faster);
 
   std::vector<LossGroup> groups;

@@ -30,6 +30,7 @@ enum class LossReason {
   kDpComm,
   kBubble,
   kOptimizer,
+  kTie,  // as fast as the winner; lost on memory
 };
 const char* loss_reason_name(LossReason r);
 
@@ -44,6 +45,7 @@ struct SearchResult {
   std::vector<LossGroup> losses;  // by reason, largest group first
   int64_t evaluated = 0;          // layouts estimated (valid ones)
   int64_t invalid = 0;            // combinations that cannot run (sizes do not divide, ...)
+  std::string common_invalid;     // the reason most of them cannot
   int64_t fitting = 0;
   double seconds = 0;  // wall time of the search
 };

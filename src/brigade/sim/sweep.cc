@@ -14,11 +14,14 @@ std::vector<int64_t> parse_gpu_range(const std::string& text) {
       std::from_chars(text.data(), text.data() + colon, lo).ptr == text.data() + colon &&
       std::from_chars(text.data() + colon + 1, text.data() + text.size(), hi).ptr ==
           text.data() + text.size();
-  if (!ok || lo <= 0 || hi < lo) {
-    throw_error("--sweep-gpus must be LO:HI with 0 < LO <= HI (e.g. 1024:16384), got \"{}\"", text);
+  constexpr int64_t kMostGpus = int64_t{1} << 24;
+  if (!ok || lo <= 0 || hi < lo || hi > kMostGpus) {
+    throw_error("--sweep-gpus must be LO:HI with 0 < LO <= HI <= {} (e.g. 1024:16384), got \"{}\"",
+                kMostGpus, text);
   }
   std::vector<int64_t> gpus;
   for (int64_t n = lo; n <= hi; n *= 2) gpus.push_back(n);
+  if (gpus.back() != hi) gpus.push_back(hi);  // 1024:3072 ends at 3072
   return gpus;
 }
 

@@ -20,7 +20,8 @@ struct GpuSweep {
   std::vector<SweepPoint> points;
 };
 
-// "1024:16384" -> 1024, 2048, ..., 16384. Throws Error on a bad range.
+// "1024:16384" -> 1024, 2048, ..., 16384 (HI is always the last point:
+// "1024:3072" -> 1024, 2048, 3072). Throws Error on a bad range.
 std::vector<int64_t> parse_gpu_range(const std::string& text);
 GpuSweep sweep_gpus(const Workload& job, const Hardware& hw, const std::vector<int64_t>& gpus);
 

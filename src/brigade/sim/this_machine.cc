@@ -128,7 +128,8 @@ Hardware this_machine_hardware(const nlohmann::json& calibration, int64_t device
   }
   h.intra_bytes_per_s = h.inter_bytes_per_s = bus;
   h.intra_efficiency = h.inter_efficiency = 1.0;
-  h.intra_latency_s = h.inter_latency_s = latency < 1e29 ? latency : 0.0;
+  // A 2-rank all-reduce ring is 2 steps (see ring_collective_s).
+  h.intra_latency_s = h.inter_latency_s = latency < 1e29 ? latency / 2.0 : 0.0;
   h.description = fmt::format(
       "this machine ({} cores; one device = one worker with {} thread(s)): {:.0f} GFLOP/s sgemm, "
       "{:.1f} GB/s memory, shm all-reduce {:.2f} GB/s + {:.0f} us",
