@@ -115,16 +115,14 @@ int run_plan(const PlanArgs& args) {
   if (args.model.empty()) throw_error("--model is required (a preset such as 175b, or a config)");
   const sim::Workload job = workload_from(args);
   job.model.validate();
+  if (args.hardware == "this-machine" && !args.sweep_gpus.empty()) {
+    throw_error("--sweep-gpus plans clusters, not this-machine: use --gpus N (one per core)");
+  }
   // A node's devices share this machine's cores: the planner needs to know
   // how many to split them between (all of --gpus, up to one per core).
-  const sim::Hardware hw =
-      hardware_from(args, args.sweep_gpus.empty() ? std::max<int64_t>(args.gpus, 1) : 1);
-
+  const sim::Hardware hw = hardware_from(args, std::max<int64_t>(args.gpus, 1));
   if (args.hardware == "this-machine") {
     const int64_t cores = static_cast<int64_t>(hw.gpus_per_node);
-    if (!args.sweep_gpus.empty()) {
-      throw_error("--sweep-gpus plans clusters; this-machine runs at most {} workers", cores);
-    }
     if (args.gpus > cores) {
       throw_error("this-machine runs at most {} workers (one per core), --gpus is {}", cores,
                   args.gpus);
