@@ -6,7 +6,8 @@
 // kernel, and the shm all-reduce's bus bandwidth and latency between two
 // workers (`bench comm --shared`, the zero-copy path training uses), the
 // AdamW rate, and what ZeRO's released pages cost when they come back.
-// Writes one JSON file (sim/this_machine.h reads it); takes about 40 s.
+// Writes one JSON file (sim/this_machine.h reads it); takes about 40 s, or
+// a few seconds with --comm-from (the all-reduce figures of an earlier run).
 #include <cblas.h>
 #include <fmt/format.h>
 #include <sys/mman.h>
@@ -237,7 +238,7 @@ nlohmann::json measure_comm() {
 
 }  // namespace
 
-nlohmann::json measure_this_machine() {
+nlohmann::json measure_this_machine(const nlohmann::json* comm) {
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   nlohmann::json out;
   out["version"] = 1;
@@ -250,7 +251,7 @@ nlohmann::json measure_this_machine() {
   if (cores > 1) per_threads.push_back(measure_threads(cores));
   set_num_threads(0);
   out["compute"] = per_threads;
-  out["comm"] = measure_comm();
+  out["comm"] = comm != nullptr ? *comm : measure_comm();
   return out;
 }
 
@@ -259,8 +260,22 @@ void add_bench_calibrate_command(CLI::App& bench) {
   auto* cmd = bench.add_subcommand(
       "calibrate", "Measure this machine for `brigade plan --hardware this-machine`");
   cmd->add_option("--out", *out, "Where to write the calibration")->capture_default_str();
-  cmd->callback([out] {
-    const nlohmann::json calibration = measure_this_machine();
+  auto comm_from = std::make_shared<std::string>();
+  cmd->add_option("--comm-from", *comm_from,
+                  "Take the all-reduce figures from this earlier calibration instead of "
+                  "measuring them again (the compute figures alone take a few seconds)")
+      ->check(CLI::ExistingFile);
+  cmd->callback([out, comm_from] {
+    nlohmann::json earlier;
+    if (!comm_from->empty()) {
+      try {
+        earlier = nlohmann::json::parse(read_file(*comm_from)).at("comm");
+      } catch (const nlohmann::json::exception& e) {
+        throw_error("--comm-from {}: no all-reduce figures in it ({})", *comm_from, e.what());
+      }
+    }
+    const nlohmann::json calibration =
+        measure_this_machine(comm_from->empty() ? nullptr : &earlier);
     sim::this_machine_hardware(calibration, 1);  // refuse to write what cannot be read back
     std::filesystem::create_directories(std::filesystem::path(*out).parent_path());
     write_file_atomic(*out, calibration.dump(2) + "\n");
