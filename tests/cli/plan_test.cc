@@ -192,6 +192,41 @@ TEST(PlanCommand, ThisMachineReadsItsCalibration) {
   EXPECT_NE(bad.err.find("brigade bench calibrate"), std::string::npos) << bad.err;
 }
 
+TEST(PlanCommand, CalibrateReusesEarlierAllReduceFigures) {
+  // `bench calibrate --comm-from` measures the compute figures (seconds) and
+  // copies the all-reduce rows; plan reads the result.
+  testing::TempDir dir;
+  const std::string earlier = (dir.path() / "earlier.json").string();
+  const std::string fresh = (dir.path() / "fresh.json").string();
+  const nlohmann::json comm = {
+      {"nproc", 2},
+      {"all_reduce",
+       {{{"bytes", 4096}, {"time_s", 1e-5}}, {{"bytes", 16777216}, {"time_s", 8e-3}}}}};
+  std::ofstream(earlier) << nlohmann::json{{"comm", comm}}.dump();
+  const auto r = run_brigade({"bench", "calibrate", "--comm-from", earlier, "--out", fresh},
+                             std::chrono::seconds(120));
+  ASSERT_EQ(r.status, 0) << r.err;
+  std::ifstream in(fresh);
+  const nlohmann::json written = nlohmann::json::parse(in);
+  EXPECT_EQ(written.at("comm"), comm);
+  ASSERT_FALSE(written.at("compute").empty());
+  for (const nlohmann::json& c : written.at("compute")) {
+    EXPECT_GT(c.at("gemm").back().at(1).get<double>(), 0.1);  // GFLOP/s of a real sgemm
+    EXPECT_GT(c.at("adamw_params_per_s").get<double>(), 1e6);
+  }
+  const std::string model = std::string(BRIGADE_SOURCE_DIR) + "/examples/tiny.toml";
+  const auto plan =
+      run_brigade({"plan", "--hardware", "this-machine", "--calibration", fresh, "--model", model,
+                   "--gpus", "1", "--layout", "dp=1,micro=8", "--json", "--trials", "20"});
+  ASSERT_EQ(plan.status, 0) << plan.err;
+  EXPECT_GT(nlohmann::json::parse(plan.out).at("step_time_s").get<double>(), 0.0);
+
+  std::ofstream(earlier) << "{}";
+  const auto bad = run_brigade({"bench", "calibrate", "--comm-from", earlier, "--out", fresh});
+  EXPECT_NE(bad.status, 0);
+  EXPECT_NE(bad.err.find("no all-reduce figures"), std::string::npos) << bad.err;
+}
+
 TEST(PlanCommand, BadInputSaysWhatIsWrong) {
   struct Case {
     std::vector<std::string> args;
