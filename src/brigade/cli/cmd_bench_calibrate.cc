@@ -6,8 +6,8 @@
 // kernel, and the shm all-reduce's bus bandwidth and latency between two
 // workers (`bench comm --shared`, the zero-copy path training uses), the
 // AdamW rate, and what ZeRO's released pages cost when they come back.
-// Writes one JSON file (sim/this_machine.h reads it); takes about 40 s, or
-// a few seconds with --comm-from (the all-reduce figures of an earlier run).
+// Writes one JSON file (sim/this_machine.h reads it); takes about a minute,
+// less with --comm-from (the all-reduce figures of an earlier run).
 #include <cblas.h>
 #include <fmt/format.h>
 #include <sys/mman.h>
@@ -58,14 +58,15 @@ void fill(FloatBuffer& b) {
 
 // (FLOPs per call, GFLOP/s) for square GEMMs from 64 to 1536. Training's
 // GEMMs find their operands in L3 or DRAM (other kernels ran in between), so
-// each size cycles through enough operand sets to fill 256 MiB: a small GEMM
-// measured on hot caches would promise 15% more than training sees.
+// each size cycles through enough operand sets to fill 64 MiB (twice this
+// machine's L3): a small GEMM measured on hot caches would promise 15% more
+// than training sees.
 nlohmann::json gemm_curve() {
   nlohmann::json curve = nlohmann::json::array();
   for (int n : {64, 128, 192, 256, 384, 512, 768, 1024, 1536}) {
     const int64_t elements = int64_t{n} * n;
     const int sets =
-        static_cast<int>(std::clamp<int64_t>((int64_t{256} << 20) / (3 * 4 * elements), 1, 4096));
+        static_cast<int>(std::clamp<int64_t>((int64_t{64} << 20) / (3 * 4 * elements), 1, 4096));
     std::vector<FloatBuffer> a, b, c;
     for (int i = 0; i < sets; ++i) {
       a.emplace_back(elements);
@@ -75,7 +76,7 @@ nlohmann::json gemm_curve() {
       fill(b.back());
     }
     int next = 0;
-    const int calls = std::max(2 * sets, 10);
+    const int calls = std::max(sets, 3);
     const double s = best_seconds(
         [&] {
           for (int call = 0; call < calls; ++call, next = (next + 1) % sets) {
