@@ -9,6 +9,9 @@ Runs, one after the other (side by side they would fight over the cores):
                                                  as training's flat buffers)
   - brigade bench comm --backend gloo           (if the binary has it)
   - mpirun ... bench/mpi_allreduce_peer         (if it was built and mpirun exists)
+  - bench/shm_floor_peer                        (4 KiB only: the least a small
+                                                 all-reduce can cost between
+                                                 these cores; see its header)
 and prints one table of all-reduce bus bandwidth at 64 MiB and latency at
 4 KiB, with the ratios of each shm run to MPI and to Gloo. Only the sizes
 the table needs are run, so the whole comparison takes well under a minute.
@@ -33,7 +36,7 @@ class RunError(Exception):
     pass
 
 
-def run_lines(name, argv):
+def run_lines(name, argv, sizes=(LATENCY_BYTES, BANDWIDTH_BYTES)):
     """Runs one side and returns its all_reduce rows, keyed by bytes."""
     print(f"$ {' '.join(argv)}", file=sys.stderr, flush=True)
     try:
@@ -52,7 +55,7 @@ def run_lines(name, argv):
         row = json.loads(line)
         if row.get("op") == "all_reduce":
             rows[row["bytes"]] = row
-    for size in (LATENCY_BYTES, BANDWIDTH_BYTES):
+    for size in sizes:
         if size not in rows:
             raise RunError(f"{name}: no all_reduce row for {size} bytes in:\n{proc.stdout}")
     return rows
@@ -98,8 +101,20 @@ def main():
         print("compare_comm: skipping MPI: bench/mpi_allreduce_peer not built (no MPI found by "
               "CMake) or no mpirun on PATH", file=sys.stderr)
 
+    floor_peer = os.path.join(args.build, "bench", "shm_floor_peer")
+    if args.nproc > (os.cpu_count() or 1):
+        print("compare_comm: skipping the floor: more processes than cores", file=sys.stderr)
+    elif os.access(floor_peer, os.X_OK):
+        try:
+            results["floor"] = run_lines(
+                "floor", [floor_peer, "--json", "--nproc", str(args.nproc),
+                          "--bytes", str(LATENCY_BYTES)], sizes=(LATENCY_BYTES,))
+        except RunError as e:
+            print(f"compare_comm: skipping the floor: {e}", file=sys.stderr)
+
     summary = {
-        name: {"busbw_gbps_64MiB": rows[BANDWIDTH_BYTES]["busbw_gbps"],
+        name: {"busbw_gbps_64MiB": rows[BANDWIDTH_BYTES]["busbw_gbps"]
+               if BANDWIDTH_BYTES in rows else None,
                "latency_us_4KiB": rows[LATENCY_BYTES]["time_us"]}
         for name, rows in results.items()
     }
@@ -114,6 +129,15 @@ def main():
                 "busbw_x": mine["busbw_gbps_64MiB"] / theirs["busbw_gbps_64MiB"],
                 "latency_x_faster": theirs["latency_us_4KiB"] / mine["latency_us_4KiB"],
             }
+    if "floor" in summary:
+        # How close each side comes to what the cores allow (1.0 is the floor).
+        for name in ("shm", "shm-shared", "mpi"):
+            if name in summary:
+                ratios[f"{name}/floor"] = {
+                    "busbw_x": None,
+                    "latency_x_faster": summary["floor"]["latency_us_4KiB"]
+                    / summary[name]["latency_us_4KiB"],
+                }
     if args.json:
         print(json.dumps({"nproc": args.nproc, "op": "all_reduce", "dtype": "f32",
                           "results": summary, "ratios": ratios}))
@@ -121,12 +145,15 @@ def main():
 
     print(f"all_reduce, f32 sum, {args.nproc} processes")
     print(f"{'backend':<12} {'busbw GB/s @64M':>16} {'latency us @4K':>16}")
+    def cell(value, width):
+        return f"{'-':>{width}}" if value is None else f"{value:>{width}.3f}"
+
     for name, row in summary.items():
-        print(f"{name:<12} {row['busbw_gbps_64MiB']:>16.3f} {row['latency_us_4KiB']:>16.2f}")
+        print(f"{name:<12} {cell(row['busbw_gbps_64MiB'], 16)} {row['latency_us_4KiB']:>16.2f}")
     if ratios:
         print(f"\n{'ratio':<16} {'busbw x':>10} {'latency x faster':>18}")
         for name, row in ratios.items():
-            print(f"{name:<16} {row['busbw_x']:>10.2f} {row['latency_x_faster']:>18.2f}")
+            print(f"{name:<16} {cell(row['busbw_x'], 10)} {row['latency_x_faster']:>18.2f}")
     return 0
 
 

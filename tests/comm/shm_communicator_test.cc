@@ -234,6 +234,66 @@ TEST(ShmCommunicator, AsyncOperationsStayInFlightAndCompleteInOrder) {
   for (int rank = 0; rank < kSize; ++rank) EXPECT_EQ(codes[rank], 0) << "rank " << rank;
 }
 
+// A small all-reduce runs on the caller's thread while the queue is idle, but
+// only for a bounded poll: with a late peer the call still returns at once
+// (well, within the poll) and the communication thread finishes it, ahead of
+// what is issued next.
+TEST(ShmCommunicator, SmallAllReduceReturnsWhileAPeerIsLate) {
+  constexpr int kSize = 2;
+  const auto pids = fork_ranks(kSize, 5000, [](ShmCommunicator& comm) {
+    const int rank = comm.rank();
+    if (rank == 1) std::this_thread::sleep_for(std::chrono::milliseconds(400));
+    std::vector<float> small(100);
+    for (size_t i = 0; i < small.size(); ++i) small[i] = value_of<float>(rank, i);
+    std::vector<int32_t> mine(10, rank + 1);
+    std::vector<int32_t> gathered(10 * kSize);
+    const auto start = Clock::now();
+    auto reduced = comm.all_reduce(small.data(), small.size(), DType::kF32, ReduceOp::kSum);
+    auto gather = comm.all_gather(mine.data(), gathered.data(), mine.size(), DType::kI32);
+    if (rank == 0) {
+      require(ms_since(start) < 200, "issuing took {} ms with the peer away", ms_since(start));
+      require(!reduced->test(), "the all-reduce finished without its peer");
+    }
+    gather->wait();
+    require(reduced->test(), "the all-gather finished before the all-reduce issued first");
+    for (size_t i = 0; i < small.size(); ++i) {
+      require(small[i] == expected_reduction<float>(ReduceOp::kSum, kSize, i), "small[{}] = {}", i,
+              small[i]);
+    }
+    for (size_t i = 0; i < gathered.size(); ++i) {
+      require(gathered[i] == static_cast<int32_t>(i / 10 + 1), "gathered[{}] = {}", i,
+              gathered[i]);
+    }
+  });
+  const auto codes = reap_all(pids, std::chrono::seconds(8));
+  for (int rank = 0; rank < kSize; ++rank) EXPECT_EQ(codes[rank], 0) << "rank " << rank;
+}
+
+// The case that rules out running small operations to completion on the
+// caller's thread: rank 0 issues an all-reduce, then a send that rank 1 waits
+// for before it joins the all-reduce. Blocking rank 0 in the all-reduce would
+// deadlock; the bounded poll hands it to the thread and the send goes out.
+TEST(ShmCommunicator, SmallAllReduceBeforeASendThePeerNeedsDoesNotDeadlock) {
+  constexpr int kSize = 2;
+  const auto pids = fork_ranks(kSize, 5000, [](ShmCommunicator& comm) {
+    const int rank = comm.rank();
+    std::vector<float> small(64, static_cast<float>(rank + 1));
+    std::vector<int64_t> message(32, rank == 0 ? 42 : 0);
+    if (rank == 0) {
+      auto reduced = comm.all_reduce(small.data(), small.size(), DType::kF32, ReduceOp::kSum);
+      comm.send(message.data(), message.size(), DType::kI64, 1, 7)->wait();
+      reduced->wait();
+    } else {
+      comm.recv(message.data(), message.size(), DType::kI64, 0, 7)->wait();
+      for (int64_t v : message) require(v == 42, "received {}", v);
+      comm.all_reduce(small.data(), small.size(), DType::kF32, ReduceOp::kSum)->wait();
+    }
+    for (float v : small) require(v == 3.0f, "all-reduce gave {}", v);
+  });
+  const auto codes = reap_all(pids, std::chrono::seconds(8));
+  for (int rank = 0; rank < kSize; ++rank) EXPECT_EQ(codes[rank], 0) << "rank " << rank;
+}
+
 TEST(ShmCommunicator, StoppedPeerTimesOutNamingIt) {
   constexpr int kSize = 3;
   constexpr int kStopped = 2;

@@ -37,18 +37,24 @@ FlightRecorder& FlightRecorder::global() {
   return recorder;
 }
 
-uint64_t FlightRecorder::scheduled(const std::string& group, uint64_t seq, const std::string& op,
-                                   int64_t bytes) {
+uint64_t FlightRecorder::scheduled(std::string_view group, uint64_t seq, std::string_view backend,
+                                   std::string_view op, int64_t bytes, bool started) {
+  const int64_t now = now_ns();
   std::lock_guard<std::mutex> lock(mutex_);
   const uint64_t id = next_id_++;
   FlightRecord& r = ring_[id % capacity_];
-  r = FlightRecord{};
   r.id = id;
-  r.group = group;
+  r.group.assign(group);
   r.seq = seq;
-  r.op = op;
+  r.op.clear();
+  if (!backend.empty()) r.op.append(backend).append(" ");
+  r.op.append(op);
   r.bytes = bytes;
-  r.scheduled_ns = now_ns();
+  r.state = started ? OpState::kStarted : OpState::kScheduled;
+  r.scheduled_ns = now;
+  r.started_ns = started ? now : 0;
+  r.finished_ns = 0;
+  r.error.clear();
   return id;
 }
 

@@ -15,6 +15,7 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace brigade {
@@ -40,7 +41,15 @@ class FlightRecorder {
   static FlightRecorder& global();
 
   // Records a queued operation; returns its id for the updates below.
-  uint64_t scheduled(const std::string& group, uint64_t seq, const std::string& op, int64_t bytes);
+  uint64_t scheduled(std::string_view group, uint64_t seq, std::string_view op, int64_t bytes) {
+    return scheduled(group, seq, {}, op, bytes);
+  }
+  // The same, with the backend named before the operation ("shm
+  // all_reduce(...)"), and marked started at once if `started` (an operation
+  // the caller runs inline). Reuses the ring slot's strings, so recording
+  // allocates nothing once the ring has wrapped.
+  uint64_t scheduled(std::string_view group, uint64_t seq, std::string_view backend,
+                     std::string_view op, int64_t bytes, bool started = false);
   void started(uint64_t id);
   void completed(uint64_t id);
   void failed(uint64_t id, const std::string& error);

@@ -404,7 +404,7 @@ std::shared_ptr<Work> GlooCommunicator::Impl::point_to_point(bool is_send, const
   if (bytes == 0) target = &empty_message;
   std::lock_guard<std::mutex> lock(waiters_mutex);
   const uint64_t record =
-      FlightRecorder::global().scheduled(options.group_name, next_p2p_seq++, "gloo " + what, bytes);
+      FlightRecorder::global().scheduled(options.group_name, next_p2p_seq++, "gloo", what, bytes);
   auto buffer = context->createUnboundBuffer(target, static_cast<size_t>(bytes));
   const uint64_t slot = gloo::Slot::build(kPointToPointSlotPrefix, tag);
   FlightRecorder::global().started(record);

@@ -34,10 +34,45 @@ std::shared_ptr<Work> OpQueue::enqueue(std::string what, int64_t bytes, Body bod
     std::lock_guard<std::mutex> lock(mutex_);
     const uint64_t seq = next_seq_++;
     const uint64_t record_id =
-        FlightRecorder::global().scheduled(group_name_, seq, backend_ + " " + what, bytes);
+        FlightRecorder::global().scheduled(group_name_, seq, backend_, what, bytes);
     queue_.push_back(Queued{Op{seq, std::move(what)}, record_id, std::move(body), work});
   }
   queue_cv_.notify_one();
+  return work;
+}
+
+std::optional<OpQueue::Queued> OpQueue::begin_inline(const std::string& what, int64_t bytes) {
+  Queued queued;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (running_ || inline_active_ || !queue_.empty() || !broken_.empty()) return std::nullopt;
+    inline_active_ = true;
+    queued.op.seq = next_seq_++;
+    queued.record_id = FlightRecorder::global().scheduled(group_name_, queued.op.seq, backend_,
+                                                          what, bytes, /*started=*/true);
+  }
+  queued.op.what = what;
+  queued.started = true;
+  return queued;
+}
+
+std::shared_ptr<Work> OpQueue::end_inline(Queued inline_op) {
+  auto work = std::make_shared<Work>();
+  const bool finished = !inline_op.body;
+  if (finished) {
+    FlightRecorder::global().completed(inline_op.record_id);
+    work->finish();
+  } else {
+    inline_op.work = work;
+  }
+  bool wake = false;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!finished) queue_.push_front(std::move(inline_op));
+    inline_active_ = false;
+    wake = !queue_.empty();
+  }
+  if (wake) queue_cv_.notify_one();
   return work;
 }
 
@@ -46,12 +81,16 @@ void OpQueue::run_loop() {
     Queued queued;
     {
       std::unique_lock<std::mutex> lock(mutex_);
-      queue_cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      // An operation a caller is running inline comes before anything queued.
+      queue_cv_.wait(lock, [&] { return !inline_active_ && (stopping_ || !queue_.empty()); });
       if (queue_.empty()) return;
       queued = std::move(queue_.front());
       queue_.pop_front();
+      running_ = true;
     }
     run(queued);
+    std::lock_guard<std::mutex> lock(mutex_);
+    running_ = false;
   }
 }
 
@@ -67,7 +106,7 @@ void OpQueue::run(Queued& queued) {
                   broken_peers_)));
     return;
   }
-  recorder.started(queued.record_id);
+  if (!queued.started) recorder.started(queued.record_id);
   try {
     queued.body(op);
   } catch (...) {

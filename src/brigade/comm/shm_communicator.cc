@@ -41,6 +41,20 @@ constexpr int64_t kYieldNs = 1'000'000;
 constexpr auto kNap = std::chrono::microseconds(50);
 // How often a waiting rank checks that the peers it waits for still exist.
 constexpr int64_t kLivenessCheckNs = 20'000'000;
+// All-reduces up to this size take the one-synchronisation small path
+// (small_all_reduce_start/finish), and the caller's thread tries them inline
+// for up to kInlinePollNs before handing the rest to the communication
+// thread. A hand-off costs two thread wake-ups, over 100 us on a busy VM, and
+// one rank's hand-off makes its next call late for the peers, whose own
+// attempts then run out: the budget must outlast a short preemption of a
+// peer, or the ranks fall into that cycle (measured: 0.6% hand-offs with
+// 50 us, 2x the mean latency; none with 1 ms). What a caller can lose to a
+// late peer is that 1 ms, against training steps of hundreds.
+constexpr int64_t kSmallAllReduceBytes = 64 << 10;
+constexpr int64_t kInlinePollNs = 1'000'000;
+// Within that budget, spin this long before yielding the core between looks,
+// so ranks that share a core (more ranks than cores) still get to arrive.
+constexpr int64_t kInlineSpinNs = 20'000;
 
 struct alignas(kLineBytes) Header {
   uint64_t magic;  // stored last by the creator (release): the rest is valid
@@ -149,10 +163,38 @@ struct ShmCommunicator::Impl {
   std::vector<int> ranks_behind(uint64_t target);
   // Arrive at the next phase and wait until every peer has too. `step` names
   // the point in the algorithm for errors.
-  void sync(const char* step);
+  void sync(const char* step) { wait_for(arrive(), step); }
+  // Publishes my next phase; returns it.
+  uint64_t arrive();
+  // Whether every peer has reached `target`; peers before `next` are known to
+  // have (counters only grow), so each look starts there.
+  bool peers_reached(uint64_t target, int& next);
+  // Waits until every peer reaches `target`, failing on the deadline or a
+  // dead peer. Communication thread only (it sets `running` and the deadline).
+  void wait_for(uint64_t target, const char* step);
+  // Spins, then yields between looks, up to budget_ns for every peer to reach
+  // `target`; never fails (the deadline and liveness are wait_for's job).
+  bool poll_for(uint64_t target, int64_t budget_ns);
   [[noreturn]] void fail(const std::string& reason, const char* step, std::vector<int> peers);
 
   void all_reduce(std::byte* data, int64_t count, DType dtype, ReduceOp op);
+  // The small all-reduce, split where it waits so the caller's thread can
+  // run the start and hand the finish to the communication thread.
+  struct SmallAllReduce {
+    std::byte* data;
+    int64_t count;
+    DType dtype;
+    ReduceOp op;
+    int parity;       // the slot half holding the operands
+    uint64_t target;  // the phase every rank has reached once they are all there
+  };
+  bool is_small_all_reduce(int64_t bytes) const {
+    return bytes <= std::min(kSmallAllReduceBytes, half_bytes);
+  }
+  SmallAllReduce small_all_reduce_start(std::byte* data, int64_t count, DType dtype, ReduceOp op);
+  void small_all_reduce_finish(const SmallAllReduce& small);
+  // Wraps a body so it runs with `running` and the deadline set.
+  OpQueue::Body on_thread(std::function<void()> body);
   void reduce_scatter(const std::byte* input, std::byte* output, int64_t count, DType dtype,
                       ReduceOp op);
   void all_gather(const std::byte* input, std::byte* output, int64_t count, DType dtype);
@@ -176,6 +218,9 @@ struct ShmCommunicator::Impl {
   bool linked = false;  // rank 0 created the name and has not unlinked it yet
 
   std::unique_ptr<OpQueue> ops;
+  // half(p, parity) of ranks 1..size-1: what the small all-reduce adds to
+  // rank 0's operand (filled once mapped, so the fast path allocates nothing).
+  std::vector<const std::byte*> peer_halves[2];
   std::unique_ptr<ShmMailboxes> mailboxes;  // null when options.mailbox_bytes is 0
   // The mailboxes, after checking the buffer and that point-to-point is on.
   ShmMailboxes& point_to_point(const void* data, int64_t count, const char* what);
@@ -335,14 +380,17 @@ void ShmCommunicator::Impl::attach() {
   }
 }
 
+OpQueue::Body ShmCommunicator::Impl::on_thread(std::function<void()> body) {
+  return [this, body = std::move(body)](const OpQueue::Op& op) {
+    running = &op;
+    deadline_ns = now_ns() + options.timeout_ms * 1'000'000;
+    body();
+  };
+}
+
 std::shared_ptr<Work> ShmCommunicator::Impl::enqueue(std::string what, int64_t bytes,
                                                      std::function<void()> body) {
-  return ops->enqueue(std::move(what), bytes,
-                      [this, body = std::move(body)](const OpQueue::Op& op) {
-                        running = &op;
-                        deadline_ns = now_ns() + options.timeout_ms * 1'000'000;
-                        body();
-                      });
+  return ops->enqueue(std::move(what), bytes, on_thread(std::move(body)));
 }
 
 CommError ShmCommunicator::Impl::describe_failure(const OpQueue::Op& op, std::exception_ptr error) {
@@ -375,21 +423,40 @@ void ShmCommunicator::Impl::fail(const std::string& reason, const char* step,
       std::move(peers));
 }
 
-void ShmCommunicator::Impl::sync(const char* step) {
+uint64_t ShmCommunicator::Impl::arrive() {
   const uint64_t target = ++phase;
   AtomicU64(control(rank).phase).store(target, std::memory_order_release);
-  // Counters only grow, so peers before `next` need no second look.
+  return target;
+}
+
+bool ShmCommunicator::Impl::peers_reached(uint64_t target, int& next) {
+  while (next < size &&
+         (next == rank || AtomicU64(control(next).phase).load(std::memory_order_acquire) >= target)) {
+    ++next;
+  }
+  return next == size;
+}
+
+bool ShmCommunicator::Impl::poll_for(uint64_t target, int64_t budget_ns) {
+  int next = 0;
+  const int64_t start_ns = now_ns();
+  for (int spins = 1;; ++spins) {
+    if (peers_reached(target, next)) return true;
+    cpu_relax();
+    if (spins % 64 != 0) continue;
+    const int64_t waited_ns = now_ns() - start_ns;
+    if (waited_ns > budget_ns) return false;
+    if (waited_ns > kInlineSpinNs) ::sched_yield();
+  }
+}
+
+void ShmCommunicator::Impl::wait_for(uint64_t target, const char* step) {
   int next = 0;
   int spins = 0;
   int64_t waiting_since_ns = 0;
   int64_t next_liveness_ns = 0;
   for (;;) {
-    while (next < size &&
-           (next == rank ||
-            AtomicU64(control(next).phase).load(std::memory_order_acquire) >= target)) {
-      ++next;
-    }
-    if (next == size) return;
+    if (peers_reached(target, next)) return;
     if (spins < kSpinIterations) {
       ++spins;
       cpu_relax();
@@ -448,6 +515,28 @@ void ShmCommunicator::Impl::all_reduce(std::byte* data, int64_t count, DType dty
     }
     parity ^= 1;
   }
+}
+
+// One synchronisation: every rank copies its operand into its slot half and
+// arrives; once all have, each rank sums every slot in rank order into its
+// buffer, so all ranks compute the same sums and agree bit for bit. Each rank
+// reads the whole operand from every peer (size x the bytes of the two-step
+// path), which is cheaper than a second synchronisation at these sizes. The
+// half is safe to reuse two slot operations later: halves alternate, and a
+// peer reaches the next operation's phase only after it finished reading.
+ShmCommunicator::Impl::SmallAllReduce ShmCommunicator::Impl::small_all_reduce_start(
+    std::byte* data, int64_t count, DType dtype, ReduceOp op) {
+  SmallAllReduce small{data, count, dtype, op, parity, 0};
+  std::memcpy(half(rank, parity), data, count * dtype_bytes(dtype));
+  parity ^= 1;
+  small.target = arrive();
+  return small;
+}
+
+void ShmCommunicator::Impl::small_all_reduce_finish(const SmallAllReduce& small) {
+  const int64_t bytes = small.count * dtype_bytes(small.dtype);
+  std::memcpy(small.data, half(0, small.parity), bytes);
+  reduce_into(small.data, peer_halves[small.parity], small.count, small.dtype, small.op, size);
 }
 
 void ShmCommunicator::Impl::reduce_scatter(const std::byte* input, std::byte* output, int64_t count,
@@ -575,6 +664,9 @@ ShmCommunicator::ShmCommunicator(ShmCommunicatorOptions options)
     : impl_(std::make_unique<Impl>(std::move(options))) {
   impl_->attach();
   Impl* impl = impl_.get();
+  for (int which = 0; which < 2; ++which) {
+    for (int p = 1; p < impl->size; ++p) impl->peer_halves[which].push_back(impl->half(p, which));
+  }
   impl->ops = std::make_unique<OpQueue>("shm", impl->options.group_name, impl->rank, impl->size,
                                         [impl](const OpQueue::Op& op, std::exception_ptr e) {
                                           return impl->describe_failure(op, std::move(e));
@@ -607,6 +699,27 @@ std::shared_ptr<Work> ShmCommunicator::all_reduce(void* data, int64_t count, DTy
                                                   ReduceOp op) {
   describe::check_operand("shm", data, count, "all_reduce");
   auto* bytes = static_cast<std::byte*>(data);
+  Impl* impl = impl_.get();
+  if (impl->is_small_all_reduce(count * dtype_bytes(dtype))) {
+    std::string what = describe::all_reduce(count, dtype, op);
+    auto work = impl->ops->try_inline(what, count * dtype_bytes(dtype), [&](const OpQueue::Op&) {
+      const Impl::SmallAllReduce small = impl->small_all_reduce_start(bytes, count, dtype, op);
+      if (impl->poll_for(small.target, kInlinePollNs)) {
+        impl->small_all_reduce_finish(small);
+        return OpQueue::Body();
+      }
+      return impl->on_thread([impl, small] {
+        impl->wait_for(small.target, "copy-in");
+        impl->small_all_reduce_finish(small);
+      });
+    });
+    if (work) return work;
+    return impl->enqueue(std::move(what), count * dtype_bytes(dtype), [impl, bytes, count, dtype, op] {
+      const Impl::SmallAllReduce small = impl->small_all_reduce_start(bytes, count, dtype, op);
+      impl->wait_for(small.target, "copy-in");
+      impl->small_all_reduce_finish(small);
+    });
+  }
   return impl_->enqueue(describe::all_reduce(count, dtype, op), count * dtype_bytes(dtype),
                         [impl = impl_.get(), bytes, count, dtype, op] {
                           if (impl->in_shared_region(bytes, count * dtype_bytes(dtype))) {

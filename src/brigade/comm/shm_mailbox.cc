@@ -221,7 +221,7 @@ std::shared_ptr<Work> ShmMailboxes::Impl::post(bool is_send, std::byte* data, in
   {
     std::lock_guard<std::mutex> lock(mutex);
     op->record_id =
-        FlightRecorder::global().scheduled(group_name, next_seq++, "shm " + op->what, bytes);
+        FlightRecorder::global().scheduled(group_name, next_seq++, "shm", op->what, bytes);
     posted.push_back(op);
   }
   posted_cv.notify_one();
