@@ -6,7 +6,11 @@
 // Every operation is asynchronous: it is queued on the backend's
 // communication thread and returns a Work handle at once, so the caller can
 // go on computing (the data-parallel layer overlaps gradient buckets with
-// backward this way). Operations of one communicator run in the order they
+// backward this way). A backend may start a small operation on the caller's
+// thread when nothing else is queued (shm does, for all-reduces up to 64 KiB,
+// to save the thread hand-off), but only for a bounded poll: no call waits
+// for peers beyond about a millisecond, so issuing an operation never
+// deadlocks against a peer that first waits for something else. Operations of one communicator run in the order they
 // were issued. The caller's buffers must stay alive and untouched until the
 // Work is done.
 //

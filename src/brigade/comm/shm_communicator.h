@@ -15,7 +15,11 @@
 //      slot directly, and leaves the result in its own slot;  (arrive, wait)
 //   3. every rank copies each share from its owner's slot.
 // So each element is reduced by exactly one rank (results are bit-identical
-// everywhere) and the reduction work is spread evenly. Reduce-scatter,
+// everywhere) and the reduction work is spread evenly. All-reduces of at most
+// 64 KiB skip the middle step: every rank copies in, arrives once, and sums
+// all slots in rank order itself (same sums everywhere, one synchronisation
+// instead of two); the caller's thread runs them when the queue is idle,
+// polling up to 1 ms before handing the rest to the thread. Reduce-scatter,
 // all-gather and broadcast are the halves of that pattern. Buffers larger
 // than half a slot go through in chunks.
 //
