@@ -80,17 +80,18 @@ Options parse(int argc, char** argv) {
   if (o.bytes <= 0 || o.bytes % 4 != 0) usage("--bytes must be a positive multiple of 4");
   if (o.seconds <= 0) usage("--seconds must be positive");
   if (o.nproc > static_cast<int>(::sysconf(_SC_NPROCESSORS_ONLN))) {
-    usage("--nproc is more than this machine's cores: ranks that spin without yielding would "
-          "measure the scheduler, not the floor");
+    usage(
+        "--nproc is more than this machine's cores: ranks that spin without yielding would "
+        "measure the scheduler, not the floor");
   }
   return o;
 }
 
 struct Shared {
-  Flag* flags;        // [nproc] the last operation each rank published
-  double* seconds;    // [nproc] each rank's measured time per operation
-  uint64_t* iters;    // rank 0's calibrated iteration count, for everyone
-  float* slots;       // [2 halves][nproc][count]
+  Flag* flags;      // [nproc] the last operation each rank published
+  double* seconds;  // [nproc] each rank's measured time per operation
+  uint64_t* iters;  // rank 0's calibrated iteration count, for everyone
+  float* slots;     // [2 halves][nproc][count]
 };
 
 // One all-reduce of `data` as operation number `op` (starting at 1).

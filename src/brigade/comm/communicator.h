@@ -10,9 +10,9 @@
 // thread when nothing else is queued (shm does, for all-reduces up to 64 KiB,
 // to save the thread hand-off), but only for a bounded poll: no call waits
 // for peers beyond about a millisecond, so issuing an operation never
-// deadlocks against a peer that first waits for something else. Operations of one communicator run in the order they
-// were issued. The caller's buffers must stay alive and untouched until the
-// Work is done.
+// deadlocks against a peer that first waits for something else. Operations
+// of one communicator run in the order they were issued. The caller's
+// buffers must stay alive and untouched until the Work is done.
 //
 // Every operation is bounded by the communicator's timeout_ms (counted from
 // when the operation starts running). A peer that is stopped, hung or dead
