@@ -120,8 +120,7 @@ TEST(OpQueue, TryInlineHandsTheRestToTheThreadAheadOfLaterOperations) {
   release = true;
   later->wait();
   EXPECT_TRUE(small->test());
-  EXPECT_EQ(order,
-            (std::vector<std::string>{"started inline", "finished on the thread", "later"}));
+  EXPECT_EQ(order, (std::vector<std::string>{"started inline", "finished on the thread", "later"}));
 }
 
 TEST(OpQueue, TryInlineFailuresBreakTheGroupLikeAnyOther) {

@@ -261,8 +261,7 @@ TEST(ShmCommunicator, SmallAllReduceReturnsWhileAPeerIsLate) {
               small[i]);
     }
     for (size_t i = 0; i < gathered.size(); ++i) {
-      require(gathered[i] == static_cast<int32_t>(i / 10 + 1), "gathered[{}] = {}", i,
-              gathered[i]);
+      require(gathered[i] == static_cast<int32_t>(i / 10 + 1), "gathered[{}] = {}", i, gathered[i]);
     }
   });
   const auto codes = reap_all(pids, std::chrono::seconds(8));

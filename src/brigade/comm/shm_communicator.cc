@@ -430,8 +430,9 @@ uint64_t ShmCommunicator::Impl::arrive() {
 }
 
 bool ShmCommunicator::Impl::peers_reached(uint64_t target, int& next) {
-  while (next < size &&
-         (next == rank || AtomicU64(control(next).phase).load(std::memory_order_acquire) >= target)) {
+  while (
+      next < size &&
+      (next == rank || AtomicU64(control(next).phase).load(std::memory_order_acquire) >= target)) {
     ++next;
   }
   return next == size;
@@ -524,8 +525,10 @@ void ShmCommunicator::Impl::all_reduce(std::byte* data, int64_t count, DType dty
 // path), which is cheaper than a second synchronisation at these sizes. The
 // half is safe to reuse two slot operations later: halves alternate, and a
 // peer reaches the next operation's phase only after it finished reading.
-ShmCommunicator::Impl::SmallAllReduce ShmCommunicator::Impl::small_all_reduce_start(
-    std::byte* data, int64_t count, DType dtype, ReduceOp op) {
+ShmCommunicator::Impl::SmallAllReduce ShmCommunicator::Impl::small_all_reduce_start(std::byte* data,
+                                                                                    int64_t count,
+                                                                                    DType dtype,
+                                                                                    ReduceOp op) {
   SmallAllReduce small{data, count, dtype, op, parity, 0};
   std::memcpy(half(rank, parity), data, count * dtype_bytes(dtype));
   parity ^= 1;
@@ -714,11 +717,12 @@ std::shared_ptr<Work> ShmCommunicator::all_reduce(void* data, int64_t count, DTy
       });
     });
     if (work) return work;
-    return impl->enqueue(std::move(what), count * dtype_bytes(dtype), [impl, bytes, count, dtype, op] {
-      const Impl::SmallAllReduce small = impl->small_all_reduce_start(bytes, count, dtype, op);
-      impl->wait_for(small.target, "copy-in");
-      impl->small_all_reduce_finish(small);
-    });
+    return impl->enqueue(
+        std::move(what), count * dtype_bytes(dtype), [impl, bytes, count, dtype, op] {
+          const Impl::SmallAllReduce small = impl->small_all_reduce_start(bytes, count, dtype, op);
+          impl->wait_for(small.target, "copy-in");
+          impl->small_all_reduce_finish(small);
+        });
   }
   return impl_->enqueue(describe::all_reduce(count, dtype, op), count * dtype_bytes(dtype),
                         [impl = impl_.get(), bytes, count, dtype, op] {
