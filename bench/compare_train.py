@@ -7,8 +7,11 @@
 Runs Brigade, then torch_train_peer.py, as separate processes one after the
 other (side by side they would fight over the same cores), and prints both
 with the ratios Brigade / PyTorch. PyTorch's MFU is derived from Brigade's:
-same model, same FLOPs per token, same measured sgemm peak. Exits non-zero
-if either side fails.
+same model, same FLOPs per token, same measured sgemm peak. It also prints
+the ceiling: the ratio any implementation would reach against this PyTorch
+run if it ran every model FLOP at that sgemm peak (1 / PyTorch's MFU), which
+says whether a target ratio is reachable on this machine at all. Exits
+non-zero if either side fails.
 """
 
 import argparse
@@ -99,7 +102,8 @@ def main():
     # PyTorch does the same work per token, so its MFU (against the same
     # sgemm peak) scales with its throughput.
     t_mfu = b_mfu * ratio(t_tps, b_tps)
-    ratios = {"tokens_per_s": ratio(b_tps, t_tps), "peak_rss": ratio(b_rss, t_rss)}
+    ratios = {"tokens_per_s": ratio(b_tps, t_tps), "peak_rss": ratio(b_rss, t_rss),
+              "ceiling_at_sgemm_peak": ratio(1.0, t_mfu)}
     combined = {"brigade": brigade, "pytorch": torch_peer, "ratios": ratios,
                 "pytorch_mfu": t_mfu, "sgemm_peak_gflops": peak_gflops}
     if args.json:
@@ -115,6 +119,8 @@ def main():
           f"peak RSS x{ratios['peak_rss']:.2f}")
     print(f"MFU is against the measured sgemm peak of {peak_gflops:.1f} GFLOP/s "
           f"on {args.threads} threads")
+    print(f"ceiling: every FLOP at that peak would be x{ratios['ceiling_at_sgemm_peak']:.2f} "
+          f"this PyTorch run")
     return 0
 
 

@@ -56,10 +56,10 @@ BENCHMARK(backward_nt)->Args({1024, 768, 3072})->Name("c_fc_dx")->UseRealTime();
 BENCHMARK(backward_tn)->Args({768, 3072, 1024})->Name("c_fc_dw")->UseRealTime();
 BENCHMARK(forward_nn)->Args({1024, 768, 3072})->Name("mlp_proj_fwd")->UseRealTime();
 BENCHMARK(backward_tn)->Args({3072, 768, 1024})->Name("mlp_proj_dw")->UseRealTime();
-// LM head, one 166-row chunk: logits = x wte^T, dx = dlogits wte, dwte += dlogits^T x.
-BENCHMARK(backward_nt)->Args({166, 50257, 768})->Name("lm_head_logits")->UseRealTime();
-BENCHMARK(forward_nn)->Args({166, 768, 50257})->Name("lm_head_dx")->UseRealTime();
-BENCHMARK(backward_tn)->Args({50257, 768, 166})->Name("lm_head_dwte")->UseRealTime();
+// LM head, one 667-row chunk: logits = x wte^T, dx = dlogits wte, dwte += dlogits^T x.
+BENCHMARK(backward_nt)->Args({667, 50257, 768})->Name("lm_head_logits")->UseRealTime();
+BENCHMARK(forward_nn)->Args({667, 768, 50257})->Name("lm_head_dx")->UseRealTime();
+BENCHMARK(backward_tn)->Args({50257, 768, 667})->Name("lm_head_dwte")->UseRealTime();
 
 constexpr int64_t kB = 4, kT = 256, kC = 768, kH = 12, kV = 50257, kN = kB * kT;
 

@@ -158,8 +158,9 @@ TEST(KernelGradcheck, Embedding) {
 }
 
 TEST(KernelGradcheck, LmHeadLossInChunks) {
-  // n larger than one chunk for this V, so chunk boundaries are crossed.
-  const int64_t n = 120, c = 8, v = 20000;
+  // Chunks of 50 rows, so the 120 rows cross two chunk boundaries and end
+  // with a short chunk.
+  const int64_t n = 120, c = 8, v = 20000, chunk_rows = 50;
   auto x = random_vector(n * c, 17), wte = random_vector(v * c, 18, 0.5f);
   std::vector<int32_t> targets(n);
   for (int64_t i = 0; i < n; ++i) targets[i] = static_cast<int32_t>((i * 7919) % v);
@@ -167,6 +168,7 @@ TEST(KernelGradcheck, LmHeadLossInChunks) {
   const float scale = 1.0f / static_cast<float>(n);
   auto loss = [&] {
     cpu::LmHeadLossArgs a{x.data(), wte.data(), targets.data(), n, c, v, losses.data()};
+    a.chunk_rows = chunk_rows;
     cpu::lm_head_loss(a);
     double s = 0;
     for (float l : losses) s += l;
@@ -180,10 +182,18 @@ TEST(KernelGradcheck, LmHeadLossInChunks) {
   for (float l : logits) mx = std::max(mx, static_cast<double>(l));
   for (float l : logits) sum += std::exp(l - mx);
   EXPECT_NEAR(losses[3], mx + std::log(sum) - logits[targets[3]], 1e-4);
+  // A row in the last, short chunk too.
+  cpu::lm_head_logits(logits.data(), x.data() + 110 * c, wte.data(), 1, c, v);
+  mx = -1e30;
+  sum = 0;
+  for (float l : logits) mx = std::max(mx, static_cast<double>(l));
+  for (float l : logits) sum += std::exp(l - mx);
+  EXPECT_NEAR(losses[110], mx + std::log(sum) - logits[targets[110]], 1e-4);
 
   std::vector<float> dx(n * c), dwte(v * c, 0.0f);
   cpu::LmHeadLossArgs a{x.data(), wte.data(),    targets.data(), n,           c,
                         v,        losses.data(), dx.data(),      dwte.data(), scale};
+  a.chunk_rows = chunk_rows;
   cpu::lm_head_loss(a);
   expect_gradient_matches("lm head dx", x, dx, loss, 1e-2f, 32);
   // dwte is sparse-ish in its large entries; sample the target rows.

@@ -27,6 +27,10 @@ struct LmHeadLossArgs {
   // lm_head_scratch_floats(n, v) floats for one chunk of logits; null to
   // allocate per call.
   float* scratch = nullptr;
+  // Rows per chunk; 0 for the default (128 MiB of logits). Tests set it
+  // small so that chunk boundaries are crossed; it must not exceed the
+  // default when `scratch` is given.
+  int64_t chunk_rows = 0;
 };
 
 int64_t lm_head_scratch_floats(int64_t n, int64_t v);
