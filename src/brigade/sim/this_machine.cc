@@ -45,6 +45,15 @@ const nlohmann::json& compute_for(const nlohmann::json& calibration, int64_t thr
   return *best;
 }
 
+// The best rate on a compute entry's GEMM curve ([[flops per call, GFLOP/s], ...]).
+double best_gemm_gflops(const nlohmann::json& compute) {
+  double best = 0;
+  for (const nlohmann::json& point : field(compute, "gemm", "compute")) {
+    best = std::max(best, point.at(1).get<double>());
+  }
+  return best;
+}
+
 }  // namespace
 
 std::string default_calibration_path() {
@@ -67,26 +76,20 @@ Hardware this_machine_hardware(const nlohmann::json& calibration, int64_t device
   // gets no more than its share of what every core achieves together.
   const nlohmann::json& all = compute_for(calibration, cores);
   const double share = static_cast<double>(threads) / positive(all, "threads", "compute");
-  auto best_of = [](const nlohmann::json& gemm) {
-    double best = 0;
-    for (const nlohmann::json& point : gemm) best = std::max(best, point.at(1).get<double>());
-    return best;
-  };
-
   Hardware h;
   h.name = "this-machine";
   h.gpus_per_node = static_cast<int>(cores);
   // The GEMM curve: efficiency against the best measured rate, by FLOPs per call.
   const nlohmann::json& gemm = field(c, "gemm", "compute");
-  const double best_gflops = best_of(gemm);
-  if (best_gflops <= 0 || best_of(field(all, "gemm", "compute")) <= 0) {
+  const double best_gflops = best_gemm_gflops(c);
+  const double best_all_cores_gflops = best_gemm_gflops(all);
+  if (best_gflops <= 0 || best_all_cores_gflops <= 0) {
     throw_error("calibration: the GEMM curve is empty; rerun `brigade bench calibrate`");
   }
   for (const nlohmann::json& point : gemm) {
     h.gemm_curve.emplace_back(point.at(0).get<double>(), point.at(1).get<double>() / best_gflops);
   }
-  h.peak_flops =
-      std::min(best_gflops * scale, best_of(field(all, "gemm", "compute")) * share) * 1e9;
+  h.peak_flops = std::min(best_gflops * scale, best_all_cores_gflops * share) * 1e9;
   h.gemm_efficiency = 1.0;
   const double attention_gflops = std::min(positive(c, "attention_gflops", "compute") * scale,
                                            positive(all, "attention_gflops", "compute") * share);
@@ -141,8 +144,7 @@ Hardware this_machine_hardware(const nlohmann::json& calibration, int64_t device
 std::string describe_calibration(const nlohmann::json& calibration) {
   std::string out;
   for (const nlohmann::json& c : calibration.at("compute")) {
-    double best = 0;
-    for (const nlohmann::json& p : c.at("gemm")) best = std::max(best, p.at(1).get<double>());
+    const double best = best_gemm_gflops(c);
     out += fmt::format(
         "{} thread(s): sgemm up to {:.1f} GFLOP/s (64^3: {:.1f}), memory {:.1f} GB/s (in cache "
         "{:.1f}), AdamW {:.0f} M parameters/s, released pages back at {:.1f} GB/s, attention "
