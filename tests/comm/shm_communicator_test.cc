@@ -293,6 +293,94 @@ TEST(ShmCommunicator, SmallAllReduceBeforeASendThePeerNeedsDoesNotDeadlock) {
   for (int rank = 0; rank < kSize; ++rank) EXPECT_EQ(codes[rank], 0) << "rank " << rank;
 }
 
+// Small all-reduces between every other kind of operation, some waited for
+// at once and some left in flight, with the ranks taking turns to be late by
+// more than the inline poll (so the caller's thread finishes some and the
+// communication thread others); every value depends on the round, so a slot
+// half reused while a slower peer still reads it shows up as a wrong sum.
+TEST(ShmCommunicator, SmallAllReducesInterleavedWithOtherOperationsUnderSkew) {
+  constexpr int kSize = 3;
+  constexpr int kRounds = 120;
+  constexpr int64_t kLarge = 1000;  // floats: above half of the 4 KiB test slot
+  const auto pids = fork_ranks(
+      kSize, 10000,
+      [](ShmCommunicator& comm) {
+        const int rank = comm.rank();
+        auto value = [](int r, int round, int64_t i) {
+          return static_cast<float>((r + 1) * 1000 + round * 7 + i % 13);
+        };
+        auto sum = [&](int round, int64_t i) {
+          float total = 0;
+          for (int r = 0; r < kSize; ++r) total += value(r, round, i);
+          return total;
+        };
+        float* large = static_cast<float*>(comm.shared_buffer());  // zero-copy path
+        for (int round = 0; round < kRounds; ++round) {
+          if (round % 8 == rank) std::this_thread::sleep_for(std::chrono::microseconds(1500));
+          const int64_t count = (round * 37) % 300;
+          std::vector<float> small(count), max_of(5);
+          for (int64_t i = 0; i < count; ++i) small[i] = value(rank, round, i);
+          for (int64_t i = 0; i < 5; ++i) max_of[i] = value(rank, round, i);
+          for (int64_t i = 0; i < kLarge; ++i) large[i] = value(rank, round, i);
+          std::vector<double> root_data(40, rank == round % kSize ? round + 0.5 : -1.0);
+          std::vector<int32_t> mine(7, rank * 100 + round), gathered(7 * kSize);
+
+          comm.all_reduce(small.data(), count, DType::kF32, ReduceOp::kSum)->wait();
+          std::vector<std::shared_ptr<Work>> in_flight = {
+              comm.broadcast(root_data.data(), root_data.size(), DType::kF64, round % kSize),
+              comm.all_reduce(max_of.data(), max_of.size(), DType::kF32, ReduceOp::kMax),
+              comm.all_reduce(large, kLarge, DType::kF32, ReduceOp::kSum),
+              comm.all_gather(mine.data(), gathered.data(), mine.size(), DType::kI32),
+          };
+          for (auto& work : in_flight) work->wait();
+
+          for (int64_t i = 0; i < count; ++i) {
+            require(small[i] == sum(round, i), "round {} small[{}] = {}", round, i, small[i]);
+          }
+          for (int64_t i = 0; i < 5; ++i) {
+            require(max_of[i] == value(kSize - 1, round, i), "round {} max[{}] = {}", round, i,
+                    max_of[i]);
+          }
+          for (int64_t i = 0; i < kLarge; ++i) {
+            require(large[i] == sum(round, i), "round {} large[{}] = {}", round, i, large[i]);
+          }
+          for (double v : root_data) require(v == round + 0.5, "round {} broadcast {}", round, v);
+          for (int s = 0; s < kSize; ++s) {
+            require(gathered[s * 7] == s * 100 + round, "round {} gathered from {} = {}", round, s,
+                    gathered[s * 7]);
+          }
+        }
+      },
+      /*shared_bytes=*/4096);
+  const auto codes = reap_all(pids, std::chrono::seconds(30));
+  for (int rank = 0; rank < kSize; ++rank) EXPECT_EQ(codes[rank], 0) << "rank " << rank;
+}
+
+// With production-sized slots the small path ends at exactly 64 KiB; both
+// sides of the boundary, and every reduction there, give the right values.
+TEST(ShmCommunicator, SmallPathBoundaryAtSixtyFourKiB) {
+  constexpr int kSize = 2;
+  const std::string name = unique_segment_name();
+  const auto pids = testing::fork_ranks(kSize, [&](int rank) {
+    ShmCommunicatorOptions options = make_options(name, rank, kSize, 5000);
+    options.slot_bytes = ShmCommunicatorOptions{}.slot_bytes;
+    ShmCommunicator comm(options);
+    for (int64_t count : {int64_t{16384}, int64_t{16385}}) {  // 64 KiB of f32, and one more
+      for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax}) {
+        std::vector<float> data(count);
+        for (int64_t i = 0; i < count; ++i) data[i] = value_of<float>(rank, i);
+        comm.all_reduce(data.data(), count, DType::kF32, op)->wait();
+        for (int64_t i = 0; i < count; ++i) {
+          require(data[i] == expected_reduction<float>(op, kSize, i), "count {} {} [{}] = {}",
+                  count, reduce_op_name(op), i, data[i]);
+        }
+      }
+    }
+  });
+  const auto codes = reap_all(pids, std::chrono::seconds(10));
+  for (int rank = 0; rank < kSize; ++rank) EXPECT_EQ(codes[rank], 0) << "rank " << rank;
+}
+
 TEST(ShmCommunicator, StoppedPeerTimesOutNamingIt) {
   constexpr int kSize = 3;
   constexpr int kStopped = 2;

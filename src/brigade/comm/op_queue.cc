@@ -43,36 +43,44 @@ std::shared_ptr<Work> OpQueue::enqueue(std::string what, int64_t bytes, Body bod
 
 std::optional<OpQueue::Queued> OpQueue::begin_inline(const std::string& what, int64_t bytes) {
   Queued queued;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (running_ || inline_active_ || !queue_.empty() || !broken_.empty()) return std::nullopt;
-    inline_active_ = true;
-    queued.op.seq = next_seq_++;
-    queued.record_id = FlightRecorder::global().scheduled(group_name_, queued.op.seq, backend_,
-                                                          what, bytes, /*started=*/true);
-  }
   queued.op.what = what;
   queued.started = true;
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (running_ || inline_active_ || !queue_.empty() || !broken_.empty()) return std::nullopt;
+  queued.record_id = FlightRecorder::global().scheduled(group_name_, next_seq_, backend_, what,
+                                                        bytes, /*started=*/true);
+  // Nothing above changed the queue's state, so a throw there leaves it as it was.
+  queued.op.seq = next_seq_++;
+  inline_active_ = true;
   return queued;
 }
 
 std::shared_ptr<Work> OpQueue::end_inline(Queued inline_op) {
-  auto work = std::make_shared<Work>();
   const bool finished = !inline_op.body;
-  if (finished) {
-    FlightRecorder::global().completed(inline_op.record_id);
-    work->finish();
-  } else {
-    inline_op.work = work;
-  }
-  bool wake = false;
+  const uint64_t record_id = inline_op.record_id;
+  std::shared_ptr<Work> work;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (!finished) queue_.push_front(std::move(inline_op));
-    inline_active_ = false;
-    wake = !queue_.empty();
+    // The thread waits on inline_active_: clear it on every way out (an
+    // allocation below can throw), and wake the thread if it has work or is
+    // being stopped. Not otherwise: a needless wake-up costs the other core.
+    struct Release {
+      OpQueue& queue;
+      ~Release() {
+        queue.inline_active_ = false;
+        if (queue.stopping_ || !queue.queue_.empty()) queue.queue_cv_.notify_one();
+      }
+    } release{*this};
+    work = std::make_shared<Work>();
+    if (!finished) {
+      inline_op.work = work;
+      queue_.push_front(std::move(inline_op));
+    }
   }
-  if (wake) queue_cv_.notify_one();
+  if (finished) {
+    FlightRecorder::global().completed(record_id);
+    work->finish();
+  }
   return work;
 }
 
@@ -88,23 +96,27 @@ void OpQueue::run_loop() {
       queue_.pop_front();
       running_ = true;
     }
-    run(queued);
-    std::lock_guard<std::mutex> lock(mutex_);
-    running_ = false;
+    std::exception_ptr error = run(queued);
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      running_ = false;
+    }
+    // Only now: a caller woken by this may issue its next operation at once,
+    // and should find the queue idle (so a small one can run inline).
+    queued.work->finish(std::move(error));
   }
 }
 
-void OpQueue::run(Queued& queued) {
+std::exception_ptr OpQueue::run(Queued& queued) {
   FlightRecorder& recorder = FlightRecorder::global();
   const Op& op = queued.op;
   if (!broken_.empty()) {
     recorder.failed(queued.record_id, "not run: the group failed earlier");
-    queued.work->finish(std::make_exception_ptr(
+    return std::make_exception_ptr(
         CommError(fmt::format("{} {} on group '{}' seq {} (rank {} of {}) not run: the group "
                               "failed earlier: {}",
                               backend_, op.what, group_name_, op.seq, rank_, size_, broken_),
-                  broken_peers_)));
-    return;
+                  broken_peers_));
   }
   if (!queued.started) recorder.started(queued.record_id);
   try {
@@ -120,11 +132,10 @@ void OpQueue::run(Queued& queued) {
     }
     broken_ = error.what();
     broken_peers_ = error.peer_ranks();
-    queued.work->finish(std::make_exception_ptr(std::move(error)));
-    return;
+    return std::make_exception_ptr(std::move(error));
   }
   recorder.completed(queued.record_id);
-  queued.work->finish();
+  return nullptr;
 }
 
 }  // namespace brigade

@@ -88,7 +88,8 @@ class OpQueue {
     bool started = false;  // began on the caller's thread
   };
   void run_loop();
-  void run(Queued& queued);
+  // Runs one operation; returns its error (null on success) for the Work.
+  std::exception_ptr run(Queued& queued);
   std::optional<Queued> begin_inline(const std::string& what, int64_t bytes);
   std::shared_ptr<Work> end_inline(Queued inline_op);
 

@@ -530,15 +530,16 @@ ShmCommunicator::Impl::SmallAllReduce ShmCommunicator::Impl::small_all_reduce_st
                                                                                     DType dtype,
                                                                                     ReduceOp op) {
   SmallAllReduce small{data, count, dtype, op, parity, 0};
-  std::memcpy(half(rank, parity), data, count * dtype_bytes(dtype));
+  // Count 0 still synchronises (every rank does), but its buffer may be null.
+  if (count > 0) std::memcpy(half(rank, parity), data, count * dtype_bytes(dtype));
   parity ^= 1;
   small.target = arrive();
   return small;
 }
 
 void ShmCommunicator::Impl::small_all_reduce_finish(const SmallAllReduce& small) {
-  const int64_t bytes = small.count * dtype_bytes(small.dtype);
-  std::memcpy(small.data, half(0, small.parity), bytes);
+  if (small.count == 0) return;
+  std::memcpy(small.data, half(0, small.parity), small.count * dtype_bytes(small.dtype));
   reduce_into(small.data, peer_halves[small.parity], small.count, small.dtype, small.op, size);
 }
 
@@ -706,6 +707,8 @@ std::shared_ptr<Work> ShmCommunicator::all_reduce(void* data, int64_t count, DTy
   if (impl->is_small_all_reduce(count * dtype_bytes(dtype))) {
     std::string what = describe::all_reduce(count, dtype, op);
     auto work = impl->ops->try_inline(what, count * dtype_bytes(dtype), [&](const OpQueue::Op&) {
+      // On the caller's thread `running` and the deadline belong to an older
+      // operation: nothing here may wait_for() or fail(); poll_for() cannot.
       const Impl::SmallAllReduce small = impl->small_all_reduce_start(bytes, count, dtype, op);
       if (impl->poll_for(small.target, kInlinePollNs)) {
         impl->small_all_reduce_finish(small);
