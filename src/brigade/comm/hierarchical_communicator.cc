@@ -115,7 +115,10 @@ std::shared_ptr<Work> HierarchicalCommunicator::reduce_scatter(const void* input
                          const int64_t elem = dtype_bytes(dtype);
                          std::vector<std::byte> all(in, in + count * size() * elem);
                          run_all_reduce(all.data(), count * size(), dtype, op);
-                         std::memcpy(out, all.data() + rank() * count * elem, count * elem);
+                         // count 0 may come with a null output
+                         if (count > 0) {
+                           std::memcpy(out, all.data() + rank() * count * elem, count * elem);
+                         }
                        });
 }
 
