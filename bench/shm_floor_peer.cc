@@ -12,7 +12,7 @@
 // can do without, so no implementation on this machine can beat it by much.
 // Slots alternate between two halves, as in brigade's small all-reduce.
 //
-// Prints the slowest rank's mean time per operation, in the JSON keys of
+// Prints the slowest rank's mean time per operation (best of 5 runs), in the JSON keys of
 // `brigade bench comm --json` ({"op": "all_reduce", "bytes", "time_us"}).
 #include <sys/mman.h>
 #include <sys/wait.h>
@@ -33,6 +33,9 @@
 namespace {
 
 constexpr int64_t kLine = 128;  // x86 prefetches line pairs: keep flags 128 bytes apart
+// Timed runs of about --seconds each; the best counts. A floor is the least
+// the machine allows, and the other tenants of a VM only ever add to it.
+constexpr int kRepeats = 5;
 
 struct alignas(kLine) Flag {
   std::atomic<uint64_t> value;
@@ -136,7 +139,9 @@ void run_rank(const Shared& s, int rank, const Options& o) {
   }
   time_ops(1);  // publishes *s.iters to every rank
   const uint64_t iters = *s.iters;
-  s.seconds[rank] = time_ops(iters) / static_cast<double>(iters);
+  double best = time_ops(iters);
+  for (int repeat = 1; repeat < kRepeats; ++repeat) best = std::min(best, time_ops(iters));
+  s.seconds[rank] = best / static_cast<double>(iters);
   std::_Exit(0);
 }
 
