@@ -702,39 +702,38 @@ int64_t ShmCommunicator::timeout_ms() const {
 std::shared_ptr<Work> ShmCommunicator::all_reduce(void* data, int64_t count, DType dtype,
                                                   ReduceOp op) {
   describe::check_operand("shm", data, count, "all_reduce");
-  auto* bytes = static_cast<std::byte*>(data);
+  auto* buffer = static_cast<std::byte*>(data);
+  const int64_t bytes = count * dtype_bytes(dtype);
   Impl* impl = impl_.get();
-  if (impl->is_small_all_reduce(count * dtype_bytes(dtype))) {
-    std::string what = describe::all_reduce(count, dtype, op);
-    auto work = impl->ops->try_inline(what, count * dtype_bytes(dtype), [&](const OpQueue::Op&) {
-      // On the caller's thread `running` and the deadline belong to an older
-      // operation: nothing here may wait_for() or fail(); poll_for() cannot.
-      const Impl::SmallAllReduce small = impl->small_all_reduce_start(bytes, count, dtype, op);
-      if (impl->poll_for(small.target, kInlinePollNs)) {
-        impl->small_all_reduce_finish(small);
-        return OpQueue::Body();
+  std::string what = describe::all_reduce(count, dtype, op);
+  if (!impl->is_small_all_reduce(bytes)) {
+    return impl->enqueue(std::move(what), bytes, [impl, buffer, count, dtype, op, bytes] {
+      if (impl->in_shared_region(buffer, bytes)) {
+        impl->all_reduce_in_place(buffer, count, dtype, op);
+      } else {
+        impl->all_reduce(buffer, count, dtype, op);
       }
-      return impl->on_thread([impl, small] {
-        impl->wait_for(small.target, "copy-in");
-        impl->small_all_reduce_finish(small);
-      });
     });
-    if (work) return work;
-    return impl->enqueue(
-        std::move(what), count * dtype_bytes(dtype), [impl, bytes, count, dtype, op] {
-          const Impl::SmallAllReduce small = impl->small_all_reduce_start(bytes, count, dtype, op);
-          impl->wait_for(small.target, "copy-in");
-          impl->small_all_reduce_finish(small);
-        });
   }
-  return impl_->enqueue(describe::all_reduce(count, dtype, op), count * dtype_bytes(dtype),
-                        [impl = impl_.get(), bytes, count, dtype, op] {
-                          if (impl->in_shared_region(bytes, count * dtype_bytes(dtype))) {
-                            impl->all_reduce_in_place(bytes, count, dtype, op);
-                          } else {
-                            impl->all_reduce(bytes, count, dtype, op);
-                          }
-                        });
+  // The rest of a small all-reduce once it has started: on the thread only.
+  auto finish = [impl](const Impl::SmallAllReduce& small) {
+    impl->wait_for(small.target, "copy-in");
+    impl->small_all_reduce_finish(small);
+  };
+  auto work = impl->ops->try_inline(what, bytes, [&](const OpQueue::Op&) {
+    // On the caller's thread `running` and the deadline belong to an older
+    // operation: nothing here may wait_for() or fail(); poll_for() cannot.
+    const Impl::SmallAllReduce small = impl->small_all_reduce_start(buffer, count, dtype, op);
+    if (impl->poll_for(small.target, kInlinePollNs)) {
+      impl->small_all_reduce_finish(small);
+      return OpQueue::Body();
+    }
+    return impl->on_thread([finish, small] { finish(small); });
+  });
+  if (work) return work;
+  return impl->enqueue(std::move(what), bytes, [impl, finish, buffer, count, dtype, op] {
+    finish(impl->small_all_reduce_start(buffer, count, dtype, op));
+  });
 }
 
 std::shared_ptr<Work> ShmCommunicator::reduce_scatter(const void* input, void* output,
