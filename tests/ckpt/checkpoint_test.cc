@@ -229,5 +229,47 @@ TEST_F(CheckpointTest, CommitRefusesShardsThatDoNotCoverTheModel) {
   EXPECT_FALSE(latest_checkpoint(root()).has_value());
 }
 
+// Resuming from step 10 of a run that went on to 30: steps 20 and 30 belong
+// to the abandoned branch. They move aside whole (verifying where they go),
+// the run's newest checkpoint is 10 again, pruning cannot see them, and a
+// second rollback to the same step keeps both abandoned branches.
+TEST_F(CheckpointTest, RollbackSetsTheLaterStepsAsideNeverMixingBranches) {
+  for (int64_t step : {10, 20, 30}) save_as_ranks(2, step);
+  const auto moved = set_aside_checkpoints_after(root(), 10);
+  ASSERT_EQ(moved.size(), 2u);
+  const fs::path branch = root() / "abandoned" / "after_step_00000010";
+  EXPECT_EQ(moved[0], branch / "step_00000020");
+  EXPECT_EQ(moved[1], branch / "step_00000030");
+  for (const fs::path& dir : moved) EXPECT_NO_THROW(verify_checkpoint(dir)) << dir;
+  EXPECT_FALSE(fs::exists(root() / "step_00000020"));
+  EXPECT_EQ(latest_checkpoint(root())->filename(), "step_00000010");
+  EXPECT_EQ(resolve_checkpoint(temp_.path()).dir.filename(), "step_00000010");
+  EXPECT_TRUE(set_aside_checkpoints_after(root(), 10).empty()) << "nothing newer is left";
+
+  // The new branch saves 20 and 30 again; pruning to one keeps its 30 and
+  // leaves the abandoned branch alone.
+  save_as_ranks(2, 20);
+  save_as_ranks(2, 30);
+  prune_checkpoints(root(), 1);
+  EXPECT_EQ(latest_checkpoint(root())->filename(), "step_00000030");
+  EXPECT_TRUE(fs::exists(branch / "step_00000030" / "manifest.json"));
+
+  // A second rollback, to 10 again: nothing at or before 10 is left here
+  // after the prune, so 30 moves, to a branch of its own.
+  const auto again = set_aside_checkpoints_after(root(), 10);
+  ASSERT_EQ(again.size(), 1u);
+  EXPECT_EQ(again[0], root() / "abandoned" / "after_step_00000010.2" / "step_00000030");
+  EXPECT_FALSE(latest_checkpoint(root()).has_value());
+}
+
+TEST_F(CheckpointTest, AbandonRemovesOnlyTheUnfinishedStep) {
+  save_as_ranks(1, 4);
+  begin_checkpoint(root(), 5);
+  write_checkpoint_shard(root(), 5, 0, config(), {});
+  abandon_checkpoint(root(), 5);
+  EXPECT_FALSE(fs::exists(root() / "step_00000005.partial"));
+  EXPECT_NO_THROW(verify_checkpoint(root() / "step_00000004"));
+}
+
 }  // namespace
 }  // namespace brigade

@@ -25,6 +25,7 @@
 
 #include "brigade/ckpt/checkpoint.h"
 #include "brigade/core/error.h"
+#include "testing/processes.h"
 #include "testing/run_brigade.h"
 #include "testing/temp_dir.h"
 
@@ -121,7 +122,9 @@ TEST(CheckpointChaos, KillsAndCorruptionNeverLoadBadStateNorLoseAStep) {
     ::waitpid(pid, &status, 0);
     // A resume that picked a bad checkpoint would have failed instead.
     ASSERT_TRUE(progressed) << "trial " << trial << ": the run saved no new step in 30 s";
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));  // workers follow the launcher
+    // The workers follow the launcher; wait until they are gone.
+    ASSERT_TRUE(testing::wait_until_gone(dir.path().string(), std::chrono::seconds(30)))
+        << "trial " << trial << ": workers outlived their launcher";
     std::error_code ec;
     for (const auto& entry : fs::directory_iterator(root, ec)) {
       if (entry.path().extension() == ".partial") ++kills_mid_save;

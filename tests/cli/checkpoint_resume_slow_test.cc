@@ -24,6 +24,7 @@
 #include <thread>
 #include <vector>
 
+#include "testing/processes.h"
 #include "testing/run_brigade.h"
 #include "testing/temp_dir.h"
 
@@ -111,8 +112,8 @@ TEST_F(CheckpointResume, KillNineThenResumeIsBitIdentical) {
   int status = 0;
   ::waitpid(pid, &status, 0);
   ASSERT_TRUE(fs::exists(tenth)) << "no step-10 checkpoint within 60 s";
-  // The workers die with the launcher; give them a moment to go.
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  // The workers die with the launcher; wait until they are gone.
+  ASSERT_TRUE(testing::wait_until_gone(dir_.path().string(), std::chrono::seconds(30)));
 
   const auto resumed =
       run_brigade({"train", "--nproc", "2", config_.string(), "--set", "parallel.zero=1", "--set",

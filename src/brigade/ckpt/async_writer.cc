@@ -14,10 +14,39 @@ AsyncCheckpointWriter::AsyncCheckpointWriter(int64_t commit_timeout_ms)
     : commit_timeout_ms_(commit_timeout_ms) {}
 
 AsyncCheckpointWriter::~AsyncCheckpointWriter() {
+  // Reached with a save in flight only on a way out (an error, a broken
+  // group): rank 0 must not wait out the commit timeout for shards that
+  // will never come.
+  abort_.store(true, std::memory_order_release);
   try {
     wait();
   } catch (const std::exception& e) {
     std::fprintf(stderr, "brigade: the last checkpoint save failed: %s\n", e.what());
+  }
+}
+
+void AsyncCheckpointWriter::set_state(State state) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    state_.store(state, std::memory_order_release);
+  }
+  state_changed_.notify_all();
+}
+
+void AsyncCheckpointWriter::wait_until_written() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  state_changed_.wait(lock, [&] { return state_.load() != State::kWriting; });
+}
+
+std::string AsyncCheckpointWriter::error_message() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!error_) return {};
+  try {
+    std::rethrow_exception(error_);
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "unknown error";
   }
 }
 
@@ -30,9 +59,19 @@ void AsyncCheckpointWriter::wait() {
   }
 }
 
+void AsyncCheckpointWriter::abort() {
+  abort_.store(true, std::memory_order_release);
+  if (thread_.joinable()) thread_.join();
+  error_ = nullptr;
+  stats_taken_ = true;
+  set_state(State::kIdle);
+}
+
 std::optional<AsyncCheckpointWriter::Stats> AsyncCheckpointWriter::take_finished() {
-  if (thread_.joinable() && !finished_.load(std::memory_order_acquire)) return std::nullopt;
+  const State state = state_.load(std::memory_order_acquire);
+  if (thread_.joinable() && state != State::kDone && state != State::kFailed) return std::nullopt;
   wait();
+  set_state(State::kIdle);
   if (stats_taken_) return std::nullopt;
   stats_taken_ = true;
   return stats_;
@@ -60,26 +99,36 @@ void AsyncCheckpointWriter::start(Save save, const std::vector<CheckpointPiece>&
   }
   stats_ = Stats{save.step, 0, static_cast<double>(now_ns() - copy_start) * 1e-6, 0};
   stats_taken_ = false;
-  finished_.store(false, std::memory_order_release);
+  abort_.store(false, std::memory_order_release);
+  set_state(State::kWriting);
   thread_ = std::thread([this, save = std::move(save)] {
     const int64_t write_start = now_ns();
+    State outcome = State::kDone;
     try {
       run(save);
     } catch (...) {
+      std::lock_guard<std::mutex> lock(mutex_);
       error_ = std::current_exception();
+      outcome = State::kFailed;
     }
     stats_.write_ms = static_cast<double>(now_ns() - write_start) * 1e-6;
-    finished_.store(true, std::memory_order_release);
+    set_state(outcome);
   });
 }
 
 void AsyncCheckpointWriter::run(const Save& save) {
   stats_.bytes = write_checkpoint_shard(save.root, save.step, save.rank, save.config, pieces_);
   if (save.rank != 0) return;
+  set_state(State::kWaiting);
   const int64_t deadline = now_ns() + commit_timeout_ms_ * 1'000'000;
   for (;;) {
     const int missing = missing_checkpoint_shards(save.root, save.step, save.num_shards);
     if (missing < 0) break;
+    if (abort_.load(std::memory_order_acquire)) {
+      abandon_checkpoint(save.root, save.step);
+      throw_error("checkpoint of step {}: given up while waiting for rank {}'s shard", save.step,
+                  missing);
+    }
     if (now_ns() > deadline) {
       throw_error(
           "checkpoint of step {}: rank {}'s shard did not appear within {} ms (is the checkpoint "

@@ -13,12 +13,15 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <cstdlib>
 #include <exception>
 #include <filesystem>
 #include <memory>
+#include <mutex>
 #include <optional>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -30,7 +33,8 @@ class AsyncCheckpointWriter {
  public:
   // commit_timeout_ms bounds how long rank 0 waits for the other ranks' shards.
   explicit AsyncCheckpointWriter(int64_t commit_timeout_ms);
-  // Waits for the save in flight (its error, if any, is reported on stderr).
+  // Gives up a save in flight (abort()) and reports its error, if any, on
+  // stderr. Callers that want the save wait for it first.
   ~AsyncCheckpointWriter();
   AsyncCheckpointWriter(const AsyncCheckpointWriter&) = delete;
   AsyncCheckpointWriter& operator=(const AsyncCheckpointWriter&) = delete;
@@ -50,6 +54,30 @@ class AsyncCheckpointWriter {
   // Waits for the save in flight, if any; rethrows its error.
   void wait();
 
+  // Where this rank's part of the save in flight stands. The ranks exchange
+  // it (train/checkpoint_saver.h), so that a rank whose write failed stops
+  // the save everywhere at once instead of leaving rank 0 to wait for a
+  // shard that never comes.
+  enum class State : int32_t {
+    kIdle = 0,     // nothing started, or the last save was taken
+    kWriting = 1,  // this rank's shard is being written
+    kWaiting = 2,  // rank 0: its shard is written; waiting for the others', then committing
+    kDone = 3,     // this rank's part is finished (rank 0: committed and pruned)
+    kFailed = 4,   // this rank's part failed; error_message() says why
+  };
+  State state() const { return state_.load(std::memory_order_acquire); }
+  // Blocks while this rank's shard is still being written (rank 0 may then
+  // still be waiting for the others' shards): what a rank knows for sure
+  // before it reports on the save.
+  void wait_until_written();
+  // The failed part's error, once state() is kFailed.
+  std::string error_message() const;
+  // Gives up the save in flight: rank 0 stops waiting for the other shards
+  // (a shard write already under way finishes or fails first), and the
+  // thread is joined. The error, if any, is dropped; the step's .partial
+  // directory is the caller's to remove (abandon_checkpoint).
+  void abort();
+
   // What the last save cost this rank.
   struct Stats {
     int64_t step = 0;
@@ -63,6 +91,7 @@ class AsyncCheckpointWriter {
 
  private:
   void run(const Save& save);
+  void set_state(State state);
 
   int64_t commit_timeout_ms_;
   // The pieces' data, back to back, block-aligned so the shard's data
@@ -75,7 +104,10 @@ class AsyncCheckpointWriter {
   std::vector<CheckpointPiece> pieces_;  // pointing into staging_
   std::thread thread_;
   std::exception_ptr error_;
-  std::atomic<bool> finished_{false};
+  std::atomic<State> state_{State::kIdle};
+  std::atomic<bool> abort_{false};
+  mutable std::mutex mutex_;  // with state_changed_: wait_until_written
+  std::condition_variable state_changed_;
   Stats stats_;
   bool stats_taken_ = true;
 };

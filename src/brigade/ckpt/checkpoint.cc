@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <vector>
@@ -323,6 +324,33 @@ void prune_checkpoints(const fs::path& root, int64_t keep) {
     fs::rename(dirs[i], doomed);
     fs::remove_all(doomed);
   }
+}
+
+void abandon_checkpoint(const fs::path& root, int64_t step) {
+  std::error_code ignored;
+  fs::remove_all(partial_directory(root, step), ignored);
+}
+
+std::vector<fs::path> set_aside_checkpoints_after(const fs::path& root, int64_t step) {
+  std::vector<fs::path> newer;
+  for (const fs::path& dir : step_dirs(root)) {
+    if (std::stoll(dir.filename().string().substr(std::strlen(kStepPrefix))) > step) {
+      newer.push_back(dir);
+    }
+  }
+  if (newer.empty()) return {};
+  // A second rollback to the same step keeps the first one's branch too.
+  const fs::path base = root / "abandoned" / fmt::format("after_step_{:08d}", step);
+  fs::path branch = base;
+  for (int n = 2; fs::exists(branch); ++n) branch = fmt::format("{}.{}", base.string(), n);
+  fs::create_directories(branch);
+  std::vector<fs::path> moved;
+  for (const fs::path& dir : newer) {
+    moved.push_back(branch / dir.filename());
+    fs::rename(dir, moved.back());
+  }
+  fsync_directory(root);
+  return moved;
 }
 
 }  // namespace brigade

@@ -104,4 +104,18 @@ void load_checkpoint_state(const std::filesystem::path& step_dir, const Manifest
 // Deletes all but the newest `keep` complete step directories (keep <= 0: none).
 void prune_checkpoints(const std::filesystem::path& root, int64_t keep);
 
+// Removes the step's unfinished <root>/step_N.partial: a save that was given
+// up leaves the previous checkpoints as they were.
+void abandon_checkpoint(const std::filesystem::path& root, int64_t step);
+
+// A run resumed from step k starts a new branch of history; the complete
+// steps after k under root belong to the old one. They are moved (never
+// deleted) to <root>/abandoned/after_step_<k>[.n]/, where neither a resume
+// nor pruning looks, so the directory never mixes the two branches (pruning
+// keeps the highest steps, and a later resume from the run directory would
+// otherwise pick the abandoned branch). Returns where they went, empty if
+// there were none.
+std::vector<std::filesystem::path> set_aside_checkpoints_after(const std::filesystem::path& root,
+                                                               int64_t step);
+
 }  // namespace brigade

@@ -425,8 +425,7 @@ void run_bench_comm(const BenchCommArgs& args) {
   if (args.shared) launch.command.push_back("--shared");
   const int status = run_launch(launch);
   if (status != 0) {
-    std::fflush(nullptr);
-    std::exit(status);
+    throw ExitStatus{status};
   }
 }
 

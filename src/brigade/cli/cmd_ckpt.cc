@@ -145,8 +145,7 @@ void add_ckpt_command(CLI::App& app) {
   inspect->callback([path] {
     const int status = run_inspect(*path);
     if (status != 0) {
-      std::fflush(nullptr);
-      std::exit(status);
+      throw ExitStatus{status};
     }
   });
 

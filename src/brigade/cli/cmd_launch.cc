@@ -54,8 +54,7 @@ void add_launch_command(CLI::App& app) {
     options->rdzv_timeout_ms = *rdzv_timeout_s * 1000;
     const int status = run_launch(*options);
     if (status != 0) {
-      std::fflush(nullptr);
-      std::exit(status);
+      throw ExitStatus{status};
     }
   });
 }

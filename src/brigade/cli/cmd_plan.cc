@@ -223,8 +223,7 @@ void add_plan_command(CLI::App& app) {
   cmd->callback([args] {
     const int rc = args->validate ? run_validate(*args) : run_plan(*args);
     if (rc != 0) {
-      std::fflush(stdout);
-      std::exit(rc);
+      throw ExitStatus{rc};
     }
   });
 }

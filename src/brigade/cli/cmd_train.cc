@@ -12,6 +12,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -36,9 +37,10 @@ namespace brigade::cli {
 namespace fs = std::filesystem;
 namespace {
 
-std::atomic<bool> g_stop_requested{false};
-void request_stop(int) {
-  g_stop_requested = true;
+// The signal (SIGINT, SIGTERM) that asked this worker to stop, or 0.
+std::atomic<int> g_stop_signal{0};
+void request_stop(int sig) {
+  g_stop_signal = sig;
 }
 
 std::string format_duration(double seconds) {
@@ -214,9 +216,7 @@ bool launched_worker() {
     launch.command.push_back("--resume");
     launch.command.push_back(resume);
   }
-  const int status = run_launch(launch);
-  std::fflush(nullptr);
-  std::exit(status);
+  throw ExitStatus{run_launch(launch)};
 }
 
 // The data-parallel group of a launched worker, or null alone.
@@ -263,45 +263,64 @@ void run_train(const std::string& config_path, const std::vector<std::string>& o
   // are collective), at the same steps.
   std::optional<RunReport> report;
   if (first_rank) report.emplace(config, model, options, trainer);
+  auto note = [&](const std::string& message) {
+    if (report) report->note(message);
+  };
   auto evaluate = [&](int64_t step) {
     const double val_loss = trainer.evaluate();
     if (report) report->validation(step, val_loss);
   };
   auto save = [&] {
     const fs::path saved = trainer.save_checkpoint();
-    if (report) report->note("saved " + saved.string());
+    note("saved " + saved.string());
   };
   bool stopped = false;
-  while (trainer.step() < options.steps && !(stopped = any_rank(g_stop_requested))) {
-    const StepMetrics m = trainer.train_step();
-    // Every rank's peak RSS, for rank 0's metrics (ZeRO's saving shows per rank).
-    std::vector<double> rss(group ? group->size() : 1);
-    double mine = static_cast<double>(peak_rss_bytes());
-    if (group) {
-      group->all_gather(&mine, rss.data(), 1, DType::kF64)->wait();
-    } else {
-      rss[0] = mine;
+  try {
+    while (trainer.step() < options.steps && !(stopped = any_rank(g_stop_signal != 0))) {
+      const StepMetrics m = trainer.train_step();
+      // Every rank's peak RSS, for rank 0's metrics (ZeRO's saving shows per rank).
+      std::vector<double> rss(group ? group->size() : 1);
+      double mine = static_cast<double>(peak_rss_bytes());
+      if (group) {
+        group->all_gather(&mine, rss.data(), 1, DType::kF64)->wait();
+      } else {
+        rss[0] = mine;
+      }
+      // Collective: a save in flight completes, or fails, on every rank at once.
+      const auto checkpoint = trainer.poll_checkpoint();
+      if (report) report->step(m, trainer.bucket_timings(), rss, checkpoint);
+      const int64_t done = trainer.step();
+      if (options.eval_every > 0 && done % options.eval_every == 0 && done < options.steps &&
+          trainer.dataset() != nullptr) {
+        evaluate(done);
+      }
+      if (options.checkpoint_every > 0 && done % options.checkpoint_every == 0 &&
+          done < options.steps) {
+        // Training goes on while it is written; the next save waits for it.
+        const fs::path saving = trainer.start_checkpoint();
+        note("saving " + saving.string() + " in the background");
+      }
     }
-    if (report) report->step(m, trainer.bucket_timings(), rss, trainer.finished_checkpoint());
-    const int64_t done = trainer.step();
-    if (options.eval_every > 0 && done % options.eval_every == 0 && done < options.steps &&
-        trainer.dataset() != nullptr) {
-      evaluate(done);
+    if (stopped) {
+      note(fmt::format("interrupted at step {}; saving a checkpoint", trainer.step()));
+      save();
+      std::fflush(nullptr);
+      throw ExitStatus{128 + g_stop_signal.load()};
     }
-    if (options.checkpoint_every > 0 && done % options.checkpoint_every == 0 &&
-        done < options.steps) {
-      // Training goes on while it is written; the next save waits for it.
-      const fs::path saving = trainer.start_checkpoint();
-      if (report) report->note("saving " + saving.string() + " in the background");
-    }
-  }
-  if (stopped) {
-    if (report) {
-      report->note(fmt::format("interrupted at step {}; saving a checkpoint", trainer.step()));
-    }
-    save();
+  } catch (const CommError& e) {
+    // A stop signal is answered with the signal's exit status. If the group
+    // broke on the way (a peer had died: the launcher signals the survivors
+    // then), no collective save can happen: give it up at once, well inside
+    // the launcher's grace period, and keep the newest complete checkpoint.
+    const int sig = g_stop_signal.load();
+    if (sig == 0) throw;
+    trainer.abandon_checkpoint();
+    std::fprintf(stderr,
+                 "brigade train: stopping on %s at step %lld without saving: the group is broken "
+                 "(%s); the newest complete checkpoint stays as it was\n",
+                 strsignal(sig), static_cast<long long>(trainer.step()), e.what());
     std::fflush(nullptr);
-    std::exit(130);
+    throw ExitStatus{128 + sig};
   }
   // Save before the final evaluation: the trained state is what matters.
   save();

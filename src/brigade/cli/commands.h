@@ -8,6 +8,14 @@
 
 namespace brigade::cli {
 
+// Thrown by a verb that ends with a given exit status (a stopped training
+// run: 128 + the signal) rather than calling std::exit: the stack unwinds,
+// so communicators and writer threads are joined before static destructors
+// run. main() returns the status.
+struct ExitStatus {
+  int code = 0;
+};
+
 void add_train_command(CLI::App& app);
 void add_eval_command(CLI::App& app);
 void add_sample_command(CLI::App& app);

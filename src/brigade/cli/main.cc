@@ -24,6 +24,9 @@ int main(int argc, char** argv) {
     if (e.get_exit_code() == 0) return app.exit(e);
     std::fprintf(stderr, "brigade: error: %s (see brigade --help)\n", e.what());
     return 2;
+  } catch (const brigade::cli::ExitStatus& e) {
+    std::fflush(nullptr);
+    return e.code;
   } catch (const brigade::Error& e) {
     std::fprintf(stderr, "brigade: error: %s\n", e.what());
     return 1;

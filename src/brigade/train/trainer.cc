@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <cstdio>
+#include <string>
 
 #include "brigade/ckpt/async_writer.h"
 #include "brigade/ckpt/checkpoint.h"
@@ -128,7 +130,7 @@ Trainer::Trainer(const GptConfig& model, const TrainOptions& options, Communicat
     grad_sync_ = std::make_unique<GradSync>(*dp_group_, *plan_, grads_.data(), mode,
                                             buffers_in_shared_memory_);
   }
-  writer_ = std::make_unique<AsyncCheckpointWriter>(options_.parallel.timeout_s * 1000);
+  saver_ = std::make_unique<CheckpointSaver>(dp_group_, options_.parallel.timeout_s * 1000);
   if (zero == 3) {
     sharded_params_ = std::make_unique<ShardedParams>(*dp_group_, *plan_, params_.data(),
                                                       buffers_in_shared_memory_);
@@ -148,7 +150,25 @@ Trainer::Trainer(const GptConfig& model, const TrainOptions& options, Communicat
   }
   inputs_.resize(static_cast<size_t>(options_.micro_batch * model.block_size));
   targets_.resize(inputs_.size());
-  if (resume) load_checkpoint(*resume);
+  if (resume) {
+    load_checkpoint(*resume);
+    // Every rank has read its checkpoint before rank 0 moves any step.
+    if (dp > 1) dp_group_->barrier()->wait();
+    if (dp_rank() == 0) set_aside_abandoned_branch();
+  }
+}
+
+void Trainer::set_aside_abandoned_branch() {
+  const fs::path root = fs::path(options_.run_dir) / "checkpoints";
+  const std::vector<fs::path> moved = set_aside_checkpoints_after(root, step_);
+  if (moved.empty()) return;
+  std::string names;
+  for (const fs::path& dir : moved) names += (names.empty() ? "" : ", ") + dir.filename().string();
+  std::fprintf(stderr,
+               "brigade: resuming at step %lld starts a new branch: moved the later checkpoints "
+               "%s to %s (kept, never resumed from or pruned)\n",
+               static_cast<long long>(step_), names.c_str(),
+               moved.front().parent_path().string().c_str());
 }
 
 Trainer::~Trainer() = default;
@@ -338,11 +358,6 @@ fs::path Trainer::start_checkpoint() {
     }
     compact += slice.size();
   }
-  // Phase 1: the previous save is done, rank 0 has cleared the step's
-  // directory, and every rank knows it before writing into it.
-  writer_->wait();
-  if (dp_rank() == 0) begin_checkpoint(root, step_);
-  if (dp_size() > 1) dp_group_->barrier()->wait();
   AsyncCheckpointWriter::Save save;
   save.root = root;
   save.step = step_;
@@ -355,16 +370,20 @@ fs::path Trainer::start_checkpoint() {
                    state_json(),
                    dataset_ ? dataset_->tokenizer_spec() : ""};
   }
-  writer_->start(std::move(save), pieces);
+  saver_->start(std::move(save), pieces);
   return dp_rank() == 0 ? step_directory(root, step_) : fs::path();
 }
 
-void Trainer::wait_for_checkpoint() {
-  writer_->wait();
+std::optional<AsyncCheckpointWriter::Stats> Trainer::poll_checkpoint() {
+  return saver_->poll();
 }
 
-std::optional<AsyncCheckpointWriter::Stats> Trainer::finished_checkpoint() {
-  return writer_->take_finished();
+void Trainer::wait_for_checkpoint() {
+  saver_->wait();
+}
+
+void Trainer::abandon_checkpoint() {
+  saver_->abandon();
 }
 
 fs::path Trainer::save_checkpoint() {

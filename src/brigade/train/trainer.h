@@ -33,6 +33,7 @@
 #include "brigade/parallel/grad_buckets.h"
 #include "brigade/parallel/grad_sync.h"
 #include "brigade/parallel/sharded_params.h"
+#include "brigade/train/checkpoint_saver.h"
 #include "brigade/train/train_options.h"
 
 namespace brigade {
@@ -77,18 +78,24 @@ class Trainer {
   double evaluate();
 
   // Saves to <run_dir>/checkpoints/step_<N> and prunes old ones. Every
-  // data-parallel rank must call it: each writes its own shard (its slices
-  // of the parameters and moments), rank 0 commits the manifest.
+  // data-parallel rank must call these at the same points: each writes its
+  // own shard (its slices of the parameters and moments), rank 0 commits
+  // the manifest, and the ranks agree on the outcome (train/checkpoint_saver.h).
   // start_checkpoint returns once this rank's state is copied to memory and
   // writes in the background (it first waits for the previous save);
-  // wait_for_checkpoint waits for that write (on rank 0, for the commit) and
-  // rethrows its error; save_checkpoint is both. They return the step
-  // directory on rank 0, an empty path on the others.
+  // poll_checkpoint, once per step, returns what a save that has completed
+  // on every rank cost this rank, and throws if a rank's part failed (the
+  // step is then dropped and the previous checkpoint stays the newest);
+  // wait_for_checkpoint blocks until the save is committed or throws;
+  // save_checkpoint is start and wait. They return the step directory on
+  // rank 0, an empty path on the others.
   std::filesystem::path start_checkpoint();
+  std::optional<AsyncCheckpointWriter::Stats> poll_checkpoint();
   void wait_for_checkpoint();
-  // What the last finished save cost this rank, once (see AsyncCheckpointWriter).
-  std::optional<AsyncCheckpointWriter::Stats> finished_checkpoint();
   std::filesystem::path save_checkpoint();
+  // Not collective: gives up a save in flight when the group is broken (a
+  // peer died) and cannot agree on it any more.
+  void abandon_checkpoint();
   // Loads a checkpoint or the newest one in a run directory.
   void load_checkpoint(const std::filesystem::path& path);
   void load_checkpoint(const ResolvedCheckpoint& checkpoint);
@@ -117,6 +124,9 @@ class Trainer {
   // The flat buffers: in the communicator's shared region when they fit
   // (zero-copy collectives), else on the heap.
   void allocate_buffers(int64_t size);
+  // After a resume at step_: the run directory's later checkpoints belong
+  // to the history it branches from; they move aside (checkpoint.h).
+  void set_aside_abandoned_branch();
   // Sum over the data-parallel group (a no-op alone).
   double sum_over_ranks(double value);
   double global_grad_norm();
@@ -131,7 +141,7 @@ class Trainer {
   std::unique_ptr<AdamW> optimizer_;
   std::unique_ptr<GradSync> grad_sync_;
   std::unique_ptr<ShardedParams> sharded_params_;  // ZeRO 3
-  std::unique_ptr<AsyncCheckpointWriter> writer_;
+  std::unique_ptr<CheckpointSaver> saver_;
   std::unique_ptr<Dataset> dataset_;
   std::unique_ptr<GlobalSampler> sampler_;
   std::vector<int32_t> inputs_, targets_;  // one micro-batch, (B,T) each

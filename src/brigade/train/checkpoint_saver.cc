@@ -1,0 +1,105 @@
+#include "brigade/train/checkpoint_saver.h"
+
+#include <fmt/format.h>
+
+#include <chrono>
+#include <string>
+#include <thread>
+#include <utility>
+
+#include "brigade/comm/communicator.h"
+#include "brigade/core/error.h"
+
+namespace brigade {
+namespace fs = std::filesystem;
+using State = AsyncCheckpointWriter::State;
+
+CheckpointSaver::CheckpointSaver(Communicator* group, int64_t commit_timeout_ms)
+    : group_(group != nullptr && group->size() > 1 ? group : nullptr),
+      rank_(group_ ? group_->rank() : 0),
+      size_(group_ ? group_->size() : 1),
+      writer_(commit_timeout_ms) {}
+
+void CheckpointSaver::start(AsyncCheckpointWriter::Save save,
+                            const std::vector<CheckpointPiece>& pieces) {
+  wait();
+  // In flight from here: if phase 1 fails (a peer died), abandon() still
+  // removes the directory rank 0 created.
+  root_ = save.root;
+  step_ = save.step;
+  in_flight_ = true;
+  // Phase 1: rank 0 has cleared the step's directory, and every rank knows
+  // it before writing into it.
+  if (rank_ == 0) begin_checkpoint(save.root, save.step);
+  if (group_) group_->barrier()->wait();
+  writer_.start(std::move(save), pieces);
+}
+
+std::vector<int32_t> CheckpointSaver::gather_states() {
+  int32_t mine = static_cast<int32_t>(writer_.state());
+  std::vector<int32_t> states(static_cast<size_t>(size_), mine);
+  if (group_) group_->all_gather(&mine, states.data(), 1, DType::kI32)->wait();
+  return states;
+}
+
+bool CheckpointSaver::settle(const std::vector<int32_t>& states) {
+  std::vector<int> failed;
+  for (int r = 0; r < size_; ++r) {
+    if (states[static_cast<size_t>(r)] == static_cast<int32_t>(State::kFailed)) failed.push_back(r);
+  }
+  if (failed.empty()) return states[0] == static_cast<int32_t>(State::kDone);
+
+  const std::string own_error = writer_.error_message();
+  // Every rank's write has stopped before rank 0 removes the step, so
+  // nothing writes into it afterwards.
+  writer_.abort();
+  if (group_) group_->barrier()->wait();
+  if (rank_ == 0) abandon_checkpoint(root_, step_);
+  in_flight_ = false;
+  std::string who;
+  for (int r : failed) {
+    if (!who.empty()) who += ", ";
+    who += fmt::format("rank {} ({})", r,
+                       (root_ / fmt::format("step_{:08d}.partial", step_) /
+                        fmt::format("shard_{:05d}.safetensors", r))
+                           .string());
+  }
+  const std::optional<fs::path> newest = latest_checkpoint(root_);
+  throw_error(
+      "checkpoint of step {} failed on {}{}; the step was dropped, {}: fix the cause (a full "
+      "disk?) and resume with --resume {}",
+      step_, who, own_error.empty() ? "" : ": " + own_error,
+      newest ? newest->filename().string() + " is still the newest checkpoint"
+             : "there is no earlier checkpoint",
+      root_.parent_path().string());
+}
+
+std::optional<AsyncCheckpointWriter::Stats> CheckpointSaver::poll() {
+  if (in_flight_ && settle(gather_states())) {
+    in_flight_ = false;
+    completed_ = writer_.take_finished();
+  }
+  return std::exchange(completed_, std::nullopt);
+}
+
+void CheckpointSaver::wait() {
+  if (!in_flight_) return;
+  for (;;) {
+    // A rank whose shard is still being written has nothing to say yet.
+    writer_.wait_until_written();
+    if (settle(gather_states())) break;
+    // Rank 0 is still waiting for the shard files or committing.
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  in_flight_ = false;
+  completed_ = writer_.take_finished();
+}
+
+void CheckpointSaver::abandon() {
+  if (!in_flight_) return;
+  writer_.abort();
+  if (rank_ == 0) abandon_checkpoint(root_, step_);
+  in_flight_ = false;
+}
+
+}  // namespace brigade

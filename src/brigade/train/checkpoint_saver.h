@@ -1,0 +1,67 @@
+// Checkpoint saves of a data-parallel group, agreed on by every rank.
+//
+// Each rank writes its shard in the background (ckpt/async_writer.h) and
+// rank 0 commits once every shard is on disk. A write can fail on one rank
+// alone (its disk is full, EIO); rank 0 would then wait for a shard that
+// never comes. So while a save is in flight the ranks exchange, with one
+// tiny all-gather per training step, where each stands (writing, written,
+// committed, failed): a failure reaches every rank at its next step, the
+// step's .partial directory is removed, the previous checkpoint stays the
+// newest, and every rank throws an Error naming the ranks and files that
+// failed. A save is complete for everyone once rank 0 reports it committed.
+//
+// Every method but abandon() is collective: all ranks call it at the same
+// points (the training loop's steps do).
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <vector>
+
+#include "brigade/ckpt/async_writer.h"
+
+namespace brigade {
+
+class Communicator;
+
+class CheckpointSaver {
+ public:
+  // group: the data-parallel ranks that save together (null or size 1 alone).
+  CheckpointSaver(Communicator* group, int64_t commit_timeout_ms);
+
+  // Waits for the save in flight (wait()), then runs phase 1 (rank 0 clears
+  // the step's directory; a barrier) and starts this rank's background
+  // write. save.rank and save.num_shards are the group's.
+  void start(AsyncCheckpointWriter::Save save, const std::vector<CheckpointPiece>& pieces);
+  // Once per training step while a save may be in flight: the stats of a
+  // save that completed (on every rank) since the last call. Throws an
+  // Error if any rank's part failed, after dropping the step.
+  std::optional<AsyncCheckpointWriter::Stats> poll();
+  // Blocks until the save in flight is committed, or throws as poll() does.
+  void wait();
+  // Not collective: gives up the save in flight, for a group that can no
+  // longer agree (a peer died). Rank 0 removes the step's .partial
+  // directory; the previous checkpoint stays the newest.
+  void abandon();
+
+  bool in_flight() const { return in_flight_; }
+
+ private:
+  // Every rank's writer state, gathered; then what they add up to.
+  std::vector<int32_t> gather_states();
+  // True when rank 0 has committed; throws if a rank failed.
+  bool settle(const std::vector<int32_t>& states);
+
+  Communicator* group_;
+  int rank_ = 0;
+  int size_ = 1;
+  AsyncCheckpointWriter writer_;
+  bool in_flight_ = false;
+  std::filesystem::path root_;
+  int64_t step_ = 0;
+  // The stats of a save that wait() completed, for the next poll().
+  std::optional<AsyncCheckpointWriter::Stats> completed_;
+};
+
+}  // namespace brigade

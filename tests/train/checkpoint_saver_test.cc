@@ -1,0 +1,130 @@
+// Checkpoint saves agreed on by a data-parallel group (forked ranks over the
+// shm backend): a shard write that fails on one rank stops the save on every
+// rank within seconds, however long rank 0 would otherwise wait for the
+// missing shard; the error names the rank and its file; the step's
+// .partial directory is gone and the previous checkpoint is still the
+// newest good one. A failed write is made by giving rank 1 a checkpoint
+// root it cannot create (under /proc), the way a full or broken disk fails.
+#include "brigade/train/checkpoint_saver.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "brigade/comm/shm_communicator.h"
+#include "brigade/core/config.h"
+#include "testing/forked_ranks.h"
+#include "testing/temp_dir.h"
+
+namespace brigade {
+namespace {
+namespace fs = std::filesystem;
+using testing::require;
+
+// Rank 0 would wait this long for a missing shard without the agreement.
+constexpr int64_t kCommitTimeoutMs = 120'000;
+// How long the failure may take to reach every rank: seconds, with a margin
+// for a loaded machine (it takes milliseconds).
+constexpr double kFailureBoundMs = 15'000;
+
+GptConfig tiny_model() {
+  Config c = Config::from_string(
+      "[model]\nn_layer = 1\nn_head = 2\nn_embd = 16\nblock_size = 8\nvocab_size = 32\n");
+  return GptConfig::from_config(c);
+}
+
+// Rank r's half of each of the three flat buffers.
+std::vector<CheckpointPiece> half(const std::vector<float>& data, int rank) {
+  const auto size = static_cast<int64_t>(data.size());
+  const int64_t begin = rank * size / 2, end = (rank + 1) * size / 2;
+  std::vector<CheckpointPiece> pieces;
+  for (StateKind kind : {StateKind::kParams, StateKind::kExpAvg, StateKind::kExpAvgSq}) {
+    pieces.push_back({kind, begin, end, data.data() + begin});
+  }
+  return pieces;
+}
+
+enum class Waiting { kPoll, kWait };
+
+void run_failing_save(Waiting how, const fs::path& dir) {
+  const GptConfig model = tiny_model();
+  const fs::path root = dir / "checkpoints";
+  const std::string segment =
+      fmt::format("/brigade-saver-test-{}-{}", ::getpid(), how == Waiting::kPoll ? "poll" : "wait");
+  const auto pids = testing::fork_ranks(2, [&](int rank) {
+    ShmCommunicatorOptions shm;
+    shm.segment_name = segment;
+    shm.group_name = "dp";
+    shm.rank = rank;
+    shm.size = 2;
+    shm.timeout_ms = 60'000;
+    ShmCommunicator comm(shm);
+    CheckpointSaver saver(&comm, kCommitTimeoutMs);
+    const std::vector<float> state(static_cast<size_t>(ParamLayout(model).size()), 0.5f);
+    auto save_of = [&](int64_t step, const fs::path& rank_root) {
+      AsyncCheckpointWriter::Save save;
+      save.root = rank_root;
+      save.step = step;
+      save.rank = rank;
+      save.num_shards = 2;
+      save.config = model;
+      save.header = {{{"dp", 2}}, {{"step", step}}, "byte"};
+      return save;
+    };
+    saver.start(save_of(1, root), half(state, rank));
+    saver.wait();
+    // Step 2: rank 1 cannot write its shard.
+    const fs::path unwritable = "/proc/brigade-no-such-dir/checkpoints";
+    saver.start(save_of(2, rank == 1 ? unwritable : root), half(state, rank));
+    const auto start = testing::Clock::now();
+    std::string error;
+    try {
+      if (how == Waiting::kWait) {
+        saver.wait();
+      } else {
+        for (int step = 0; step < 100'000; ++step) {
+          saver.poll();  // what each training step does
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        }
+      }
+    } catch (const Error& e) {
+      error = e.what();
+    }
+    const double took_ms = testing::ms_since(start);
+    require(!error.empty(), "rank {}: the failed save went unnoticed", rank);
+    require(took_ms < kFailureBoundMs, "rank {}: the failure took {} ms to arrive", rank, took_ms);
+    require(error.find("rank 1") != std::string::npos &&
+                error.find("shard_00001.safetensors") != std::string::npos,
+            "rank {}: the error does not name rank 1 and its file: {}", rank, error);
+    if (rank == 0) {
+      require(error.find("step_00000001 is still the newest") != std::string::npos,
+              "rank 0: the error does not name the newest checkpoint: {}", error);
+    } else {
+      require(error.find("/proc/brigade-no-such-dir") != std::string::npos,
+              "rank 1: its own error is not in the message: {}", error);
+    }
+    require(!saver.in_flight(), "rank {}: the save is still in flight", rank);
+  });
+  const auto codes = testing::reap_all(pids, std::chrono::seconds(60));
+  for (size_t r = 0; r < codes.size(); ++r) ASSERT_EQ(codes[r], 0) << "rank " << r;
+  EXPECT_FALSE(fs::exists(root / "step_00000002.partial"));
+  EXPECT_FALSE(fs::exists(root / "step_00000002"));
+  ASSERT_EQ(latest_checkpoint(root)->filename(), "step_00000001");
+  EXPECT_NO_THROW(verify_checkpoint(root / "step_00000001"));
+}
+
+TEST(CheckpointSaver, AFailedShardReachesEveryRankAtTheNextStep) {
+  testing::TempDir dir("brigade_saver_poll");
+  run_failing_save(Waiting::kPoll, dir.path());
+}
+
+TEST(CheckpointSaver, AFailedShardEndsABlockingSaveOnEveryRank) {
+  testing::TempDir dir("brigade_saver_wait");
+  run_failing_save(Waiting::kWait, dir.path());
+}
+
+}  // namespace
+}  // namespace brigade
