@@ -7,6 +7,8 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <string>
+#include <vector>
 
 #include "brigade/core/config.h"
 #include "brigade/core/error.h"
@@ -52,6 +54,21 @@ class TrainerTest : public ::testing::Test {
     Trainer t(model, opts);
     t.train_step();
     return t.save_checkpoint();
+  }
+
+  // Building a trainer from `opts` fails with an Error whose message holds
+  // every one of `needles` (the problem and its fix).
+  static void expect_refused(const GptConfig& model, const TrainOptions& opts,
+                             const std::vector<std::string>& needles) {
+    try {
+      Trainer t(model, opts);
+      ADD_FAILURE() << "expected an Error";
+    } catch (const Error& e) {
+      for (const std::string& needle : needles) {
+        EXPECT_NE(std::string(e.what()).find(needle), std::string::npos)
+            << "'" << needle << "' not in: " << e.what();
+      }
+    }
   }
 
   testing::TempDir temp_{"brigade_trainer_test"};
@@ -107,7 +124,7 @@ TEST_F(TrainerTest, ResumeRefusesAnotherSeed) {
   TrainOptions opts = TrainOptions::from_config(c);
   opts.resume = checkpoint_after_one_step(model, opts).string();
   opts.seed = 8;
-  EXPECT_THROW(Trainer(model, opts), Error);
+  expect_refused(model, opts, {"train.seed = 7 but the config says 8", "set train.seed = 7"});
 }
 
 TEST_F(TrainerTest, ResumeRefusesAnotherGlobalBatch) {
@@ -116,7 +133,9 @@ TEST_F(TrainerTest, ResumeRefusesAnotherGlobalBatch) {
   TrainOptions opts = TrainOptions::from_config(c);
   opts.resume = checkpoint_after_one_step(model, opts).string();
   opts.grad_accum = 3;  // global batch 12 instead of 8
-  EXPECT_THROW(Trainer(model, opts), Error);
+  expect_refused(model, opts,
+                 {"global batch of 8 sequences", "train.micro_batch * train.grad_accum = 12",
+                  "whose product is 8"});
   opts.grad_accum = 1;  // micro_batch 8 x 1 is the same global batch: fine
   opts.micro_batch = 8;
   Trainer resumed(model, opts);
@@ -129,12 +148,7 @@ TEST_F(TrainerTest, ReusedDatasetWithAnotherTokenizerIsRefused) {
   TrainOptions opts = TrainOptions::from_config(c);
   { Trainer t(model, opts); }  // prepares data.dir with the byte tokenizer
   opts.data.tokenizer = (dir_ / "some_bpe").string();
-  try {
-    Trainer t(model, opts);
-    FAIL() << "expected an Error";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("delete"), std::string::npos) << e.what();
-  }
+  expect_refused(model, opts, {"was prepared with tokenizer", "delete"});
 }
 
 }  // namespace

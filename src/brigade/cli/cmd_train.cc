@@ -161,7 +161,10 @@ class RunReport {
     for (const BucketTiming& b : bucket_timings) {
       buckets.push_back({{"bytes", b.bytes}, {"issued_ms", b.issued_ms}, {"done_ms", b.done_ms}});
     }
-    if (!buckets.empty()) line["buckets"] = std::move(buckets);
+    if (!buckets.empty()) {
+      line["buckets"] = std::move(buckets);
+      line["backward_end_ms"] = m.backward_end_ms;  // the buckets' clock
+    }
     // A background save that finished during this step: what it cost.
     if (checkpoint) {
       line["checkpoint"] = {{"step", checkpoint->step},

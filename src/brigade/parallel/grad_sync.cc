@@ -35,6 +35,11 @@ void GradSync::arm() {
   for (auto& work : works_) work.reset();
   next_ = 0;
   armed_ns_ = now_ns();
+  backward_end_ms_ = -1.0;
+}
+
+void GradSync::stamp_backward_end() {
+  if (backward_end_ms_ < 0) backward_end_ms_ = static_cast<double>(now_ns() - armed_ns_) * 1e-6;
 }
 
 void GradSync::launch(size_t index) {
@@ -54,6 +59,8 @@ void GradSync::launch(size_t index) {
 }
 
 void GradSync::on_ready(int64_t ready_from) {
+  // Stamped before launching: what the last call launches did not overlap.
+  if (ready_from == 0) stamp_backward_end();
   const auto& buckets = plan_.buckets();
   while (next_ < buckets.size() && buckets[next_].begin >= ready_from) launch(next_++);
   if (mode_ == Mode::kReduceScatterAndRelease) release_finished(false);
@@ -74,6 +81,7 @@ void GradSync::release_finished(bool wait) {
 }
 
 double GradSync::finish() {
+  stamp_backward_end();
   while (next_ < plan_.buckets().size()) launch(next_++);
   const int64_t start = now_ns();
   release_finished(true);

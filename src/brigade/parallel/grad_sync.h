@@ -61,9 +61,18 @@ class GradSync {
   double finish();
 
   const std::vector<BucketTiming>& timings() const { return timings_; }
+  // When backward ended in the last step, in the timings' clock: the
+  // on_ready(0) call (every gradient final), or finish() if none came. A
+  // bucket issued before it is a reduction that overlapped backward.
+  double backward_end_ms() const { return backward_end_ms_; }
+  // Buckets handed to the communicator since arm(), in plan order: buckets()[0,
+  // launched()).
+  size_t launched() const { return next_; }
 
  private:
   void launch(size_t index);
+  // Records backward_end_ms() once per step.
+  void stamp_backward_end();
   // Releases the finished buckets' unowned parts (ZeRO 2).
   void release_finished(bool wait);
 
@@ -76,6 +85,7 @@ class GradSync {
   std::vector<std::shared_ptr<Work>> works_;
   std::vector<BucketTiming> timings_;
   int64_t armed_ns_ = 0;
+  double backward_end_ms_ = -1.0;  // -1 until this step's backward ended
 };
 
 }  // namespace brigade

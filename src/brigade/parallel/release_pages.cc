@@ -1,9 +1,14 @@
 #include "brigade/parallel/release_pages.h"
 
 #include <sys/mman.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <cstdint>
 #include <cstring>
+#include <vector>
+
+#include "brigade/core/error.h"
 
 namespace brigade {
 
@@ -25,6 +30,20 @@ void release_as_zeros(float* begin, float* end, bool shared) {
                 shared ? MADV_REMOVE : MADV_DONTNEED) != 0) {
     std::memset(reinterpret_cast<void*>(page_begin), 0, page_end - page_begin);
   }
+}
+
+int64_t resident_bytes(const void* begin, const void* end) {
+  if (begin >= end) return 0;
+  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t first = reinterpret_cast<uintptr_t>(begin) / page * page;
+  const uintptr_t last = (reinterpret_cast<uintptr_t>(end) + page - 1) / page * page;
+  std::vector<unsigned char> in_core((last - first) / page);
+  if (::mincore(reinterpret_cast<void*>(first), last - first, in_core.data()) != 0) {
+    throw_error("mincore over {} bytes failed: {}", last - first, std::strerror(errno));
+  }
+  int64_t pages = 0;
+  for (const unsigned char flags : in_core) pages += flags & 1;
+  return pages * static_cast<int64_t>(page);
 }
 
 }  // namespace brigade

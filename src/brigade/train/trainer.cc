@@ -267,7 +267,10 @@ StepMetrics Trainer::train_step() {
   }
   StepMetrics m;
   m.step = step_;
-  if (grad_sync_) m.exposed_comm_ms = grad_sync_->finish();
+  if (grad_sync_) {
+    m.exposed_comm_ms = grad_sync_->finish();
+    m.backward_end_ms = grad_sync_->backward_end_ms();
+  }
   // ZeRO 3's parameter gathers that forward and backward had to wait for.
   if (sharded_params_) m.exposed_comm_ms += sharded_params_->take_wait_ms();
   m.loss = sum_over_ranks(loss) / static_cast<double>(accum * dp_size());

@@ -53,6 +53,9 @@ struct StepMetrics {
   // Time spent waiting on communication after compute was done: the part
   // that overlap did not hide.
   double exposed_comm_ms = 0.0;
+  // With data parallelism: when the last micro-batch's backward ended, in
+  // the clock of bucket_timings() (GradSync::backward_end_ms).
+  double backward_end_ms = 0.0;
 };
 
 // Bytes one rank holds for training state, by kind.
@@ -104,6 +107,11 @@ class Trainer {
   const GptConfig& model_config() const { return model_->config(); }
   const TrainOptions& options() const { return options_; }
   const FloatBuffer& params() const { return params_; }
+  // Under ZeRO 2 and 3 only this rank's slices hold values between steps,
+  // and the rest of the buffer is released (see resident_bytes()).
+  const FloatBuffer& grads() const { return grads_; }
+  // ZeRO 3's parameter residency (its peak of gathered bytes); null otherwise.
+  const ShardedParams* sharded_params() const { return sharded_params_.get(); }
   int dp_rank() const;
   int dp_size() const { return options_.parallel.dp; }
   // What this rank holds, for the start-up report and the ZeRO tests.

@@ -1,0 +1,197 @@
+// GradSync on two forked ranks over the shm backend, with the gradient
+// buffer in the segment (the zero-copy path) or on the heap: a bucket is
+// handed to the communicator only once the model reports its whole range
+// final (a ready offset inside a bucket must not launch it), the reductions
+// hold the sums, the trace places the overlapped launches before the end of
+// backward, and ZeRO 2's release really returns the unowned pages.
+#include "brigade/parallel/grad_sync.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <functional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "brigade/comm/shm_communicator.h"
+#include "brigade/core/aligned_buffer.h"
+#include "brigade/parallel/release_pages.h"
+#include "testing/forked_ranks.h"
+
+namespace brigade {
+namespace {
+
+using testing::require;
+
+constexpr int kRanks = 2;
+// Three buckets of 40,000 floats (160 KB, 39 pages): [80k, 120k) is
+// reduced first, then [40k, 80k), then [0, 40k).
+constexpr int64_t kElements = 120'000;
+constexpr int64_t kBucket = 40'000;
+constexpr int64_t kPage = 4096;
+
+// Small integers, so sums are exact whatever the order of addition.
+float gradient(int rank, int64_t i) {
+  return static_cast<float>((i * 7 + rank * 13) % 23 - 11);
+}
+float summed(int64_t i) {
+  float sum = 0;
+  for (int r = 0; r < kRanks; ++r) sum += gradient(r, i);
+  return sum;
+}
+
+void write_gradients(float* grads, int rank, int64_t begin, int64_t end) {
+  for (int64_t i = begin; i < end; ++i) grads[i] = gradient(rank, i);
+}
+
+// Runs body(comm, grads) in each of kRanks forked ranks, the gradient buffer
+// (plan.padded_size() floats) in the segment if `shared`, else on the heap.
+void run_ranks(bool shared, const BucketPlan& plan,
+               const std::function<void(Communicator&, float*)>& body) {
+  const int64_t bytes = (plan.padded_size() * 4 + kPage - 1) / kPage * kPage;
+  static int runs = 0;
+  const std::string segment = fmt::format("/brigade-grad-sync-test-{}-{}", ::getpid(), runs++);
+  const auto pids = testing::fork_ranks(kRanks, [&](int rank) {
+    ShmCommunicatorOptions options;
+    options.segment_name = segment;
+    options.group_name = "dp";
+    options.rank = rank;
+    options.size = kRanks;
+    options.timeout_ms = 20000;
+    options.shared_bytes = shared ? bytes : 0;
+    ShmCommunicator comm(options);
+    FloatBuffer heap;
+    float* grads = nullptr;
+    if (shared) {
+      grads = static_cast<float*>(comm.shared_buffer());
+    } else {
+      heap = FloatBuffer(plan.padded_size());
+      grads = heap.data();
+    }
+    std::fill(grads, grads + plan.padded_size(), 0.0f);
+    body(comm, grads);
+  });
+  const auto codes = testing::reap_all(pids, std::chrono::seconds(60));
+  for (size_t r = 0; r < codes.size(); ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
+}
+
+class GradSyncTest : public ::testing::TestWithParam<bool> {};
+
+// Backward reports offsets going down. A report inside bucket 1 launches
+// bucket 0 only: bucket 1 still has gradients to come below the offset,
+// and those must be in its reduction.
+TEST_P(GradSyncTest, AReadyOffsetInsideABucketDoesNotLaunchIt) {
+  const BucketPlan plan(kElements, kRanks, kBucket);
+  ASSERT_EQ(plan.buckets().size(), 3u);
+  run_ranks(GetParam(), plan, [&](Communicator& comm, float* grads) {
+    const int rank = comm.rank();
+    GradSync sync(comm, plan, grads, GradSync::Mode::kAllReduce, GetParam());
+    for (int step = 0; step < 2; ++step) {
+      std::fill(grads, grads + plan.padded_size(), 0.0f);
+      sync.arm();
+      // The last 60k floats are final: bucket 0 and half of bucket 1.
+      write_gradients(grads, rank, 60'000, kElements);
+      sync.on_ready(60'000);
+      require(sync.launched() == 1,
+              "ready from 60000 launched {} buckets, expected 1 (bucket 1 "
+              "is [40000, 80000))",
+              sync.launched());
+      // The rest of bucket 1 arrives; its start is a boundary.
+      write_gradients(grads, rank, 40'000, 60'000);
+      sync.on_ready(40'000);
+      require(sync.launched() == 2, "ready from 40000 launched {} buckets, expected 2",
+              sync.launched());
+      write_gradients(grads, rank, 0, 40'000);
+      sync.on_ready(0);
+      require(sync.launched() == 3, "ready from 0 launched {} buckets", sync.launched());
+      sync.finish();
+      for (int64_t i = 0; i < plan.padded_size(); ++i) {
+        const float expected = i < kElements ? summed(i) : 0.0f;
+        require(grads[i] == expected, "step {}: element {} is {} after the all-reduce, expected {}",
+                step, i, grads[i], expected);
+      }
+    }
+  });
+}
+
+// The trace: bucket 0 was launched by an early report and bucket 2 by the
+// last one; the end of backward is stamped between, before bucket 2.
+TEST_P(GradSyncTest, TimingsPlaceOverlappedLaunchesBeforeBackwardEnds) {
+  const BucketPlan plan(kElements, kRanks, kBucket);
+  run_ranks(GetParam(), plan, [&](Communicator& comm, float* grads) {
+    GradSync sync(comm, plan, grads, GradSync::Mode::kReduceScatter, GetParam());
+    sync.arm();
+    write_gradients(grads, comm.rank(), 0, kElements);
+    sync.on_ready(40'000);
+    sync.on_ready(0);
+    sync.finish();
+    const auto& t = sync.timings();
+    const double end = sync.backward_end_ms();
+    require(t.size() == 3, "{} timings", t.size());
+    require(end >= 0, "no end of backward recorded");
+    for (size_t i = 0; i < t.size(); ++i) {
+      require(t[i].bytes == kBucket * 4, "bucket {}: {} bytes", i, t[i].bytes);
+      require(t[i].issued_ms <= t[i].done_ms, "bucket {} done at {} ms, before its issue at {}", i,
+              t[i].done_ms, t[i].issued_ms);
+    }
+    require(t[0].issued_ms < end && t[1].issued_ms < end,
+            "buckets 0 and 1 were launched before backward ended ({} and {} ms vs {} ms)",
+            t[0].issued_ms, t[1].issued_ms, end);
+    require(t[2].issued_ms >= end,
+            "bucket 2 could only start at the end of backward ({} ms), "
+            "but was issued at {} ms",
+            end, t[2].issued_ms);
+  });
+}
+
+// Reduce-scatter leaves each rank the sums of its slices. With release (ZeRO
+// 2) the rest reads as zeros and its pages are gone: resident bytes are the
+// owned share plus page rounding. Without release everything stays.
+TEST_P(GradSyncTest, ReleaseReturnsTheUnownedPages) {
+  const BucketPlan plan(kElements, kRanks, kBucket);
+  for (const bool release : {true, false}) {
+    SCOPED_TRACE(release ? "release" : "keep");
+    run_ranks(GetParam(), plan, [&](Communicator& comm, float* grads) {
+      const int rank = comm.rank();
+      GradSync sync(
+          comm, plan, grads,
+          release ? GradSync::Mode::kReduceScatterAndRelease : GradSync::Mode::kReduceScatter,
+          GetParam());
+      sync.arm();
+      write_gradients(grads, rank, 0, kElements);
+      sync.on_ready(0);
+      sync.finish();
+      // Measured first: reading released memory brings pages back.
+      const int64_t whole = plan.padded_size() * 4;
+      const int64_t mine = plan.owned_size() * 4;
+      const int64_t resident = resident_bytes(grads, grads + plan.padded_size());
+      const int64_t bound = mine + 4 * kPage * static_cast<int64_t>(plan.buckets().size());
+      if (release) {
+        require(resident >= mine && resident <= bound,
+                "{} bytes resident after the release; expected between the owned {} and {}",
+                resident, mine, bound);
+      } else {
+        require(resident >= whole, "{} of {} bytes resident without release", resident, whole);
+      }
+      std::vector<bool> owned(static_cast<size_t>(plan.padded_size()), false);
+      for (const FlatRange& s : plan.owned(rank)) {
+        std::fill(owned.begin() + s.begin, owned.begin() + s.end, true);
+      }
+      // Without release the unowned part is stale: nothing to check there.
+      for (int64_t i = 0; i < kElements; ++i) {
+        if (!owned[i] && !release) continue;
+        const float expected = owned[i] ? summed(i) : 0.0f;
+        require(grads[i] == expected, "element {} (owned: {}) is {}, expected {}", i,
+                static_cast<bool>(owned[i]), grads[i], expected);
+      }
+    });
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Buffer, GradSyncTest, ::testing::Values(true, false),
+                         [](const auto& info) { return info.param ? "shm" : "heap"; });
+
+}  // namespace
+}  // namespace brigade
