@@ -18,6 +18,7 @@
 #include <functional>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "testing/collective_checks.h"
@@ -379,6 +380,130 @@ TEST(ShmCommunicator, SmallPathBoundaryAtSixtyFourKiB) {
   });
   const auto codes = reap_all(pids, std::chrono::seconds(10));
   for (int rank = 0; rank < kSize; ++rank) EXPECT_EQ(codes[rank], 0) << "rank " << rank;
+}
+
+// Whether `message` contains every part; the first missing one otherwise.
+std::string missing_part(const std::string& message, const std::vector<std::string>& parts) {
+  for (const std::string& part : parts) {
+    if (message.find(part) == std::string::npos) return part;
+  }
+  return {};
+}
+
+// Runs `issue` (one collective) on every rank, expecting it to fail on every
+// rank with a CommError that names the operation, this rank and each peer in
+// `blamed(rank)` with their `choice(rank)`, long before the timeout (so by
+// the shape check, not by waiting), and the group to stay broken without
+// hanging. Forks its own group.
+void expect_every_rank_refuses(int size, const std::function<void(ShmCommunicator&)>& issue,
+                               const std::function<std::vector<int>(int rank)>& blamed,
+                               const std::function<std::string(int rank)>& choice,
+                               const std::string& operation) {
+  constexpr int64_t kTimeoutMs = 20'000;
+  const auto pids = fork_ranks(
+      size, kTimeoutMs,
+      [&](ShmCommunicator& comm) {
+        const int rank = comm.rank();
+        const auto start = Clock::now();
+        try {
+          issue(comm);
+          require(false, "rank {}: the mismatched {} succeeded", rank, operation);
+        } catch (const CommError& e) {
+          const std::string message = e.what();
+          require(ms_since(start) < kTimeoutMs / 2, "rank {} failed only after {} ms: {}", rank,
+                  ms_since(start), message);
+          require(e.peer_ranks() == blamed(rank), "rank {} blamed the wrong ranks: {}", rank,
+                  message);
+          std::vector<std::string> parts = {
+              "shm " + operation, "seq 0", "disagree",
+              fmt::format("rank {} (this one) runs {}", rank, choice(rank))};
+          for (int p : blamed(rank)) parts.push_back(fmt::format("rank {} runs {}", p, choice(p)));
+          const std::string missing = missing_part(message, parts);
+          require(missing.empty(), "rank {}: '{}' not in: {}", rank, missing, message);
+        }
+        // Broken like after any failure: later operations fail, none hangs.
+        try {
+          comm.barrier()->wait();
+          require(false, "rank {}: barrier on a broken group succeeded", rank);
+        } catch (const CommError&) {
+        }
+      },
+      /*shared_bytes=*/64 * 1024);
+  const auto codes = reap_all(pids, std::chrono::seconds(30));
+  for (int rank = 0; rank < size; ++rank) EXPECT_EQ(codes[rank], 0) << "rank " << rank;
+}
+
+// The protocol is chosen per rank from where its operand lies: rank 0's is in
+// its shared region (in place), the others' on the heap (staged). The
+// protocols synchronise differently, so unchecked this is corruption or a
+// hang; every rank must get an error naming both choices instead.
+class ShmCommunicatorProtocolMismatch
+    : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
+
+TEST_P(ShmCommunicatorProtocolMismatch, FailsOnEveryRankNamingBothChoices) {
+  const auto& [operation, size] = GetParam();
+  constexpr int64_t kCount = 3001;  // above the small path of the 4 KiB test slots
+  auto issue = [operation](ShmCommunicator& comm) {
+    const int rank = comm.rank(), size = comm.size();
+    std::vector<float> heap(kCount * size, 1.0f), output(kCount * size);
+    float* input = rank == 0 ? static_cast<float*>(comm.shared_buffer()) : heap.data();
+    if (operation == "all_reduce") {
+      comm.all_reduce(input, kCount, DType::kF32, ReduceOp::kSum)->wait();
+    } else if (operation == "reduce_scatter") {
+      comm.reduce_scatter(input, output.data(), kCount, DType::kF32, ReduceOp::kSum)->wait();
+    } else {
+      comm.all_gather(input, output.data(), kCount, DType::kF32)->wait();
+    }
+  };
+  auto blamed = [size](int rank) {
+    std::vector<int> peers;
+    if (rank != 0) return std::vector<int>{0};
+    for (int p = 1; p < size; ++p) peers.push_back(p);
+    return peers;
+  };
+  auto choice = [operation](int rank) {
+    const std::string shape = operation == "all_reduce"       ? "all_reduce of 3001 f32 (sum)"
+                              : operation == "reduce_scatter" ? "reduce_scatter of 3001 f32 per "
+                                                                "rank (sum)"
+                                                              : "all_gather of 3001 f32 per rank";
+    return shape + (rank == 0 ? " in place" : " staged");
+  };
+  expect_every_rank_refuses(size, issue, blamed, choice, operation);
+}
+
+INSTANTIATE_TEST_SUITE_P(Operations, ShmCommunicatorProtocolMismatch,
+                         ::testing::Combine(::testing::Values("all_reduce", "reduce_scatter",
+                                                              "all_gather"),
+                                            ::testing::Values(2, 3)),
+                         [](const auto& info) {
+                           return std::get<0>(info.param) + "_" +
+                                  std::to_string(std::get<1>(info.param)) + "_ranks";
+                         });
+
+// The same check catches ranks that disagree on the operand: different counts
+// on the small path (its check runs on the caller's thread when the peers
+// come within the inline poll), and different broadcast roots (each rank
+// would take itself for the root and nothing would move).
+TEST(ShmCommunicator, RanksThatDisagreeOnCountOrRootFailNamingBoth) {
+  expect_every_rank_refuses(
+      2,
+      [](ShmCommunicator& comm) {
+        std::vector<float> data(10 * (comm.rank() + 1), 1.0f);
+        comm.all_reduce(data.data(), data.size(), DType::kF32, ReduceOp::kSum)->wait();
+      },
+      [](int rank) { return std::vector<int>{1 - rank}; },
+      [](int rank) {
+        return fmt::format("all_reduce of {} f32 (sum) through the slots", 10 * (rank + 1));
+      },
+      "all_reduce");
+  expect_every_rank_refuses(
+      2,
+      [](ShmCommunicator& comm) {
+        std::vector<double> data(50, 1.0);
+        comm.broadcast(data.data(), data.size(), DType::kF64, comm.rank())->wait();
+      },
+      [](int rank) { return std::vector<int>{1 - rank}; },
+      [](int rank) { return fmt::format("broadcast of 50 f64 from root {}", rank); }, "broadcast");
 }
 
 TEST(ShmCommunicator, StoppedPeerTimesOutNamingIt) {
