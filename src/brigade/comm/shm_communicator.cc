@@ -278,6 +278,8 @@ ShmCommunicator::Impl::Impl(ShmCommunicatorOptions opts)
     throw_error("shm group '{}': slot_bytes {} must be a multiple of 256 and at least {}",
                 options.group_name, options.slot_bytes, 256 * size);
   }
+  options.world_ranks =
+      group_members("shm", options.group_name, size, std::move(options.world_ranks));
   if (options.shared_bytes < 0 || options.shared_bytes % kSlotAlignBytes != 0) {
     throw_error("shm group '{}': shared_bytes {} must be a non-negative multiple of {}",
                 options.group_name, options.shared_bytes, kSlotAlignBytes);
@@ -747,15 +749,17 @@ ShmCommunicator::ShmCommunicator(ShmCommunicatorOptions options)
   for (int which = 0; which < 2; ++which) {
     for (int p = 1; p < impl->size; ++p) impl->peer_halves[which].push_back(impl->half(p, which));
   }
-  impl->ops = std::make_unique<OpQueue>("shm", impl->options.group_name, impl->rank, impl->size,
-                                        [impl](const OpQueue::Op& op, std::exception_ptr e) {
-                                          return impl->describe_failure(op, std::move(e));
-                                        });
+  impl->ops = std::make_unique<OpQueue>(
+      "shm", impl->options.group_name, impl->rank, impl->size,
+      [impl](const OpQueue::Op& op, std::exception_ptr e) {
+        return impl->describe_failure(op, std::move(e));
+      },
+      impl->options.world_ranks);
   impl->ops->start();
   if (impl->options.mailbox_bytes > 0) {
     impl->mailboxes = std::make_unique<ShmMailboxes>(
-        impl->options.group_name, impl->rank, impl->size, impl->options.timeout_ms,
-        impl->base + impl->mailbox_offset, impl->options.mailbox_bytes,
+        impl->options.group_name, impl->ops->flight_group(), impl->rank, impl->size,
+        impl->options.timeout_ms, impl->base + impl->mailbox_offset, impl->options.mailbox_bytes,
         [impl](int r) { return AtomicU64(impl->control(r).pid).load(std::memory_order_acquire); });
   }
 }

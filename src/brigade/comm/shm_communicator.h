@@ -48,6 +48,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "brigade/comm/communicator.h"
 
@@ -74,6 +75,9 @@ struct ShmCommunicatorOptions {
   // a power of two >= 4096, or 0 to turn point-to-point off. Larger
   // messages stream through; the ring only bounds how far a sender runs ahead.
   int64_t mailbox_bytes = 1 << 20;
+  // The world rank of each group rank, for the flight recorder (its dumps
+  // are named by world rank); empty when they are the same.
+  std::vector<int> world_ranks;
 };
 
 class ShmCommunicator final : public Communicator {
