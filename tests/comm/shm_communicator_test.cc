@@ -493,7 +493,7 @@ TEST_P(ShmCommunicatorProtocolMismatch, FailsOnEveryRankNamingBothChoices) {
   expect_every_rank_refuses(size, issue, blamed, choice, operation);
 }
 
-INSTANTIATE_TEST_SUITE_P(Operations, ShmCommunicatorProtocolMismatch,
+INSTANTIATE_TEST_SUITE_P(ShmCommunicatorOperations, ShmCommunicatorProtocolMismatch,
                          ::testing::Combine(::testing::Values("all_reduce", "reduce_scatter",
                                                               "all_gather"),
                                             ::testing::Values(2, 3)),
