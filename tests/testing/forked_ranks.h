@@ -5,10 +5,12 @@
 #pragma once
 
 #include <fmt/format.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <exception>
@@ -33,6 +35,49 @@ template <typename... Args>
 void require(bool ok, fmt::format_string<Args...> format, Args&&... args) {
   if (!ok) throw Error(fmt::format(format, std::forward<Args>(args)...));
 }
+
+// A signal between the processes of a test, in place of a sleep: a pipe made
+// before forking, so every child inherits both ends. notify() sends one
+// token; wait(n, limit) takes n tokens (from any senders) and says whether
+// they came within `limit`, so a process that died before notifying fails
+// the waiting one instead of hanging it. One process should wait on a given
+// signal; use one signal per direction.
+class PipeSignal {
+ public:
+  PipeSignal() {
+    if (::pipe(fds_) != 0) throw Error("pipe() failed for a test signal");
+  }
+  ~PipeSignal() {
+    ::close(fds_[0]);
+    ::close(fds_[1]);
+  }
+  PipeSignal(const PipeSignal&) = delete;
+  PipeSignal& operator=(const PipeSignal&) = delete;
+
+  void notify() const {
+    const char token = 1;
+    while (::write(fds_[1], &token, 1) != 1) {
+      if (errno != EINTR) throw Error("cannot write a test signal");
+    }
+  }
+
+  bool wait(int n, std::chrono::milliseconds limit) const {
+    const auto deadline = Clock::now() + limit;
+    for (int got = 0; got < n;) {
+      const auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+      if (left <= 0) return false;
+      pollfd fd{fds_[0], POLLIN, 0};
+      if (::poll(&fd, 1, static_cast<int>(left)) <= 0) continue;  // EINTR, or the limit
+      char token = 0;
+      if (::read(fds_[0], &token, 1) == 1) ++got;
+    }
+    return true;
+  }
+
+ private:
+  int fds_[2] = {-1, -1};
+};
 
 // Forks `size` children; child r runs body(r) and exits 0 if it returned, 1
 // if it threw (the message goes to stderr). Returns the pids in rank order;

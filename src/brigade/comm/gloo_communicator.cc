@@ -172,6 +172,8 @@ GlooCommunicator::Impl::Impl(GlooCommunicatorOptions opts)
   if (options.bind_hostname.empty() && options.bind_interface.empty()) {
     throw_error("gloo group '{}': set bind_hostname or bind_interface", options.group_name);
   }
+  options.world_ranks =
+      group_members("gloo", options.group_name, size, std::move(options.world_ranks));
 }
 
 GlooCommunicator::Impl::~Impl() {
@@ -403,8 +405,8 @@ std::shared_ptr<Work> GlooCommunicator::Impl::point_to_point(bool is_send, const
   static std::byte empty_message;
   if (bytes == 0) target = &empty_message;
   std::lock_guard<std::mutex> lock(waiters_mutex);
-  const uint64_t record =
-      FlightRecorder::global().scheduled(options.group_name, next_p2p_seq++, "gloo", what, bytes);
+  const uint64_t record = FlightRecorder::global().scheduled(
+      ops->flight_group(), RecordKind::kPointToPoint, next_p2p_seq++, "gloo", what, bytes);
   auto buffer = context->createUnboundBuffer(target, static_cast<size_t>(bytes));
   const uint64_t slot = gloo::Slot::build(kPointToPointSlotPrefix, tag);
   FlightRecorder::global().started(record);
@@ -441,7 +443,7 @@ std::shared_ptr<Work> GlooCommunicator::Impl::point_to_point(bool is_send, const
                         {peer});
         FlightRecorder::global().failed(record, error.what());
         try {
-          FlightRecorder::global().dump_to_run_dir(rank);
+          FlightRecorder::global().dump_to_run_dir();
         } catch (const std::exception&) {
           // The communication error is what the caller must see.
         }
@@ -479,7 +481,8 @@ GlooCommunicator::GlooCommunicator(GlooCommunicatorOptions options)
   Impl* impl = impl_.get();
   impl->ops = std::make_unique<OpQueue>(
       "gloo", impl->options.group_name, impl->rank, impl->size,
-      [impl](const OpQueue::Op&, std::exception_ptr e) { return impl->on_failure(std::move(e)); });
+      [impl](const OpQueue::Op&, std::exception_ptr e) { return impl->on_failure(std::move(e)); },
+      impl->options.world_ranks);
   impl->ops->start();
 }
 

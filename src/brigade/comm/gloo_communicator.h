@@ -38,6 +38,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "brigade/comm/communicator.h"
 
@@ -59,6 +60,10 @@ struct GlooCommunicatorOptions {
   // reach, or, if bind_interface is set ("eth0"), that interface's address.
   std::string bind_hostname = "127.0.0.1";
   std::string bind_interface;
+
+  // The world rank of each group rank, for the flight recorder (its dumps
+  // are named by world rank); empty when they are the same.
+  std::vector<int> world_ranks;
 };
 
 class GlooCommunicator final : public Communicator {

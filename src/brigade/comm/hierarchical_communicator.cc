@@ -37,7 +37,8 @@ HierarchicalCommunicator::HierarchicalCommunicator(std::string group_name,
                                                    std::unique_ptr<Communicator> node,
                                                    std::unique_ptr<Communicator> leaders,
                                                    int num_nodes,
-                                                   std::unique_ptr<Communicator> cross_node)
+                                                   std::unique_ptr<Communicator> cross_node,
+                                                   std::vector<int> world_ranks)
     : group_name_(std::move(group_name)),
       node_(std::move(node)),
       leaders_(std::move(leaders)),
@@ -52,7 +53,8 @@ HierarchicalCommunicator::HierarchicalCommunicator(std::string group_name,
   node_->broadcast(&index, 1, DType::kI64, 0)->wait();
   leader_node_ = static_cast<int>(index);
   ops_ = std::make_unique<OpQueue>(
-      "hierarchical", group_name_, rank(), size(), [](const OpQueue::Op& op, std::exception_ptr e) {
+      "hierarchical", group_name_, rank(), size(),
+      [](const OpQueue::Op& op, std::exception_ptr e) {
         try {
           std::rethrow_exception(e);
         } catch (const CommError& inner) {
@@ -62,7 +64,8 @@ HierarchicalCommunicator::HierarchicalCommunicator(std::string group_name,
           return CommError(fmt::format("hierarchical {} seq {}: {}", op.what, op.seq, inner.what()),
                            {});
         }
-      });
+      },
+      std::move(world_ranks));
   ops_->start();
   BRIGADE_CHECK(
       cross_node_ == nullptr || (cross_node_->size() == size() && cross_node_->rank() == rank()),

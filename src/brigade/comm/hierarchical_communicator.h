@@ -24,6 +24,7 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "brigade/comm/communicator.h"
 
@@ -37,9 +38,12 @@ class HierarchicalCommunicator final : public Communicator {
   // leaders: the leaders' group (rank = node index), non-null exactly on
   // local rank 0. cross_node: a group of every rank (same rank numbers as
   // this one) for send/recv between nodes; null if none is needed.
+  // world_ranks: the world rank of each rank of this group, for the flight
+  // recorder; empty when they are the same.
   HierarchicalCommunicator(std::string group_name, std::unique_ptr<Communicator> node,
                            std::unique_ptr<Communicator> leaders, int num_nodes,
-                           std::unique_ptr<Communicator> cross_node = nullptr);
+                           std::unique_ptr<Communicator> cross_node = nullptr,
+                           std::vector<int> world_ranks = {});
   ~HierarchicalCommunicator() override;
 
   int rank() const override;

@@ -7,21 +7,26 @@
 namespace brigade {
 
 OpQueue::OpQueue(std::string backend, std::string group_name, int rank, int size,
-                 OnFailure on_failure)
+                 OnFailure on_failure, std::vector<int> world_ranks)
     : backend_(std::move(backend)),
       group_name_(std::move(group_name)),
       rank_(rank),
       size_(size),
-      on_failure_(std::move(on_failure)) {}
+      on_failure_(std::move(on_failure)),
+      flight_group_(FlightRecorder::global().add_group(
+          {group_name_, rank_, size_,
+           group_members(backend_, group_name_, size_, std::move(world_ranks))})) {}
 
 OpQueue::~OpQueue() {
-  if (!thread_.joinable()) return;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    stopping_ = true;
+  if (thread_.joinable()) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stopping_ = true;
+    }
+    queue_cv_.notify_all();
+    thread_.join();
   }
-  queue_cv_.notify_all();
-  thread_.join();
+  FlightRecorder::global().close_group(flight_group_);
 }
 
 void OpQueue::start() {
@@ -33,8 +38,8 @@ std::shared_ptr<Work> OpQueue::enqueue(std::string what, int64_t bytes, Body bod
   {
     std::lock_guard<std::mutex> lock(mutex_);
     const uint64_t seq = next_seq_++;
-    const uint64_t record_id =
-        FlightRecorder::global().scheduled(group_name_, seq, backend_, what, bytes);
+    const uint64_t record_id = FlightRecorder::global().scheduled(
+        flight_group_, RecordKind::kCollective, seq, backend_, what, bytes);
     queue_.push_back(Queued{Op{seq, std::move(what)}, record_id, std::move(body), work});
   }
   queue_cv_.notify_one();
@@ -47,8 +52,8 @@ std::optional<OpQueue::Queued> OpQueue::begin_inline(const std::string& what, in
   queued.started = true;
   std::lock_guard<std::mutex> lock(mutex_);
   if (running_ || inline_active_ || !queue_.empty() || !broken_.empty()) return std::nullopt;
-  queued.record_id = FlightRecorder::global().scheduled(group_name_, next_seq_, backend_, what,
-                                                        bytes, /*started=*/true);
+  queued.record_id = FlightRecorder::global().scheduled(
+      flight_group_, RecordKind::kCollective, next_seq_, backend_, what, bytes, /*started=*/true);
   // Nothing above changed the queue's state, so a throw there leaves it as it was.
   queued.op.seq = next_seq_++;
   inline_active_ = true;
@@ -125,7 +130,7 @@ std::exception_ptr OpQueue::run(Queued& queued) {
     CommError error = on_failure_(op, std::current_exception());
     recorder.failed(queued.record_id, error.what());
     try {
-      recorder.dump_to_run_dir(rank_);
+      recorder.dump_to_run_dir();
     } catch (const std::exception&) {
       // The communication error is what the caller must see; a dump that
       // cannot be written (disk full) must not replace it.

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "brigade/comm/communicator.h"
+#include "brigade/comm/flight_recorder.h"
 
 namespace brigade {
 
@@ -45,7 +46,11 @@ class OpQueue {
   using OnFailure = std::function<CommError(const Op&, std::exception_ptr)>;
 
   // `backend` ("shm", "gloo") and the group identify operations in messages.
-  OpQueue(std::string backend, std::string group_name, int rank, int size, OnFailure on_failure);
+  // The queue registers the group with the flight recorder: world_ranks is
+  // the world rank of each group rank, or empty when they are the same
+  // (group_members() checks it).
+  OpQueue(std::string backend, std::string group_name, int rank, int size, OnFailure on_failure,
+          std::vector<int> world_ranks = {});
   // Runs what is queued (each operation bounded by its backend's timeout),
   // then stops the thread.
   ~OpQueue();
@@ -56,6 +61,10 @@ class OpQueue {
   void start();
   // `bytes` is this rank's operand size, for the flight recorder.
   std::shared_ptr<Work> enqueue(std::string what, int64_t bytes, Body body);
+
+  // The group's id in the flight recorder, for the backend's point-to-point
+  // records (which it numbers itself, as RecordKind::kPointToPoint).
+  FlightRecorder::GroupId flight_group() const { return flight_group_; }
 
   // If nothing is queued or running (and the group has not failed), runs
   // `attempt(op)` on the caller's thread at once, in the operation's place in
@@ -98,6 +107,7 @@ class OpQueue {
   const int rank_;
   const int size_;
   const OnFailure on_failure_;
+  const FlightRecorder::GroupId flight_group_;
 
   std::mutex mutex_;
   std::condition_variable queue_cv_;

@@ -20,6 +20,7 @@
 #include "brigade/comm/op_description.h"
 #include "brigade/comm/op_queue.h"
 #include "brigade/comm/shm_mailbox.h"
+#include "brigade/comm/shm_op_shape.h"
 #include "brigade/comm/shm_primitives.h"
 #include "brigade/core/clock.h"
 
@@ -28,9 +29,12 @@ namespace {
 
 constexpr uint64_t kMagic = 0x316d6873'67697262;  // "brigshm1"
 using shm::AtomicU64;
+using shm::Collective;
 using shm::cpu_relax;
 using shm::kLineBytes;
+using shm::OpShape;
 using shm::process_exists;
+using shm::Protocol;
 
 constexpr int64_t kSlotAlignBytes = 4096;
 // Waiting: this many pause instructions (a few microseconds), then yield the
@@ -70,6 +74,12 @@ struct alignas(kLineBytes) RankControl {
   // For a zero-copy operation: where in its shared region this rank's buffer
   // starts, published before the operation's first synchronisation.
   uint64_t shared_offset;
+  // The shape of what this rank runs at a phase (shm_op_shape.h: the word,
+  // the count), stored before arriving there, in the phase's parity: a peer
+  // reads it after seeing the phase and before arriving at the next one,
+  // and until then this rank can get one phase further at most (the other
+  // parity), so the pair being read is never overwritten.
+  uint64_t shape[2][2];
 };
 
 int64_t round_up(int64_t value, int64_t multiple) {
@@ -164,18 +174,33 @@ struct ShmCommunicator::Impl {
   // Arrive at the next phase and wait until every peer has too. `step` names
   // the point in the algorithm for errors.
   void sync(const char* step) { wait_for(arrive(), step); }
-  // Publishes my next phase; returns it.
+  // Sets the shape every later arrive publishes: each operation calls it
+  // before its first synchronisation.
+  void begin(const OpShape& shape) {
+    shape_word = shape.word();
+    shape_count = static_cast<uint64_t>(shape.count);
+  }
+  // Publishes the operation's shape and my next phase; returns the phase.
   uint64_t arrive();
+  // Once every peer has reached `target`: throws a CommError for `op` unless
+  // each published the same shape there as this rank.
+  void check_shapes(uint64_t target, const OpQueue::Op& op, const char* step);
+  [[noreturn]] void shapes_differ(uint64_t target, const OpQueue::Op& op, const char* step);
   // Whether every peer has reached `target`; peers before `next` are known to
   // have (counters only grow), so each look starts there.
   bool peers_reached(uint64_t target, int& next);
-  // Waits until every peer reaches `target`, failing on the deadline or a
-  // dead peer. Communication thread only (it sets `running` and the deadline).
+  // Waits until every peer reaches `target` and checks their shapes, failing
+  // on the deadline, a dead peer or a different shape. Communication thread
+  // only (it sets `running` and the deadline).
   void wait_for(uint64_t target, const char* step);
   // Spins, then yields between looks, up to budget_ns for every peer to reach
   // `target`; never fails (the deadline and liveness are wait_for's job).
   bool poll_for(uint64_t target, int64_t budget_ns);
-  [[noreturn]] void fail(const std::string& reason, const char* step, std::vector<int> peers);
+  [[noreturn]] void fail(const std::string& reason, const char* step, std::vector<int> peers) {
+    fail(*running, reason, step, std::move(peers));
+  }
+  [[noreturn]] void fail(const OpQueue::Op& op, const std::string& reason, const char* step,
+                         std::vector<int> peers);
 
   void all_reduce(std::byte* data, int64_t count, DType dtype, ReduceOp op);
   // The small all-reduce, split where it waits so the caller's thread can
@@ -227,7 +252,8 @@ struct ShmCommunicator::Impl {
 
   // Touched only by the communication thread once it runs.
   uint64_t phase = 0;
-  int parity = 0;  // the slot half the next chunk uses
+  uint64_t shape_word = 0, shape_count = 0;  // what arrive() publishes
+  int parity = 0;                            // the slot half the next chunk uses
   const OpQueue::Op* running = nullptr;
   int64_t deadline_ns = 0;
 };
@@ -252,6 +278,8 @@ ShmCommunicator::Impl::Impl(ShmCommunicatorOptions opts)
     throw_error("shm group '{}': slot_bytes {} must be a multiple of 256 and at least {}",
                 options.group_name, options.slot_bytes, 256 * size);
   }
+  options.world_ranks =
+      group_members("shm", options.group_name, size, std::move(options.world_ranks));
   if (options.shared_bytes < 0 || options.shared_bytes % kSlotAlignBytes != 0) {
     throw_error("shm group '{}': shared_bytes {} must be a non-negative multiple of {}",
                 options.group_name, options.shared_bytes, kSlotAlignBytes);
@@ -415,18 +443,57 @@ std::vector<int> ShmCommunicator::Impl::ranks_behind(uint64_t target) {
   return behind;
 }
 
-void ShmCommunicator::Impl::fail(const std::string& reason, const char* step,
+void ShmCommunicator::Impl::fail(const OpQueue::Op& op, const std::string& reason, const char* step,
                                  std::vector<int> peers) {
-  throw CommError(
-      fmt::format("shm {} on group '{}' seq {} (rank {} of {}) failed at '{}': {}", running->what,
-                  options.group_name, running->seq, rank, size, step, reason),
-      std::move(peers));
+  throw CommError(fmt::format("shm {} on group '{}' seq {} (rank {} of {}) failed at '{}': {}",
+                              op.what, options.group_name, op.seq, rank, size, step, reason),
+                  std::move(peers));
 }
 
 uint64_t ShmCommunicator::Impl::arrive() {
   const uint64_t target = ++phase;
-  AtomicU64(control(rank).phase).store(target, std::memory_order_release);
+  RankControl& mine = control(rank);
+  // Relaxed: the release store of the phase publishes them.
+  AtomicU64(mine.shape[target & 1][0]).store(shape_word, std::memory_order_relaxed);
+  AtomicU64(mine.shape[target & 1][1]).store(shape_count, std::memory_order_relaxed);
+  AtomicU64(mine.phase).store(target, std::memory_order_release);
   return target;
+}
+
+// Two loads per peer from the lines the wait has just read: free next to
+// the synchronisation itself, which is why every wait checks rather than
+// only an operation's first.
+void ShmCommunicator::Impl::check_shapes(uint64_t target, const OpQueue::Op& op, const char* step) {
+  for (int p = 0; p < size; ++p) {
+    if (p == rank) continue;
+    uint64_t(&theirs)[2] = control(p).shape[target & 1];
+    if (AtomicU64(theirs[0]).load(std::memory_order_relaxed) != shape_word ||
+        AtomicU64(theirs[1]).load(std::memory_order_relaxed) != shape_count) [[unlikely]] {
+      shapes_differ(target, op, step);
+    }
+  }
+}
+
+void ShmCommunicator::Impl::shapes_differ(uint64_t target, const OpQueue::Op& op,
+                                          const char* step) {
+  std::string theirs;
+  std::vector<int> peers;
+  for (int p = 0; p < size; ++p) {
+    if (p == rank) continue;
+    uint64_t(&shape)[2] = control(p).shape[target & 1];
+    const uint64_t word = AtomicU64(shape[0]).load(std::memory_order_relaxed);
+    const uint64_t count = AtomicU64(shape[1]).load(std::memory_order_relaxed);
+    if (word == shape_word && count == shape_count) continue;
+    peers.push_back(p);
+    theirs += fmt::format("; rank {} runs {}", p, OpShape::from_words(word, count).describe());
+  }
+  fail(op,
+       fmt::format("the ranks disagree on this operation: rank {} (this one) runs {}{}. Every "
+                   "rank must issue the same collectives in the same order, with the same "
+                   "count, dtype, reduction and root, and pass its operand in shared_buffer() "
+                   "on every rank or on none",
+                   rank, OpShape::from_words(shape_word, shape_count).describe(), theirs),
+       step, std::move(peers));
 }
 
 bool ShmCommunicator::Impl::peers_reached(uint64_t target, int& next) {
@@ -457,7 +524,10 @@ void ShmCommunicator::Impl::wait_for(uint64_t target, const char* step) {
   int64_t waiting_since_ns = 0;
   int64_t next_liveness_ns = 0;
   for (;;) {
-    if (peers_reached(target, next)) return;
+    if (peers_reached(target, next)) {
+      check_shapes(target, *running, step);
+      return;
+    }
     if (spins < kSpinIterations) {
       ++spins;
       cpu_relax();
@@ -493,6 +563,7 @@ void ShmCommunicator::Impl::wait_for(uint64_t target, const char* step) {
 }
 
 void ShmCommunicator::Impl::all_reduce(std::byte* data, int64_t count, DType dtype, ReduceOp op) {
+  begin({Collective::kAllReduce, Protocol::kStaged, dtype, op, 0, count});
   const int64_t elem = dtype_bytes(dtype);
   const int64_t chunk = half_bytes / elem;
   std::vector<const std::byte*> sources(size - 1);
@@ -529,6 +600,7 @@ ShmCommunicator::Impl::SmallAllReduce ShmCommunicator::Impl::small_all_reduce_st
                                                                                     int64_t count,
                                                                                     DType dtype,
                                                                                     ReduceOp op) {
+  begin({Collective::kAllReduce, Protocol::kSmall, dtype, op, 0, count});
   SmallAllReduce small{data, count, dtype, op, parity, 0};
   // Count 0 still synchronises (every rank does), but its buffer may be null.
   if (count > 0) std::memcpy(half(rank, parity), data, count * dtype_bytes(dtype));
@@ -545,6 +617,7 @@ void ShmCommunicator::Impl::small_all_reduce_finish(const SmallAllReduce& small)
 
 void ShmCommunicator::Impl::reduce_scatter(const std::byte* input, std::byte* output, int64_t count,
                                            DType dtype, ReduceOp op) {
+  begin({Collective::kReduceScatter, Protocol::kStaged, dtype, op, 0, count});
   const int64_t elem = dtype_bytes(dtype);
   const int64_t chunk = half_bytes / elem / size;  // of each rank's segment
   std::vector<const std::byte*> sources(size - 1);
@@ -571,6 +644,7 @@ void ShmCommunicator::Impl::reduce_scatter(const std::byte* input, std::byte* ou
 
 void ShmCommunicator::Impl::all_gather(const std::byte* input, std::byte* output, int64_t count,
                                        DType dtype) {
+  begin({Collective::kAllGather, Protocol::kStaged, dtype, ReduceOp::kSum, 0, count});
   const int64_t elem = dtype_bytes(dtype);
   const int64_t chunk = half_bytes / elem;
   for (int64_t offset = 0; offset < count; offset += chunk) {
@@ -587,6 +661,7 @@ void ShmCommunicator::Impl::all_gather(const std::byte* input, std::byte* output
 }
 
 void ShmCommunicator::Impl::broadcast(std::byte* data, int64_t count, DType dtype, int root) {
+  begin({Collective::kBroadcast, Protocol::kStaged, dtype, ReduceOp::kSum, root, count});
   const int64_t elem = dtype_bytes(dtype);
   const int64_t chunk = half_bytes / elem;
   for (int64_t offset = 0; offset < count; offset += chunk) {
@@ -617,6 +692,7 @@ std::vector<const std::byte*> ShmCommunicator::Impl::exchange_operands(const std
 // 1x the buffer, against 3x and 3x through the staging slots.
 void ShmCommunicator::Impl::all_reduce_in_place(std::byte* data, int64_t count, DType dtype,
                                                 ReduceOp op) {
+  begin({Collective::kAllReduce, Protocol::kInPlace, dtype, op, 0, count});
   const int64_t elem = dtype_bytes(dtype);
   const std::vector<const std::byte*> operands = exchange_operands(data, "operands ready");
   const auto [begin, end] = share_of(count, rank, size, elem);
@@ -638,6 +714,7 @@ void ShmCommunicator::Impl::all_reduce_in_place(std::byte* data, int64_t count, 
 
 void ShmCommunicator::Impl::reduce_scatter_in_place(const std::byte* input, std::byte* output,
                                                     int64_t count, DType dtype, ReduceOp op) {
+  begin({Collective::kReduceScatter, Protocol::kInPlace, dtype, op, 0, count});
   const int64_t elem = dtype_bytes(dtype);
   const std::vector<const std::byte*> operands = exchange_operands(input, "operands ready");
   // In place when output is my own segment of input (ZeRO's layout).
@@ -654,6 +731,7 @@ void ShmCommunicator::Impl::reduce_scatter_in_place(const std::byte* input, std:
 
 void ShmCommunicator::Impl::all_gather_in_place(const std::byte* input, std::byte* output,
                                                 int64_t count, DType dtype) {
+  begin({Collective::kAllGather, Protocol::kInPlace, dtype, ReduceOp::kSum, 0, count});
   const int64_t elem = dtype_bytes(dtype);
   const std::vector<const std::byte*> operands = exchange_operands(input, "operands ready");
   for (int p = 0; p < size; ++p) {
@@ -671,15 +749,17 @@ ShmCommunicator::ShmCommunicator(ShmCommunicatorOptions options)
   for (int which = 0; which < 2; ++which) {
     for (int p = 1; p < impl->size; ++p) impl->peer_halves[which].push_back(impl->half(p, which));
   }
-  impl->ops = std::make_unique<OpQueue>("shm", impl->options.group_name, impl->rank, impl->size,
-                                        [impl](const OpQueue::Op& op, std::exception_ptr e) {
-                                          return impl->describe_failure(op, std::move(e));
-                                        });
+  impl->ops = std::make_unique<OpQueue>(
+      "shm", impl->options.group_name, impl->rank, impl->size,
+      [impl](const OpQueue::Op& op, std::exception_ptr e) {
+        return impl->describe_failure(op, std::move(e));
+      },
+      impl->options.world_ranks);
   impl->ops->start();
   if (impl->options.mailbox_bytes > 0) {
     impl->mailboxes = std::make_unique<ShmMailboxes>(
-        impl->options.group_name, impl->rank, impl->size, impl->options.timeout_ms,
-        impl->base + impl->mailbox_offset, impl->options.mailbox_bytes,
+        impl->options.group_name, impl->ops->flight_group(), impl->rank, impl->size,
+        impl->options.timeout_ms, impl->base + impl->mailbox_offset, impl->options.mailbox_bytes,
         [impl](int r) { return AtomicU64(impl->control(r).pid).load(std::memory_order_acquire); });
   }
 }
@@ -720,11 +800,13 @@ std::shared_ptr<Work> ShmCommunicator::all_reduce(void* data, int64_t count, DTy
     impl->wait_for(small.target, "copy-in");
     impl->small_all_reduce_finish(small);
   };
-  auto work = impl->ops->try_inline(what, bytes, [&](const OpQueue::Op&) {
+  auto work = impl->ops->try_inline(what, bytes, [&](const OpQueue::Op& inline_op) {
     // On the caller's thread `running` and the deadline belong to an older
-    // operation: nothing here may wait_for() or fail(); poll_for() cannot.
+    // operation: nothing here may wait_for() or fail() without naming its
+    // own operation; poll_for() cannot fail.
     const Impl::SmallAllReduce small = impl->small_all_reduce_start(buffer, count, dtype, op);
     if (impl->poll_for(small.target, kInlinePollNs)) {
+      impl->check_shapes(small.target, inline_op, "copy-in");  // try_inline fails it on the thread
       impl->small_all_reduce_finish(small);
       return OpQueue::Body();
     }
@@ -815,7 +897,10 @@ std::shared_ptr<Work> ShmCommunicator::recv(void* data, int64_t count, DType dty
 }
 
 std::shared_ptr<Work> ShmCommunicator::barrier() {
-  return impl_->enqueue("barrier", 0, [impl = impl_.get()] { impl->sync("barrier"); });
+  return impl_->enqueue("barrier", 0, [impl = impl_.get()] {
+    impl->begin({});  // a barrier's shape is the default
+    impl->sync("barrier");
+  });
 }
 
 }  // namespace brigade

@@ -28,6 +28,12 @@
 // every peer's counter reaches it, watching the deadline. The ranks whose
 // counters are behind are exactly the ones a timeout names. While waiting it
 // also notices a peer process that no longer exists and fails at once.
+// With each phase a rank also publishes what it runs there (the collective,
+// the protocol it chose, count, dtype, reduction, root: shm_op_shape.h), and
+// after each wait it compares its peers' with its own, so ranks that
+// disagree fail with a CommError naming both choices instead of corrupting
+// each other's data or hanging; the check rides on the wait, adding no
+// synchronisation.
 //
 // send/recv go through per-pair rings in the same segment, driven by their
 // own progress thread (shm_mailbox.h).
@@ -42,6 +48,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "brigade/comm/communicator.h"
 
@@ -68,6 +75,9 @@ struct ShmCommunicatorOptions {
   // a power of two >= 4096, or 0 to turn point-to-point off. Larger
   // messages stream through; the ring only bounds how far a sender runs ahead.
   int64_t mailbox_bytes = 1 << 20;
+  // The world rank of each group rank, for the flight recorder (its dumps
+  // are named by world rank); empty when they are the same.
+  std::vector<int> world_ranks;
 };
 
 class ShmCommunicator final : public Communicator {
@@ -104,7 +114,8 @@ class ShmCommunicator final : public Communicator {
   // input inside it and all_gather with input inside it take the zero-copy
   // path; each rank may use a different offset within its region, but all
   // ranks must take the same path in the same operation (all inside, or all
-  // outside, their regions). Null if shared_bytes is 0.
+  // outside, their regions): otherwise the operation fails on every rank
+  // with a CommError naming each side's choice. Null if shared_bytes is 0.
   void* shared_buffer() override;
   int64_t shared_buffer_bytes() const override;
 

@@ -102,8 +102,9 @@ std::string rank_or_none(uint64_t pid) {
 }  // namespace
 
 struct ShmMailboxes::Impl {
-  Impl(std::string group_name, int rank, int size, int64_t timeout_ms, std::byte* region,
-       int64_t ring_bytes, std::function<uint64_t(int)> peer_pid);
+  Impl(std::string group_name, FlightRecorder::GroupId flight_group, int rank, int size,
+       int64_t timeout_ms, std::byte* region, int64_t ring_bytes,
+       std::function<uint64_t(int)> peer_pid);
 
   Ring ring(int src, int dst) const {
     std::byte* base =
@@ -128,6 +129,7 @@ struct ShmMailboxes::Impl {
   void fail_everything(const std::string& reason, std::vector<int> peers);
 
   const std::string group_name;
+  const FlightRecorder::GroupId flight_group;
   const int rank;
   const int size;
   const int64_t timeout_ms;
@@ -138,7 +140,7 @@ struct ShmMailboxes::Impl {
   std::mutex mutex;
   std::condition_variable posted_cv;
   std::vector<std::shared_ptr<Pending>> posted;  // handed over by callers
-  uint64_t next_seq = 0;
+  uint64_t next_seq = 0;                         // of point-to-point records
   bool stopping = false;
   std::thread thread;
 
@@ -154,9 +156,11 @@ struct ShmMailboxes::Impl {
   int64_t next_liveness_ns = 0;
 };
 
-ShmMailboxes::Impl::Impl(std::string group, int rank_, int size_, int64_t timeout, std::byte* base,
-                         int64_t ring, std::function<uint64_t(int)> pid)
+ShmMailboxes::Impl::Impl(std::string group, FlightRecorder::GroupId flight_group_, int rank_,
+                         int size_, int64_t timeout, std::byte* base, int64_t ring,
+                         std::function<uint64_t(int)> pid)
     : group_name(std::move(group)),
+      flight_group(flight_group_),
       rank(rank_),
       size(size_),
       timeout_ms(timeout),
@@ -172,15 +176,15 @@ int64_t ShmMailboxes::region_bytes(int size, int64_t ring_bytes) {
   return static_cast<int64_t>(size) * size * (kRingControlBytes + ring_bytes);
 }
 
-ShmMailboxes::ShmMailboxes(std::string group_name, int rank, int size, int64_t timeout_ms,
-                           std::byte* region, int64_t ring_bytes,
+ShmMailboxes::ShmMailboxes(std::string group_name, FlightRecorder::GroupId flight_group, int rank,
+                           int size, int64_t timeout_ms, std::byte* region, int64_t ring_bytes,
                            std::function<uint64_t(int)> peer_pid) {
   if (ring_bytes < 4096 || (ring_bytes & (ring_bytes - 1)) != 0) {
     throw_error("shm group '{}': mailbox ring of {} bytes must be a power of two >= 4096",
                 group_name, ring_bytes);
   }
-  impl_ = std::make_unique<Impl>(std::move(group_name), rank, size, timeout_ms, region, ring_bytes,
-                                 std::move(peer_pid));
+  impl_ = std::make_unique<Impl>(std::move(group_name), flight_group, rank, size, timeout_ms,
+                                 region, ring_bytes, std::move(peer_pid));
   impl_->thread = std::thread([impl = impl_.get()] { impl->run(); });
 }
 
@@ -220,8 +224,8 @@ std::shared_ptr<Work> ShmMailboxes::Impl::post(bool is_send, std::byte* data, in
   op->work = std::make_shared<Work>();
   {
     std::lock_guard<std::mutex> lock(mutex);
-    op->record_id =
-        FlightRecorder::global().scheduled(group_name, next_seq++, "shm", op->what, bytes);
+    op->record_id = FlightRecorder::global().scheduled(flight_group, RecordKind::kPointToPoint,
+                                                       next_seq++, "shm", op->what, bytes);
     posted.push_back(op);
   }
   posted_cv.notify_one();
@@ -499,7 +503,7 @@ void ShmMailboxes::Impl::fail_everything(const std::string& reason, std::vector<
   }
   if (first && !peers.empty()) {
     try {
-      FlightRecorder::global().dump_to_run_dir(rank);
+      FlightRecorder::global().dump_to_run_dir();
     } catch (const std::exception&) {
       // The communication error is what callers must see.
     }

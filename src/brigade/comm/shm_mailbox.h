@@ -34,6 +34,7 @@
 #include <string>
 
 #include "brigade/comm/communicator.h"
+#include "brigade/comm/flight_recorder.h"
 
 namespace brigade {
 
@@ -45,9 +46,13 @@ class ShmMailboxes {
 
   // region: region_bytes(size, ring_bytes) zeroed bytes inside the mapped
   // segment, at the same offset in every rank. peer_pid(r) is rank r's pid
-  // (0 if not attached), for noticing a dead peer. Starts the progress thread.
-  ShmMailboxes(std::string group_name, int rank, int size, int64_t timeout_ms, std::byte* region,
-               int64_t ring_bytes, std::function<uint64_t(int)> peer_pid);
+  // (0 if not attached), for noticing a dead peer. Sends and recvs are
+  // recorded under flight_group as the group's point-to-point operations,
+  // numbered together in the order they are posted. Starts the progress
+  // thread.
+  ShmMailboxes(std::string group_name, FlightRecorder::GroupId flight_group, int rank, int size,
+               int64_t timeout_ms, std::byte* region, int64_t ring_bytes,
+               std::function<uint64_t(int)> peer_pid);
   // Stops the progress thread; sends and recvs still pending fail.
   ~ShmMailboxes();
   ShmMailboxes(const ShmMailboxes&) = delete;

@@ -5,6 +5,7 @@
 #include <charconv>
 #include <cstdlib>
 #include <string_view>
+#include <vector>
 
 #include "brigade/comm/gloo_communicator.h"
 #include "brigade/comm/hierarchical_communicator.h"
@@ -75,9 +76,11 @@ std::string shm_segment_name(const std::string& store_token, const std::string& 
 
 namespace {
 
+// world_ranks: each group rank's world rank, or empty for the world's own numbering.
 std::unique_ptr<ShmCommunicator> connect_shm(const WorldEnvironment& world,
                                              const std::string& group, int rank, int size,
-                                             int64_t timeout_ms, int64_t shared_bytes) {
+                                             int64_t timeout_ms, int64_t shared_bytes,
+                                             std::vector<int> world_ranks = {}) {
   ShmCommunicatorOptions options;
   options.segment_name = shm_segment_name(world.store_token, group);
   options.group_name = group;
@@ -85,12 +88,14 @@ std::unique_ptr<ShmCommunicator> connect_shm(const WorldEnvironment& world,
   options.size = size;
   options.timeout_ms = timeout_ms;
   options.shared_bytes = shared_bytes;
+  options.world_ranks = std::move(world_ranks);
   return std::make_unique<ShmCommunicator>(std::move(options));
 }
 
 std::unique_ptr<GlooCommunicator> connect_gloo(const WorldEnvironment& world,
                                                const std::string& group, int rank, int size,
-                                               int64_t timeout_ms) {
+                                               int64_t timeout_ms,
+                                               std::vector<int> world_ranks = {}) {
   GlooCommunicatorOptions options;
   options.store_host = world.master_addr;
   if (world.master_port > 65535) {
@@ -102,6 +107,7 @@ std::unique_ptr<GlooCommunicator> connect_gloo(const WorldEnvironment& world,
   options.rank = rank;
   options.size = size;
   options.timeout_ms = timeout_ms;
+  options.world_ranks = std::move(world_ranks);
   if (world.world_size != world.local_world_size) {
     // Peers on other nodes cannot reach 127.0.0.1.
     if (const char* interface = std::getenv("GLOO_SOCKET_IFNAME"); interface && *interface) {
@@ -145,12 +151,17 @@ std::unique_ptr<Communicator> connect_world(const std::string& backend, int64_t 
   // Hierarchical: brigade launch numbers ranks node by node.
   const int node = world.world_rank / world.local_world_size;
   const int num_nodes = world.world_size / world.local_world_size;
+  std::vector<int> leader_ranks, node_ranks;  // as world ranks, for the flight recorder
+  for (int n = 0; n < num_nodes; ++n) leader_ranks.push_back(n * world.local_world_size);
+  for (int l = 0; l < world.local_world_size; ++l) {
+    node_ranks.push_back(node * world.local_world_size + l);
+  }
   std::unique_ptr<Communicator> leaders;
   if (world.local_rank == 0) {
-    leaders = connect_gloo(world, "world.leaders", node, num_nodes, timeout_ms);
+    leaders = connect_gloo(world, "world.leaders", node, num_nodes, timeout_ms, leader_ranks);
   }
   auto node_group = connect_shm(world, fmt::format("world.node{}", node), world.local_rank,
-                                world.local_world_size, timeout_ms, shm_shared_bytes);
+                                world.local_world_size, timeout_ms, shm_shared_bytes, node_ranks);
   // Pipeline neighbours on different nodes talk directly, not through leaders.
   auto cross_node =
       connect_gloo(world, "world.p2p", world.world_rank, world.world_size, timeout_ms);
