@@ -156,7 +156,7 @@ class RunReport {
       }
     }
     // One trace event per gradient bucket: when it was handed to the
-    // communicator and when its reduction finished, ms after backward began.
+    // communicator and when its reduction finished, ms after the last micro-batch began.
     nlohmann::json buckets = nlohmann::json::array();
     for (const BucketTiming& b : bucket_timings) {
       buckets.push_back({{"bytes", b.bytes}, {"issued_ms", b.issued_ms}, {"done_ms", b.done_ms}});
