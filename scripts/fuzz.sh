@@ -18,15 +18,16 @@ common=(src/brigade/core/files.cc)
 
 build() {  # name sources...
   local name="$1"; shift
-  if [[ ! -x "$out/$name" || -n "$(find fuzz src/brigade/ckpt src/brigade/core -newer "$out/$name" -name '*.[ch]*' -print -quit)" ]]; then
+  if [[ ! -x "$out/$name" || -n "$(find fuzz src/brigade/ckpt src/brigade/comm src/brigade/core -newer "$out/$name" -name '*.[ch]*' -print -quit)" ]]; then
     echo "fuzz: building $name"
     clang++ "${flags[@]}" "fuzz/$name.cc" "$@" "${common[@]}" "${libs[@]}" -o "$out/$name"
   fi
 }
 build safetensors_fuzz src/brigade/ckpt/safetensors.cc
 build manifest_fuzz src/brigade/ckpt/manifest.cc src/brigade/ckpt/tensor_box.cc
+build store_frame_fuzz src/brigade/comm/store_protocol.cc
 
-for name in safetensors_fuzz manifest_fuzz; do
+for name in safetensors_fuzz manifest_fuzz store_frame_fuzz; do
   corpus="$out/corpus_$name"
   mkdir -p "$corpus"
   cp -n fuzz/seeds/"${name%_fuzz}"/* "$corpus"/ 2>/dev/null || true

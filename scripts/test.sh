@@ -8,7 +8,8 @@
 #      less the Gloo and hierarchical ones: their test process forks ranks
 #      after starting a store thread, and a child of a threaded parent can
 #      hang on a lock ASan's allocator held at the fork (seen here)
-#   4. the libFuzzer targets (safetensors and checkpoint-manifest readers),
+#   4. the libFuzzer targets (safetensors and checkpoint-manifest readers, the
+#      rendezvous store's frame parser),
 #      20 s each (scripts/fuzz.sh)
 # The Release run includes the chaos label at its reduced size (10 trials);
 # BRIGADE_CHAOS_TRIALS=50 ctest --test-dir build -L chaos is the long form.

@@ -132,7 +132,7 @@ class LaunchTest : public ::testing::Test {
 
   // Waits until `path` exists (a worker wrote it).
   bool wait_for_file(const fs::path& path) {
-    const auto deadline = Clock::now() + std::chrono::seconds(10);
+    const auto deadline = Clock::now() + std::chrono::seconds(30);
     while (!fs::exists(path)) {
       if (Clock::now() > deadline) return false;
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
@@ -152,8 +152,9 @@ class LaunchTest : public ::testing::Test {
   }
 
   void expect_all_gone(const std::vector<pid_t>& pids) {
-    // An orphan is reaped by init a moment after it dies.
-    const auto deadline = Clock::now() + std::chrono::seconds(2);
+    // An orphan is reaped by init a moment after it dies (a long moment on a
+    // loaded machine).
+    const auto deadline = Clock::now() + std::chrono::seconds(10);
     for (pid_t pid : pids) {
       while (is_alive(pid) && Clock::now() < deadline) {
         std::this_thread::sleep_for(std::chrono::milliseconds(5));
@@ -229,16 +230,43 @@ TEST_F(LaunchTest, FailingWorkerStopsTheOthersAndIsNamed) {
     echo $$ > $DIR/pid.worker.$RANK
     touch $DIR/ready.$RANK
     wait)";
-  const RunResult r = run({"launch", "--nproc-per-node", "3", "--", "sh", "-c", script},
-                          {{"DIR", dir_.path().string()}});
+  // A grace period far beyond the bound: workers that needed SIGKILL would
+  // make the launcher miss it by a wide margin.
+  const RunResult r =
+      run({"launch", "--nproc-per-node", "3", "--grace-period-s", "60", "--", "sh", "-c", script},
+          {{"DIR", dir_.path().string()}});
   EXPECT_EQ(r.status, 1);
-  EXPECT_LT(r.seconds, 4.0) << "the others should stop at SIGTERM, without the grace period";
+  EXPECT_LT(r.seconds, 20.0) << "the others should stop at SIGTERM, without the grace period";
   EXPECT_EQ(r.err,
             "brigade launch: worker rank 2 (local 2, node 0) exited with status 3; stopped the "
             "other 2 workers\n");
   const std::vector<pid_t> pids = pids_in("pid.");
   EXPECT_EQ(pids.size(), 4u);
   expect_all_gone(pids);
+}
+
+// A worker that ignores SIGTERM is killed once --grace-period-s has passed,
+// and not before. The period is longer than the default (5 s), so the launch
+// taking at least that long shows the option is what counts.
+TEST_F(LaunchTest, WorkerIgnoringSigtermIsKilledAfterTheGracePeriod) {
+  const std::string script = R"(
+    if [ $RANK = 1 ]; then
+      while [ ! -e $DIR/ready.0 ]; do sleep 0.02; done
+      exit 3
+    fi
+    trap '' TERM
+    echo $$ > $DIR/pid.worker.0
+    touch $DIR/ready.0
+    while :; do sleep 0.05; done)";
+  const RunResult r =
+      run({"launch", "--nproc-per-node", "2", "--grace-period-s", "6", "--", "sh", "-c", script},
+          {{"DIR", dir_.path().string()}});
+  EXPECT_EQ(r.status, 1);
+  EXPECT_GE(r.seconds, 6.0) << "the worker was killed before its grace period ended";
+  EXPECT_EQ(r.err,
+            "brigade launch: worker rank 1 (local 1, node 0) exited with status 3; stopped the "
+            "other 1 worker\n");
+  expect_all_gone(pids_in("pid."));
 }
 
 TEST_F(LaunchTest, WorkerKilledBySignalIsNamed) {
@@ -306,9 +334,10 @@ TEST_F(LaunchTest, TwoNodesOnOneMachineShareOneJob) {
                              "${#BRIGADE_STORE_TOKEN}\""});
     return args;
   };
-  // Node 1 first: its launcher must wait for node 0's store to come up.
+  // Node 1 first, so its launcher usually has to wait for node 0's store
+  // to come up. (That a client retries until the store is up is checked
+  // deterministically by TcpStore.ClientStartedBeforeTheServerConnectsOnceItIsUp.)
   const pid_t node1 = start("node1", node_args(1));
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
   const pid_t node0 = start("node0", node_args(0));
   const RunResult r0 = finish(node0);
   const RunResult r1 = finish(node1);
@@ -322,7 +351,17 @@ TEST_F(LaunchTest, TwoNodesOnOneMachineShareOneJob) {
 
 TEST_F(LaunchTest, FailureOnOneNodeStopsTheOtherNode) {
   const std::string rdzv = "127.0.0.1:" + std::to_string(free_port());
+  // Rank 3 fails once node 0's workers are up, so node 0 has workers to stop.
+  const std::string script = R"(
+    if [ $RANK = 3 ]; then
+      while [ ! -e $DIR/ready.0 ] || [ ! -e $DIR/ready.1 ]; do sleep 0.02; done
+      exit 4
+    fi
+    touch $DIR/ready.$RANK
+    exec sleep 30)";
   auto node_args = [&](int node_rank) {
+    // A grace period far beyond the bound below, as in
+    // FailingWorkerStopsTheOthersAndIsNamed.
     return std::vector<std::string>{"launch",
                                     "--nnodes",
                                     "2",
@@ -334,13 +373,16 @@ TEST_F(LaunchTest, FailureOnOneNodeStopsTheOtherNode) {
                                     rdzv,
                                     "--rdzv-token",
                                     "t",
+                                    "--grace-period-s",
+                                    "60",
                                     "--",
                                     "sh",
                                     "-c",
-                                    "if [ $RANK = 3 ]; then sleep 0.3; exit 4; fi; exec sleep 30"};
+                                    script};
   };
-  const pid_t node0 = start("node0", node_args(0));
-  const pid_t node1 = start("node1", node_args(1));
+  const EnvChanges env = {{"DIR", dir_.path().string()}};
+  const pid_t node0 = start("node0", node_args(0), env);
+  const pid_t node1 = start("node1", node_args(1), env);
   const RunResult r1 = finish(node1);
   const RunResult r0 = finish(node0);
   EXPECT_EQ(r1.status, 1);
@@ -350,7 +392,8 @@ TEST_F(LaunchTest, FailureOnOneNodeStopsTheOtherNode) {
   EXPECT_EQ(r0.err,
             "brigade launch: stopped 2 workers on node 0: worker rank 3 (local 1, node 1) exited "
             "with status 4\n");
-  EXPECT_LT(r0.seconds, 5.0);
+  EXPECT_LT(r0.seconds, 20.0)
+      << "node 0's workers should stop at SIGTERM, without the grace period";
 }
 
 TEST_F(LaunchTest, MissingNodeIsAnErrorSayingHowManyArrived) {

@@ -4,19 +4,24 @@
 
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <functional>
 #include <future>
+#include <optional>
 #include <regex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "brigade/comm/store_protocol.h"
 #include "testing/free_port.h"
 
 namespace brigade {
@@ -72,6 +77,85 @@ int raw_connect(uint16_t port) {
   return fd;
 }
 
+// Polls `ready` until it holds or 30 s pass: the signal a test waits for
+// instead of sleeping.
+bool wait_until(const std::function<bool()>& ready) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (!ready()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return true;
+}
+
+// A client that speaks the wire format itself, so a test can pipeline
+// requests or send what TcpStore never would. Blocking socket; every read
+// gives up after 30 s so a server that stops answering fails the test.
+class RawClient {
+ public:
+  explicit RawClient(uint16_t port, int receive_buffer_bytes = 0) {
+    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    if (receive_buffer_bytes > 0) {
+      ::setsockopt(fd_, SOL_SOCKET, SO_RCVBUF, &receive_buffer_bytes, sizeof(int));
+    }
+    const timeval limit{30, 0};
+    ::setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof(limit));
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = htons(port);
+    EXPECT_EQ(::connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  }
+  ~RawClient() { ::close(fd_); }
+  RawClient(const RawClient&) = delete;
+  RawClient& operator=(const RawClient&) = delete;
+
+  // Presents the token; true if the server accepted it.
+  bool authenticate(const std::string& token) {
+    send_all(store_protocol::Encoder().str(store_protocol::kMagic).str(token).frame());
+    const std::optional<std::string> reply = read_frame();
+    return reply && *reply == std::string(1, '\0');
+  }
+
+  bool send_all(std::string_view bytes) {
+    while (!bytes.empty()) {
+      const ssize_t n = ::send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL);
+      if (n <= 0) return false;
+      bytes.remove_prefix(static_cast<size_t>(n));
+    }
+    return true;
+  }
+
+  // The next reply frame's body; nullopt at the end of the stream (or after
+  // 30 s without one).
+  std::optional<std::string> read_frame() {
+    char header[4];
+    if (!read_exact(header, 4)) return std::nullopt;
+    std::string body(store_protocol::load_u32(header), '\0');
+    if (!read_exact(body.data(), body.size())) return std::nullopt;
+    return body;
+  }
+
+  // Whether the server closed the connection (rather than go quiet).
+  bool at_end() {
+    char byte;
+    return ::recv(fd_, &byte, 1, 0) == 0;
+  }
+
+ private:
+  bool read_exact(char* data, size_t bytes) {
+    while (bytes > 0) {
+      const ssize_t n = ::recv(fd_, data, bytes, 0);
+      if (n <= 0) return false;
+      data += n;
+      bytes -= static_cast<size_t>(n);
+    }
+    return true;
+  }
+
+  int fd_ = -1;
+};
+
 double ms_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
       .count();
@@ -108,9 +192,9 @@ TEST(TcpStore, SetGetAddWaitAcrossProcesses) {
 
 TEST(TcpStore, GetBlocksUntilAnotherClientSets) {
   TcpStoreServer server(kHost, 0, kToken);
-  TcpStore reader(kHost, server.port(), kToken, 5000);
+  TcpStore reader(kHost, server.port(), kToken, 30'000);
   auto value = std::async(std::launch::async, [&] { return reader.get("late"); });
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  ASSERT_TRUE(wait_until([&] { return server.stats().parked_requests == 1; }));
   TcpStore writer(kHost, server.port(), kToken, 5000);
   writer.set("late", std::string("a\0b", 3));
   EXPECT_EQ(value.get(), std::string("a\0b", 3));
@@ -218,13 +302,32 @@ TEST(TcpStore, PeerThatDoesNotSpeakTheProtocolIsRefused) {
 
 TEST(TcpStore, ClientStartedBeforeTheServerConnectsOnceItIsUp) {
   const uint16_t port = free_port();
+  // The client shows it is up by being turned away from the port once
+  // itself; the server starts only then.
+  int started[2];
+  ASSERT_EQ(::pipe(started), 0);
   const pid_t client = fork_client([&] {
-    TcpStore store(kHost, port, kToken, 5000);
+    ::close(started[0]);
+    const int probe = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = htons(port);
+    const bool refused = ::connect(probe, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 &&
+                         errno == ECONNREFUSED;
+    ::close(probe);
+    if (!refused) throw Error("something already listens on the test's port");
+    if (::write(started[1], "1", 1) != 1) throw Error("cannot signal the test");
+    ::close(started[1]);
+    TcpStore store(kHost, port, kToken, 30'000);
     store.set("hello", "from a client that came early");
   });
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  ::close(started[1]);
+  char byte = 0;
+  ASSERT_EQ(::read(started[0], &byte, 1), 1);
+  ::close(started[0]);
   TcpStoreServer server(kHost, port, kToken);
-  EXPECT_EQ(wait_client(client), 0);
+  EXPECT_EQ(wait_client(client, std::chrono::seconds(60)), 0);
   TcpStore store(kHost, port, kToken, 1000);
   EXPECT_EQ(store.get("hello"), "from a client that came early");
 }
@@ -236,7 +339,7 @@ TEST(TcpStore, NoServerIsAnErrorAfterTheTimeout) {
     TcpStore store(kHost, port, kToken, 200);
     FAIL() << "connected to nothing";
   } catch (const Error& e) {
-    EXPECT_LT(ms_since(start), 1200);
+    EXPECT_LT(ms_since(start), 10'000) << "the client should give up after its 200 ms";
     EXPECT_NE(std::string(e.what()).find("cannot reach the rendezvous store at 127.0.0.1:"),
               std::string::npos)
         << e.what();
@@ -245,13 +348,13 @@ TEST(TcpStore, NoServerIsAnErrorAfterTheTimeout) {
 
 TEST(TcpStore, StoppingTheServerFailsABlockedGetInsteadOfHangingIt) {
   TcpStoreServer server(kHost, 0, kToken);
-  TcpStore store(kHost, server.port(), kToken, 10'000);
+  TcpStore store(kHost, server.port(), kToken, 120'000);
   auto blocked = std::async(std::launch::async, [&] { return store.get("never"); });
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  ASSERT_TRUE(wait_until([&] { return server.stats().parked_requests == 1; }));
   const auto start = std::chrono::steady_clock::now();
   server.stop();
   EXPECT_THROW(blocked.get(), Error);
-  EXPECT_LT(ms_since(start), 1000);
+  EXPECT_LT(ms_since(start), 30'000) << "the get should fail at once, not at its 120 s timeout";
 }
 
 TEST(TcpStore, BindingABusyPortIsAnErrorNamingIt) {
@@ -263,6 +366,170 @@ TEST(TcpStore, BindingABusyPortIsAnErrorNamingIt) {
     EXPECT_NE(std::string(e.what()).find(std::to_string(first.port())), std::string::npos)
         << e.what();
   }
+}
+
+// A token holder may pipeline requests without reading the replies: the
+// server answers them all, in order, holding back (not buffering) what it
+// cannot act on yet. Some gets park on keys another client sets only once
+// the server reports them parked; each answer lets the requests queued behind
+// it go on, thousands deep, without the serving thread's stack growing.
+TEST(TcpStore, PipelinedGetsAreAnsweredInOrderWithBoundedBuffers) {
+  using store_protocol::Encoder;
+  using store_protocol::Op;
+  TcpStoreServer server(kHost, 0, kToken);
+  constexpr int kGets = 10'000;
+  // Gets of these wait for a set that comes after they are parked.
+  const std::vector<int> late = {1000, 2500, 5000, 7777, kGets - 1};
+  auto key = [](int i) { return "pipelined/" + std::to_string(i) + "/...................."; };
+  auto value = [](int i) { return "v" + std::to_string(i); };
+
+  // The other keys are set up front, pipelined too.
+  {
+    RawClient setter(server.port());
+    ASSERT_TRUE(setter.authenticate(kToken));
+    std::string sets;
+    int count = 0;
+    for (int i = 0; i < kGets; ++i) {
+      if (std::find(late.begin(), late.end(), i) != late.end()) continue;
+      sets += Encoder().op(Op::kSet).str(key(i)).str(value(i)).frame();
+      ++count;
+    }
+    std::thread sender([&] { EXPECT_TRUE(setter.send_all(sets)); });
+    for (int i = 0; i < count; ++i) {
+      const std::optional<std::string> reply = setter.read_frame();
+      ASSERT_TRUE(reply && *reply == std::string(1, '\0')) << "set reply " << i;
+    }
+    sender.join();
+  }
+
+  // Room for every reply in the client's own buffer, so the client's not
+  // reading cannot stall the server for good.
+  RawClient getter(server.port(), 1 << 20);
+  ASSERT_TRUE(getter.authenticate(kToken));
+  std::string gets;
+  for (int i = 0; i < kGets; ++i) {
+    gets += Encoder().op(Op::kGet).str(key(i)).i64(120'000).frame();
+  }
+  ASSERT_GT(gets.size(), 2 * TcpStoreServer::kBufferBytes + 100'000)
+      << "the requests must be more than the server may buffer";
+  std::thread sender([&] { EXPECT_TRUE(getter.send_all(gets)); });
+  TcpStore writer(kHost, server.port(), kToken, 30'000);
+  for (size_t j = 0; j < late.size(); ++j) {
+    ASSERT_TRUE(wait_until([&] { return server.stats().parked_requests >= j + 1; }))
+        << "the get of key " << late[j] << " was never parked";
+    writer.set(key(late[j]), value(late[j]));
+  }
+  sender.join();
+  for (int i = 0; i < kGets; ++i) {
+    const std::optional<std::string> reply = getter.read_frame();
+    ASSERT_TRUE(reply.has_value()) << "no reply to get " << i;
+    store_protocol::Decoder d(*reply);
+    ASSERT_EQ(d.u8(), 0) << "reply " << i;
+    ASSERT_EQ(d.str(), value(i)) << "reply " << i;
+  }
+  const TcpStoreServer::Stats stats = server.stats();
+  EXPECT_EQ(stats.parked_requests, late.size());
+  EXPECT_LE(stats.buffered_high_water_bytes, 2 * TcpStoreServer::kBufferBytes + 1024);
+  writer.set("still", "serving");
+  EXPECT_EQ(writer.get("still"), "serving");
+}
+
+// A client that pipelines gets and does not read the replies yet: the server
+// stops taking requests once its unsent replies reach the bound, and sends
+// them all, in order, when the client reads.
+TEST(TcpStore, ClientNotReadingItsRepliesIsHeldBackNotBuffered) {
+  using store_protocol::Encoder;
+  using store_protocol::Op;
+  TcpStoreServer server(kHost, 0, kToken);
+  constexpr int kKeys = 100;
+  constexpr int kGets = 4000;  // 4 MB of replies
+  auto value = [](int k) { return fmt::format("{}/{}", std::string(1000, 'a' + k % 26), k); };
+  TcpStore writer(kHost, server.port(), kToken, 30'000);
+  for (int k = 0; k < kKeys; ++k) writer.set(fmt::format("k{}", k), value(k));
+
+  RawClient getter(server.port(), 4096);  // little room for replies on our side
+  ASSERT_TRUE(getter.authenticate(kToken));
+  std::string gets;
+  for (int i = 0; i < kGets; ++i) {
+    gets += Encoder().op(Op::kGet).str(fmt::format("k{}", i % kKeys)).i64(30'000).frame();
+  }
+  std::thread sender([&] { EXPECT_TRUE(getter.send_all(gets)); });
+  // The signal that the server has filled its share and stopped: replies
+  // waiting unsent.
+  ASSERT_TRUE(wait_until(
+      [&] { return server.stats().buffered_high_water_bytes >= TcpStoreServer::kBufferBytes; }));
+  for (int i = 0; i < kGets; ++i) {
+    const std::optional<std::string> reply = getter.read_frame();
+    ASSERT_TRUE(reply.has_value()) << "no reply to get " << i;
+    store_protocol::Decoder d(*reply);
+    ASSERT_EQ(d.u8(), 0) << "reply " << i;
+    ASSERT_EQ(d.str(), value(i % kKeys)) << "reply " << i;
+  }
+  sender.join();
+  EXPECT_LE(server.stats().buffered_high_water_bytes, 2 * TcpStoreServer::kBufferBytes + 2048);
+}
+
+// A token holder announcing a frame over the limit is told why and dropped,
+// before the server buffers any of it; everyone else is served on.
+TEST(TcpStore, OversizedFrameIsRefusedAndOthersAreServedOn) {
+  TcpStoreServer server(kHost, 0, kToken);
+  TcpStore other(kHost, server.port(), kToken, 30'000);
+  other.set("before", "1");
+  ::testing::internal::CaptureStderr();
+  RawClient big(server.port());
+  ASSERT_TRUE(big.authenticate(kToken));
+  const uint32_t declared = store_protocol::kMaxFrameBytes + 1;
+  std::string header = store_protocol::Encoder().u32(declared).bytes();
+  ASSERT_TRUE(big.send_all(header + std::string(1000, 'x')));
+  const std::optional<std::string> reply = big.read_frame();
+  const bool closed = big.at_end();
+  EXPECT_EQ(other.get("before"), "1");
+  other.set("after", "2");
+  EXPECT_EQ(other.get("after"), "2");
+  server.stop();
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  ASSERT_TRUE(reply.has_value()) << "no reply before the close";
+  store_protocol::Decoder d(*reply);
+  EXPECT_EQ(d.u8(), static_cast<uint8_t>(store_protocol::Status::kError));
+  const std::string reason = "a 67108865 byte request is over the store's limit of 67108864 bytes";
+  EXPECT_EQ(d.str(), reason);
+  EXPECT_TRUE(closed) << "the connection should be closed";
+  EXPECT_TRUE(std::regex_search(
+      log, std::regex("^brigade store: dropped 127\\.0\\.0\\.1:[0-9]+: " + reason + "\n$")))
+      << log;
+}
+
+TEST(TcpStore, ClientRefusesToSendAValueOverTheLimit) {
+  TcpStoreServer server(kHost, 0, kToken);
+  TcpStore store(kHost, server.port(), kToken, 30'000);
+  const std::string huge(store_protocol::kMaxFrameBytes, 'x');
+  try {
+    store.set("huge", huge);
+    FAIL() << "sent a value over the limit";
+  } catch (const Error& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("set('huge') is a 67108877 byte request, over the rendezvous store's "
+                           "limit of 67108864 bytes"),
+              std::string::npos)
+        << message;
+  }
+  store.set("small", "fine");  // the connection is still good
+  EXPECT_EQ(store.get("small"), "fine");
+}
+
+// Before the token, the server reads no more than a handshake's worth.
+TEST(TcpStore, StrangerAnnouncingAHugeHandshakeIsRefused) {
+  TcpStoreServer server(kHost, 0, kToken);
+  ::testing::internal::CaptureStderr();
+  RawClient stranger(server.port());
+  ASSERT_TRUE(stranger.send_all(store_protocol::Encoder().u32(1 << 20).bytes()));
+  const std::optional<std::string> reply = stranger.read_frame();
+  const bool closed = stranger.at_end();
+  server.stop();
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(reply, std::string(1, static_cast<char>(store_protocol::Status::kRefused)));
+  EXPECT_TRUE(closed);
+  EXPECT_NE(log.find("not a brigade store client (oversized handshake)"), std::string::npos) << log;
 }
 
 }  // namespace

@@ -14,6 +14,7 @@ namespace brigade::cli {
 void add_launch_command(CLI::App& app) {
   auto options = std::make_shared<LaunchOptions>();
   auto rdzv_timeout_s = std::make_shared<int64_t>(options->rdzv_timeout_ms / 1000);
+  auto grace_period_s = std::make_shared<double>(options->failure_grace_ms / 1000.0);
   CLI::App* cmd = app.add_subcommand(
       "launch",
       "Run a command as N cooperating workers per node, torchrun-style: `brigade launch "
@@ -33,13 +34,18 @@ void add_launch_command(CLI::App& app) {
                   "one node generates its own). The environment keeps it out of `ps`");
   cmd->add_option("--rdzv-timeout-s", *rdzv_timeout_s, "How long launchers wait for each other")
       ->capture_default_str();
+  cmd->add_option("--grace-period-s", *grace_period_s,
+                  "After a worker fails, how long the others get to exit on SIGTERM before "
+                  "SIGKILL")
+      ->check(CLI::Range(0.0, 86'400.0))
+      ->capture_default_str();
   cmd->add_option("command", options->command,
                   "The command and its arguments, after --: a brigade verb or a program")
       ->required();
   // Without --, CLI11 would take the command's own options for launch's;
   // catch that here to say how to fix it.
   cmd->allow_extras();
-  cmd->callback([cmd, options, rdzv_timeout_s] {
+  cmd->callback([cmd, options, rdzv_timeout_s, grace_period_s] {
     // CLI11 leaves the "--" separator itself among the extras.
     std::string extras;
     for (const std::string& arg : cmd->remaining()) {
@@ -52,6 +58,7 @@ void add_launch_command(CLI::App& app) {
           extras);
     }
     options->rdzv_timeout_ms = *rdzv_timeout_s * 1000;
+    options->failure_grace_ms = static_cast<int64_t>(*grace_period_s * 1000);
     const int status = run_launch(*options);
     if (status != 0) {
       throw ExitStatus{status};

@@ -31,10 +31,9 @@ namespace {
 // Verbs that run with this same binary rather than a program from PATH.
 constexpr std::array<std::string_view, 6> kBrigadeVerbs = {"train", "eval",      "sample",
                                                            "bench", "tokenizer", "data"};
-// After a worker fails, the others get this long to exit on SIGTERM.
-constexpr int64_t kFailureGraceMs = 5'000;
-// After the user's SIGINT or SIGTERM, workers get longer: they may be saving
-// a checkpoint. A second signal cuts it short.
+// After the user's SIGINT or SIGTERM, workers get longer than after a
+// failure (LaunchOptions::failure_grace_ms): they may be saving a
+// checkpoint. A second signal cuts it short.
 constexpr int64_t kSignalGraceMs = 30'000;
 // How often a multi-node launcher looks for a failure on another node.
 constexpr int64_t kPeerCheckMs = 500;
@@ -544,7 +543,7 @@ class Supervisor {
       if (failed && !stopping_) {
         failure_ = fmt::format("worker rank {} (local {}, node {}) {}", it->rank, it->local_rank,
                                options_.node_rank, describe_exit(wait_status));
-        begin_stop(SIGTERM, kFailureGraceMs);
+        begin_stop(SIGTERM, options_.failure_grace_ms);
         publish_failure(failure_);
       }
     }
@@ -567,7 +566,7 @@ class Supervisor {
     } catch (const Error& e) {
       remote_failure_ = e.what();
     }
-    begin_stop(SIGTERM, kFailureGraceMs);
+    begin_stop(SIGTERM, options_.failure_grace_ms);
   }
 
   int report() const {

@@ -20,10 +20,11 @@
 //
 // While the workers run, SIGINT, SIGTERM and SIGHUP are forwarded to them.
 // The first worker to fail (non-zero status or a signal) stops the job: the
-// others get SIGTERM, then SIGKILL after a grace period, and on a multi-node
-// job the other nodes' launchers do the same. Each worker runs in its own
-// process group, so whatever it started is stopped with it, and it dies with
-// the launcher (PR_SET_PDEATHSIG) should the launcher itself be killed.
+// others get SIGTERM, then SIGKILL after a grace period (--grace-period-s,
+// 5 s by default), and on a multi-node job the other nodes' launchers do the
+// same. Each worker runs in its own process group, so whatever it started is
+// stopped with it, and it dies with the launcher (PR_SET_PDEATHSIG) should
+// the launcher itself be killed.
 #pragma once
 
 #include <cstdint>
@@ -42,6 +43,9 @@ struct LaunchOptions {
   std::string rdzv_token;
   // How long launchers wait for each other, at the start and at the end.
   int64_t rdzv_timeout_ms = 300'000;
+  // After a worker fails (here or on another node), how long the others get
+  // to exit on SIGTERM before SIGKILL.
+  int64_t failure_grace_ms = 5'000;
   // A brigade verb and its arguments (run with this same binary), or any
   // program and its arguments.
   std::vector<std::string> command;

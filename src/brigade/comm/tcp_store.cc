@@ -11,119 +11,43 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <csignal>
 #include <cstring>
+#include <deque>
 #include <optional>
 #include <thread>
 #include <unordered_map>
 
+#include "brigade/comm/store_protocol.h"
 #include "brigade/core/clock.h"
 
 namespace brigade {
 namespace {
 
-enum class Op : uint8_t { kSet = 1, kGet = 2, kAdd = 3, kCheck = 4, kWait = 5 };
-enum class Status : uint8_t { kOk = 0, kTimeout = 1, kError = 2, kRefused = 3 };
+using store_protocol::Decoder;
+using store_protocol::Encoder;
+using store_protocol::kMagic;
+using store_protocol::kMaxFrameBytes;
+using store_protocol::load_u32;
+using store_protocol::Op;
+using store_protocol::Parsed;
+using store_protocol::Request;
+using store_protocol::Status;
 
-constexpr std::string_view kMagic = "brigade-store/1";
-// Before a peer has shown the token it may not make the server buffer more
-// than this; after, a frame may carry a large value.
-constexpr uint32_t kMaxHandshakeBytes = 4096;
-constexpr uint32_t kMaxFrameBytes = 1u << 30;
 // A peer that connects and never presents a token is dropped after this.
 constexpr int64_t kHandshakeTimeoutMs = 10'000;
 // A blocking get/wait is timed by the server; the client waits this much
 // longer for the answer before it gives up on the connection.
 constexpr int64_t kReplyGraceMs = 2'000;
 constexpr int64_t kNsPerMs = 1'000'000;
-
-// ------------------------------------------------------------------ encoding
-
-class Encoder {
- public:
-  Encoder& u8(uint8_t v) {
-    bytes_.push_back(static_cast<char>(v));
-    return *this;
-  }
-  Encoder& op(Op v) { return u8(static_cast<uint8_t>(v)); }
-  Encoder& status(Status v) { return u8(static_cast<uint8_t>(v)); }
-  Encoder& u32(uint32_t v) {
-    for (int i = 0; i < 4; ++i) bytes_.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
-    return *this;
-  }
-  Encoder& i64(int64_t v) {
-    const auto u = static_cast<uint64_t>(v);
-    for (int i = 0; i < 8; ++i) bytes_.push_back(static_cast<char>((u >> (8 * i)) & 0xff));
-    return *this;
-  }
-  Encoder& str(std::string_view s) {
-    u32(static_cast<uint32_t>(s.size()));
-    bytes_.append(s);
-    return *this;
-  }
-  Encoder& strs(const std::vector<std::string>& list) {
-    u32(static_cast<uint32_t>(list.size()));
-    for (const std::string& s : list) str(s);
-    return *this;
-  }
-  // The bytes with their u32 length in front: one frame on the wire.
-  std::string frame() const {
-    return Encoder().u32(static_cast<uint32_t>(bytes_.size())).bytes_ + bytes_;
-  }
-  const std::string& bytes() const { return bytes_; }
-
- private:
-  std::string bytes_;
-};
-
-// Reads what Encoder wrote; throws Error on a truncated or overlong message.
-class Decoder {
- public:
-  explicit Decoder(std::string_view bytes) : rest_(bytes) {}
-  uint8_t u8() { return static_cast<uint8_t>(take(1)[0]); }
-  uint32_t u32() {
-    const std::string_view b = take(4);
-    uint32_t v = 0;
-    for (int i = 0; i < 4; ++i) v |= static_cast<uint32_t>(static_cast<uint8_t>(b[i])) << (8 * i);
-    return v;
-  }
-  int64_t i64() {
-    const std::string_view b = take(8);
-    uint64_t v = 0;
-    for (int i = 0; i < 8; ++i) v |= static_cast<uint64_t>(static_cast<uint8_t>(b[i])) << (8 * i);
-    return static_cast<int64_t>(v);
-  }
-  std::string str() { return std::string(take(u32())); }
-  std::vector<std::string> strs() {
-    const uint32_t n = u32();
-    // Each string costs at least its 4-byte length, so a count that cannot
-    // fit is rejected before reserving memory for it.
-    if (n > rest_.size() / 4) malformed();
-    std::vector<std::string> list;
-    list.reserve(n);
-    for (uint32_t i = 0; i < n; ++i) list.push_back(str());
-    return list;
-  }
-  void end() const {
-    if (!rest_.empty()) malformed();
-  }
-
- private:
-  std::string_view take(size_t n) {
-    if (n > rest_.size()) malformed();
-    const std::string_view b = rest_.substr(0, n);
-    rest_.remove_prefix(n);
-    return b;
-  }
-  [[noreturn]] static void malformed() { throw Error("malformed rendezvous store message"); }
-
-  std::string_view rest_;
-};
-
-uint32_t load_u32(const char* p) {
-  return Decoder(std::string_view(p, 4)).u32();
-}
+// The serving loop's depth is fixed (answers to parked requests, and the
+// frames behind them, are taken up from a work queue, never by recursion),
+// so it needs little stack; a regression that recursed once per request
+// would overflow this in the tests rather than in a large job.
+constexpr size_t kServerStackBytes = 256 * 1024;
+constexpr size_t kReadChunkBytes = 64 * 1024;
 
 // ------------------------------------------------------------------ sockets
 
@@ -288,6 +212,7 @@ struct TcpStoreServer::Impl {
     std::string out;       // replies not yet sent
     bool closing = false;  // close once `out` is sent (after a refusal)
     bool dead = false;     // close at the end of this loop turn
+    bool queued = false;   // in `ready`
     std::optional<Parked> parked;
   };
 
@@ -296,13 +221,20 @@ struct TcpStoreServer::Impl {
   int wake_read_fd = -1;
   int wake_write_fd = -1;
   uint16_t port = 0;
-  std::thread thread;
+  pthread_t thread{};
+  bool thread_started = false;
   std::mutex stop_mutex;
   bool stopped = false;
+  std::atomic<size_t> buffered_high_water{0};
+  std::atomic<uint64_t> parked_requests{0};
 
   // Touched only by the serving thread.
   std::unordered_map<std::string, std::string> data;
   std::vector<std::unique_ptr<Connection>> connections;
+  // Connections that may have whole frames to process: answered parked
+  // requests, drained replies. Emptied before connections are closed.
+  std::deque<Connection*> ready;
+  std::vector<char> read_buffer = std::vector<char>(kReadChunkBytes);
 
   // Closes whatever the constructor opened if it throws halfway; after
   // stop() everything is closed already.
@@ -311,20 +243,25 @@ struct TcpStoreServer::Impl {
   void serve();
   void serve_until_stopped();
   void accept_all();
+  size_t input_limit(const Connection& c) const;
+  bool wants_input(const Connection& c) const;
   void read_from(Connection& c);
   void process_frames(Connection& c);
-  void handle_handshake(Connection& c, std::string_view frame);
-  void handle_request(Connection& c, std::string_view frame);
-  void park_or_answer(Connection& c, Parked parked);
+  void schedule(Connection& c);
+  void drain_ready();
+  void handle_handshake(Connection& c, const store_protocol::Handshake& handshake);
+  void handle_request(Connection& c, Request& request);
+  void answer(Connection& c, Op op, const std::vector<std::string>& keys);
   bool all_present(const std::vector<std::string>& keys) const;
   std::vector<std::string> missing(const std::vector<std::string>& keys) const;
-  void answer_parked(Connection& c);
   void wake_parked();
   void expire(int64_t now);
   int next_timeout_ms() const;
   void refuse(Connection& c, const std::string& reason);
+  void drop(Connection& c, const std::string& reason);
   void reply(Connection& c, const Encoder& message);
   void flush(Connection& c);
+  void note_buffered(const Connection& c);
 };
 
 TcpStoreServer::TcpStoreServer(std::string host, uint16_t port, std::string token)
@@ -373,13 +310,20 @@ TcpStoreServer::TcpStoreServer(std::string host, uint16_t port, std::string toke
   sigset_t all, previous;
   ::sigfillset(&all);
   ::pthread_sigmask(SIG_SETMASK, &all, &previous);
-  try {
-    impl_->thread = std::thread([impl = impl_.get()] { impl->serve(); });
-  } catch (...) {
-    ::pthread_sigmask(SIG_SETMASK, &previous, nullptr);
-    throw;
-  }
+  pthread_attr_t attr;
+  ::pthread_attr_init(&attr);
+  ::pthread_attr_setstacksize(&attr, kServerStackBytes);
+  const int rc = ::pthread_create(
+      &impl_->thread, &attr,
+      [](void* impl) -> void* {
+        static_cast<Impl*>(impl)->serve();
+        return nullptr;
+      },
+      impl_.get());
+  ::pthread_attr_destroy(&attr);
   ::pthread_sigmask(SIG_SETMASK, &previous, nullptr);
+  if (rc != 0) throw_error("cannot start the rendezvous store's thread: {}", errno_text(rc));
+  impl_->thread_started = true;
 }
 
 TcpStoreServer::~TcpStoreServer() {
@@ -390,6 +334,11 @@ uint16_t TcpStoreServer::port() const {
   return impl_->port;
 }
 
+TcpStoreServer::Stats TcpStoreServer::stats() const {
+  return Stats{impl_->buffered_high_water.load(std::memory_order_relaxed),
+               impl_->parked_requests.load(std::memory_order_relaxed)};
+}
+
 void TcpStoreServer::stop() {
   std::lock_guard<std::mutex> lock(impl_->stop_mutex);
   if (impl_->stopped) return;
@@ -397,11 +346,13 @@ void TcpStoreServer::stop() {
   const char byte = 1;
   while (::write(impl_->wake_write_fd, &byte, 1) < 0 && errno == EINTR) {
   }
-  if (impl_->thread.joinable()) impl_->thread.join();
+  if (impl_->thread_started) ::pthread_join(impl_->thread, nullptr);
+  impl_->thread_started = false;
   impl_->close_all();
 }
 
 void TcpStoreServer::Impl::close_all() {
+  ready.clear();
   for (auto& c : connections) close_fd(c->fd);
   connections.clear();
   close_fd(listen_fd);
@@ -417,6 +368,7 @@ void TcpStoreServer::Impl::serve() {
   } catch (const std::exception& e) {
     fmt::print(stderr, "brigade store: stopped serving after an internal error: {}\n", e.what());
     // Closed connections fail the clients now rather than at their timeouts.
+    ready.clear();
     for (auto& c : connections) close_fd(c->fd);
     connections.clear();
     close_fd(listen_fd);
@@ -430,8 +382,10 @@ void TcpStoreServer::Impl::serve_until_stopped() {
     fds.push_back({wake_read_fd, POLLIN, 0});
     fds.push_back({listen_fd, POLLIN, 0});
     for (const auto& c : connections) {
-      const short events =
-          static_cast<short>((c->closing ? 0 : POLLIN) | (c->out.empty() ? 0 : POLLOUT));
+      // A connection that may not read is still watched for its peer
+      // closing (POLLRDHUP), so a parked request of a dead client goes.
+      short events = c->out.empty() ? 0 : POLLOUT;
+      if (!c->closing) events |= wants_input(*c) ? POLLIN : POLLRDHUP;
       fds.push_back({c->fd, events, 0});
     }
     const int n = ::poll(fds.data(), fds.size(), next_timeout_ms());
@@ -444,17 +398,22 @@ void TcpStoreServer::Impl::serve_until_stopped() {
     for (size_t i = 0; n > 0 && i < polled; ++i) {
       Connection& c = *connections[i];
       const short revents = fds[i + 2].revents;
-      if (revents & POLLOUT) flush(c);
-      if (!c.dead && (revents & (POLLIN | POLLHUP | POLLERR))) {
-        if (c.closing) {
-          c.dead = true;
-        } else {
-          read_from(c);
-        }
+      if (revents & POLLOUT) {
+        flush(c);
+        if (!c.in.empty()) schedule(c);  // replies drained: the frames behind may go on
+      }
+      if (c.dead || (revents & (POLLIN | POLLRDHUP | POLLHUP | POLLERR)) == 0) continue;
+      if (c.closing) {
+        c.dead = true;
+      } else if (wants_input(c)) {
+        read_from(c);  // reads the end of the stream too
+      } else {
+        c.dead = true;  // gone while it was waiting for an answer
       }
     }
     if (n > 0 && (fds[1].revents & POLLIN)) accept_all();
     expire(now_ns());
+    drain_ready();
     std::erase_if(connections, [](const std::unique_ptr<Connection>& c) {
       if (c->dead) close_fd(c->fd);
       return c->dead;
@@ -484,16 +443,35 @@ void TcpStoreServer::Impl::accept_all() {
   }
 }
 
+// How much unprocessed input the connection may hold: kBufferBytes, or the
+// whole of the frame at its front if that is larger. Before the token only
+// a handshake, so a stranger is refused after its first 4 KiB.
+size_t TcpStoreServer::Impl::input_limit(const Connection& c) const {
+  if (!c.authenticated) return 4 + size_t{store_protocol::kMaxHandshakeBytes};
+  size_t limit = kBufferBytes;
+  if (c.in.size() >= 4) {
+    limit = std::max(limit, 4 + size_t{std::min(load_u32(c.in.data()), kMaxFrameBytes)});
+  }
+  return limit;
+}
+
+// The server reads only what it can act on: nothing while a request is
+// parked (replies must keep their order) or replies wait unsent (the client
+// is not reading them), and no more than input_limit(). A client that sends
+// faster is held back by TCP, not dropped.
+bool TcpStoreServer::Impl::wants_input(const Connection& c) const {
+  if (c.dead || c.closing || c.parked || c.out.size() >= kBufferBytes) return false;
+  return c.in.size() < input_limit(c);
+}
+
 void TcpStoreServer::Impl::read_from(Connection& c) {
-  char buffer[64 * 1024];
-  for (;;) {
-    const ssize_t n = ::recv(c.fd, buffer, sizeof(buffer), 0);
+  while (wants_input(c)) {
+    const size_t room = std::min(input_limit(c) - c.in.size(), read_buffer.size());
+    const ssize_t n = ::recv(c.fd, read_buffer.data(), room, 0);
     if (n > 0) {
-      c.in.append(buffer, static_cast<size_t>(n));
-      // Parse as we go, so a peer without the token is refused after its
-      // first 4 KiB instead of after whatever it manages to send.
+      c.in.append(read_buffer.data(), static_cast<size_t>(n));
+      note_buffered(c);
       process_frames(c);
-      if (c.dead || c.closing) return;
       continue;
     }
     if (n < 0 && errno == EINTR) continue;
@@ -508,51 +486,63 @@ void TcpStoreServer::Impl::read_from(Connection& c) {
   }
 }
 
+// Acts on the whole frames at the front of c.in, in order, until one parks,
+// the replies pile up, or the input runs out. Never calls itself, directly
+// or through an answer: a connection woken later goes through `ready`.
 void TcpStoreServer::Impl::process_frames(Connection& c) {
-  while (!c.dead && !c.closing && !c.parked && c.in.size() >= 4) {
-    const uint32_t bytes = load_u32(c.in.data());
-    if (!c.authenticated && bytes > kMaxHandshakeBytes) {
-      refuse(c, "not a brigade store client (oversized handshake)");
-      return;
+  size_t used = 0;
+  while (!c.dead && !c.closing && !c.parked && c.out.size() < kBufferBytes) {
+    Parsed p = store_protocol::parse_frame(std::string_view(c.in).substr(used), c.authenticated);
+    if (p.kind == Parsed::Kind::kNeedMore) break;
+    if (p.kind == Parsed::Kind::kOversized) {
+      if (!c.authenticated) {
+        refuse(c, "not a brigade store client (oversized handshake)");
+      } else {
+        drop(c, fmt::format("a {} byte request is over the store's limit of {} bytes", p.declared,
+                            p.limit));
+      }
+      break;
     }
-    if (bytes > kMaxFrameBytes) {
-      fmt::print(stderr, "brigade store: dropped {}: a {} byte message is over the limit\n", c.peer,
-                 bytes);
-      c.dead = true;
-      return;
+    if (p.kind == Parsed::Kind::kMalformed) {
+      if (!c.authenticated) {
+        refuse(c, "not a brigade store client");
+      } else {
+        drop(c, p.error);
+      }
+      break;
     }
-    if (c.in.size() < 4 + size_t{bytes}) return;
-    const std::string frame = c.in.substr(4, bytes);
-    c.in.erase(0, 4 + size_t{bytes});
-    if (!c.authenticated) {
-      handle_handshake(c, frame);
-      continue;
+    used += p.consumed;
+    if (p.kind == Parsed::Kind::kHandshake) {
+      handle_handshake(c, p.handshake);
+    } else {
+      handle_request(c, p.request);
     }
-    try {
-      handle_request(c, frame);
-    } catch (const Error& e) {
-      fmt::print(stderr, "brigade store: dropped {}: {}\n", c.peer, e.what());
-      c.dead = true;
-    }
+  }
+  c.in.erase(0, std::min(used, c.in.size()));  // refuse() and drop() empty it
+}
+
+void TcpStoreServer::Impl::schedule(Connection& c) {
+  if (c.queued || c.dead) return;
+  c.queued = true;
+  ready.push_back(&c);
+}
+
+void TcpStoreServer::Impl::drain_ready() {
+  while (!ready.empty()) {
+    Connection& c = *ready.front();
+    ready.pop_front();
+    c.queued = false;
+    process_frames(c);  // may schedule others, never itself recursively
   }
 }
 
-void TcpStoreServer::Impl::handle_handshake(Connection& c, std::string_view frame) {
-  std::string magic, presented;
-  try {
-    Decoder d(frame);
-    magic = d.str();
-    presented = d.str();
-    d.end();
-  } catch (const Error&) {
+void TcpStoreServer::Impl::handle_handshake(Connection& c,
+                                            const store_protocol::Handshake& handshake) {
+  if (handshake.magic != store_protocol::kMagic) {
     refuse(c, "not a brigade store client");
-    return;
-  }
-  if (magic != kMagic) {
-    refuse(c, "not a brigade store client");
-  } else if (presented.empty()) {
+  } else if (handshake.token.empty()) {
     refuse(c, "missing token");
-  } else if (!same_token(presented, token)) {
+  } else if (!same_token(handshake.token, token)) {
     refuse(c, "bad token");
   } else {
     c.authenticated = true;
@@ -560,23 +550,17 @@ void TcpStoreServer::Impl::handle_handshake(Connection& c, std::string_view fram
   }
 }
 
-void TcpStoreServer::Impl::handle_request(Connection& c, std::string_view frame) {
-  Decoder d(frame);
-  const auto op = static_cast<Op>(d.u8());
-  switch (op) {
+void TcpStoreServer::Impl::handle_request(Connection& c, Request& request) {
+  switch (request.op) {
     case Op::kSet: {
-      std::string key = d.str();
-      std::string value = d.str();
-      d.end();
-      data[std::move(key)] = std::move(value);
+      std::string& key = request.keys[0];  // parse_frame gives kSet, kGet and kAdd one
+      data[std::move(key)] = std::move(request.value);
       reply(c, Encoder().status(Status::kOk));
       wake_parked();
       return;
     }
     case Op::kAdd: {
-      std::string key = d.str();
-      const int64_t delta = d.i64();
-      d.end();
+      std::string& key = request.keys[0];
       auto it = data.find(key);
       std::optional<int64_t> value = it == data.end() ? 0 : parse_counter(it->second);
       if (!value) {
@@ -587,33 +571,33 @@ void TcpStoreServer::Impl::handle_request(Connection& c, std::string_view frame)
                          key)));
         return;
       }
-      *value += delta;
+      *value += request.delta;
       data[std::move(key)] = std::to_string(*value);
       reply(c, Encoder().status(Status::kOk).i64(*value));
       wake_parked();
       return;
     }
-    case Op::kCheck: {
-      const std::vector<std::string> keys = d.strs();
-      d.end();
-      reply(c, Encoder().status(Status::kOk).u8(all_present(keys) ? 1 : 0));
+    case Op::kCheck:
+      reply(c, Encoder().status(Status::kOk).u8(all_present(request.keys) ? 1 : 0));
       return;
-    }
     case Op::kGet:
-    case Op::kWait: {
-      std::vector<std::string> keys = op == Op::kGet ? std::vector<std::string>{d.str()} : d.strs();
-      const int64_t timeout_ms = std::clamp<int64_t>(d.i64(), 0, int64_t{1} << 40);
-      d.end();
-      park_or_answer(c, Parked{op, std::move(keys), now_ns() + timeout_ms * kNsPerMs});
+    case Op::kWait:
+      if (all_present(request.keys)) {
+        answer(c, request.op, request.keys);
+      } else {
+        c.parked =
+            Parked{request.op, std::move(request.keys), now_ns() + request.timeout_ms * kNsPerMs};
+        parked_requests.fetch_add(1, std::memory_order_relaxed);
+      }
       return;
-    }
   }
-  throw_error("unknown request {}", static_cast<int>(op));
 }
 
-void TcpStoreServer::Impl::park_or_answer(Connection& c, Parked parked) {
-  c.parked = std::move(parked);
-  if (all_present(c.parked->keys)) answer_parked(c);
+void TcpStoreServer::Impl::answer(Connection& c, Op op, const std::vector<std::string>& keys) {
+  Encoder message;
+  message.status(Status::kOk);
+  if (op == Op::kGet) message.str(data.at(keys[0]));
+  reply(c, message);
 }
 
 bool TcpStoreServer::Impl::all_present(const std::vector<std::string>& keys) const {
@@ -629,20 +613,14 @@ std::vector<std::string> TcpStoreServer::Impl::missing(const std::vector<std::st
   return absent;
 }
 
-// Answers a parked get/wait whose keys are all present now, then goes on with
-// requests the client may have sent behind it.
-void TcpStoreServer::Impl::answer_parked(Connection& c) {
-  Encoder message;
-  message.status(Status::kOk);
-  if (c.parked->op == Op::kGet) message.str(data.at(c.parked->keys[0]));
-  c.parked.reset();
-  reply(c, message);
-  process_frames(c);
-}
-
+// Answers every parked get/wait whose keys are all present now; the requests
+// its client sent behind it are taken up from `ready`.
 void TcpStoreServer::Impl::wake_parked() {
   for (const auto& c : connections) {
-    if (c->parked && !c->dead && all_present(c->parked->keys)) answer_parked(*c);
+    if (!c->parked || c->dead || !all_present(c->parked->keys)) continue;
+    answer(*c, c->parked->op, c->parked->keys);
+    c->parked.reset();
+    schedule(*c);
   }
 }
 
@@ -656,7 +634,7 @@ void TcpStoreServer::Impl::expire(int64_t now) {
       const std::vector<std::string> absent = missing(c->parked->keys);
       c->parked.reset();
       reply(*c, Encoder().status(Status::kTimeout).strs(absent));
-      process_frames(*c);
+      schedule(*c);
     }
   }
 }
@@ -680,26 +658,45 @@ void TcpStoreServer::Impl::refuse(Connection& c, const std::string& reason) {
   reply(c, Encoder().status(Status::kRefused));
 }
 
+// Like refuse(), for a client that had shown the token: the replies it is
+// owed go first, then the reason, then the connection closes.
+void TcpStoreServer::Impl::drop(Connection& c, const std::string& reason) {
+  fmt::print(stderr, "brigade store: dropped {}: {}\n", c.peer, reason);
+  c.closing = true;
+  c.in.clear();
+  reply(c, Encoder().status(Status::kError).str(reason));
+}
+
 void TcpStoreServer::Impl::reply(Connection& c, const Encoder& message) {
   c.out += message.frame();
+  note_buffered(c);
   flush(c);
 }
 
 void TcpStoreServer::Impl::flush(Connection& c) {
-  while (!c.out.empty()) {
-    const ssize_t n = ::send(c.fd, c.out.data(), c.out.size(), MSG_NOSIGNAL);
+  size_t sent = 0;
+  while (sent < c.out.size()) {
+    const ssize_t n = ::send(c.fd, c.out.data() + sent, c.out.size() - sent, MSG_NOSIGNAL);
     if (n > 0) {
-      c.out.erase(0, static_cast<size_t>(n));
+      sent += static_cast<size_t>(n);
     } else if (n < 0 && errno == EINTR) {
       continue;
     } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      return;  // poll asks for POLLOUT while `out` is not empty
+      break;  // poll asks for POLLOUT while `out` is not empty
     } else {
       c.dead = true;  // the peer is gone; nothing to tell it
-      return;
+      break;
     }
   }
-  if (c.closing) c.dead = true;
+  c.out.erase(0, sent);
+  if (c.closing && c.out.empty()) c.dead = true;
+}
+
+void TcpStoreServer::Impl::note_buffered(const Connection& c) {
+  const size_t bytes = c.in.size() + c.out.size();
+  if (bytes > buffered_high_water.load(std::memory_order_relaxed)) {
+    buffered_high_water.store(bytes, std::memory_order_relaxed);
+  }
 }
 
 // ==================================================================== client
@@ -812,6 +809,12 @@ void TcpStore::connect_and_authenticate() {
 
 std::string TcpStore::round_trip(const std::string& request, int64_t reply_timeout_ms,
                                  const std::string& what) {
+  if (request.size() - 4 > kMaxFrameBytes) {
+    throw_error(
+        "{} is a {} byte request, over the rendezvous store's limit of {} bytes: the store is for "
+        "addresses and small records; pass bulk data another way (a file, a collective)",
+        what, request.size() - 4, kMaxFrameBytes);
+  }
   if (fd_ < 0) connect_and_authenticate();
   const int64_t deadline_ns = now_ns() + reply_timeout_ms * kNsPerMs;
   int err = 0;

@@ -24,9 +24,12 @@
 //   kTimeout carries the missing keys (u32 n, n keys); kError a message.
 // A blocking get/wait is parked on the server, which answers when the keys
 // appear or its deadline passes; the connection reads no further requests
-// meanwhile, so replies always come back in request order.
+// meanwhile, so replies always come back in request order. A frame may hold
+// at most 64 MiB (store_protocol::kMaxFrameBytes); the server drops a client
+// that announces more, logging the peer and the sizes.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -60,6 +63,24 @@ class TcpStoreServer {
 
   // The port actually bound.
   uint16_t port() const;
+
+  // What the server buffers per connection, beyond one frame: it stops
+  // reading a connection whose unprocessed requests reach this much, whose
+  // unsent replies do (the client is not reading them), or whose get/wait is
+  // parked, and reads on once that clears. A client that pipelines requests
+  // faster is slowed down by TCP, never dropped.
+  static constexpr size_t kBufferBytes = 64 * 1024;
+
+  struct Stats {
+    // The most one connection has held at once, unprocessed requests plus
+    // unsent replies: under 2 * kBufferBytes, plus one frame when frames are
+    // larger than kBufferBytes.
+    size_t buffered_high_water_bytes = 0;
+    // Gets and waits that had to be parked until their keys came.
+    uint64_t parked_requests = 0;
+  };
+  // Safe to call from any thread; for tests and diagnostics.
+  Stats stats() const;
 
   // Closes every connection and joins the serving thread. Idempotent.
   void stop();
