@@ -253,11 +253,12 @@ void run_train(const std::string& config_path, const std::vector<std::string>& o
   if (first_rank) check_run_dir_is_free(options);
 
   const std::unique_ptr<Communicator> group = join_group(model, options);
-  // Ranks agree on when to stop, or one would wait for the others forever.
-  auto any_rank = [&](bool flag) {
-    double value = flag ? 1.0 : 0.0;
+  // Ranks agree on when to stop, or one would wait for the others forever,
+  // and on the signal that stops them (the exit status), whichever rank got it.
+  auto agreed_stop_signal = [&] {
+    double value = g_stop_signal.load();
     if (group) group->all_reduce(&value, 1, DType::kF64, ReduceOp::kMax)->wait();
-    return value > 0;
+    return static_cast<int>(value);
   };
   Trainer trainer(model, options, group.get());
   std::signal(SIGINT, request_stop);
@@ -277,9 +278,9 @@ void run_train(const std::string& config_path, const std::vector<std::string>& o
     const fs::path saved = trainer.save_checkpoint();
     note("saved " + saved.string());
   };
-  bool stopped = false;
+  int stop_signal = 0;
   try {
-    while (trainer.step() < options.steps && !(stopped = any_rank(g_stop_signal != 0))) {
+    while (trainer.step() < options.steps && (stop_signal = agreed_stop_signal()) == 0) {
       const StepMetrics m = trainer.train_step();
       // Every rank's peak RSS, for rank 0's metrics (ZeRO's saving shows per rank).
       std::vector<double> rss(group ? group->size() : 1);
@@ -304,11 +305,11 @@ void run_train(const std::string& config_path, const std::vector<std::string>& o
         note("saving " + saving.string() + " in the background");
       }
     }
-    if (stopped) {
+    if (stop_signal != 0) {
       note(fmt::format("interrupted at step {}; saving a checkpoint", trainer.step()));
       save();
       std::fflush(nullptr);
-      throw ExitStatus{128 + g_stop_signal.load()};
+      throw ExitStatus{128 + stop_signal};
     }
   } catch (const CommError& e) {
     // A stop signal is answered with the signal's exit status. If the group
