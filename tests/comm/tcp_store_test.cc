@@ -219,7 +219,8 @@ TEST(TcpStore, GetOfMissingKeyTimesOutNamingKeyStoreAndTimeout) {
   } catch (const StoreTimeoutError& e) {
     const double elapsed_ms = ms_since(start);
     EXPECT_GE(elapsed_ms, 290);
-    EXPECT_LT(elapsed_ms, 1300);
+    // The server's 300 ms, not the client's own deadline 2 s later.
+    EXPECT_LT(elapsed_ms, 1800);
     const std::string message = e.what();
     EXPECT_NE(message.find("'never/set'"), std::string::npos) << message;
     EXPECT_NE(message.find("127.0.0.1:" + std::to_string(server.port())), std::string::npos)
