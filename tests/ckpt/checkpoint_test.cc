@@ -235,6 +235,9 @@ TEST_F(CheckpointTest, CommitRefusesShardsThatDoNotCoverTheModel) {
 // second rollback to the same step keeps both abandoned branches.
 TEST_F(CheckpointTest, RollbackSetsTheLaterStepsAsideNeverMixingBranches) {
   for (int64_t step : {10, 20, 30}) save_as_ranks(2, step);
+  // Not one of ours (no step number): left where it is.
+  fs::create_directories(root() / "step_foo");
+  std::ofstream(root() / "step_foo" / "manifest.json") << "{}";
   const auto moved = set_aside_checkpoints_after(root(), 10);
   ASSERT_EQ(moved.size(), 2u);
   const fs::path branch = root() / "abandoned" / "after_step_00000010";
@@ -242,6 +245,8 @@ TEST_F(CheckpointTest, RollbackSetsTheLaterStepsAsideNeverMixingBranches) {
   EXPECT_EQ(moved[1], branch / "step_00000030");
   for (const fs::path& dir : moved) EXPECT_NO_THROW(verify_checkpoint(dir)) << dir;
   EXPECT_FALSE(fs::exists(root() / "step_00000020"));
+  EXPECT_TRUE(fs::exists(root() / "step_foo" / "manifest.json"));
+  fs::remove_all(root() / "step_foo");
   EXPECT_EQ(latest_checkpoint(root())->filename(), "step_00000010");
   EXPECT_EQ(resolve_checkpoint(temp_.path()).dir.filename(), "step_00000010");
   EXPECT_TRUE(set_aside_checkpoints_after(root(), 10).empty()) << "nothing newer is left";

@@ -533,5 +533,21 @@ TEST(TcpStore, StrangerAnnouncingAHugeHandshakeIsRefused) {
   EXPECT_NE(log.find("not a brigade store client (oversized handshake)"), std::string::npos) << log;
 }
 
+// A wait on 70,000 empty keys fits a frame (4 bytes each) but would cost the
+// server ~32 bytes a key and a scan of them on every set: refused as
+// malformed; the most a request may name still parses.
+TEST(StoreProtocol, AKeyListOverTheLimitIsRefused) {
+  using namespace store_protocol;
+  auto wait_on = [](uint32_t keys) {
+    return Encoder().op(Op::kWait).strs(std::vector<std::string>(keys)).i64(1000).frame();
+  };
+  const Parsed ok = parse_frame(wait_on(kMaxKeysPerRequest), true);
+  ASSERT_EQ(ok.kind, Parsed::Kind::kRequest) << ok.error;
+  EXPECT_EQ(ok.request.keys.size(), kMaxKeysPerRequest);
+  const Parsed refused = parse_frame(wait_on(kMaxKeysPerRequest + 1), true);
+  EXPECT_EQ(refused.kind, Parsed::Kind::kMalformed);
+  EXPECT_NE(refused.error.find("keys in one request"), std::string::npos) << refused.error;
+}
+
 }  // namespace
 }  // namespace brigade

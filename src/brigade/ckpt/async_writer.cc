@@ -125,7 +125,6 @@ void AsyncCheckpointWriter::run(const Save& save) {
     const int missing = missing_checkpoint_shards(save.root, save.step, save.num_shards);
     if (missing < 0) break;
     if (abort_.load(std::memory_order_acquire)) {
-      abandon_checkpoint(save.root, save.step);
       throw_error("checkpoint of step {}: given up while waiting for rank {}'s shard", save.step,
                   missing);
     }
@@ -138,7 +137,13 @@ void AsyncCheckpointWriter::run(const Save& save) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   commit_checkpoint(save.root, save.step, save.num_shards, save.config, save.header);
-  prune_checkpoints(save.root, save.keep);
+  // The step is committed: a prune that fails leaves an old step too many,
+  // not a failed save.
+  try {
+    prune_checkpoints(save.root, save.keep);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "brigade: could not prune old checkpoints: %s\n", e.what());
+  }
 }
 
 }  // namespace brigade

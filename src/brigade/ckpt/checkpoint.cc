@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cstdio>
 #include <cstring>
 #include <map>
@@ -334,9 +335,11 @@ void abandon_checkpoint(const fs::path& root, int64_t step) {
 std::vector<fs::path> set_aside_checkpoints_after(const fs::path& root, int64_t step) {
   std::vector<fs::path> newer;
   for (const fs::path& dir : step_dirs(root)) {
-    if (std::stoll(dir.filename().string().substr(std::strlen(kStepPrefix))) > step) {
-      newer.push_back(dir);
-    }
+    const std::string name = dir.filename().string();
+    int64_t saved = 0;
+    const char* digits = name.data() + std::strlen(kStepPrefix);
+    const auto [end, ec] = std::from_chars(digits, name.data() + name.size(), saved);
+    if (ec == std::errc() && end == name.data() + name.size() && saved > step) newer.push_back(dir);
   }
   if (newer.empty()) return {};
   // A second rollback to the same step keeps the first one's branch too.

@@ -311,6 +311,9 @@ void run_train(const std::string& config_path, const std::vector<std::string>& o
       std::fflush(nullptr);
       throw ExitStatus{128 + stop_signal};
     }
+    // Save before the final evaluation: the trained state is what matters.
+    save();
+    if (trainer.dataset() != nullptr) evaluate(trainer.step());
   } catch (const CommError& e) {
     // A stop signal is answered with the signal's exit status. If the group
     // broke on the way (a peer had died: the launcher signals the survivors
@@ -326,9 +329,6 @@ void run_train(const std::string& config_path, const std::vector<std::string>& o
     std::fflush(nullptr);
     throw ExitStatus{128 + sig};
   }
-  // Save before the final evaluation: the trained state is what matters.
-  save();
-  if (trainer.dataset() != nullptr) evaluate(trainer.step());
 }
 
 }  // namespace

@@ -221,6 +221,10 @@ std::vector<std::filesystem::path> FlightRecorder::dump_to_run_dir() const {
       files.emplace_back(std::filesystem::path(dir) / name, to_json_locked(g).dump(1) + "\n");
     }
   }
+  // Threads that fail together (a dead peer breaks several groups at once)
+  // or the SIGUSR1 watcher dump the same files: one writer at a time, or
+  // their temporary files (named by pid) would interleave.
+  std::lock_guard<std::mutex> writing(dump_mutex_);
   std::vector<std::filesystem::path> written;
   for (const auto& [path, text] : files) {
     write_file_atomic(path, text);

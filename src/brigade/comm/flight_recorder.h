@@ -125,6 +125,7 @@ class FlightRecorder {
 
   size_t capacity_;
   mutable std::mutex mutex_;
+  mutable std::mutex dump_mutex_;  // held while dump files are written
   std::vector<FlightRecord> ring_;
   std::vector<Group> groups_;
   uint64_t next_id_ = 1;

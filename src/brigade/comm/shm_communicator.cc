@@ -27,7 +27,7 @@
 namespace brigade {
 namespace {
 
-constexpr uint64_t kMagic = 0x316d6873'67697262;  // "brigshm1"
+constexpr uint64_t kMagic = 0x326d6873'67697262;  // "brigshm2": RankControl holds op shapes
 using shm::AtomicU64;
 using shm::Collective;
 using shm::cpu_relax;

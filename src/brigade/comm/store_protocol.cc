@@ -1,5 +1,7 @@
 #include "brigade/comm/store_protocol.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 
 #include "brigade/core/error.h"
@@ -65,6 +67,13 @@ std::vector<std::string> Decoder::strs() {
   // Each string costs at least its 4-byte length, so a count that cannot fit
   // is rejected before reserving memory for it.
   if (n > rest_.size() / 4) throw Error("malformed rendezvous store message (a list too long)");
+  // Empty keys cost 4 bytes on the wire but ~32 in memory, and every set
+  // scans a parked wait's keys: a list is bounded beyond the frame size.
+  if (n > kMaxKeysPerRequest) {
+    throw Error(
+        fmt::format("malformed rendezvous store message ({} keys in one request; at most {})", n,
+                    kMaxKeysPerRequest));
+  }
   std::vector<std::string> list;
   list.reserve(n);
   for (uint32_t i = 0; i < n; ++i) list.push_back(str());

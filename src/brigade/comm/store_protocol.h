@@ -25,6 +25,8 @@ inline constexpr uint32_t kMaxHandshakeBytes = 4096;
 // records; a frame this large is a bug or an attack, and the server holds a
 // whole frame in memory before acting on it.
 inline constexpr uint32_t kMaxFrameBytes = 64u << 20;
+// The most keys one check or wait may name.
+inline constexpr uint32_t kMaxKeysPerRequest = 65536;
 // A blocking request's timeout is clamped to this (about 35 years).
 inline constexpr int64_t kMaxTimeoutMs = int64_t{1} << 40;
 

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 #include <string>
 #include <thread>
@@ -19,6 +20,10 @@ CheckpointSaver::CheckpointSaver(Communicator* group, int64_t commit_timeout_ms)
       rank_(group_ ? group_->rank() : 0),
       size_(group_ ? group_->size() : 1),
       writer_(commit_timeout_ms) {}
+
+CheckpointSaver::~CheckpointSaver() {
+  abandon();
+}
 
 void CheckpointSaver::start(AsyncCheckpointWriter::Save save,
                             const std::vector<CheckpointPiece>& pieces) {
@@ -47,7 +52,12 @@ bool CheckpointSaver::settle(const std::vector<int32_t>& states) {
   for (int r = 0; r < size_; ++r) {
     if (states[static_cast<size_t>(r)] == static_cast<int32_t>(State::kFailed)) failed.push_back(r);
   }
-  if (failed.empty()) return states[0] == static_cast<int32_t>(State::kDone);
+  // Complete when every rank's part is finished (rank 0's includes the
+  // commit): a rank still finishing its shard could yet fail alone.
+  if (failed.empty()) {
+    return std::all_of(states.begin(), states.end(),
+                       [](int32_t s) { return s == static_cast<int32_t>(State::kDone); });
+  }
 
   const std::string own_error = writer_.error_message();
   // Every rank's write has stopped before rank 0 removes the step, so

@@ -8,7 +8,8 @@
 // committed, failed): a failure reaches every rank at its next step, the
 // step's .partial directory is removed, the previous checkpoint stays the
 // newest, and every rank throws an Error naming the ranks and files that
-// failed. A save is complete for everyone once rank 0 reports it committed.
+// failed. A save is complete once every rank reports its part done (rank
+// 0: committed).
 //
 // Every method but abandon() is collective: all ranks call it at the same
 // points (the training loop's steps do).
@@ -29,6 +30,11 @@ class CheckpointSaver {
  public:
   // group: the data-parallel ranks that save together (null or size 1 alone).
   CheckpointSaver(Communicator* group, int64_t commit_timeout_ms);
+  // Gives up a save in flight (abandon()): one is left only on a way out,
+  // by an error.
+  ~CheckpointSaver();
+  CheckpointSaver(const CheckpointSaver&) = delete;
+  CheckpointSaver& operator=(const CheckpointSaver&) = delete;
 
   // Waits for the save in flight (wait()), then runs phase 1 (rank 0 clears
   // the step's directory; a barrier) and starts this rank's background
@@ -50,7 +56,8 @@ class CheckpointSaver {
  private:
   // Every rank's writer state, gathered; then what they add up to.
   std::vector<int32_t> gather_states();
-  // True when rank 0 has committed; throws if a rank failed.
+  // True when every rank's part is done (rank 0's: committed); throws if
+  // a rank failed.
   bool settle(const std::vector<int32_t>& states);
 
   Communicator* group_;
