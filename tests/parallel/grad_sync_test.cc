@@ -19,6 +19,7 @@
 #include "brigade/core/aligned_buffer.h"
 #include "brigade/parallel/release_pages.h"
 #include "testing/forked_ranks.h"
+#include "testing/shm_ranks.h"
 
 namespace brigade {
 namespace {
@@ -50,31 +51,7 @@ void write_gradients(float* grads, int rank, int64_t begin, int64_t end) {
 // (plan.padded_size() floats) in the segment if `shared`, else on the heap.
 void run_ranks(bool shared, const BucketPlan& plan,
                const std::function<void(Communicator&, float*)>& body) {
-  const int64_t bytes = (plan.padded_size() * 4 + kPage - 1) / kPage * kPage;
-  static int runs = 0;
-  const std::string segment = fmt::format("/brigade-grad-sync-test-{}-{}", ::getpid(), runs++);
-  const auto pids = testing::fork_ranks(kRanks, [&](int rank) {
-    ShmCommunicatorOptions options;
-    options.segment_name = segment;
-    options.group_name = "dp";
-    options.rank = rank;
-    options.size = kRanks;
-    options.timeout_ms = 20000;
-    options.shared_bytes = shared ? bytes : 0;
-    ShmCommunicator comm(options);
-    FloatBuffer heap;
-    float* grads = nullptr;
-    if (shared) {
-      grads = static_cast<float*>(comm.shared_buffer());
-    } else {
-      heap = FloatBuffer(plan.padded_size());
-      grads = heap.data();
-    }
-    std::fill(grads, grads + plan.padded_size(), 0.0f);
-    body(comm, grads);
-  });
-  const auto codes = testing::reap_all(pids, std::chrono::seconds(60));
-  for (size_t r = 0; r < codes.size(); ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
+  testing::run_shm_ranks(kRanks, plan.padded_size(), shared, body);
 }
 
 class GradSyncTest : public ::testing::TestWithParam<bool> {};

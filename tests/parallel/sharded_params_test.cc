@@ -22,6 +22,7 @@
 #include "brigade/core/aligned_buffer.h"
 #include "brigade/parallel/release_pages.h"
 #include "testing/forked_ranks.h"
+#include "testing/shm_ranks.h"
 
 namespace brigade {
 namespace {
@@ -134,34 +135,16 @@ class View {
   int rank_;
 };
 
+// Runs body(comm, params) in each of kRanks forked ranks, the parameter
+// buffer (plan.padded_size() floats, every rank's copy equal) in the segment
+// if `shared`, else on the heap.
 void run_ranks(bool shared, const BucketPlan& plan,
                const std::function<void(Communicator&, float*)>& body) {
-  const int64_t bytes = (plan.padded_size() * 4 + kPage - 1) / kPage * kPage;
-  static int runs = 0;
-  const std::string segment = fmt::format("/brigade-sharded-test-{}-{}", ::getpid(), runs++);
-  const auto pids = testing::fork_ranks(kRanks, [&](int rank) {
-    ShmCommunicatorOptions options;
-    options.segment_name = segment;
-    options.group_name = "dp";
-    options.rank = rank;
-    options.size = kRanks;
-    options.timeout_ms = 20000;
-    options.shared_bytes = shared ? bytes : 0;
-    ShmCommunicator comm(options);
-    FloatBuffer heap;
-    float* params = nullptr;
-    if (shared) {
-      params = static_cast<float*>(comm.shared_buffer());
-    } else {
-      heap = FloatBuffer(plan.padded_size());
-      params = heap.data();
-    }
-    std::fill(params, params + plan.padded_size(), 0.0f);
-    for (int64_t i = 0; i < kElements; ++i) params[i] = parameter(i);
-    body(comm, params);
-  });
-  const auto codes = testing::reap_all(pids, std::chrono::seconds(60));
-  for (size_t r = 0; r < codes.size(); ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
+  testing::run_shm_ranks(kRanks, plan.padded_size(), shared,
+                         [&](Communicator& comm, float* params) {
+                           for (int64_t i = 0; i < kElements; ++i) params[i] = parameter(i);
+                           body(comm, params);
+                         });
 }
 
 class ShardedParamsTest : public ::testing::TestWithParam<bool> {};
