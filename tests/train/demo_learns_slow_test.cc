@@ -21,6 +21,10 @@ TEST(DemoConfig, Learns) {
   c.set("train.run_dir=\"" + (dir.path() / "run").string() + "\"");
   c.set("train.steps=200");
   c.set("train.eval_windows=64");
+  // One thread: ctest runs another test on the second core, and an OpenMP
+  // team of two on a shared core waits at every barrier (this test took
+  // 322 s instead of about 100 s so).
+  c.set("train.threads=1");
   const GptConfig model = GptConfig::from_config(c);
   const TrainOptions opts = TrainOptions::from_config(c);
   c.check_all_used();
