@@ -4,7 +4,6 @@
 // per kernel.
 //   build/bench/kernels_bench [--benchmark_filter=...]
 #include <benchmark/benchmark.h>
-#include <cblas.h>
 #include <omp.h>
 
 #include <vector>
@@ -13,6 +12,7 @@
 #include "brigade/core/threads.h"
 #include "brigade/kernels/cpu/attention.h"
 #include "brigade/kernels/cpu/gelu.h"
+#include "brigade/kernels/cpu/gemm.h"
 #include "brigade/kernels/cpu/layernorm.h"
 #include "brigade/kernels/cpu/lm_head_loss.h"
 #include "brigade/kernels/cpu/vector_ops.h"
@@ -21,15 +21,14 @@ namespace {
 using brigade::FloatBuffer;
 
 // C (m,n) = op(A) op(B), k inner; trans_a/trans_b as the model calls them.
-void gemm(benchmark::State& state, bool trans_a, bool trans_b) {
+void gemm_shape(benchmark::State& state, bool trans_a, bool trans_b) {
   const int64_t m = state.range(0), n = state.range(1), k = state.range(2);
   FloatBuffer a(m * k), b(k * n), c(m * n);
   for (int64_t i = 0; i < a.size(); ++i) a.data()[i] = 0.001f * static_cast<float>(i % 97);
   for (int64_t i = 0; i < b.size(); ++i) b.data()[i] = 0.001f * static_cast<float>(i % 89);
   for (auto _ : state) {
-    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-                trans_b ? CblasTrans : CblasNoTrans, m, n, k, 1.0f, a.data(), trans_a ? m : k,
-                b.data(), trans_b ? k : n, 1.0f, c.data(), n);
+    brigade::cpu::gemm(trans_a, trans_b, m, n, k, 1.0f, a.data(), trans_a ? m : k, b.data(),
+                       trans_b ? k : n, 1.0f, c.data(), n);
     benchmark::DoNotOptimize(c.data());
   }
   state.counters["GFLOP/s"] =
@@ -37,13 +36,13 @@ void gemm(benchmark::State& state, bool trans_a, bool trans_b) {
 }
 
 void forward_nn(benchmark::State& s) {
-  gemm(s, false, false);
+  gemm_shape(s, false, false);
 }  // y = x W
 void backward_nt(benchmark::State& s) {
-  gemm(s, false, true);
+  gemm_shape(s, false, true);
 }  // dx = dy W^T
 void backward_tn(benchmark::State& s) {
-  gemm(s, true, false);
+  gemm_shape(s, true, false);
 }  // dW = x^T dy
 
 // N = 1024 rows; C = 768.

@@ -8,7 +8,7 @@ set -euo pipefail
 
 packages=(
   g++ cmake ninja-build pkg-config
-  libopenblas-openmp-dev   # BLAS for the GEMMs, OpenMP build: one thread pool with our kernels
+  libdnnl-dev   # oneDNN: the GEMMs, JIT-compiled for the CPU's ISA; on OpenMP like our kernels
   libfmt-dev nlohmann-json3-dev libtomlplusplus-dev libcli11-dev
   libgloo-dev   # TCP collectives for the gloo communicator backend
   libxxhash-dev # checksums of checkpoint shards
@@ -16,6 +16,7 @@ packages=(
 if [[ "${1:-}" == "--test" ]]; then
   packages+=(
     libgtest-dev libbenchmark-dev
+    libopenblas-openmp-dev   # the GEMM peer in bench/gemm_backends (and PyTorch's BLAS)
     python3 python3-numpy python3-torch   # reference tests against PyTorch (CPU)
     clang-format
     clang libclang-rt-14-dev   # libFuzzer targets (scripts/fuzz.sh)

@@ -9,6 +9,7 @@
 //
 // Every run, the reference too, happens in a forked child: OpenMP's thread
 // pool does not survive a fork, so the parent never trains itself.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -35,19 +36,21 @@ constexpr int kSteps = 20;
 constexpr int64_t kMicroBatch = 2;
 constexpr int64_t kGradAccum = 2;
 
-// A flat buffer of 16,624 floats, which divides by none of 3, 32 or 64: every
-// shard boundary lands inside a tensor, and the last bucket is padded.
-GptConfig tiny_model() {
+GptConfig small_model(int n_layer, int n_embd) {
   Config c = Config::from_string(R"(
     [model]
-    n_layer = 2
     n_head = 2
-    n_embd = 24
     block_size = 16
     vocab_size = 67
   )");
+  c.set(fmt::format("model.n_layer={}", n_layer));
+  c.set(fmt::format("model.n_embd={}", n_embd));
   return GptConfig::from_config(c);
 }
+
+// A flat buffer of 16,624 floats, which divides by none of 3, 32 or 64: every
+// shard boundary lands inside a tensor, and the last bucket is padded.
+GptConfig tiny_model() { return small_model(2, 24); }
 
 TrainOptions options_for(int dp, int zero, int64_t grad_accum, const fs::path& run_dir) {
   TrainOptions o;
@@ -190,17 +193,7 @@ INSTANTIATE_TEST_SUITE_P(DpTimesZero, DataParallelTest,
 // Six blocks of 50k floats (200 KB, 49 pages each), so page rounding is
 // small next to what ZeRO saves, and ZeRO 3's few gathered blocks are well
 // below the whole model.
-GptConfig six_block_model() {
-  Config c = Config::from_string(R"(
-    [model]
-    n_layer = 6
-    n_head = 2
-    n_embd = 64
-    block_size = 16
-    vocab_size = 67
-  )");
-  return GptConfig::from_config(c);
-}
+GptConfig six_block_model() { return small_model(6, 64); }
 
 // What ZeRO leaves in memory, measured (resident_bytes: mincore) after two
 // steps, with the flat buffers in the shm segment (released with

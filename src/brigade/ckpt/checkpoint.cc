@@ -327,6 +327,10 @@ void prune_checkpoints(const fs::path& root, int64_t keep) {
   }
 }
 
+fs::path partial_shard_path(const fs::path& root, int64_t step, int rank) {
+  return partial_directory(root, step) / shard_file(rank);
+}
+
 void abandon_checkpoint(const fs::path& root, int64_t step) {
   std::error_code ignored;
   fs::remove_all(partial_directory(root, step), ignored);

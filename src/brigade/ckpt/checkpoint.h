@@ -104,6 +104,11 @@ void load_checkpoint_state(const std::filesystem::path& step_dir, const Manifest
 // Deletes all but the newest `keep` complete step directories (keep <= 0: none).
 void prune_checkpoints(const std::filesystem::path& root, int64_t keep);
 
+// Where `rank` writes its shard of an unfinished save of `step`
+// (<root>/step_N.partial/shard_R.safetensors): named in errors about it.
+std::filesystem::path partial_shard_path(const std::filesystem::path& root, int64_t step,
+                                         int rank);
+
 // Removes the step's unfinished <root>/step_N.partial: a save that was given
 // up leaves the previous checkpoints as they were.
 void abandon_checkpoint(const std::filesystem::path& root, int64_t step);

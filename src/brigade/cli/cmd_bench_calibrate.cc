@@ -8,7 +8,6 @@
 // AdamW rate, and what ZeRO's released pages cost when they come back.
 // Writes one JSON file (sim/this_machine.h reads it); takes about a minute,
 // less with --comm-from (the all-reduce figures of an earlier run).
-#include <cblas.h>
 #include <fmt/format.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -31,6 +30,7 @@
 #include "brigade/core/threads.h"
 #include "brigade/kernels/cpu/attention.h"
 #include "brigade/kernels/cpu/gelu.h"
+#include "brigade/kernels/cpu/gemm.h"
 #include "brigade/kernels/cpu/vector_ops.h"
 #include "brigade/parallel/release_pages.h"
 #include "brigade/sim/this_machine.h"
@@ -80,7 +80,7 @@ nlohmann::json gemm_curve() {
     const double s = best_seconds(
         [&] {
           for (int call = 0; call < calls; ++call, next = (next + 1) % sets) {
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a[next].data(), n,
+            cpu::gemm(false, false, n, n, n, 1.0f, a[next].data(), n,
                         b[next].data(), n, 0.0f, c[next].data(), n);
           }
         },

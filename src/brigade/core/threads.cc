@@ -5,8 +5,6 @@
 #include <cstdlib>
 #include <thread>
 
-extern "C" void openblas_set_num_threads(int num_threads);
-
 namespace brigade {
 
 void set_num_threads(int n) {
@@ -16,7 +14,6 @@ void set_num_threads(int n) {
   if (n <= 0) n = static_cast<int>(std::thread::hardware_concurrency());
   if (n <= 0) n = 1;
   omp_set_num_threads(n);
-  openblas_set_num_threads(n);
 }
 
 int num_threads() {

@@ -69,10 +69,7 @@ bool CheckpointSaver::settle(const std::vector<int32_t>& states) {
   std::string who;
   for (int r : failed) {
     if (!who.empty()) who += ", ";
-    who += fmt::format("rank {} ({})", r,
-                       (root_ / fmt::format("step_{:08d}.partial", step_) /
-                        fmt::format("shard_{:05d}.safetensors", r))
-                           .string());
+    who += fmt::format("rank {} ({})", r, partial_shard_path(root_, step_, r).string());
   }
   const std::optional<fs::path> newest = latest_checkpoint(root_);
   throw_error(

@@ -3,8 +3,9 @@
 #include <algorithm>
 
 #include "brigade/kernels/cpu/parallel.h"
+#include "brigade/kernels/cpu/isa_variant.h"  // last: what follows is built per ISA
 
-namespace brigade::cpu {
+namespace brigade::cpu::BRIGADE_ISA {
 
 void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
                        int64_t b, int64_t t, int64_t c) {
@@ -40,4 +41,4 @@ void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32
   }
 }
 
-}  // namespace brigade::cpu
+}  // namespace brigade::cpu::BRIGADE_ISA

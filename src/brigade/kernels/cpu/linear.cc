@@ -1,15 +1,16 @@
 #include "brigade/kernels/cpu/linear.h"
 
-#include <cblas.h>
 #include <omp.h>
 
 #include <algorithm>
 #include <cstring>
 #include <vector>
 
+#include "brigade/kernels/cpu/gemm.h"
 #include "brigade/kernels/cpu/parallel.h"
+#include "brigade/kernels/cpu/isa_variant.h"  // last: what follows is built per ISA
 
-namespace brigade::cpu {
+namespace brigade::cpu::BRIGADE_ISA {
 
 void linear_forward(float* out, const float* in, const float* w, const float* bias, int64_t n,
                     int64_t in_features, int64_t out_features) {
@@ -23,7 +24,7 @@ void linear_forward(float* out, const float* in, const float* w, const float* bi
     }
     beta = 1.0f;
   }
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, out_features, in_features, 1.0f, in,
+  gemm(false, false, n, out_features, in_features, 1.0f, in,
               in_features, w, out_features, beta, out, out_features);
 }
 
@@ -51,13 +52,13 @@ void linear_backward(float* din, float* dw, float* dbias, const float* dout, con
                      bool accumulate_din) {
   if (din != nullptr) {
     // din (N,I) = dout (N,O) @ w^T (O,I)
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, in_features, out_features, 1.0f, dout,
+    gemm(false, true, n, in_features, out_features, 1.0f, dout,
                 out_features, w, out_features, accumulate_din ? 1.0f : 0.0f, din, in_features);
   }
   // dw (I,O) += in^T (I,N) @ dout (N,O)
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, in_features, out_features, n, 1.0f, in,
+  gemm(true, false, in_features, out_features, n, 1.0f, in,
               in_features, dout, out_features, 1.0f, dw, out_features);
   if (dbias != nullptr) add_column_sums(dbias, dout, n, out_features);
 }
 
-}  // namespace brigade::cpu
+}  // namespace brigade::cpu::BRIGADE_ISA

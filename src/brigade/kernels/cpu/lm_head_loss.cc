@@ -1,6 +1,5 @@
 #include "brigade/kernels/cpu/lm_head_loss.h"
 
-#include <cblas.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -10,6 +9,7 @@
 
 #include "brigade/core/error.h"
 #include "brigade/kernels/cpu/fast_exp.h"
+#include "brigade/kernels/cpu/gemm.h"
 #include "brigade/kernels/cpu/parallel.h"
 
 namespace brigade::cpu {
@@ -29,15 +29,23 @@ int64_t chunk_rows(int64_t n, int64_t v) {
 }
 }  // namespace
 
+#if !defined(BRIGADE_KERNELS_AVX512)
 int64_t lm_head_scratch_floats(int64_t n, int64_t v) {
   return chunk_rows(n, v) * v;
 }
 
 void lm_head_logits(float* logits, const float* x, const float* wte, int64_t n, int64_t c,
                     int64_t v) {
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, v, c, 1.0f, x, c, wte, c, 0.0f, logits,
+  gemm(false, true, n, v, c, 1.0f, x, c, wte, c, 0.0f, logits,
               v);
 }
+#endif
+
+}  // namespace brigade::cpu
+
+#include "brigade/kernels/cpu/isa_variant.h"  // last: what follows is built per ISA
+
+namespace brigade::cpu::BRIGADE_ISA {
 
 void lm_head_loss(const LmHeadLossArgs& a) {
   const bool want_grads = a.dx != nullptr;
@@ -76,12 +84,12 @@ void lm_head_loss(const LmHeadLossArgs& a) {
     }
     if (!want_grads) continue;
     // dx (rows,C) = dlogits (rows,V) @ wte (V,C)
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, a.c, a.v, 1.0f, logits, a.v, a.wte,
+    gemm(false, false, rows, a.c, a.v, 1.0f, logits, a.v, a.wte,
                 a.c, 0.0f, a.dx + r0 * a.c, a.c);
     // dwte (V,C) += dlogits^T (V,rows) @ x (rows,C)
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, a.v, a.c, rows, 1.0f, logits, a.v, xc, a.c,
+    gemm(true, false, a.v, a.c, rows, 1.0f, logits, a.v, xc, a.c,
                 1.0f, a.dwte, a.c);
   }
 }
 
-}  // namespace brigade::cpu
+}  // namespace brigade::cpu::BRIGADE_ISA

@@ -5,8 +5,9 @@
 #include <vector>
 
 #include "brigade/kernels/cpu/parallel.h"
+#include "brigade/kernels/cpu/isa_variant.h"  // last: what follows is built per ISA
 
-namespace brigade::cpu {
+namespace brigade::cpu::BRIGADE_ISA {
 
 double sum_squares(const float* x, int64_t n) {
   // Fixed blocks summed in a fixed order, not an OpenMP reduction (which
@@ -48,4 +49,12 @@ void adamw_update(float* params, const float* grads, float* m, float* v, int64_t
   }
 }
 
-}  // namespace brigade::cpu
+const char* kernels_compiled_for() {
+#if defined(__AVX512F__)
+  return "avx512";
+#else
+  return "avx2";
+#endif
+}
+
+}  // namespace brigade::cpu::BRIGADE_ISA
