@@ -10,11 +10,10 @@
 // batches of at least 50 ms each. BLIS is loaded with dlopen(RTLD_DEEPBIND)
 // because it exports the same cblas_/sgemm_ symbols as OpenBLAS, which is
 // linked: linking both would make one silently answer for the other.
+#include <cblas.h>
 #include <dlfcn.h>
 #include <fmt/format.h>
 #include <omp.h>
-#include <cblas.h>
-#include <oneapi/dnnl/dnnl.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -24,6 +23,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <oneapi/dnnl/dnnl.hpp>
 #include <random>
 #include <sstream>
 #include <string>
@@ -148,9 +148,12 @@ int main(int argc, char** argv) {
   std::string backends = "openblas,dnnl,dnnl-matmul,blis";
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
-    if (flag == "--threads") threads = std::atoi(argv[i + 1]);
-    else if (flag == "--model") model = argv[i + 1];
-    else if (flag == "--backends") backends = argv[i + 1];
+    if (flag == "--threads")
+      threads = std::atoi(argv[i + 1]);
+    else if (flag == "--model")
+      model = argv[i + 1];
+    else if (flag == "--backends")
+      backends = argv[i + 1];
     else {
       fmt::print(stderr, "unknown flag {}\n", flag);
       return 2;
@@ -180,8 +183,8 @@ int main(int argc, char** argv) {
   };
   if (CblasSgemm blis = load_blis()) {
     all["blis"] = [blis](const Shape& s, const float* a, const float* b, float* c) {
-      blis(CblasRowMajor, s.ta ? CblasTrans : CblasNoTrans, s.tb ? CblasTrans : CblasNoTrans,
-           s.m, s.n, s.k, 1.0f, a, s.ta ? s.m : s.k, b, s.tb ? s.k : s.n, 0.0f, c, s.n);
+      blis(CblasRowMajor, s.ta ? CblasTrans : CblasNoTrans, s.tb ? CblasTrans : CblasNoTrans, s.m,
+           s.n, s.k, 1.0f, a, s.ta ? s.m : s.k, b, s.tb ? s.k : s.n, 0.0f, c, s.n);
     };
   }
   std::vector<std::string> chosen;
@@ -194,8 +197,8 @@ int main(int argc, char** argv) {
     chosen.push_back(name);
   }
   const char* core = std::getenv("OPENBLAS_CORETYPE");
-  fmt::print("threads {}; OpenBLAS core {} ({}); oneDNN ISA {}\n", threads,
-             openblas_get_corename(), core ? "OPENBLAS_CORETYPE" : "detected",
+  fmt::print("threads {}; OpenBLAS core {} ({}); oneDNN ISA {}\n", threads, openblas_get_corename(),
+             core ? "OPENBLAS_CORETYPE" : "detected",
              static_cast<int>(dnnl::get_effective_cpu_isa()));
   fmt::print("{:<6} {:<16} {:>6} {:>6} {:>6}", "model", "gemm", "m", "n", "k");
   for (const auto& name : chosen) fmt::print(" {:>12}", name);

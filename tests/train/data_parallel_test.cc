@@ -50,7 +50,9 @@ GptConfig small_model(int n_layer, int n_embd) {
 
 // A flat buffer of 16,624 floats, which divides by none of 3, 32 or 64: every
 // shard boundary lands inside a tensor, and the last bucket is padded.
-GptConfig tiny_model() { return small_model(2, 24); }
+GptConfig tiny_model() {
+  return small_model(2, 24);
+}
 
 TrainOptions options_for(int dp, int zero, int64_t grad_accum, const fs::path& run_dir) {
   TrainOptions o;
@@ -193,7 +195,9 @@ INSTANTIATE_TEST_SUITE_P(DpTimesZero, DataParallelTest,
 // Six blocks of 50k floats (200 KB, 49 pages each), so page rounding is
 // small next to what ZeRO saves, and ZeRO 3's few gathered blocks are well
 // below the whole model.
-GptConfig six_block_model() { return small_model(6, 64); }
+GptConfig six_block_model() {
+  return small_model(6, 64);
+}
 
 // What ZeRO leaves in memory, measured (resident_bytes: mincore) after two
 // steps, with the flat buffers in the shm segment (released with

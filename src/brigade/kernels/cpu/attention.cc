@@ -9,6 +9,7 @@
 
 #include "brigade/kernels/cpu/fast_exp.h"
 #include "brigade/kernels/cpu/gemm.h"
+#include "brigade/kernels/cpu/isa_variant.h"
 #include "brigade/kernels/cpu/parallel.h"
 
 namespace brigade::cpu {
@@ -55,9 +56,7 @@ int64_t attention_scratch_floats(int64_t t, int num_threads) {
 
 }  // namespace brigade::cpu
 
-#include "brigade/kernels/cpu/isa_variant.h"  // last: what follows is built per ISA
-
-namespace brigade::cpu::BRIGADE_ISA {
+BRIGADE_ISA_NAMESPACE(brigade::cpu) {
 
 void attention_forward(float* out, float* lse, const float* qkv, int64_t b, int64_t t, int64_t c,
                        int64_t num_heads, float* scratch) {
@@ -77,8 +76,8 @@ void attention_forward(float* out, float* lse, const float* qkv, int64_t b, int6
         const int64_t rows = std::min(kQueryBlock, t - i0);
         const int64_t keys = i0 + rows;  // causal: rows see keys [0, i0+rows)
         // S (rows, keys) = scale * Q[i0:i0+rows] K[0:keys]^T
-        gemm(false, true, rows, keys, hd, scale,
-                    hv.q + i0 * hv.ld, hv.ld, hv.k, hv.ld, 0.0f, scores, keys);
+        gemm(false, true, rows, keys, hd, scale, hv.q + i0 * hv.ld, hv.ld, hv.k, hv.ld, 0.0f,
+             scores, keys);
         for (int64_t r = 0; r < rows; ++r) {
           float* s = scores + r * keys;
           const int64_t visible = i0 + r + 1;
@@ -98,8 +97,7 @@ void attention_forward(float* out, float* lse, const float* qkv, int64_t b, int6
           l[i0 + r] = mx + std::log(sum);
         }
         // O[i0:i0+rows] (rows, hd) = P (rows, keys) V[0:keys] (keys, hd)
-        gemm(false, false, rows, hd, keys, 1.0f, scores, keys,
-                    hv.v, hv.ld, 0.0f, o + i0 * c, c);
+        gemm(false, false, rows, hd, keys, 1.0f, scores, keys, hv.v, hv.ld, 0.0f, o + i0 * c, c);
       }
     }
   }
@@ -134,11 +132,10 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
         const int64_t rows = std::min(kQueryBlock, t - i0);
         const int64_t keys = i0 + rows;
         // Recompute P = exp(scale * Q K^T - lse), masked.
-        gemm(false, true, rows, keys, hd, scale,
-                    hv.q + i0 * hv.ld, hv.ld, hv.k, hv.ld, 0.0f, p, keys);
+        gemm(false, true, rows, keys, hd, scale, hv.q + i0 * hv.ld, hv.ld, hv.k, hv.ld, 0.0f, p,
+             keys);
         // dP (rows, keys) = dO (rows, hd) V^T (hd, keys)
-        gemm(false, true, rows, keys, hd, 1.0f, dout_h + i0 * c,
-                    c, hv.v, hv.ld, 0.0f, dp, keys);
+        gemm(false, true, rows, keys, hd, 1.0f, dout_h + i0 * c, c, hv.v, hv.ld, 0.0f, dp, keys);
         for (int64_t r = 0; r < rows; ++r) {
           const float* orow = o + (i0 + r) * c;
           const float* grow = dout_h + (i0 + r) * c;
@@ -161,17 +158,16 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
           for (int64_t j = visible; j < keys; ++j) pr[j] = dpr[j] = 0.0f;
         }
         // dQ (rows, hd) = scale * dS K
-        gemm(false, false, rows, hd, keys, scale, dp, keys,
-                    hv.k, hv.ld, 0.0f, dq + i0 * 3 * c, 3 * c);
+        gemm(false, false, rows, hd, keys, scale, dp, keys, hv.k, hv.ld, 0.0f, dq + i0 * 3 * c,
+             3 * c);
         // dK (keys, hd) += scale * dS^T Q
-        gemm(true, false, keys, hd, rows, scale, dp, keys,
-                    hv.q + i0 * hv.ld, hv.ld, 1.0f, dk, 3 * c);
+        gemm(true, false, keys, hd, rows, scale, dp, keys, hv.q + i0 * hv.ld, hv.ld, 1.0f, dk,
+             3 * c);
         // dV (keys, hd) += P^T dO
-        gemm(true, false, keys, hd, rows, 1.0f, p, keys,
-                    dout_h + i0 * c, c, 1.0f, dv, 3 * c);
+        gemm(true, false, keys, hd, rows, 1.0f, p, keys, dout_h + i0 * c, c, 1.0f, dv, 3 * c);
       }
     }
   }
 }
 
-}  // namespace brigade::cpu::BRIGADE_ISA
+}  // BRIGADE_ISA_NAMESPACE(brigade::cpu)

@@ -63,10 +63,10 @@ BRIGADE_CPU_KERNELS(BRIGADE_DECLARE)
 }
 #undef BRIGADE_DECLARE
 
-#define BRIGADE_DISPATCH(ret, name, params, args) \
-  ret name params {                               \
+#define BRIGADE_DISPATCH(ret, name, params, args)               \
+  ret name params {                                             \
     if (active_isa() == Isa::kAvx512) return avx512::name args; \
-    return avx2::name args;                       \
+    return avx2::name args;                                     \
   }
 BRIGADE_CPU_KERNELS(BRIGADE_DISPATCH)
 #undef BRIGADE_DISPATCH

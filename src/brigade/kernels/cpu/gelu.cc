@@ -1,10 +1,10 @@
 #include "brigade/kernels/cpu/gelu.h"
 
 #include "brigade/kernels/cpu/fast_exp.h"
+#include "brigade/kernels/cpu/isa_variant.h"
 #include "brigade/kernels/cpu/parallel.h"
-#include "brigade/kernels/cpu/isa_variant.h"  // last: what follows is built per ISA
 
-namespace brigade::cpu::BRIGADE_ISA {
+BRIGADE_ISA_NAMESPACE(brigade::cpu) {
 namespace {
 constexpr float kSqrt2OverPi = 0.7978845608028654f;
 constexpr float kCubic = 0.044715f;
@@ -37,4 +37,4 @@ void gelu_backward(float* dx, const float* dout, const float* x, int64_t n) {
   }
 }
 
-}  // namespace brigade::cpu::BRIGADE_ISA
+}  // BRIGADE_ISA_NAMESPACE(brigade::cpu)

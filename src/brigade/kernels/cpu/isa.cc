@@ -65,8 +65,8 @@ CpuFeatures detect() {
 
   const bool osxsave = bit(leaf1.c, 27);
   const uint64_t xcr = osxsave ? xcr0() : 0;
-  const bool ymm_state = (xcr & 0x6) == 0x6;     // SSE + AVX
-  const bool zmm_state = (xcr & 0xe6) == 0xe6;   // + opmask, ZMM_Hi256, Hi16_ZMM
+  const bool ymm_state = (xcr & 0x6) == 0x6;    // SSE + AVX
+  const bool zmm_state = (xcr & 0xe6) == 0xe6;  // + opmask, ZMM_Hi256, Hi16_ZMM
   const Regs leaf7 = cpuid(7, 0);
   const Regs leaf7_1 = cpuid(7, 1);
   f.fma = bit(leaf1.c, 12) && ymm_state;
@@ -83,37 +83,37 @@ struct Choice {
   bool forced;
 };
 
-Choice choose() {
-  const CpuFeatures& f = cpu_features();
+const Choice& choice() {
+  static const Choice c = [] {
+    const char* env = std::getenv("BRIGADE_CPU_ISA");
+    return Choice{choose_isa(cpu_features(), env), env != nullptr && *env != '\0'};
+  }();
+  return c;
+}
+
+}  // namespace
+
+Isa choose_isa(const CpuFeatures& f, const char* requested) {
   if (!f.avx2 || !f.fma) {
     throw_error(
         "this CPU ({} '{}') lacks AVX2/FMA, which this build of Brigade needs (x86-64-v3); "
         "run it on a CPU from 2015 or later",
         f.vendor, f.brand);
   }
-  const char* env = std::getenv("BRIGADE_CPU_ISA");
-  if (env == nullptr || *env == '\0') return {best_isa(f), false};
-  const std::string_view want(env);
-  if (want == "avx2") return {Isa::kAvx2, true};
+  if (requested == nullptr || *requested == '\0') return best_isa(f);
+  const std::string_view want(requested);
+  if (want == "avx2") return Isa::kAvx2;
   if (want == "avx512") {
     if (!f.avx512) {
       throw_error(
           "BRIGADE_CPU_ISA=avx512, but this CPU (or its OS) does not offer AVX-512 F/CD/BW/DQ/VL; "
           "unset BRIGADE_CPU_ISA or set it to avx2");
     }
-    return {Isa::kAvx512, true};
+    return Isa::kAvx512;
   }
   throw_error("BRIGADE_CPU_ISA={} is not a level Brigade knows; use avx2 or avx512, or unset it",
               want);
 }
-
-const Choice& choice() {
-  static const Choice c = choose();
-  return c;
-}
-
-}  // namespace
-
 const CpuFeatures& cpu_features() {
   static const CpuFeatures f = detect();
   return f;
@@ -138,9 +138,9 @@ std::string describe_cpu() {
   if (f.avx512) extras += f.avx512_bf16 ? "; the CPU also has AVX-512 BF16" : "";
   if (f.amx) extras += "; the CPU also has AMX";
   return fmt::format("{} kernels{} on {} '{}' family {} model {}{}",
-                     c.isa == Isa::kAvx512 ? "AVX-512" : "AVX2", c.forced ? " (forced by BRIGADE_CPU_ISA)" : "",
-                     f.vendor, f.brand.empty() ? "no model name" : f.brand, f.family, f.model,
-                     extras);
+                     c.isa == Isa::kAvx512 ? "AVX-512" : "AVX2",
+                     c.forced ? " (forced by BRIGADE_CPU_ISA)" : "", f.vendor,
+                     f.brand.empty() ? "no model name" : f.brand, f.family, f.model, extras);
 }
 
 }  // namespace brigade::cpu

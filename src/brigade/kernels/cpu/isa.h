@@ -36,18 +36,22 @@ const CpuFeatures& cpu_features();
 // The highest level this CPU supports.
 Isa best_isa(const CpuFeatures& features);
 
-// The level the kernels and the GEMMs run at: best_isa(), or
-// BRIGADE_CPU_ISA (avx2 | avx512) when set. Fixed at the first call.
-// Throws Error if BRIGADE_CPU_ISA names an unknown level or one this CPU
-// lacks, and if the CPU lacks AVX2/FMA (Brigade's baseline).
+// The level for a CPU with `features` when the user asked for `requested`
+// (BRIGADE_CPU_ISA's value: "avx2", "avx512", or null/empty for the best).
+// Throws Error naming the fix if `requested` is unknown or beyond the CPU,
+// and if the CPU lacks AVX2/FMA (Brigade's baseline).
+Isa choose_isa(const CpuFeatures& features, const char* requested);
+
+// The level the kernels and the GEMMs run at: choose_isa(cpu_features(),
+// $BRIGADE_CPU_ISA), fixed at the first call.
 Isa active_isa();
 
 // "avx2" / "avx512".
 const char* isa_name(Isa isa);
 
-// The level the dispatched kernel build was compiled for, as its compiler
-// saw it ("avx512" where __AVX512F__ was defined): tests check that forcing
-// a level reaches the kernels, and that the AVX-512 build really is one.
+// The level of the kernel build the dispatcher calls ("avx512" only from
+// code that uses an AVX-512 instruction): tests check that forcing a level
+// reaches the kernels, and that the AVX-512 build really is one.
 const char* kernels_compiled_for();
 
 // One line for logs: "AVX-512 (avx512f+bw+dq+vl, bf16) on GenuineIntel

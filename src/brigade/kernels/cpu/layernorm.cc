@@ -5,10 +5,10 @@
 #include <cmath>
 #include <vector>
 
+#include "brigade/kernels/cpu/isa_variant.h"
 #include "brigade/kernels/cpu/parallel.h"
-#include "brigade/kernels/cpu/isa_variant.h"  // last: what follows is built per ISA
 
-namespace brigade::cpu::BRIGADE_ISA {
+BRIGADE_ISA_NAMESPACE(brigade::cpu) {
 namespace {
 
 inline void normalize_row(float* out, float* mean_out, float* rstd_out, const float* x,
@@ -98,4 +98,4 @@ void layernorm_backward(float* dx, float* dw, float* db, const float* dout, cons
   }
 }
 
-}  // namespace brigade::cpu::BRIGADE_ISA
+}  // BRIGADE_ISA_NAMESPACE(brigade::cpu)

@@ -7,10 +7,10 @@
 #include <vector>
 
 #include "brigade/kernels/cpu/gemm.h"
+#include "brigade/kernels/cpu/isa_variant.h"
 #include "brigade/kernels/cpu/parallel.h"
-#include "brigade/kernels/cpu/isa_variant.h"  // last: what follows is built per ISA
 
-namespace brigade::cpu::BRIGADE_ISA {
+BRIGADE_ISA_NAMESPACE(brigade::cpu) {
 
 void linear_forward(float* out, const float* in, const float* w, const float* bias, int64_t n,
                     int64_t in_features, int64_t out_features) {
@@ -24,8 +24,8 @@ void linear_forward(float* out, const float* in, const float* w, const float* bi
     }
     beta = 1.0f;
   }
-  gemm(false, false, n, out_features, in_features, 1.0f, in,
-              in_features, w, out_features, beta, out, out_features);
+  gemm(false, false, n, out_features, in_features, 1.0f, in, in_features, w, out_features, beta,
+       out, out_features);
 }
 
 void add_column_sums(float* acc, const float* x, int64_t n, int64_t cols) {
@@ -52,13 +52,13 @@ void linear_backward(float* din, float* dw, float* dbias, const float* dout, con
                      bool accumulate_din) {
   if (din != nullptr) {
     // din (N,I) = dout (N,O) @ w^T (O,I)
-    gemm(false, true, n, in_features, out_features, 1.0f, dout,
-                out_features, w, out_features, accumulate_din ? 1.0f : 0.0f, din, in_features);
+    gemm(false, true, n, in_features, out_features, 1.0f, dout, out_features, w, out_features,
+         accumulate_din ? 1.0f : 0.0f, din, in_features);
   }
   // dw (I,O) += in^T (I,N) @ dout (N,O)
-  gemm(true, false, in_features, out_features, n, 1.0f, in,
-              in_features, dout, out_features, 1.0f, dw, out_features);
+  gemm(true, false, in_features, out_features, n, 1.0f, in, in_features, dout, out_features, 1.0f,
+       dw, out_features);
   if (dbias != nullptr) add_column_sums(dbias, dout, n, out_features);
 }
 
-}  // namespace brigade::cpu::BRIGADE_ISA
+}  // BRIGADE_ISA_NAMESPACE(brigade::cpu)

@@ -10,6 +10,7 @@
 #include "brigade/core/error.h"
 #include "brigade/kernels/cpu/fast_exp.h"
 #include "brigade/kernels/cpu/gemm.h"
+#include "brigade/kernels/cpu/isa_variant.h"
 #include "brigade/kernels/cpu/parallel.h"
 
 namespace brigade::cpu {
@@ -36,16 +37,13 @@ int64_t lm_head_scratch_floats(int64_t n, int64_t v) {
 
 void lm_head_logits(float* logits, const float* x, const float* wte, int64_t n, int64_t c,
                     int64_t v) {
-  gemm(false, true, n, v, c, 1.0f, x, c, wte, c, 0.0f, logits,
-              v);
+  gemm(false, true, n, v, c, 1.0f, x, c, wte, c, 0.0f, logits, v);
 }
 #endif
 
 }  // namespace brigade::cpu
 
-#include "brigade/kernels/cpu/isa_variant.h"  // last: what follows is built per ISA
-
-namespace brigade::cpu::BRIGADE_ISA {
+BRIGADE_ISA_NAMESPACE(brigade::cpu) {
 
 void lm_head_loss(const LmHeadLossArgs& a) {
   const bool want_grads = a.dx != nullptr;
@@ -84,12 +82,10 @@ void lm_head_loss(const LmHeadLossArgs& a) {
     }
     if (!want_grads) continue;
     // dx (rows,C) = dlogits (rows,V) @ wte (V,C)
-    gemm(false, false, rows, a.c, a.v, 1.0f, logits, a.v, a.wte,
-                a.c, 0.0f, a.dx + r0 * a.c, a.c);
+    gemm(false, false, rows, a.c, a.v, 1.0f, logits, a.v, a.wte, a.c, 0.0f, a.dx + r0 * a.c, a.c);
     // dwte (V,C) += dlogits^T (V,rows) @ x (rows,C)
-    gemm(true, false, a.v, a.c, rows, 1.0f, logits, a.v, xc, a.c,
-                1.0f, a.dwte, a.c);
+    gemm(true, false, a.v, a.c, rows, 1.0f, logits, a.v, xc, a.c, 1.0f, a.dwte, a.c);
   }
 }
 
-}  // namespace brigade::cpu::BRIGADE_ISA
+}  // BRIGADE_ISA_NAMESPACE(brigade::cpu)

@@ -1,6 +1,5 @@
 #include "brigade/kernels/cpu/sgemm_peak.h"
 
-
 #include <algorithm>
 
 #include "brigade/core/aligned_buffer.h"
@@ -19,8 +18,7 @@ double measure_sgemm_peak_gflops() {
   double best_s = 1e30;
   for (int rep = 0; rep < 4; ++rep) {  // the first rep warms caches and threads
     Stopwatch sw;
-    gemm(false, false, kN, kN, kN, 1.0f, a.data(), kN, b.data(),
-                kN, 0.0f, c.data(), kN);
+    gemm(false, false, kN, kN, kN, 1.0f, a.data(), kN, b.data(), kN, 0.0f, c.data(), kN);
     if (rep > 0) best_s = std::min(best_s, sw.elapsed_s());
   }
   return 2.0 * kN * kN * static_cast<double>(kN) / best_s * 1e-9;

@@ -1,13 +1,15 @@
 #include "brigade/kernels/cpu/vector_ops.h"
 
+#include <immintrin.h>
+
 #include <algorithm>
 #include <cmath>
 #include <vector>
 
+#include "brigade/kernels/cpu/isa_variant.h"
 #include "brigade/kernels/cpu/parallel.h"
-#include "brigade/kernels/cpu/isa_variant.h"  // last: what follows is built per ISA
 
-namespace brigade::cpu::BRIGADE_ISA {
+BRIGADE_ISA_NAMESPACE(brigade::cpu) {
 
 double sum_squares(const float* x, int64_t n) {
   // Fixed blocks summed in a fixed order, not an OpenMP reduction (which
@@ -50,11 +52,16 @@ void adamw_update(float* params, const float* grads, float* m, float* v, int64_t
 }
 
 const char* kernels_compiled_for() {
-#if defined(__AVX512F__)
-  return "avx512";
+#if defined(BRIGADE_KERNELS_AVX512)
+  // An AVX-512 intrinsic compiles only where isa_variant.h's target pragma
+  // is in force (GCC's C++ front end does not define __AVX512F__ for it).
+  float in[16], out[16];
+  for (int i = 0; i < 16; ++i) in[i] = static_cast<float>(i);
+  _mm512_storeu_ps(out, _mm512_add_ps(_mm512_loadu_ps(in), _mm512_loadu_ps(in)));
+  return out[15] == 30.0f ? "avx512" : "not avx512";
 #else
   return "avx2";
 #endif
 }
 
-}  // namespace brigade::cpu::BRIGADE_ISA
+}  // BRIGADE_ISA_NAMESPACE(brigade::cpu)
