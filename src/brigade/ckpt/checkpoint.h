@@ -106,8 +106,7 @@ void prune_checkpoints(const std::filesystem::path& root, int64_t keep);
 
 // Where `rank` writes its shard of an unfinished save of `step`
 // (<root>/step_N.partial/shard_R.safetensors): named in errors about it.
-std::filesystem::path partial_shard_path(const std::filesystem::path& root, int64_t step,
-                                         int rank);
+std::filesystem::path partial_shard_path(const std::filesystem::path& root, int64_t step, int rank);
 
 // Removes the step's unfinished <root>/step_N.partial: a save that was given
 // up leaves the previous checkpoints as they were.

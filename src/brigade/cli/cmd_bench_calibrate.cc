@@ -80,8 +80,8 @@ nlohmann::json gemm_curve() {
     const double s = best_seconds(
         [&] {
           for (int call = 0; call < calls; ++call, next = (next + 1) % sets) {
-            cpu::gemm(false, false, n, n, n, 1.0f, a[next].data(), n,
-                        b[next].data(), n, 0.0f, c[next].data(), n);
+            cpu::gemm(false, false, n, n, n, 1.0f, a[next].data(), n, b[next].data(), n, 0.0f,
+                      c[next].data(), n);
           }
         },
         0.1);
