@@ -2,7 +2,7 @@
 // linear in T: the (T,T) score matrix is never stored. The forward pass keeps
 // only the output and each query row's log-sum-exp; the backward pass
 // recomputes one block of query rows' scores at a time from q, k and lse
-// (the FlashAttention recipe, laid out for CPU caches and BLAS).
+// (the FlashAttention recipe, laid out for CPU caches and GEMM calls).
 //
 // Shapes (hd = C / H, scale = 1/sqrt(hd)):
 //   qkv (B,T,3C): [q | k | v] along the last dim, head h at columns h*hd..

@@ -1,4 +1,4 @@
-// Dense layers through BLAS. Weights are stored (in, out), the layout of
+// Dense layers through cpu::gemm. Weights are stored (in, out), the layout of
 // Hugging Face's GPT-2 Conv1D, so y = x W is a plain row-major GEMM and
 // neither direction needs a transposed copy.
 #pragma once
