@@ -413,6 +413,23 @@ TEST_F(LaunchTest, OtherNodesNeedTheToken) {
   EXPECT_NE(r.err.find("--rdzv-token"), std::string::npos) << r.err;
 }
 
+// --iface reaches the workers as GLOO_SOCKET_IFNAME (what comm/world.cc
+// reads); a name this node does not have is refused before any worker starts.
+TEST_F(LaunchTest, IfaceIsPassedOnAndAnUnknownOneRefused) {
+  RunResult r = run({"launch", "--nproc-per-node", "1", "--iface", "lo", "--", "sh", "-c",
+                     "echo \"$GLOO_SOCKET_IFNAME\""},
+                    {{"GLOO_SOCKET_IFNAME", std::nullopt}});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(r.out, "lo\n");
+  r = run({"launch", "--nproc-per-node", "1", "--iface", "nosuchif0", "--", "sh", "-c",
+           "echo started"});
+  EXPECT_EQ(r.status, 1);
+  EXPECT_EQ(r.out, "") << "no worker may start";
+  EXPECT_NE(r.err.find("--iface nosuchif0: this node has no network interface of that name"),
+            std::string::npos)
+      << r.err;
+}
+
 TEST_F(LaunchTest, UnknownProgramIsOneErrorBeforeAnyWorkerStarts) {
   const RunResult r = run({"launch", "--nproc-per-node", "2", "--", "no-such-program-xyz"});
   EXPECT_EQ(r.status, 1);

@@ -32,6 +32,9 @@ void add_launch_command(CLI::App& app) {
   cmd->add_option("--rdzv-token", options->rdzv_token,
                   "The job's secret, the same on every node (default: env BRIGADE_RDZV_TOKEN; "
                   "one node generates its own). The environment keeps it out of `ps`");
+  cmd->add_option("--iface", options->iface,
+                  "Network interface the workers listen on for other nodes, e.g. eth1 (sets "
+                  "GLOO_SOCKET_IFNAME; default: the one that reaches the --rdzv host)");
   cmd->add_option("--rdzv-timeout-s", *rdzv_timeout_s, "How long launchers wait for each other")
       ->capture_default_str();
   cmd->add_option("--grace-period-s", *grace_period_s,

@@ -1,6 +1,7 @@
 #include "brigade/cli/launcher.h"
 
 #include <fcntl.h>
+#include <net/if.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <sched.h>
@@ -275,7 +276,23 @@ int tasks_on_node(const std::string& spec, int node_id) {
   return node_id < static_cast<int>(counts.size()) ? counts[node_id] : counts[0];
 }
 
+// --iface, checked before the rendezvous, so that a typo is one error at once
+// rather than one per worker inside Gloo after the other nodes have joined.
+void check_interface(const LaunchOptions& o) {
+  if (!o.iface.empty() && ::if_nametoindex(o.iface.c_str()) == 0) {
+    throw_error(
+        "--iface {}: this node has no network interface of that name; `ip -brief address` "
+        "lists them (pick the one on the network the other nodes are on)",
+        o.iface);
+  }
+}
+
+void set_interface(const LaunchOptions& o, Environment& worker_env) {
+  if (!o.iface.empty()) worker_env.set("GLOO_SOCKET_IFNAME", o.iface);
+}
+
 [[noreturn]] void exec_slurm_task(const LaunchOptions& o) {
+  check_interface(o);
   const int rank = env_int("SLURM_PROCID");
   const int world_size = env_int("SLURM_NTASKS");
   const int local_rank = env("SLURM_LOCALID") ? env_int("SLURM_LOCALID") : 0;
@@ -313,6 +330,7 @@ int tasks_on_node(const std::string& spec, int node_id) {
   worker_env.set("MASTER_PORT", std::to_string(master.port));
   worker_env.set("BRIGADE_STORE_TOKEN", token);
   worker_env.set("BRIGADE_STORE_OWNER", "rank0");
+  set_interface(o, worker_env);
   // Slurm may already have bound this task to its own CPUs; then its
   // affinity mask is its share and is not divided again.
   const int threads = env("SLURM_CPUS_PER_TASK") ? env_int("SLURM_CPUS_PER_TASK")
@@ -637,6 +655,7 @@ void validate(const LaunchOptions& o) {
                 o.nnodes);
   }
   if (o.rdzv_timeout_ms <= 0) throw_error("--rdzv-timeout-s must be positive");
+  check_interface(o);
 }
 
 }  // namespace
@@ -668,6 +687,7 @@ int run_launch(const LaunchOptions& o) {
   worker_env.set("MASTER_PORT", std::to_string(master.port));
   worker_env.set("BRIGADE_STORE_TOKEN", token);
   worker_env.set("BRIGADE_STORE_OWNER", "launcher");
+  set_interface(o, worker_env);
   // More threads than cores, summed over the node's workers, costs more in
   // contention than it gains.
   worker_env.set_default("OMP_NUM_THREADS",

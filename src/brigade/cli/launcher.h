@@ -12,6 +12,9 @@
 //   BRIGADE_STORE_TOKEN      the job's secret; the store refuses connections without it
 //   BRIGADE_STORE_OWNER      "launcher" (the store is up) or "rank0" (under srun
 //                            nobody hosts it: rank 0 must)
+//   GLOO_SOCKET_IFNAME       with --iface: the interface Gloo listens on across
+//                            nodes (by default the one that reaches the store;
+//                            see comm/advertised_address.h)
 //   OMP_NUM_THREADS          the node's cores split among its workers, unless already set
 //
 // Before any worker starts, every node's launcher joins the store and waits
@@ -41,6 +44,10 @@ struct LaunchOptions {
   std::string rdzv;
   // Empty: from BRIGADE_RDZV_TOKEN, else generated (one node only).
   std::string rdzv_token;
+  // The network interface this node's workers listen on for peers on other
+  // nodes (passed on as GLOO_SOCKET_IFNAME). Empty: the one they reach the
+  // rendezvous store through.
+  std::string iface;
   // How long launchers wait for each other, at the start and at the end.
   int64_t rdzv_timeout_ms = 300'000;
   // After a worker fails (here or on another node), how long the others get

@@ -25,6 +25,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "brigade/comm/advertised_address.h"
 #include "brigade/comm/flight_recorder.h"
 #include "brigade/comm/op_description.h"
 #include "brigade/comm/op_queue.h"
@@ -169,9 +170,6 @@ GlooCommunicator::Impl::Impl(GlooCommunicatorOptions opts)
                 options.timeout_ms);
   }
   if (options.group_name.empty()) throw_error("gloo communicator: group_name must not be empty");
-  if (options.bind_hostname.empty() && options.bind_interface.empty()) {
-    throw_error("gloo group '{}': set bind_hostname or bind_interface", options.group_name);
-  }
   options.world_ranks =
       group_members("gloo", options.group_name, size, std::move(options.world_ranks));
 }
@@ -208,14 +206,32 @@ void GlooCommunicator::Impl::connect() {
                     missing);
   }
 
+  // Where to listen, and how that was chosen: a connect error must say what
+  // this rank advertised, since a peer that cannot reach it only times out.
   gloo::transport::tcp::attr attr;
-  if (options.bind_interface.empty()) {
-    attr.hostname = options.bind_hostname;
-  } else {
+  std::string advertised, chosen_by;
+  if (!options.bind_interface.empty()) {
     attr.iface = options.bind_interface;
+    advertised = "interface " + options.bind_interface;
+    chosen_by = "named by " + options.bind_interface_source;
+  } else if (!options.bind_hostname.empty()) {
+    attr.hostname = options.bind_hostname;
+    advertised = options.bind_hostname;
+    chosen_by = "given as bind_hostname";
+  } else {
+    AdvertisedAddress chosen =
+        choose_advertised_address(options.store_host, store->local_address());
+    attr.hostname = chosen.address;
+    advertised = chosen.address;
+    chosen_by = std::move(chosen.reason);
   }
   try {
     device = gloo::transport::tcp::CreateDevice(attr);
+    // "tcp, pci=, iface=lo, speed=-1, addr=[127.0.0.1]": the address is what matters.
+    const std::string described = device->str();
+    if (const size_t at = described.find("addr="); at != std::string::npos) {
+      advertised = described.substr(at + 5);
+    }
     context = std::make_shared<gloo::rendezvous::Context>(rank, size);
     context->setTimeout(std::chrono::milliseconds(options.timeout_ms));
     PrefixedTcpStore gloo_store(*store, key_prefix);
@@ -224,11 +240,11 @@ void GlooCommunicator::Impl::connect() {
     throw;  // the store's own errors already say what and where
   } catch (const std::exception& e) {
     throw CommError(
-        fmt::format("gloo group '{}' (rank {} of {}): connecting to the peers "
-                    "(listening on {}) failed: {}",
-                    options.group_name, rank, size,
-                    options.bind_interface.empty() ? options.bind_hostname : options.bind_interface,
-                    e.what()),
+        fmt::format("gloo group '{}' (rank {} of {}): connecting to the peers failed: {}. This "
+                    "rank listens on {} ({}); if the other nodes cannot reach it, name the "
+                    "interface they can with `brigade launch --iface NAME` or "
+                    "GLOO_SOCKET_IFNAME=NAME",
+                    options.group_name, rank, size, e.what(), advertised, chosen_by),
         {});
   }
 }

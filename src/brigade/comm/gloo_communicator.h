@@ -58,8 +58,12 @@ struct GlooCommunicatorOptions {
 
   // Where this rank listens for its peers: an address or hostname they can
   // reach, or, if bind_interface is set ("eth0"), that interface's address.
+  // Both empty: the address this rank reaches the store from (see
+  // advertised_address.h), what a multi-node job wants by default.
   std::string bind_hostname = "127.0.0.1";
   std::string bind_interface;
+  // How bind_interface was chosen ("GLOO_SOCKET_IFNAME"), for errors.
+  std::string bind_interface_source = "bind_interface";
 
   // The world rank of each group rank, for the flight recorder (its dumps
   // are named by world rank); empty when they are the same.

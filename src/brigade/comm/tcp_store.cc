@@ -716,6 +716,11 @@ TcpStore::~TcpStore() {
   disconnect();
 }
 
+std::string TcpStore::local_address() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return local_address_;
+}
+
 void TcpStore::disconnect() {
   close_fd(fd_);
 }
@@ -778,6 +783,15 @@ void TcpStore::connect_and_authenticate() {
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(std::min(backoff_ms, left_ms)));
     backoff_ms = std::min<int64_t>(backoff_ms * 2, 500);
+  }
+
+  sockaddr_storage local{};
+  socklen_t local_len = sizeof(local);
+  char text[INET6_ADDRSTRLEN] = {};
+  if (::getsockname(fd_, reinterpret_cast<sockaddr*>(&local), &local_len) == 0 &&
+      ::getnameinfo(reinterpret_cast<const sockaddr*>(&local), local_len, text, sizeof(text),
+                    nullptr, 0, NI_NUMERICHOST) == 0) {
+    local_address_ = text;
   }
 
   // The server answers a handshake at once; the connect may have used up the

@@ -123,6 +123,10 @@ class TcpStore {
 
   // "host:port", for messages.
   const std::string& address() const { return address_; }
+  // This end of the connection, as a numeric address ("10.0.0.7", "::1"):
+  // the address of the interface that routes to the store's host, which is
+  // what peers that reach that host can reach this process on.
+  std::string local_address();
   int64_t timeout_ms() const { return timeout_ms_; }
 
  private:
@@ -139,6 +143,7 @@ class TcpStore {
   std::string token_;
   int64_t timeout_ms_;
   std::string address_;
+  std::string local_address_;
   std::mutex mutex_;
   int fd_ = -1;
 };

@@ -1,7 +1,5 @@
 #include "brigade/comm/world.h"
 
-#include <unistd.h>
-
 #include <charconv>
 #include <cstdlib>
 #include <string_view>
@@ -109,15 +107,13 @@ std::unique_ptr<GlooCommunicator> connect_gloo(const WorldEnvironment& world,
   options.timeout_ms = timeout_ms;
   options.world_ranks = std::move(world_ranks);
   if (world.world_size != world.local_world_size) {
-    // Peers on other nodes cannot reach 127.0.0.1.
+    // Peers on other nodes cannot reach 127.0.0.1, nor, often, this host's
+    // name (see advertised_address.h).
     if (const char* interface = std::getenv("GLOO_SOCKET_IFNAME"); interface && *interface) {
       options.bind_interface = interface;
+      options.bind_interface_source = "GLOO_SOCKET_IFNAME, which `brigade launch --iface` sets";
     } else {
-      char host[256] = {};
-      if (::gethostname(host, sizeof(host) - 1) != 0) {
-        throw_error("cannot find this host's name for gloo to listen on: set GLOO_SOCKET_IFNAME");
-      }
-      options.bind_hostname = host;
+      options.bind_hostname.clear();  // the address this rank reaches the store from
     }
   }
   return std::make_unique<GlooCommunicator>(std::move(options));

@@ -41,7 +41,9 @@ std::string shm_segment_name(const std::string& store_token, const std::string& 
 // shm_shared_bytes (shm only, a multiple of 4096): peer-visible memory per rank
 // for ShmCommunicator::shared_buffer(), where collectives run zero-copy.
 // Gloo listens on 127.0.0.1 in a one-node job; across nodes on the interface
-// GLOO_SOCKET_IFNAME names (PyTorch's variable), else on this host's name.
+// GLOO_SOCKET_IFNAME names (PyTorch's variable; `brigade launch --iface` sets
+// it), else on the address each rank reaches the store from
+// (advertised_address.h), never on this host's name.
 // Throws Error for an unknown backend, a missing environment, or shm across
 // nodes. (shm_shared_bytes applies to the node's shm group in hierarchical.)
 std::unique_ptr<Communicator> connect_world(const std::string& backend, int64_t timeout_ms,

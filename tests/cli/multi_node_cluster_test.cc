@@ -1,0 +1,419 @@
+// Multi-node jobs on real network namespaces (scripts/fake_cluster.sh): each
+// node has only its own address on a bridge, and this machine's /etc/hosts
+// may map its name to 127.0.0.1, as a stock host's often does. Needs root and
+// `ip netns`; skipped otherwise.
+//
+// Each test brings up its own cluster under its own name and subnet, so they
+// may run at once, and brings it down whatever happens (the Cluster
+// destructor); `down` also stops whatever still runs on its nodes.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sched.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <csignal>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "brigade/comm/advertised_address.h"
+#include "testing/run_brigade.h"
+#include "testing/temp_dir.h"
+
+namespace brigade {
+namespace {
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+using namespace std::chrono_literals;
+
+const std::string kScript = BRIGADE_SOURCE_DIR "/scripts/fake_cluster.sh";
+
+std::string read_all(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// Starts argv with stdout and stderr into `log`, without GLOO_SOCKET_IFNAME:
+// the multi-node job must find its addresses unaided.
+pid_t spawn(const std::vector<std::string>& argv, const fs::path& log) {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) ::_exit(126);
+    ::dup2(fd, STDOUT_FILENO);
+    ::dup2(fd, STDERR_FILENO);
+    ::unsetenv("GLOO_SOCKET_IFNAME");
+    std::vector<char*> args;
+    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    ::execv(args[0], args.data());
+    ::_exit(127);
+  }
+  return pid;
+}
+
+struct Result {
+  int status = -1;  // exit code, or 128 + signal
+  std::string output;
+};
+
+// Waits for `pid` to exit; past `limit` kills it, and fails the test.
+Result finish(pid_t pid, const fs::path& log, std::chrono::seconds limit) {
+  const auto deadline = Clock::now() + limit;
+  int wait_status = 0;
+  while (::waitpid(pid, &wait_status, WNOHANG) == 0) {
+    if (Clock::now() > deadline) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &wait_status, 0);
+      ADD_FAILURE() << "pid " << pid << " did not finish within " << limit.count()
+                    << " s; its output:\n"
+                    << read_all(log);
+      break;
+    }
+    std::this_thread::sleep_for(10ms);
+  }
+  return {WIFEXITED(wait_status) ? WEXITSTATUS(wait_status) : 128 + WTERMSIG(wait_status),
+          read_all(log)};
+}
+
+class Cluster {
+ public:
+  Cluster(std::string name, std::string net, const fs::path& dir)
+      : name_(std::move(name)), net_(std::move(net)), dir_(dir) {}
+  // Always down, even when the test failed halfway; a no-op when not up.
+  ~Cluster() { script({"down"}); }
+  Cluster(const Cluster&) = delete;
+  Cluster& operator=(const Cluster&) = delete;
+
+  std::vector<std::string> argv(const std::vector<std::string>& args) const {
+    std::vector<std::string> all = {kScript, "--name", name_, "--net", net_};
+    all.insert(all.end(), args.begin(), args.end());
+    return all;
+  }
+  Result script(const std::vector<std::string>& args, std::chrono::seconds limit = 60s) {
+    const fs::path log = dir_ / ("script_" + std::to_string(calls_++) + ".log");
+    return finish(spawn(argv(args), log), log, limit);
+  }
+  pid_t start_on(int node, const std::vector<std::string>& command, const fs::path& log) {
+    std::vector<std::string> args = {"run", std::to_string(node)};
+    args.insert(args.end(), command.begin(), command.end());
+    return spawn(argv(args), log);
+  }
+  std::string address(int node) const { return net_ + "." + std::to_string(10 + node); }
+  std::string netns(int node) const { return name_ + std::to_string(node); }
+
+ private:
+  std::string name_, net_;
+  fs::path dir_;
+  int calls_ = 0;
+};
+
+// Output of a shell command run here, in the root namespace.
+std::string shell(const std::string& command) {
+  std::string out;
+  FILE* pipe = ::popen(command.c_str(), "r");
+  if (pipe == nullptr) return out;
+  char buffer[4096];
+  for (size_t n; (n = std::fread(buffer, 1, sizeof(buffer), pipe)) > 0;) out.append(buffer, n);
+  ::pclose(pipe);
+  return out;
+}
+
+// Why these tests cannot run here, or "".
+std::string missing_prerequisite() {
+  if (::geteuid() != 0) return "needs root (network namespaces, bridges, tc)";
+  if (std::system("ip netns list >/dev/null 2>&1") != 0) return "`ip netns` is not available";
+  return "";
+}
+
+#define SKIP_WITHOUT_NAMESPACES()                                     \
+  if (const std::string why = missing_prerequisite(); !why.empty()) { \
+    GTEST_SKIP() << "fake_cluster tests skipped: " << why;            \
+  }
+
+constexpr char kTraining[] = R"(
+[train]
+micro_batch = 2
+steps = 6
+[data]
+synthetic = true
+[parallel]
+dp = 2
+bucket_mb = 0.01
+)";
+
+// Scope 0 of issue 17: two nodes, one worker each, nothing telling Gloo which
+// address to use. Listening on the host's name (127.0.0.1 here) fails to
+// connect; the address each node reaches the store from works, and the job
+// computes exactly what one node with two workers does.
+TEST(MultiNodeCluster, TwoNamespaceNodesTrainLikeOneNodeWithoutAnyAddressSet) {
+  SKIP_WITHOUT_NAMESPACES();
+  testing::TempDir dir("brigade_cluster");
+  Cluster cluster("brgmn", "10.88.1", dir.path());
+  const Result up = cluster.script({"up", "2"});
+  ASSERT_EQ(up.status, 0) << up.output;
+
+  const fs::path config = dir.path() / "config.toml";
+  std::ofstream(config) << testing::kTinyModelToml << kTraining;
+  const fs::path two_nodes = dir.path() / "two_nodes";
+  const std::string rdzv = cluster.address(0) + ":29511";
+  auto launch = [&](int node) {
+    return std::vector<std::string>{testing::kBrigade,
+                                    "launch",
+                                    "--nproc-per-node",
+                                    "1",
+                                    "--nnodes",
+                                    "2",
+                                    "--node-rank",
+                                    std::to_string(node),
+                                    "--rdzv",
+                                    rdzv,
+                                    "--rdzv-token",
+                                    "cluster-test",
+                                    "--rdzv-timeout-s",
+                                    "60",
+                                    "--",
+                                    "train",
+                                    config.string(),
+                                    "--set",
+                                    "train.run_dir=\"" + two_nodes.string() + "\""};
+  };
+  const fs::path log0 = dir.path() / "node0.log", log1 = dir.path() / "node1.log";
+  const pid_t node1 = cluster.start_on(1, launch(1), log1);
+  const pid_t node0 = cluster.start_on(0, launch(0), log0);
+  const Result r0 = finish(node0, log0, 120s);
+  const Result r1 = finish(node1, log1, 120s);
+  ASSERT_EQ(r0.status, 0) << "node 0:\n" << r0.output << "\nnode 1:\n" << r1.output;
+  ASSERT_EQ(r1.status, 0) << "node 1:\n" << r1.output << "\nnode 0:\n" << r0.output;
+  EXPECT_NE(r0.output.find("dp 2"), std::string::npos) << r0.output;
+
+  const fs::path one_node = dir.path() / "one_node";
+  const auto single = testing::run_brigade({"train", "--nproc", "2", config.string(), "--set",
+                                            "train.run_dir=\"" + one_node.string() + "\""});
+  ASSERT_EQ(single.status, 0) << single.err;
+  const auto hash_two = testing::run_brigade({"ckpt", "hash", two_nodes.string()});
+  const auto hash_one = testing::run_brigade({"ckpt", "hash", one_node.string()});
+  ASSERT_EQ(hash_two.status, 0) << hash_two.err;
+  ASSERT_EQ(hash_one.status, 0) << hash_one.err;
+  EXPECT_EQ(hash_two.out, hash_one.out) << "two nodes and one node trained different parameters";
+}
+
+// Both nodes told to listen on loopback, which the other cannot reach: the
+// job fails at once, and the error says what this rank advertised and how to
+// choose another address.
+TEST(MultiNodeCluster, UnreachableAddressIsNamedWithHowToChooseAnother) {
+  SKIP_WITHOUT_NAMESPACES();
+  testing::TempDir dir("brigade_cluster");
+  Cluster cluster("brgmf", "10.88.4", dir.path());
+  const Result up = cluster.script({"up", "2"});
+  ASSERT_EQ(up.status, 0) << up.output;
+  const fs::path config = dir.path() / "config.toml";
+  std::ofstream(config) << testing::kTinyModelToml << kTraining;
+  auto launch = [&](int node) {
+    return std::vector<std::string>{testing::kBrigade,
+                                    "launch",
+                                    "--iface",
+                                    "lo",
+                                    "--nproc-per-node",
+                                    "1",
+                                    "--nnodes",
+                                    "2",
+                                    "--node-rank",
+                                    std::to_string(node),
+                                    "--rdzv",
+                                    cluster.address(0) + ":29511",
+                                    "--rdzv-token",
+                                    "cluster-test",
+                                    "--",
+                                    "train",
+                                    config.string(),
+                                    "--set",
+                                    "train.run_dir=\"" + (dir.path() / "run").string() + "\""};
+  };
+  const fs::path log0 = dir.path() / "node0.log", log1 = dir.path() / "node1.log";
+  const pid_t node1 = cluster.start_on(1, launch(1), log1);
+  const pid_t node0 = cluster.start_on(0, launch(0), log0);
+  const Result r0 = finish(node0, log0, 120s);
+  const Result r1 = finish(node1, log1, 120s);
+  EXPECT_NE(r0.status, 0) << r0.output;
+  EXPECT_NE(r1.status, 0) << r1.output;
+  const std::string both = r0.output + r1.output;
+  EXPECT_NE(both.find("This rank listens on [127.0.0.1]"), std::string::npos) << both;
+  EXPECT_NE(both.find("(named by GLOO_SOCKET_IFNAME, which `brigade launch --iface` sets); if the "
+                      "other nodes cannot reach it, name the interface they can with `brigade "
+                      "launch --iface NAME` or GLOO_SOCKET_IFNAME=NAME"),
+            std::string::npos)
+      << both;
+}
+
+// Runs fn on a thread inside network namespace `netns`: setns moves only the
+// calling thread, and sockets (netlink ones too) belong to the namespace of
+// the thread that made them. False when the namespace cannot be entered.
+template <typename Fn>
+bool in_netns(const std::string& netns, Fn fn) {
+  bool entered = false;
+  std::thread([&] {
+    const int ns = ::open(("/run/netns/" + netns).c_str(), O_RDONLY | O_CLOEXEC);
+    if (ns < 0) return;
+    entered = ::setns(ns, CLONE_NEWNET) == 0;
+    ::close(ns);
+    if (entered) fn();
+  }).join();
+  return entered;
+}
+
+// A TCP listener on `address:port` inside namespace `netns`, or -1. The
+// caller closes it.
+int listen_in(const std::string& netns, const std::string& address, uint16_t port) {
+  int fd = -1;
+  in_netns(netns, [&] {
+    const int s = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(port);
+    ::inet_pton(AF_INET, address.c_str(), &addr.sin_addr);
+    if (::bind(s, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 && ::listen(s, 16) == 0) {
+      fd = s;
+    } else {
+      ::close(s);
+    }
+  });
+  return fd;
+}
+
+// The rule of comm/advertised_address.h on a node whose only interfaces are
+// loopback and eth0: the store's connection decides, and loopback is kept only
+// when the store's host was written as loopback (all nodes on one machine). A
+// host name that resolves to loopback on this node (Debian's 127.0.1.1 for
+// its own name) gives eth0's address instead.
+TEST(MultiNodeCluster, AdvertisedAddressIsNeverLoopbackWhenPeersAreElsewhere) {
+  SKIP_WITHOUT_NAMESPACES();
+  testing::TempDir dir("brigade_cluster");
+  Cluster cluster("brgma", "10.88.5", dir.path());
+  const Result up = cluster.script({"up", "1"});
+  ASSERT_EQ(up.status, 0) << up.output;
+  AdvertisedAddress routed, named, local, localhost;
+  ASSERT_TRUE(in_netns(cluster.netns(0), [&] {
+    routed = choose_advertised_address("10.88.5.99", "10.88.5.10");
+    named = choose_advertised_address("node0", "127.0.1.1");
+    local = choose_advertised_address("127.0.0.1", "127.0.0.1");
+    localhost = choose_advertised_address("localhost", "127.0.0.1");
+  }));
+  EXPECT_EQ(routed.address, "10.88.5.10") << routed.reason;
+  EXPECT_EQ(named.address, "10.88.5.10") << named.reason;
+  EXPECT_NE(named.reason.find("node0"), std::string::npos) << named.reason;
+  EXPECT_EQ(local.address, "127.0.0.1") << local.reason;
+  EXPECT_EQ(localhost.address, "127.0.0.1") << localhost.reason;
+  // Nothing but loopback: no peer can be elsewhere.
+  ASSERT_EQ(cluster.script({"run", "0", "ip", "link", "set", "eth0", "down"}).status, 0);
+  AdvertisedAddress alone;
+  ASSERT_TRUE(
+      in_netns(cluster.netns(0), [&] { alone = choose_advertised_address("node0", "127.0.1.1"); }));
+  EXPECT_EQ(alone.address, "127.0.1.1") << alone.reason;
+}
+
+bool listed(const std::string& listing, const std::string& name) {
+  std::istringstream lines(listing);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.find(name) != std::string::npos) return true;
+  }
+  return false;
+}
+
+// The fixture the elastic tests use for partitions: up, run, cut (node 0
+// cannot reach node 1), heal (it can again), down; afterwards no namespace,
+// link, state file or process of the cluster is left.
+TEST(FakeCluster, UpRunCutHealDownLeavesNothingBehind) {
+  SKIP_WITHOUT_NAMESPACES();
+  testing::TempDir dir("brigade_cluster");
+  Cluster cluster("brgfc", "10.88.2", dir.path());
+  const Result up = cluster.script({"up", "2", "--rate", "1gbit"});
+  ASSERT_EQ(up.status, 0) << up.output;
+  EXPECT_NE(up.output.find("node 1  netns brgfc1  10.88.2.11  link up"), std::string::npos)
+      << up.output;
+  EXPECT_NE(shell("tc qdisc show dev brgfc1-h").find("htb"), std::string::npos);
+  EXPECT_NE(shell("ip netns exec brgfc0 tc class show dev eth0").find("rate 1Gbit"),
+            std::string::npos);
+
+  const Result again = cluster.script({"up", "2"});
+  EXPECT_EQ(again.status, 1);
+  EXPECT_NE(again.output.find("already up"), std::string::npos) << again.output;
+  const Result no_node = cluster.script({"run", "2", "true"});
+  EXPECT_EQ(no_node.status, 1);
+  EXPECT_NE(no_node.output.find("has nodes 0..1, not '2'"), std::string::npos) << no_node.output;
+
+  // `run` is exec: the pid started is the command's, in the node's namespace.
+  const fs::path started = dir.path() / "sleeper_started";
+  const pid_t sleeper =
+      cluster.start_on(1, {"/bin/bash", "-c", "touch " + started.string() + " && exec sleep 300"},
+                       dir.path() / "sleep.log");
+  const auto deadline = Clock::now() + 30s;
+  while (!fs::exists(started) && Clock::now() < deadline) std::this_thread::sleep_for(10ms);
+  ASSERT_TRUE(fs::exists(started)) << "the command run on node 1 did not start";
+  const Result pids = cluster.script({"status"});
+  EXPECT_NE(pids.output.find("link up  processes 1"), std::string::npos) << pids.output;
+  EXPECT_NE(shell("ip netns pids " + cluster.netns(1)).find(std::to_string(sleeper)),
+            std::string::npos);
+
+  const int listener = listen_in(cluster.netns(1), cluster.address(1), 7000);
+  ASSERT_GE(listener, 0) << "cannot listen in " << cluster.netns(1);
+  // bash's /dev/tcp: a connect from node 0 to node 1's listener.
+  auto connect_from_0 = [&](int timeout_s) {
+    return cluster.script({"run", "0", "timeout", std::to_string(timeout_s), "bash", "-c",
+                           "exec 3<>/dev/tcp/" + cluster.address(1) + "/7000"});
+  };
+  const Result before = connect_from_0(60);
+  EXPECT_EQ(before.status, 0) << before.output;
+  ASSERT_EQ(cluster.script({"cut", "1"}).status, 0);
+  EXPECT_NE(cluster.script({"status"}).output.find("10.88.2.11  link cut"), std::string::npos);
+  // Cut, the connect can only fail: "no route" once ARP gives up, or killed
+  // by timeout.
+  const Result cut = connect_from_0(3);
+  EXPECT_NE(cut.status, 0) << "node 0 reached node 1 through a cut link: " << cut.output;
+  ASSERT_EQ(cluster.script({"heal", "1"}).status, 0);
+  const Result healed = connect_from_0(60);
+  EXPECT_EQ(healed.status, 0) << healed.output;
+  ::close(listener);
+
+  const Result down = cluster.script({"down"});
+  EXPECT_EQ(down.status, 0) << down.output;
+  // down stopped the process still running on node 1.
+  const Result slept = finish(sleeper, dir.path() / "sleep.log", 30s);
+  EXPECT_EQ(slept.status, 128 + SIGTERM) << slept.output;
+  EXPECT_FALSE(listed(shell("ip netns list"), "brgfc")) << shell("ip netns list");
+  EXPECT_FALSE(listed(shell("ip -o link show"), "brgfc")) << shell("ip -o link show");
+  EXPECT_FALSE(fs::exists("/run/brigade-fake-cluster/brgfc"));
+  EXPECT_EQ(cluster.script({"down"}).status, 0) << "down is idempotent";
+  EXPECT_EQ(cluster.script({"status"}).status, 1);
+}
+
+// --delay needs netem, which some kernels lack: then up says so and makes
+// nothing; where netem exists the node's link gets the delay.
+TEST(FakeCluster, DelayWorksOrSaysNetemIsMissing) {
+  SKIP_WITHOUT_NAMESPACES();
+  testing::TempDir dir("brigade_cluster");
+  Cluster cluster("brgfd", "10.88.3", dir.path());
+  const Result up = cluster.script({"up", "1", "--delay", "50us"});
+  if (up.status == 0) {
+    EXPECT_NE(shell("tc qdisc show dev brgfd0-h").find("netem"), std::string::npos);
+  } else {
+    EXPECT_NE(up.output.find("--delay needs tc's netem qdisc, which this kernel does not have"),
+              std::string::npos)
+        << up.output;
+    EXPECT_FALSE(listed(shell("ip netns list"), "brgfd")) << shell("ip netns list");
+    EXPECT_FALSE(listed(shell("ip -o link show"), "brgfd")) << shell("ip -o link show");
+  }
+}
+
+}  // namespace
+}  // namespace brigade
