@@ -482,6 +482,26 @@ TEST_F(CliTest, TrainWritesMetricsConfigAndCheckpoint) {
     EXPECT_GT(m.at("tokens_per_s").get<double>(), 0.0);
     EXPECT_GT(m.at("step_ms").get<double>(), 0.0);
     EXPECT_GT(m.at("lr").get<double>(), 0.0);
+    // Against the machine's peak (kernels/cpu/fma_peak.h), never above it.
+    EXPECT_GT(m.at("mfu").get<double>(), 0.0);
+    EXPECT_LE(m.at("mfu").get<double>(), 1.0);
+  }
+  // The start-up summary says which peak MFU is against ("MFU is against FMA
+  // peak: 1 thread x ... x 2.90 GHz = 186 GFLOP/s", the figure after the
+  // first " = "), and it is that one.
+  const size_t against = r.err.find("MFU is against ");
+  ASSERT_NE(against, std::string::npos) << r.err;
+  const std::string peak_line = r.err.substr(against, r.err.find('\n', against) - against);
+  ASSERT_NE(peak_line.find(" GHz"), std::string::npos) << peak_line;
+  const size_t equals = peak_line.find(" = ");
+  ASSERT_NE(equals, std::string::npos) << peak_line;
+  const double peak_gflops = std::stod(peak_line.substr(equals + 3));
+  for (const nlohmann::json& m : steps) {
+    const double achieved_gflops =
+        model.train_flops_per_token(model.block_size) * m.at("tokens_per_s").get<double>() * 1e-9;
+    EXPECT_NEAR(m.at("mfu").get<double>(), achieved_gflops / peak_gflops,
+                0.01 * m.at("mfu").get<double>())
+        << peak_line;
   }
   // The effective config is recorded, and it is a config `brigade train` reads back.
   const std::string recorded = read_all(run_dir() / "config.toml");

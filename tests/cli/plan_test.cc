@@ -135,14 +135,16 @@ TEST(PlanCommand, ValidatePrintsEveryPublishedRow) {
 TEST(PlanCommand, ThisMachineReadsItsCalibration) {
   testing::TempDir dir;
   const std::string path = (dir.path() / "calibration.json").string();
-  // Two cores; 100 GFLOP/s per thread flat, 50 GB/s; 2 workers all-reduce 16 MiB in 8 ms.
+  // Two cores; 100 GFLOP/s per thread flat (of a 250 peak), 50 GB/s; 2 workers
+  // all-reduce 16 MiB in 8 ms.
   nlohmann::json cal = {
-      {"version", 1},
+      {"version", 2},
       {"cores", 2},
       {"memory_bytes", 8e9},
       {"cache_bytes", 0},
       {"compute",
        {{{"threads", 1},
+         {"peak_gflops", 250.0},
          {"gemm", {{1e6, 100.0}, {1e9, 100.0}}},
          {"stream_bytes_per_s", 25e9},
          {"cache_stream_bytes_per_s", 25e9},
@@ -151,6 +153,7 @@ TEST(PlanCommand, ThisMachineReadsItsCalibration) {
          {"attention_gflops", 50.0},
          {"kernel_overhead_s", 2e-6}},
         {{"threads", 2},
+         {"peak_gflops", 500.0},
          {"gemm", {{1e6, 200.0}, {1e9, 200.0}}},
          {"stream_bytes_per_s", 50e9},
          {"cache_stream_bytes_per_s", 50e9},
@@ -183,6 +186,13 @@ TEST(PlanCommand, ThisMachineReadsItsCalibration) {
   const double c2 = j2.at("time_s").at("compute").get<double>();
   EXPECT_NEAR(c2, 2.0 * c1, 0.05 * c2);
   EXPECT_NEAR(j2.at("time_s").at("dp_exposed").get<double>(), 2 * 0.5 * 13.2e6 / 2.097e9, 0.001);
+  // MFU is against the machine's peak (500 on both cores), as `brigade
+  // train` reports it, not against the GEMMs' 200: the step's model FLOPs
+  // (tflops_per_gpu x step, no recompute here) over step x peak.
+  const double step1 = j1.at("step_time_s").get<double>();
+  EXPECT_NEAR(j1.at("mfu").get<double>(),
+              j1.at("tflops_per_gpu").get<double>() * 1e12 * step1 / (step1 * 500e9),
+              1e-9 * j1.at("mfu").get<double>());
   nlohmann::json broken = cal;
   broken.erase("comm");
   std::ofstream(path) << broken.dump();
@@ -215,6 +225,13 @@ TEST(PlanCommand, CalibrateReusesEarlierAllReduceFigures) {
   for (const nlohmann::json& c : written.at("compute")) {
     EXPECT_GT(c.at("gemm").back().at(1).get<double>(), 0.1);  // GFLOP/s of a real sgemm
     EXPECT_GT(c.at("adamw_params_per_s").get<double>(), 1e6);
+    // The machine's peak for these threads: at least every GEMM it measured,
+    // and at least the FMA figure (kernels/cpu/fma_peak.h).
+    const double peak = c.at("peak_gflops").get<double>();
+    for (const nlohmann::json& point : c.at("gemm")) EXPECT_GE(peak, point.at(1).get<double>());
+    EXPECT_EQ(c.at("fma_peak").at("threads"), c.at("threads"));
+    EXPECT_GE(peak, c.at("fma_peak").at("gflops").get<double>());
+    EXPECT_NE(c.at("peak_description").get<std::string>().find(" GHz"), std::string::npos);
   }
   const std::string model = std::string(BRIGADE_SOURCE_DIR) + "/examples/tiny.toml";
   const auto plan =

@@ -1,7 +1,8 @@
 // brigade bench train CONFIG [--steps N] [--warmup N] [--threads N] [--json]
 // Times optimizer steps of the configured model on synthetic tokens (speed
 // does not depend on the text) and reports tokens/s, MFU against this
-// machine's measured sgemm peak, and peak memory. bench/compare_train.py runs
+// machine's peak (the FMA peak, or the measured sgemm when that is higher;
+// kernels/cpu/fma_peak.h), and peak memory. bench/compare_train.py runs
 // it beside the PyTorch peer and prints the ratios.
 #include <fmt/format.h>
 
@@ -14,6 +15,9 @@
 #include "brigade/cli/load_config.h"
 #include "brigade/core/process_stats.h"
 #include "brigade/core/threads.h"
+#include "brigade/kernels/cpu/fma_peak.h"
+#include "brigade/kernels/cpu/gemm.h"
+#include "brigade/kernels/cpu/isa.h"
 #include "brigade/kernels/cpu/sgemm_peak.h"
 #include "brigade/train/trainer.h"
 
@@ -41,7 +45,8 @@ void run_bench_train(const BenchTrainArgs& args) {
   options.lr.total_steps = options.steps;
 
   Trainer trainer(model, options);
-  const double peak_gflops = cpu::measure_sgemm_peak_gflops();
+  const double sgemm_gflops = cpu::measure_sgemm_peak_gflops();
+  const cpu::MachinePeak peak = cpu::machine_peak(num_threads(), sgemm_gflops);
   for (int64_t i = 0; i < args.warmup; ++i) trainer.train_step();
   std::vector<double> step_ms;
   for (int64_t i = 0; i < args.steps; ++i) step_ms.push_back(trainer.train_step().step_ms);
@@ -54,9 +59,15 @@ void run_bench_train(const BenchTrainArgs& args) {
   const nlohmann::json result = {{"impl", "brigade"},
                                  {"tokens_per_s", tokens_per_s},
                                  {"step_ms", median_ms},
-                                 {"mfu", achieved_gflops / peak_gflops},
+                                 {"mfu", achieved_gflops / peak.gflops},
                                  {"achieved_gflops", achieved_gflops},
-                                 {"sgemm_peak_gflops", peak_gflops},
+                                 {"peak_gflops", peak.gflops},
+                                 {"peak_source", peak.source},
+                                 {"peak_description", peak.description},
+                                 {"fma_peak_gflops", peak.fma.gflops},
+                                 {"sgemm_peak_gflops", sgemm_gflops},
+                                 {"cpu", cpu::describe_cpu()},
+                                 {"gemm_backend", cpu::gemm_backend()},
                                  {"peak_rss_bytes", peak_rss},
                                  {"threads", num_threads()},
                                  {"params", model.num_params()},
@@ -77,8 +88,11 @@ void run_bench_train(const BenchTrainArgs& args) {
   std::printf("median step  %10.1f ms  (min %.1f, max %.1f, %lld steps)\n", median_ms,
               step_ms.front(), step_ms.back(), static_cast<long long>(args.steps));
   std::printf("throughput   %10.0f tokens/s\n", tokens_per_s);
-  std::printf("compute      %10.1f GFLOP/s of a measured sgemm peak of %.1f: MFU %.1f%%\n",
-              achieved_gflops, peak_gflops, 100.0 * achieved_gflops / peak_gflops);
+  std::printf("cpu          %s; GEMMs: %s\n", cpu::describe_cpu().c_str(),
+              cpu::gemm_backend().c_str());
+  std::printf("compute      %10.1f GFLOP/s: MFU %.1f%% of the %s (measured sgemm: %.1f)\n",
+              achieved_gflops, 100.0 * achieved_gflops / peak.gflops, peak.description.c_str(),
+              sgemm_gflops);
   std::printf("peak RSS     %10.1f MiB\n", static_cast<double>(peak_rss) / (1 << 20));
 }
 

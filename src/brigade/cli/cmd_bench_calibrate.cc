@@ -1,6 +1,7 @@
 // brigade bench calibrate [--out FILE]
 // Measures what the planner needs to treat this machine as hardware
-// (`brigade plan --hardware this-machine`): sgemm throughput across sizes (the
+// (`brigade plan --hardware this-machine`): the machine's peak (the FMA peak
+// MFU is against, kernels/cpu/fma_peak.h), sgemm throughput across sizes (the
 // GEMM efficiency curve) with one thread and with every core, streaming memory
 // bandwidth, the rate of our attention kernel, the fixed cost of a small
 // kernel, and the shm all-reduce's bus bandwidth and latency between two
@@ -29,8 +30,10 @@
 #include "brigade/core/files.h"
 #include "brigade/core/threads.h"
 #include "brigade/kernels/cpu/attention.h"
+#include "brigade/kernels/cpu/fma_peak.h"
 #include "brigade/kernels/cpu/gelu.h"
 #include "brigade/kernels/cpu/gemm.h"
+#include "brigade/kernels/cpu/isa.h"
 #include "brigade/kernels/cpu/vector_ops.h"
 #include "brigade/parallel/release_pages.h"
 #include "brigade/sim/this_machine.h"
@@ -194,8 +197,25 @@ double kernel_overhead_s() {
 
 nlohmann::json measure_threads(int threads) {
   set_num_threads(threads);
+  nlohmann::json gemm = gemm_curve();
+  double best_gemm_gflops = 0;
+  for (const nlohmann::json& point : gemm) {
+    best_gemm_gflops = std::max(best_gemm_gflops, point.at(1).get<double>());
+  }
+  // The peak MFU is against (as `brigade train` takes it): the planner's
+  // MFU then means what the runs' does.
+  const cpu::MachinePeak peak = cpu::machine_peak(threads, best_gemm_gflops);
   return {{"threads", threads},
-          {"gemm", gemm_curve()},
+          {"peak_gflops", peak.gflops},
+          {"peak_source", peak.source},
+          {"peak_description", peak.description},
+          {"fma_peak",
+           {{"threads", peak.fma.threads},
+            {"fma_units", peak.fma.fma_units},
+            {"lanes", peak.fma.lanes},
+            {"clock_ghz", peak.fma.clock_ghz},
+            {"gflops", peak.fma.gflops}}},
+          {"gemm", std::move(gemm)},
           // Activations of one kernel fit the cache; weights and optimizer state do not.
           {"cache_stream_bytes_per_s", stream_bytes_per_s(int64_t{8} << 20)},
           {"stream_bytes_per_s", stream_bytes_per_s(int64_t{768} << 20)},
@@ -242,7 +262,9 @@ nlohmann::json measure_comm() {
 nlohmann::json measure_this_machine(const nlohmann::json* comm) {
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   nlohmann::json out;
-  out["version"] = 1;
+  out["version"] = 2;  // 2: the machine's peak (compute[].peak_gflops)
+  out["cpu"] = cpu::describe_cpu();
+  out["gemm_backend"] = cpu::gemm_backend();
   out["cores"] = cores;
   out["cache_bytes"] = l3_bytes();
   out["memory_bytes"] = static_cast<double>(::sysconf(_SC_PHYS_PAGES)) *

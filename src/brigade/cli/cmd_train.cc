@@ -30,6 +30,9 @@
 #include "brigade/core/files.h"
 #include "brigade/core/process_stats.h"
 #include "brigade/core/threads.h"
+#include "brigade/kernels/cpu/fma_peak.h"
+#include "brigade/kernels/cpu/gemm.h"
+#include "brigade/kernels/cpu/isa.h"
 #include "brigade/kernels/cpu/sgemm_peak.h"
 #include "brigade/train/trainer.h"
 
@@ -113,19 +116,26 @@ class RunReport {
     write_file_atomic(run_dir / config_name, config.to_toml() + "\n");
 
     // Every worker has the same cores, so one's peak times dp is the job's.
-    peak_gflops_ = cpu::measure_sgemm_peak_gflops() * trainer.dp_size();
+    const cpu::MachinePeak peak =
+        cpu::machine_peak(num_threads(), cpu::measure_sgemm_peak_gflops());
+    peak_gflops_ = peak.gflops * trainer.dp_size();
+    const std::string ranks =
+        trainer.dp_size() > 1 ? fmt::format("{} ranks x ", trainer.dp_size()) : "";
     flops_per_step_ = model.train_flops_per_token(model.block_size) *
                       static_cast<double>(trainer.tokens_per_step());
     const MemoryAccount memory = trainer.memory();
     std::fprintf(stderr,
                  "brigade train: %lld parameters, %lld tokens/step, dp %d, ZeRO %d, %d threads "
-                 "per rank, sgemm peak %.1f GFLOP/s\n"
+                 "per rank\n"
                  "  per rank: parameters %.1f MB, gradients %.1f MB, optimizer state %.1f MB, "
-                 "activations %.1f MB (estimate)\n",
+                 "activations %.1f MB (estimate)\n"
+                 "  cpu: %s; GEMMs: %s\n"
+                 "  MFU is against %s%s\n",
                  static_cast<long long>(model.num_params()),
                  static_cast<long long>(trainer.tokens_per_step()), trainer.dp_size(),
-                 options.parallel.zero, num_threads(), peak_gflops_, memory.params / 1e6,
-                 memory.grads / 1e6, memory.optimizer / 1e6, memory.activations / 1e6);
+                 options.parallel.zero, num_threads(), memory.params / 1e6, memory.grads / 1e6,
+                 memory.optimizer / 1e6, memory.activations / 1e6, cpu::describe_cpu().c_str(),
+                 cpu::gemm_backend().c_str(), ranks.c_str(), peak.description.c_str());
     if (trainer.step() > 0) {
       std::fprintf(stderr, "resumed at step %lld from %s\n", static_cast<long long>(trainer.step()),
                    options.resume.c_str());

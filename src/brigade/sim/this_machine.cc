@@ -45,6 +45,19 @@ const nlohmann::json& compute_for(const nlohmann::json& calibration, int64_t thr
   return *best;
 }
 
+// The machine's peak for a compute entry's threads (kernels/cpu/fma_peak.h:
+// the FMA peak, or the measured sgemm when higher), which calibrations
+// before it lack.
+double peak_gflops(const nlohmann::json& compute) {
+  if (!compute.is_object() || !compute.contains("peak_gflops")) {
+    throw_error(
+        "calibration: compute has no \"peak_gflops\" (the FMA peak, recorded since MFU is taken "
+        "against it rather than against an sgemm); rerun `brigade bench calibrate` (with "
+        "--comm-from OLD_FILE it keeps the old all-reduce figures and takes seconds)");
+  }
+  return positive(compute, "peak_gflops", "compute");
+}
+
 // The best rate on a compute entry's GEMM curve ([[flops per call, GFLOP/s], ...]).
 double best_gemm_gflops(const nlohmann::json& compute) {
   double best = 0;
@@ -89,8 +102,18 @@ Hardware this_machine_hardware(const nlohmann::json& calibration, int64_t device
   for (const nlohmann::json& point : gemm) {
     h.gemm_curve.emplace_back(point.at(0).get<double>(), point.at(1).get<double>() / best_gflops);
   }
-  h.peak_flops = std::min(best_gflops * scale, best_all_cores_gflops * share) * 1e9;
-  h.gemm_efficiency = 1.0;
+  // The peak is the machine's (what MFU is against, as in `brigade train`);
+  // GEMMs run at the measured share of it, so step times follow the
+  // measured GEMM rate whatever the peak.
+  h.peak_flops = std::min(peak_gflops(c) * scale, peak_gflops(all) * share) * 1e9;
+  const double gemm_gflops = std::min(best_gflops * scale, best_all_cores_gflops * share);
+  h.gemm_efficiency = gemm_gflops * 1e9 / h.peak_flops;
+  if (h.gemm_efficiency > 1.0) {
+    throw_error(
+        "calibration: GEMMs at {:.0f} GFLOP/s beat the recorded peak of {:.0f}; rerun `brigade "
+        "bench calibrate`",
+        gemm_gflops, h.peak_flops * 1e-9);
+  }
   const double attention_gflops = std::min(positive(c, "attention_gflops", "compute") * scale,
                                            positive(all, "attention_gflops", "compute") * share);
   h.attention_efficiency = attention_gflops * 1e9 / h.peak_flops;
@@ -134,10 +157,11 @@ Hardware this_machine_hardware(const nlohmann::json& calibration, int64_t device
   // A 2-rank all-reduce ring is 2 steps (see ring_collective_s).
   h.intra_latency_s = h.inter_latency_s = latency < 1e29 ? latency / 2.0 : 0.0;
   h.description = fmt::format(
-      "this machine ({} cores; one device = one worker with {} thread(s)): {:.0f} GFLOP/s sgemm, "
-      "{:.1f} GB/s memory, shm all-reduce {:.2f} GB/s + {:.0f} us",
-      cores, threads, h.peak_flops * 1e-9, h.memory_bytes_per_s * 1e-9, bus * 1e-9,
-      h.intra_latency_s * 1e6);
+      "this machine ({} cores; one device = one worker with {} thread(s)): peak {:.0f} GFLOP/s, "
+      "GEMMs up to {:.0f} GFLOP/s ({:.0f}% of it), {:.1f} GB/s memory, shm all-reduce {:.2f} GB/s "
+      "+ {:.0f} us",
+      cores, threads, h.peak_flops * 1e-9, gemm_gflops, 100.0 * h.gemm_efficiency,
+      h.memory_bytes_per_s * 1e-9, bus * 1e-9, h.intra_latency_s * 1e6);
   return h;
 }
 
@@ -145,6 +169,10 @@ std::string describe_calibration(const nlohmann::json& calibration) {
   std::string out;
   for (const nlohmann::json& c : calibration.at("compute")) {
     const double best = best_gemm_gflops(c);
+    if (c.contains("peak_description")) {
+      out += fmt::format("{} thread(s): {}\n", c.at("threads").get<int>(),
+                         c.at("peak_description").get<std::string>());
+    }
     out += fmt::format(
         "{} thread(s): sgemm up to {:.1f} GFLOP/s (64^3: {:.1f}), memory {:.1f} GB/s (in cache "
         "{:.1f}), AdamW {:.0f} M parameters/s, released pages back at {:.1f} GB/s, attention "

@@ -1,6 +1,9 @@
 // `--hardware this-machine`: this computer as the planner's hardware, from a
-// calibration file that `brigade bench calibrate` writes (measured sgemm
-// curve, memory bandwidth, attention rate, kernel overhead, shm all-reduce).
+// calibration file that `brigade bench calibrate` writes (the machine's
+// peak, measured sgemm curve, memory bandwidth, attention rate, kernel
+// overhead, shm all-reduce). The peak is the one `brigade train` takes MFU
+// against (the FMA peak, kernels/cpu/fma_peak.h), so the planner's MFU means
+// the same; the GEMMs' measured rate enters as gemm_efficiency of it.
 //
 // A "GPU" here is one worker process. The launcher splits the cores among a
 // node's workers, so a device's compute depends on how many share the
@@ -21,10 +24,12 @@ namespace brigade::sim {
 std::string default_calibration_path();
 
 // Throws Error naming the missing or bad field (and `brigade bench
-// calibrate` as the fix).
+// calibrate` as the fix): calibrations written before the peak was recorded
+// are refused, not read with the sgemm as the peak, which would give the
+// planner an MFU that the runs do not report.
 Hardware this_machine_hardware(const nlohmann::json& calibration, int64_t devices_per_node);
 
-// One paragraph: peak, bandwidth, attention, overhead, all-reduce.
+// One paragraph: peak, GEMMs, bandwidth, attention, overhead, all-reduce.
 std::string describe_calibration(const nlohmann::json& calibration);
 
 // What Brigade's CPU engine does: fp32 everywhere (4-byte weights,

@@ -1,0 +1,182 @@
+#include "brigade/kernels/cpu/fma_peak.h"
+
+#include <fmt/format.h>
+#include <immintrin.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <ctime>
+#include <vector>
+
+#include "brigade/kernels/cpu/isa.h"
+
+namespace brigade::cpu {
+namespace {
+
+constexpr int kAddsPerIteration = 64;
+constexpr int kAvx512Accumulators = 16;
+constexpr int kAvx2Accumulators = 12;  // + 2 operands: 14 of the 16 ymm registers
+
+// The sink that keeps the compiler from dropping the measured loops.
+volatile uint64_t g_sink_int = 0;
+volatile float g_sink_float = 0;
+
+// 64 dependent register adds per iteration: 64 cycles on any x86-64 core
+// (the loop counter is a separate chain that runs alongside). A register
+// operand, not an immediate: newer cores fold chains of immediate adds.
+void add_chain(int64_t iterations) {
+  uint64_t x = 0;
+  const uint64_t one = 1;
+  for (int64_t i = 0; i < iterations; ++i) {
+    asm volatile(".rept 64\n\taddq %1, %0\n\t.endr" : "+r"(x) : "r"(one));
+  }
+  g_sink_int = x;
+}
+
+// Independent FMA chains, more of them than latency x units on any core, so
+// the FMA ports alone set the pace. acc = acc * m + b converges to b / (1 - m):
+// no overflow, no denormals.
+__attribute__((target("avx512f"))) void fma_chains_avx512(int64_t iterations) {
+  const __m512 m = _mm512_set1_ps(0.999f);
+  const __m512 b = _mm512_set1_ps(1e-3f);
+  __m512 acc[kAvx512Accumulators];
+  for (int k = 0; k < kAvx512Accumulators; ++k) acc[k] = _mm512_set1_ps(static_cast<float>(k));
+  for (int64_t i = 0; i < iterations; ++i) {
+#pragma GCC unroll 16
+    for (int k = 0; k < kAvx512Accumulators; ++k) acc[k] = _mm512_fmadd_ps(acc[k], m, b);
+  }
+  __m512 sum = acc[0];
+  for (int k = 1; k < kAvx512Accumulators; ++k) sum = _mm512_add_ps(sum, acc[k]);
+  alignas(64) float out[16];
+  _mm512_store_ps(out, sum);
+  g_sink_float = out[0] + out[15];
+}
+
+__attribute__((target("avx2,fma"))) void fma_chains_avx2(int64_t iterations) {
+  const __m256 m = _mm256_set1_ps(0.999f);
+  const __m256 b = _mm256_set1_ps(1e-3f);
+  __m256 acc[kAvx2Accumulators];
+  for (int k = 0; k < kAvx2Accumulators; ++k) acc[k] = _mm256_set1_ps(static_cast<float>(k));
+  for (int64_t i = 0; i < iterations; ++i) {
+#pragma GCC unroll 12
+    for (int k = 0; k < kAvx2Accumulators; ++k) acc[k] = _mm256_fmadd_ps(acc[k], m, b);
+  }
+  __m256 sum = acc[0];
+  for (int k = 1; k < kAvx2Accumulators; ++k) sum = _mm256_add_ps(sum, acc[k]);
+  alignas(32) float out[8];
+  _mm256_store_ps(out, sum);
+  g_sink_float = out[0] + out[7];
+}
+
+// Seconds this thread spent running `loop`: its own CPU time, so that time
+// the scheduler gave to another process (the cores are often shared) is
+// not counted.
+double seconds_of(void (*loop)(int64_t), int64_t iterations) {
+  timespec start{}, end{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &start);
+  loop(iterations);
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &end);
+  return static_cast<double>(end.tv_sec - start.tv_sec) +
+         static_cast<double>(end.tv_nsec - start.tv_nsec) * 1e-9;
+}
+
+// Iterations of `loop` that take about half a millisecond.
+int64_t half_ms_of_iterations(void (*loop)(int64_t)) {
+  int64_t iterations = 64;
+  while (seconds_of(loop, iterations) < 0.125e-3 && iterations < (int64_t{1} << 40)) {
+    iterations *= 2;
+  }
+  return iterations * 4;
+}
+
+// Iterations per second of `loop`, the best of 16 runs of ~0.5 ms (~8 ms in
+// all): short runs, because a run the hypervisor or an interrupt cut into
+// reads slow, and the fastest is the hardware's rate.
+double best_iterations_per_s(void (*loop)(int64_t), int64_t iterations) {
+  double best = 0;
+  for (int rep = 0; rep < 16; ++rep) {
+    best = std::max(best, static_cast<double>(iterations) / seconds_of(loop, iterations));
+  }
+  return best;
+}
+
+std::string plural(int n, const char* word) {
+  return fmt::format("{} {}{}", n, word, n == 1 ? "" : "s");
+}
+
+std::string describe_fma(const FmaPeak& f) {
+  return fmt::format("{} x {} x {} fp32 lanes x 2 x {:.2f} GHz = {:.0f} GFLOP/s",
+                     plural(f.threads, "thread"), plural(f.fma_units, "FMA unit"), f.lanes,
+                     f.clock_ghz, f.gflops);
+}
+
+}  // namespace
+
+FmaPeak measure_fma_peak(int threads) {
+  threads = std::max(1, threads);
+  const bool wide = cpu_features().avx512;
+  const int lanes = wide ? 16 : 8;
+  const int accumulators = wide ? kAvx512Accumulators : kAvx2Accumulators;
+  void (*fma_loop)(int64_t) = wide ? fma_chains_avx512 : fma_chains_avx2;
+  std::vector<double> clock_hz(threads, 0.0), flops_per_s(threads, 0.0);
+  // All threads measure at once: two vCPUs on one physical core share its
+  // FMA units, and all-core clocks are lower than one core's turbo.
+#pragma omp parallel num_threads(threads)
+  {
+    // A runtime that gives fewer threads than asked leaves zeros, skipped below.
+    const int t = omp_get_thread_num();
+    const int64_t add_iterations = half_ms_of_iterations(add_chain);
+    const int64_t fma_iterations = half_ms_of_iterations(fma_loop);
+    // Two rounds, each stage run by every thread at once (barriers between).
+    for (int round = 0; round < 2; ++round) {
+#pragma omp barrier
+      clock_hz[t] = std::max(clock_hz[t],
+                             best_iterations_per_s(add_chain, add_iterations) * kAddsPerIteration);
+#pragma omp barrier
+      flops_per_s[t] = std::max(flops_per_s[t], best_iterations_per_s(fma_loop, fma_iterations) *
+                                                    accumulators * lanes * 2.0);
+    }
+  }
+  FmaPeak peak;
+  peak.threads = 0;
+  peak.lanes = lanes;
+  double clock_sum = 0, flops_per_cycle_sum = 0;
+  for (int t = 0; t < threads; ++t) {
+    if (clock_hz[t] <= 0) continue;
+    ++peak.threads;
+    clock_sum += clock_hz[t];
+    flops_per_cycle_sum += flops_per_s[t] / clock_hz[t];
+  }
+  const double flops_per_cycle = flops_per_cycle_sum / peak.threads;
+  peak.fma_units = std::max(1, static_cast<int>(std::lround(flops_per_cycle / (2.0 * lanes))));
+  peak.clock_ghz = clock_sum / peak.threads * 1e-9;
+  peak.gflops = peak.threads * peak.fma_units * lanes * 2.0 * peak.clock_ghz;
+  return peak;
+}
+
+MachinePeak choose_peak(const FmaPeak& fma, double sgemm_gflops) {
+  MachinePeak peak;
+  peak.fma = fma;
+  peak.sgemm_gflops = sgemm_gflops;
+  if (sgemm_gflops > fma.gflops) {
+    peak.gflops = sgemm_gflops;
+    peak.source = "sgemm";
+    peak.description = fmt::format(
+        "measured sgemm peak = {:.0f} GFLOP/s, above the FMA peak ({}): the clock or FMA units "
+        "read low",
+        sgemm_gflops, describe_fma(fma));
+  } else {
+    peak.gflops = fma.gflops;
+    peak.source = "fma";
+    peak.description = "FMA peak: " + describe_fma(fma);
+  }
+  return peak;
+}
+
+MachinePeak machine_peak(int threads, double sgemm_gflops) {
+  return choose_peak(measure_fma_peak(threads), sgemm_gflops);
+}
+
+}  // namespace brigade::cpu
