@@ -91,15 +91,34 @@ int64_t half_ms_of_iterations(void (*loop)(int64_t)) {
   return iterations * 4;
 }
 
-// Iterations per second of `loop`, the best of 16 runs of ~0.5 ms (~8 ms in
-// all): short runs, because a run the hypervisor or an interrupt cut into
-// reads slow, and the fastest is the hardware's rate.
-double best_iterations_per_s(void (*loop)(int64_t), int64_t iterations) {
-  double best = 0;
-  for (int rep = 0; rep < 16; ++rep) {
-    best = std::max(best, static_cast<double>(iterations) / seconds_of(loop, iterations));
+// Clock and FLOPs per cycle of the calling thread, from 24 pairs of ~0.5 ms
+// runs, the add chain then the FMA loop, back to back: a pair sees one clock
+// state of the core, so its FLOPs-per-cycle ratio holds even if the host
+// changes the clock between pairs (the clock read 2.76 GHz in one run here,
+// 2.99 in the others). Short runs, because a run the hypervisor or an
+// interrupt cut into reads slow. The clock is the fastest add run; the ratio
+// the median pair, which one cut-short run in either half cannot move.
+struct ThreadRates {
+  double clock_hz = 0;
+  double flops_per_cycle = 0;
+};
+
+ThreadRates measure_thread(void (*fma_loop)(int64_t), double flops_per_iteration,
+                           int64_t add_iterations, int64_t fma_iterations) {
+  constexpr int kPairs = 24;
+  ThreadRates rates;
+  std::vector<double> ratios;
+  for (int pair = 0; pair < kPairs; ++pair) {
+    const double hz = static_cast<double>(add_iterations) * kAddsPerIteration /
+                      seconds_of(add_chain, add_iterations);
+    const double flops = static_cast<double>(fma_iterations) * flops_per_iteration /
+                         seconds_of(fma_loop, fma_iterations);
+    rates.clock_hz = std::max(rates.clock_hz, hz);
+    ratios.push_back(flops / hz);
   }
-  return best;
+  std::nth_element(ratios.begin(), ratios.begin() + kPairs / 2, ratios.end());
+  rates.flops_per_cycle = ratios[kPairs / 2];
+  return rates;
 }
 
 std::string plural(int n, const char* word) {
@@ -120,7 +139,7 @@ FmaPeak measure_fma_peak(int threads) {
   const int lanes = wide ? 16 : 8;
   const int accumulators = wide ? kAvx512Accumulators : kAvx2Accumulators;
   void (*fma_loop)(int64_t) = wide ? fma_chains_avx512 : fma_chains_avx2;
-  std::vector<double> clock_hz(threads, 0.0), flops_per_s(threads, 0.0);
+  std::vector<ThreadRates> rates(threads);
   // All threads measure at once: two vCPUs on one physical core share its
   // FMA units, and all-core clocks are lower than one core's turbo.
 #pragma omp parallel num_threads(threads)
@@ -129,28 +148,25 @@ FmaPeak measure_fma_peak(int threads) {
     const int t = omp_get_thread_num();
     const int64_t add_iterations = half_ms_of_iterations(add_chain);
     const int64_t fma_iterations = half_ms_of_iterations(fma_loop);
-    // Two rounds, each stage run by every thread at once (barriers between).
-    for (int round = 0; round < 2; ++round) {
 #pragma omp barrier
-      clock_hz[t] = std::max(clock_hz[t],
-                             best_iterations_per_s(add_chain, add_iterations) * kAddsPerIteration);
-#pragma omp barrier
-      flops_per_s[t] = std::max(flops_per_s[t], best_iterations_per_s(fma_loop, fma_iterations) *
-                                                    accumulators * lanes * 2.0);
-    }
+    rates[t] = measure_thread(fma_loop, accumulators * lanes * 2.0, add_iterations, fma_iterations);
   }
   FmaPeak peak;
   peak.threads = 0;
   peak.lanes = lanes;
   double clock_sum = 0, flops_per_cycle_sum = 0;
-  for (int t = 0; t < threads; ++t) {
-    if (clock_hz[t] <= 0) continue;
+  for (const ThreadRates& r : rates) {
+    if (r.clock_hz <= 0) continue;
     ++peak.threads;
-    clock_sum += clock_hz[t];
-    flops_per_cycle_sum += flops_per_s[t] / clock_hz[t];
+    clock_sum += r.clock_hz;
+    flops_per_cycle_sum += r.flops_per_cycle;
   }
-  const double flops_per_cycle = flops_per_cycle_sum / peak.threads;
-  peak.fma_units = std::max(1, static_cast<int>(std::lround(flops_per_cycle / (2.0 * lanes))));
+  const double units = flops_per_cycle_sum / peak.threads / (2.0 * lanes);
+  // The ratio reads low, never high: the add chain runs at the clock of
+  // ordinary code, the FMA loop at the one the core holds under wide-vector
+  // load, which can be lower (AVX-512 frequency levels; 0.92 of a unit per
+  // unit here). So a quarter of a unit above a whole number is the next one.
+  peak.fma_units = std::max(1, static_cast<int>(std::floor(units + 0.75)));
   peak.clock_ghz = clock_sum / peak.threads * 1e-9;
   peak.gflops = peak.threads * peak.fma_units * lanes * 2.0 * peak.clock_ghz;
   return peak;
