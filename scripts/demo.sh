@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Quick start, part 1: install what is missing, build, train the demo model on
-# Shakespeare (about 8 minutes on 2 cores), and write a sample from it.
+# Shakespeare (5.5-8 minutes on 2 cores), and write a sample from it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install_deps.sh

@@ -91,13 +91,16 @@ int64_t half_ms_of_iterations(void (*loop)(int64_t)) {
   return iterations * 4;
 }
 
-// Clock and FLOPs per cycle of the calling thread, from 24 pairs of ~0.5 ms
-// runs, the add chain then the FMA loop, back to back: a pair sees one clock
-// state of the core, so its FLOPs-per-cycle ratio holds even if the host
-// changes the clock between pairs (the clock read 2.76 GHz in one run here,
-// 2.99 in the others). Short runs, because a run the hypervisor or an
-// interrupt cut into reads slow. The clock is the fastest add run; the ratio
-// the median pair, which one cut-short run in either half cannot move.
+// Clock and FLOPs per cycle of the calling thread, from 48 pairs of ~0.5 ms
+// runs, the add chain then the (warmed) FMA loop, back to back: a pair sees
+// one clock state of the core, so its FLOPs-per-cycle ratio holds even if
+// the host changes the clock between pairs (the clock read 2.76 GHz in one
+// run here, 2.99 in the others). Short runs, because a run the hypervisor or
+// an interrupt cut into reads slow. The clock is the fastest add run. The
+// ratio is the pair at the upper quartile: what slows the FMA loop (the
+// other vCPU on the same physical core for a while, a cold vector unit) is
+// more common than what slows the add chain, and a few outliers either way
+// cannot move it.
 struct ThreadRates {
   double clock_hz = 0;
   double flops_per_cycle = 0;
@@ -105,19 +108,24 @@ struct ThreadRates {
 
 ThreadRates measure_thread(void (*fma_loop)(int64_t), double flops_per_iteration,
                            int64_t add_iterations, int64_t fma_iterations) {
-  constexpr int kPairs = 24;
+  constexpr int kPairs = 48;
   ThreadRates rates;
   std::vector<double> ratios;
   for (int pair = 0; pair < kPairs; ++pair) {
     const double hz = static_cast<double>(add_iterations) * kAddsPerIteration /
                       seconds_of(add_chain, add_iterations);
+    // Untimed first: a core that has not run wide FMAs for a while powers
+    // part of its vector unit down and runs them slowly until it is back
+    // (and may change its clock for them); the add chain just gave it time
+    // to. Timed cold, 2 FMA units read as 1 (seen here at start-up).
+    fma_loop(fma_iterations);
     const double flops = static_cast<double>(fma_iterations) * flops_per_iteration /
                          seconds_of(fma_loop, fma_iterations);
     rates.clock_hz = std::max(rates.clock_hz, hz);
     ratios.push_back(flops / hz);
   }
-  std::nth_element(ratios.begin(), ratios.begin() + kPairs / 2, ratios.end());
-  rates.flops_per_cycle = ratios[kPairs / 2];
+  std::nth_element(ratios.begin(), ratios.begin() + kPairs * 3 / 4, ratios.end());
+  rates.flops_per_cycle = ratios[kPairs * 3 / 4];
   return rates;
 }
 
