@@ -22,6 +22,7 @@
 #include "brigade/comm/world.h"
 #include "brigade/core/error.h"
 #include "testing/run_brigade.h"
+#include "testing/scoped_env.h"
 
 namespace {
 
@@ -63,43 +64,12 @@ TEST(BenchComm, RejectsSharedBuffersWithoutShm) {
   EXPECT_NE(result.err.find("--backend shm"), std::string::npos) << result.err;
 }
 
-// Sets the variables for the test's lifetime and restores them after, so the
-// other tests of this binary see the environment they started with.
-class ScopedEnv {
- public:
-  void set(const char* name, const char* value) {
-    remember(name);
-    if (value == nullptr) {
-      ::unsetenv(name);
-    } else {
-      ::setenv(name, value, 1);
-    }
-  }
-  ~ScopedEnv() {
-    for (const auto& [name, value] : saved_) {
-      if (value) {
-        ::setenv(name.c_str(), value->c_str(), 1);
-      } else {
-        ::unsetenv(name.c_str());
-      }
-    }
-  }
-
- private:
-  void remember(const char* name) {
-    if (saved_.count(name) != 0) return;
-    const char* old = std::getenv(name);
-    saved_[name] = old ? std::optional<std::string>(old) : std::nullopt;
-  }
-  std::map<std::string, std::optional<std::string>> saved_;
-};
-
 constexpr const char* kLaunchVariables[] = {
     "RANK",        "WORLD_SIZE",  "LOCAL_RANK",         "LOCAL_WORLD_SIZE",
     "MASTER_ADDR", "MASTER_PORT", "BRIGADE_STORE_TOKEN"};
 
 TEST(ConnectWorld, MissingEnvironmentSaysToUseTheLauncher) {
-  ScopedEnv env;
+  brigade::testing::ScopedEnv env;
   for (const char* name : kLaunchVariables) env.set(name, nullptr);
   for (const char* backend : {"shm", "gloo"}) {
     try {
@@ -114,7 +84,7 @@ TEST(ConnectWorld, MissingEnvironmentSaysToUseTheLauncher) {
 }
 
 TEST(ConnectWorld, ShmAcrossNodesNamesTheFix) {
-  ScopedEnv env;
+  brigade::testing::ScopedEnv env;
   env.set("RANK", "0");
   env.set("WORLD_SIZE", "4");
   env.set("LOCAL_RANK", "0");

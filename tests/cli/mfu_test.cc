@@ -12,39 +12,15 @@
 #include <string>
 
 #include "testing/run_brigade.h"
+#include "testing/scoped_env.h"
 
 namespace brigade {
 namespace {
 
 using testing::run_brigade;
 
-// Sets variables for the test's lifetime (the brigade child inherits them)
-// and restores them after, for the other tests of this binary.
-class ScopedEnv {
- public:
-  void set(const std::string& name, const std::string& value) {
-    if (saved_.count(name) == 0) {
-      const char* old = std::getenv(name.c_str());
-      saved_[name] = old != nullptr ? std::optional<std::string>(old) : std::nullopt;
-    }
-    ::setenv(name.c_str(), value.c_str(), 1);
-  }
-  ~ScopedEnv() {
-    for (const auto& [name, value] : saved_) {
-      if (value) {
-        ::setenv(name.c_str(), value->c_str(), 1);
-      } else {
-        ::unsetenv(name.c_str());
-      }
-    }
-  }
-
- private:
-  std::map<std::string, std::optional<std::string>> saved_;
-};
-
 TEST(Mfu, BenchTrainOnASlowGemmLevelStaysUnderTheMachinesPeak) {
-  ScopedEnv env;
+  testing::ScopedEnv env;
   // The AVX2 GEMMs on an AVX-512 machine, and OpenBLAS's generic core for
   // anything that still asks it: a slow GEMM against the machine's real peak.
   env.set("BRIGADE_CPU_ISA", "avx2");

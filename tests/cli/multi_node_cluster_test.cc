@@ -152,6 +152,32 @@ dp = 2
 bucket_mb = 0.01
 )";
 
+// `brigade launch` of node `node` of two, one worker each, training `config`
+// into run_dir; `launch_flags` go before the others.
+std::vector<std::string> two_node_launch(int node, const std::string& rdzv, const fs::path& config,
+                                         const fs::path& run_dir,
+                                         std::vector<std::string> launch_flags = {}) {
+  std::vector<std::string> args = {testing::kBrigade, "launch"};
+  args.insert(args.end(), launch_flags.begin(), launch_flags.end());
+  const std::vector<std::string> rest = {"--nproc-per-node",
+                                         "1",
+                                         "--nnodes",
+                                         "2",
+                                         "--node-rank",
+                                         std::to_string(node),
+                                         "--rdzv",
+                                         rdzv,
+                                         "--rdzv-token",
+                                         "cluster-test",
+                                         "--",
+                                         "train",
+                                         config.string(),
+                                         "--set",
+                                         "train.run_dir=\"" + run_dir.string() + "\""};
+  args.insert(args.end(), rest.begin(), rest.end());
+  return args;
+}
+
 // Scope 0 of issue 17: two nodes, one worker each, nothing telling Gloo which
 // address to use. Listening on the host's name (127.0.0.1 here) fails to
 // connect; the address each node reaches the store from works, and the job
@@ -168,26 +194,9 @@ TEST(MultiNodeCluster, TwoNamespaceNodesTrainLikeOneNodeWithoutAnyAddressSet) {
   const fs::path two_nodes = dir.path() / "two_nodes";
   const std::string rdzv = cluster.address(0) + ":29511";
   auto launch = [&](int node) {
-    return std::vector<std::string>{testing::kBrigade,
-                                    "launch",
-                                    "--nproc-per-node",
-                                    "1",
-                                    "--nnodes",
-                                    "2",
-                                    "--node-rank",
-                                    std::to_string(node),
-                                    "--rdzv",
-                                    rdzv,
-                                    "--rdzv-token",
-                                    "cluster-test",
-                                    "--rdzv-timeout-s",
-                                    "60",
-                                    "--",
-                                    "train",
-                                    config.string(),
-                                    "--set",
-                                    "train.run_dir=\"" + two_nodes.string() + "\""};
+    return two_node_launch(node, rdzv, config, two_nodes, {"--rdzv-timeout-s", "60"});
   };
+
   const fs::path log0 = dir.path() / "node0.log", log1 = dir.path() / "node1.log";
   const pid_t node1 = cluster.start_on(1, launch(1), log1);
   const pid_t node0 = cluster.start_on(0, launch(0), log0);
@@ -220,26 +229,10 @@ TEST(MultiNodeCluster, UnreachableAddressIsNamedWithHowToChooseAnother) {
   const fs::path config = dir.path() / "config.toml";
   std::ofstream(config) << testing::kTinyModelToml << kTraining;
   auto launch = [&](int node) {
-    return std::vector<std::string>{testing::kBrigade,
-                                    "launch",
-                                    "--iface",
-                                    "lo",
-                                    "--nproc-per-node",
-                                    "1",
-                                    "--nnodes",
-                                    "2",
-                                    "--node-rank",
-                                    std::to_string(node),
-                                    "--rdzv",
-                                    cluster.address(0) + ":29511",
-                                    "--rdzv-token",
-                                    "cluster-test",
-                                    "--",
-                                    "train",
-                                    config.string(),
-                                    "--set",
-                                    "train.run_dir=\"" + (dir.path() / "run").string() + "\""};
+    return two_node_launch(node, cluster.address(0) + ":29511", config, dir.path() / "run",
+                           {"--iface", "lo"});
   };
+
   const fs::path log0 = dir.path() / "node0.log", log1 = dir.path() / "node1.log";
   const pid_t node1 = cluster.start_on(1, launch(1), log1);
   const pid_t node0 = cluster.start_on(0, launch(0), log0);
