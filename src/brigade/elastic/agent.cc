@@ -145,9 +145,9 @@ Agent::Outcome Agent::supervise(WorkerGroup& group, const HeartbeatTable& table)
       incident.pid = ended.worker.pid;
       if (WIFSIGNALED(ended.wait_status)) incident.signal = WTERMSIG(ended.wait_status);
       if (WIFEXITED(ended.wait_status)) incident.exit_code = WEXITSTATUS(ended.wait_status);
-      incident.what =
-          fmt::format("worker rank {} (local {}, node {}) {}", ended.worker.rank,
-                      ended.worker.local_rank, options_.node_rank, describe_exit(ended.wait_status));
+      incident.what = fmt::format("worker rank {} (local {}, node {}) {}", ended.worker.rank,
+                                  ended.worker.local_rank, options_.node_rank,
+                                  describe_exit(ended.wait_status));
       incident.injected = p.fault_ns > 0;
       incident.fault_ns = incident.injected ? p.fault_ns : p.beat_ns;
       incident.detected_ns = now_ns();

@@ -43,7 +43,8 @@ HeartbeatTable::HeartbeatTable(int slots, int64_t generation) : slots_(slots) {
   if (slots < 1) throw_error("a heartbeat table needs at least one slot, got {}", slots);
   bytes_ = kSlotStride * static_cast<size_t>(slots);
   fd_ = ::memfd_create("brigade-heartbeat", MFD_CLOEXEC);
-  if (fd_ < 0) throw_error("cannot create the heartbeat table (memfd_create): {}", std::strerror(errno));
+  if (fd_ < 0)
+    throw_error("cannot create the heartbeat table (memfd_create): {}", std::strerror(errno));
   if (::ftruncate(fd_, static_cast<off_t>(bytes_)) != 0) {
     const int err = errno;
     ::close(fd_);
