@@ -14,6 +14,8 @@
 #include <string>
 #include <thread>
 
+#include "brigade/comm/communicator.h"
+#include "brigade/comm/world.h"
 #include "brigade/core/clock.h"
 #include "brigade/core/error.h"
 #include "brigade/elastic/fault_injection.h"
@@ -264,6 +266,34 @@ TEST(WorkerGroup, StoppingKillsAfterTheGraceAndTheDestructorLeavesNoWorker) {
   // Killed and reaped: the pid no longer names a process of ours.
   EXPECT_EQ(::kill(survivor, 0), -1);
   EXPECT_EQ(errno, ESRCH);
+}
+
+// A restarted generation must not open a segment a killed one left behind:
+// the worker's environment puts the generation into the segment's name.
+TEST(Generations, ShmSegmentsOfEachGenerationHaveTheirOwnName) {
+  const std::vector<std::pair<const char*, const char*>> world = {
+      {"RANK", "1"},
+      {"WORLD_SIZE", "2"},
+      {"LOCAL_RANK", "1"},
+      {"LOCAL_WORLD_SIZE", "2"},
+      {"MASTER_ADDR", "127.0.0.1"},
+      {"MASTER_PORT", "1"},
+      {"BRIGADE_STORE_TOKEN", "generations-test"},
+      {"BRIGADE_GENERATION", "3"}};
+  for (const auto& [name, value] : world) ::setenv(name, value, 1);
+  EXPECT_EQ(read_world_environment().generation, 3);
+  const std::string segment = shm_segment_name("generations-test", "world", 3);
+  EXPECT_NE(segment, shm_segment_name("generations-test", "world", 2));
+  EXPECT_NE(segment.find("-g3-world"), std::string::npos) << segment;
+  // Rank 1 alone: rank 0 never creates the segment, and the error names it.
+  std::string error;
+  try {
+    connect_world("shm", /*timeout_ms=*/100);
+  } catch (const CommError& e) {
+    error = e.what();
+  }
+  for (const auto& [name, value] : world) ::unsetenv(name);
+  EXPECT_NE(error.find("segment " + segment + " was not created"), std::string::npos) << error;
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <tuple>
 
 #include "brigade/ckpt/checkpoint.h"
 #include "brigade/comm/tcp_store.h"
@@ -30,6 +31,22 @@ const std::string kFailureKey = "brigade/launch/failure";
 
 std::string plural(int n, const char* noun) {
   return fmt::format("{} {}{}", n, noun, n == 1 ? "" : "s");
+}
+
+// Workers that ended since the agent last looked, the likeliest cause of the
+// failure first: one that raised an injected fault, then one killed by a
+// signal, then by rank. A loaded machine can let a peer notice the death and
+// exit with an error before the agent wakes, and the exits carry no times.
+std::vector<WorkerExit> by_likely_cause(std::vector<WorkerExit> exits,
+                                        const HeartbeatTable& table) {
+  auto rank_of = [&](const WorkerExit& e) {
+    const bool injected = table.read(e.worker.local_rank).fault_ns > 0;
+    return std::make_tuple(!injected, !WIFSIGNALED(e.wait_status), e.worker.rank);
+  };
+  std::stable_sort(exits.begin(), exits.end(), [&](const WorkerExit& a, const WorkerExit& b) {
+    return rank_of(a) < rank_of(b);
+  });
+  return exits;
 }
 
 }  // namespace
@@ -136,7 +153,7 @@ Agent::Outcome Agent::supervise(WorkerGroup& group, const HeartbeatTable& table)
                                     signal_name(sig)));
       }
     }
-    for (const WorkerExit& ended : group.reap()) {
+    for (const WorkerExit& ended : by_likely_cause(group.reap(), table)) {
       if (!ended.failed() || group.stopping()) continue;
       const WorkerProgress p = table.read(ended.worker.local_rank);
       Incident incident;
