@@ -6,13 +6,18 @@
 // from the next one; an arbitrary program that fails once is simply rerun.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "testing/processes.h"
@@ -221,6 +226,44 @@ TEST_F(Elastic, AnyProgramThatFailsOnceIsRunAgain) {
   // Without restarts the same failure ends the launch.
   const auto once = run_brigade({"launch", "--nproc-per-node", "2", "--", "sh", "-c", script});
   EXPECT_EQ(once.status, 1) << once.err;
+}
+
+// The user's SIGTERM stops the job with the signal's status, restarts left or not.
+TEST_F(Elastic, SigtermStopsTheJobWithoutARestart) {
+  const fs::path err = dir_.path() / "launch.err";
+  const std::string script = "echo $$ > " + dir_.path().string() + "/tmp.$RANK && mv " +
+                             dir_.path().string() + "/tmp.$RANK " + dir_.path().string() +
+                             "/pid.$RANK && exec sleep 30";
+  std::fflush(nullptr);
+  const pid_t launcher = ::fork();
+  if (launcher == 0) {
+    ::freopen(err.c_str(), "w", stderr);
+    ::execl(testing::kBrigade, testing::kBrigade, "launch", "--nproc-per-node", "2",
+            "--max-restarts", "3", "--", "sh", "-c", script.c_str(), nullptr);
+    ::_exit(127);
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while ((!fs::exists(dir_.path() / "pid.0") || !fs::exists(dir_.path() / "pid.1")) &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ::kill(launcher, SIGTERM);
+  int wait_status = 0;
+  pid_t done = 0;
+  while ((done = ::waitpid(launcher, &wait_status, WNOHANG)) == 0 &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  if (done == 0) {
+    ::kill(launcher, SIGKILL);
+    ::waitpid(launcher, &wait_status, 0);
+    FAIL() << "the launcher did not stop on SIGTERM";
+  }
+  ASSERT_TRUE(WIFEXITED(wait_status)) << wait_status;
+  EXPECT_EQ(WEXITSTATUS(wait_status), 128 + SIGTERM);
+  std::ifstream in(err);
+  const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  EXPECT_EQ(text, "brigade launch: received SIGTERM; stopped 2 workers\n");
 }
 
 TEST_F(Elastic, RestartsAcrossNodesAreRefused) {
