@@ -3,7 +3,8 @@
 #   1. Release build, warnings as errors: every test (unit, slow, reference, format)
 #   2. ThreadSanitizer build of the comm tests whose processes start no threads
 #      before forking (TSan cannot follow a fork after threads): shm, the
-#      operation queue, the flight recorder, the store
+#      operation queue, the flight recorder, the store; and of the elastic
+#      agent's parts (their heartbeat threads end before a worker is forked)
 #   3. ASan + UBSan build: the unit tests again, for memory errors and UB,
 #      less the Gloo and hierarchical ones: their test process forks ranks
 #      after starting a store thread, and a child of a threaded parent can
@@ -26,15 +27,18 @@ ctest --test-dir build --output-on-failure -j "$jobs" --timeout 600
 # time, which is most of this script's time on 2 cores.
 sanitizer_build=(-G Ninja -DCMAKE_BUILD_TYPE=Debug "-DCMAKE_CXX_FLAGS_DEBUG=-O1 -g1" -DBRIGADE_WERROR=ON)
 cmake -S . -B build-tsan "${sanitizer_build[@]}" -DBRIGADE_TSAN=ON >/dev/null
-ninja -C build-tsan comm_tests
+ninja -C build-tsan comm_tests elastic_tests
 TSAN_OPTIONS="halt_on_error=1 die_after_fork=0 suppressions=$PWD/tests/tsan.supp" \
   OMP_WAIT_POLICY=PASSIVE build-tsan/tests/comm_tests \
   --gtest_filter='ShmCommunicator*:*ShmCommunicatorRanks*:OpQueue*:FlightRecorder*:TcpStore*'
+# The elastic agent's parts: the heartbeat thread against its readers.
+TSAN_OPTIONS="halt_on_error=1 die_after_fork=0 suppressions=$PWD/tests/tsan.supp" \
+  OMP_WAIT_POLICY=PASSIVE build-tsan/tests/elastic_tests
 
 cmake -S . -B build-asan "${sanitizer_build[@]}" -DBRIGADE_SANITIZE=ON >/dev/null
 # Only what `ctest -L unit` runs: the unit binaries and the CLI they drive.
 ninja -C build-asan brigade core_tests kernels_tests model_tests comm_tests parallel_tests \
-  optim_tests data_tests ckpt_tests train_tests cli_tests
+  optim_tests data_tests ckpt_tests train_tests elastic_tests cli_tests
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
   ctest --test-dir build-asan --output-on-failure -j "$jobs" -L unit --timeout 600 \
   -E 'GlooCommunicator|HierarchicalCommunicator'

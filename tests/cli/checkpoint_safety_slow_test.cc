@@ -201,9 +201,10 @@ TEST_F(CheckpointSafety, ADiskThatFillsStopsEveryRankAndKeepsThePreviousCheckpoi
   // A collective timeout far longer than the test allows: the failure must
   // arrive by the ranks' agreement, not by rank 0 timing out.
   const auto start = std::chrono::steady_clock::now();
-  const auto r =
-      run_brigade(train_args(run, {"--set", "train.steps=1000", "--set", "parallel.timeout_s=600"}),
-                  std::chrono::seconds(120));
+  // No restarts: the failure itself is under test, not the recovery.
+  const auto r = run_brigade(train_args(run, {"--set", "train.steps=1000", "--set",
+                                              "parallel.timeout_s=600", "--max-restarts", "0"}),
+                             std::chrono::seconds(120));
   const double took_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   EXPECT_NE(r.status, 0);
@@ -224,9 +225,12 @@ TEST_F(CheckpointSafety, SigtermWithADeadPeerGivesUpTheSaveAndExitsWithTheSignal
   const fs::path run = dir_.path() / "run";
   const fs::path root = run / "checkpoints";
   // A save every step, so one is in flight when the peer dies.
-  const pid_t launcher = spawn_brigade(
-      train_args(run, {"--set", "train.steps=100000", "--set", "train.checkpoint_every=1"}),
-      dir_.path() / "launch.err");
+  // No restarts: the launcher, once continued, must end rather than start
+  // the workers again.
+  const pid_t launcher =
+      spawn_brigade(train_args(run, {"--set", "train.steps=100000", "--set",
+                                     "train.checkpoint_every=1", "--max-restarts", "0"}),
+                    dir_.path() / "launch.err");
   const pid_t rank0 = testing::wait_for_worker(launcher, 0, std::chrono::seconds(30));
   const pid_t rank1 = testing::wait_for_worker(launcher, 1, std::chrono::seconds(30));
   ASSERT_GT(rank0, 0);

@@ -15,6 +15,7 @@ void add_launch_command(CLI::App& app) {
   auto options = std::make_shared<LaunchOptions>();
   auto rdzv_timeout_s = std::make_shared<int64_t>(options->rdzv_timeout_ms / 1000);
   auto grace_period_s = std::make_shared<double>(options->failure_grace_ms / 1000.0);
+  auto step_timeout_s = std::make_shared<double>(options->step_timeout_ms / 1000.0);
   CLI::App* cmd = app.add_subcommand(
       "launch",
       "Run a command as N cooperating workers per node, torchrun-style: `brigade launch "
@@ -42,13 +43,23 @@ void add_launch_command(CLI::App& app) {
                   "SIGKILL")
       ->check(CLI::Range(0.0, 86'400.0))
       ->capture_default_str();
+  cmd->add_option("--max-restarts", options->max_restarts,
+                  "After a worker crashes or hangs, start the workers again up to this many "
+                  "times (a brigade train resumes from its newest checkpoint); one node only")
+      ->check(CLI::Range(0, 1000))
+      ->capture_default_str();
+  cmd->add_option("--step-timeout-s", *step_timeout_s,
+                  "A worker that sends heartbeats but completes no training step for this long "
+                  "counts as hung (a brigade train worker; a silent one after 2 s)")
+      ->check(CLI::Range(1.0, 7.0 * 86'400.0))
+      ->capture_default_str();
   cmd->add_option("command", options->command,
                   "The command and its arguments, after --: a brigade verb or a program")
       ->required();
   // Without --, CLI11 would take the command's own options for launch's;
   // catch that here to say how to fix it.
   cmd->allow_extras();
-  cmd->callback([cmd, options, rdzv_timeout_s, grace_period_s] {
+  cmd->callback([cmd, options, rdzv_timeout_s, grace_period_s, step_timeout_s] {
     // CLI11 leaves the "--" separator itself among the extras.
     std::string extras;
     for (const std::string& arg : cmd->remaining()) {
@@ -62,6 +73,7 @@ void add_launch_command(CLI::App& app) {
     }
     options->rdzv_timeout_ms = *rdzv_timeout_s * 1000;
     options->failure_grace_ms = static_cast<int64_t>(*grace_period_s * 1000);
+    options->step_timeout_ms = static_cast<int64_t>(*step_timeout_s * 1000);
     const int status = run_launch(*options);
     if (status != 0) {
       throw ExitStatus{status};

@@ -6,6 +6,12 @@
 // parallel.backend; rank 0 alone writes the run directory, the metrics and
 // the progress line, and every rank dumps its flight recorder there on a
 // communication error or on SIGUSR1.
+//
+// Under the launcher's elastic agent each worker beats and reports its steps
+// through its heartbeat slot (elastic/heartbeat.h), and raises the faults
+// elastic.inject plans for it (elastic/fault_injection.h); a crash or hang
+// restarts the workers from the newest checkpoint, up to
+// elastic.max_restarts times (elastic/agent.h).
 #include <unistd.h>
 
 #include <atomic>
@@ -30,6 +36,9 @@
 #include "brigade/core/files.h"
 #include "brigade/core/process_stats.h"
 #include "brigade/core/threads.h"
+#include "brigade/elastic/agent.h"
+#include "brigade/elastic/fault_injection.h"
+#include "brigade/elastic/heartbeat.h"
 #include "brigade/kernels/cpu/fma_peak.h"
 #include "brigade/kernels/cpu/gemm.h"
 #include "brigade/kernels/cpu/isa.h"
@@ -216,8 +225,11 @@ bool launched_worker() {
         "dp rank; drop --nproc, or make them equal",
         nproc, configured_dp);
   }
+  const elastic::ElasticConfig elastic_config = elastic::ElasticConfig::from_config(config);
   LaunchOptions launch;
   launch.nproc_per_node = nproc;
+  launch.max_restarts = elastic_config.max_restarts;
+  launch.step_timeout_ms = static_cast<int64_t>(elastic_config.step_timeout_s * 1000);
   launch.command = {"train", config_path};
   for (const std::string& o : overrides) {
     launch.command.push_back("--set");
@@ -254,10 +266,17 @@ std::unique_ptr<Communicator> join_group(const GptConfig& model, const TrainOpti
 void run_train(const std::string& config_path, const std::vector<std::string>& overrides,
                const std::string& resume, int nproc) {
   if (nproc > 0 && !launched_worker()) launch_workers(nproc, config_path, overrides, resume);
+  // First, so the agent watches set-up too.
+  const std::unique_ptr<elastic::WorkerHeartbeat> heartbeat =
+      elastic::WorkerHeartbeat::from_environment();
   Config config = load_config(config_path, overrides);
   const GptConfig model = GptConfig::from_config(config);
   TrainOptions options = TrainOptions::from_config(config);
+  const elastic::ElasticConfig elastic_config = elastic::ElasticConfig::from_config(config);
   config.check_all_used();
+  const std::vector<elastic::InjectedFault> faults = elastic::parse_faults(elastic_config.inject);
+  const int world_rank = launched_worker() ? read_world_environment().world_rank : 0;
+  const int64_t generation = heartbeat ? heartbeat->generation() : 0;
   if (!resume.empty()) options.resume = resume;
   const bool first_rank = !launched_worker() || read_world_environment().world_rank == 0;
   if (first_rank) check_run_dir_is_free(options);
@@ -271,6 +290,7 @@ void run_train(const std::string& config_path, const std::vector<std::string>& o
     return static_cast<int>(value);
   };
   Trainer trainer(model, options, group.get());
+  if (heartbeat) heartbeat->started(trainer.step(), options.run_dir);
   std::signal(SIGINT, request_stop);
   std::signal(SIGTERM, request_stop);
   // Rank 0 reports; every rank trains, evaluates and saves (under ZeRO these
@@ -304,6 +324,11 @@ void run_train(const std::string& config_path, const std::vector<std::string>& o
       const auto checkpoint = trainer.poll_checkpoint();
       if (report) report->step(m, trainer.bucket_timings(), rss, checkpoint);
       const int64_t done = trainer.step();
+      if (heartbeat) heartbeat->step_done(done, static_cast<int64_t>(m.step_ms * 1e6));
+      // After the step and the previous save's commit, before the next save.
+      if (const auto* fault = elastic::fault_after_step(faults, world_rank, generation, done)) {
+        elastic::raise_fault(*fault, heartbeat.get());
+      }
       if (options.eval_every > 0 && done % options.eval_every == 0 && done < options.steps &&
           trainer.dataset() != nullptr) {
         evaluate(done);
@@ -349,6 +374,8 @@ void add_train_command(CLI::App& app) {
   auto overrides = std::make_shared<std::vector<std::string>>();
   auto resume = std::make_shared<std::string>();
   auto nproc = std::make_shared<int>(0);
+  auto inject = std::make_shared<std::string>();
+  auto max_restarts = std::make_shared<int>(-1);
   cmd->add_option("config", *config_path, "Config file (see examples/)")->required();
   cmd->add_option("--set", *overrides, "Override a config key: section.key=value (repeatable)")
       ->allow_extra_args(false);
@@ -356,7 +383,19 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--nproc", *nproc,
                   "Data-parallel worker processes on this machine (sets parallel.dp)")
       ->check(CLI::Range(1, 1024));
-  cmd->callback([=] { run_train(*config_path, *overrides, *resume, *nproc); });
+  cmd->add_option("--max-restarts", *max_restarts,
+                  "With --nproc: after a worker crashes or hangs, restart the workers from the "
+                  "newest checkpoint up to N times (sets elastic.max_restarts, default 3)")
+      ->check(CLI::Range(0, 1000));
+  cmd->add_option("--inject", *inject,
+                  "Faults to raise, for tests: kill:rank=R:step=S[:gen=G] or stop:..., comma "
+                  "separated (sets elastic.inject)");
+  cmd->callback([=] {
+    std::vector<std::string> all = *overrides;
+    if (*max_restarts >= 0) all.push_back(fmt::format("elastic.max_restarts={}", *max_restarts));
+    if (!inject->empty()) all.push_back(fmt::format("elastic.inject=\"{}\"", *inject));
+    run_train(*config_path, all, *resume, *nproc);
+  });
 }
 
 }  // namespace brigade::cli

@@ -5,9 +5,7 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <sched.h>
-#include <sys/prctl.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -17,34 +15,34 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <map>
 #include <optional>
+#include <utility>
 
 #include "brigade/comm/tcp_store.h"
 #include "brigade/core/clock.h"
 #include "brigade/core/error.h"
+#include "brigade/elastic/agent.h"
+#include "brigade/elastic/worker_group.h"
 
 extern char** environ;
 
 namespace brigade::cli {
 namespace {
 
+using elastic::argv_pointers;
+using elastic::Environment;
+using elastic::Program;
+using elastic::watched_signals;
+
 // Verbs that run with this same binary rather than a program from PATH.
 constexpr std::array<std::string_view, 6> kBrigadeVerbs = {"train", "eval",      "sample",
                                                            "bench", "tokenizer", "data"};
-// After the user's SIGINT or SIGTERM, workers get longer than after a
-// failure (LaunchOptions::failure_grace_ms): they may be saving a
-// checkpoint. A second signal cuts it short.
-constexpr int64_t kSignalGraceMs = 30'000;
-// How often a multi-node launcher looks for a failure on another node.
-constexpr int64_t kPeerCheckMs = 500;
-// The longest sigtimedwait sleeps before the loop looks around again.
-constexpr int64_t kTickMs = 100;
+// How often node 0 looks for the other nodes' done keys (and a signal) at the end.
+constexpr int64_t kDoneCheckMs = 500;
 constexpr int64_t kNsPerMs = 1'000'000;
 
 // Store keys the launchers of one job share.
 const std::string kNodesJoinedKey = "brigade/launch/nodes_joined";
-const std::string kFailureKey = "brigade/launch/failure";
 std::string node_key(int node_rank) {
   return fmt::format("brigade/launch/node/{}", node_rank);
 }
@@ -169,11 +167,6 @@ bool is_loopback(const std::string& host) {
 
 // ------------------------------------------------------------------ program
 
-struct Program {
-  std::string path;               // what execve runs
-  std::vector<std::string> argv;  // argv[0] as the user wrote it
-};
-
 bool is_executable_file(const std::string& path) {
   struct stat st {};
   return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(path.c_str(), X_OK) == 0;
@@ -211,45 +204,6 @@ Program resolve_program(const std::vector<std::string>& command) {
       "cannot find '{}' on PATH: give its path, or a brigade verb (train, eval, sample, "
       "bench, tokenizer, data)",
       name);
-}
-
-// ------------------------------------------------------------------ environment
-
-// This process's environment plus the variables of one worker; `entries`
-// stay alive while envp() points into them.
-class Environment {
- public:
-  Environment() {
-    for (char** e = environ; *e != nullptr; ++e) {
-      const std::string_view entry(*e);
-      const size_t eq = entry.find('=');
-      if (eq != std::string_view::npos)
-        vars_[std::string(entry.substr(0, eq))] = entry.substr(eq + 1);
-    }
-  }
-  void set(const std::string& name, const std::string& value) { vars_[name] = value; }
-  void set_default(const std::string& name, const std::string& value) {
-    vars_.emplace(name, value);
-  }
-
-  // NAME=VALUE strings and the null-terminated pointer array execve wants.
-  void materialize(std::vector<std::string>* entries, std::vector<char*>* envp) const {
-    entries->clear();
-    for (const auto& [name, value] : vars_) entries->push_back(name + "=" + value);
-    envp->clear();
-    for (std::string& e : *entries) envp->push_back(e.data());
-    envp->push_back(nullptr);
-  }
-
- private:
-  std::map<std::string, std::string> vars_;
-};
-
-std::vector<char*> argv_pointers(std::vector<std::string>& argv) {
-  std::vector<char*> pointers;
-  for (std::string& a : argv) pointers.push_back(a.data());
-  pointers.push_back(nullptr);
-  return pointers;
 }
 
 // ------------------------------------------------------------------ slurm
@@ -384,240 +338,6 @@ void join_nodes(TcpStore& store, const LaunchOptions& o) {
   }
 }
 
-// ------------------------------------------------------------------ workers
-
-struct Worker {
-  int rank = 0;
-  int local_rank = 0;
-  pid_t pid = -1;  // also its process group
-  bool running = false;
-};
-
-std::string plural(int n, const char* noun) {
-  return fmt::format("{} {}{}", n, noun, n == 1 ? "" : "s");
-}
-
-std::string signal_name(int sig) {
-  const char* abbrev = ::sigabbrev_np(sig);
-  return abbrev != nullptr ? fmt::format("SIG{}", abbrev) : fmt::format("signal {}", sig);
-}
-
-std::string describe_exit(int wait_status) {
-  if (WIFEXITED(wait_status)) return fmt::format("exited with status {}", WEXITSTATUS(wait_status));
-  if (WIFSIGNALED(wait_status)) {
-    return fmt::format("was killed by {}", signal_name(WTERMSIG(wait_status)));
-  }
-  return "stopped";
-}
-
-// Signals the launcher handles itself, by waiting for them, while workers run.
-sigset_t watched_signals() {
-  sigset_t set;
-  ::sigemptyset(&set);
-  for (int sig : {SIGCHLD, SIGINT, SIGTERM, SIGHUP}) ::sigaddset(&set, sig);
-  return set;
-}
-
-// Blocks the watched signals for its lifetime, so none is lost or acted on
-// before sigtimedwait collects it.
-class BlockedSignals {
- public:
-  BlockedSignals() {
-    // SIGCHLD ignored (inherited from a parent) would make the kernel reap
-    // workers itself and hide their exit statuses.
-    ::signal(SIGCHLD, SIG_DFL);
-    const sigset_t set = watched_signals();
-    ::pthread_sigmask(SIG_BLOCK, &set, &previous_);
-  }
-  ~BlockedSignals() {
-    // A signal that came after the last worker ended has nobody left to
-    // stop; dropped here, it cannot kill the launcher on its way out.
-    const sigset_t set = watched_signals();
-    const timespec zero{0, 0};
-    while (::sigtimedwait(&set, nullptr, &zero) > 0) {
-    }
-    ::pthread_sigmask(SIG_SETMASK, &previous_, nullptr);
-  }
-  BlockedSignals(const BlockedSignals&) = delete;
-  BlockedSignals& operator=(const BlockedSignals&) = delete;
-  const sigset_t& previous() const { return previous_; }
-
- private:
-  sigset_t previous_;
-};
-
-// Writes a fixed message from a forked child, where only async-signal-safe
-// calls are allowed.
-void child_write(const std::string& text) {
-  ssize_t ignored = ::write(STDERR_FILENO, text.data(), text.size());
-  (void)ignored;
-}
-
-// Forks and execs one worker. Everything the child needs is prepared here,
-// because between fork and exec it may only make async-signal-safe calls.
-pid_t spawn_worker(const Program& program, Environment& worker_env, const sigset_t& child_mask) {
-  std::vector<std::string> entries, argv = program.argv;
-  std::vector<char*> envp;
-  worker_env.materialize(&entries, &envp);
-  std::vector<char*> argvp = argv_pointers(argv);
-  const std::string exec_failed = fmt::format("brigade launch: cannot run {}\n", program.path);
-  const pid_t launcher = ::getpid();
-  std::fflush(nullptr);  // or the child could flush the launcher's buffered output again
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    ::setpgid(0, 0);
-    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (::getppid() != launcher) ::_exit(125);  // the launcher died before prctl
-    ::pthread_sigmask(SIG_SETMASK, &child_mask, nullptr);
-    ::execve(program.path.c_str(), argvp.data(), envp.data());
-    child_write(exec_failed);
-    ::_exit(127);
-  }
-  // Also set in the parent: either may run first, and the launcher signals
-  // the group right away if it has to.
-  if (pid > 0) ::setpgid(pid, pid);
-  return pid;
-}
-
-// Runs the workers to the end and decides the launcher's exit status.
-class Supervisor {
- public:
-  Supervisor(std::vector<Worker>& workers, const LaunchOptions& o, TcpStore& store)
-      : workers_(workers), options_(o), store_(store) {}
-
-  int run() {
-    const sigset_t watched = watched_signals();
-    int64_t next_peer_check_ns = now_ns() + kPeerCheckMs * kNsPerMs;
-    while (running_count() > 0) {
-      int64_t wait_ms = kTickMs;
-      if (stopping_ && !killed_) {
-        wait_ms = std::clamp<int64_t>((kill_at_ns_ - now_ns()) / kNsPerMs, 0, kTickMs);
-      }
-      const timespec tick{static_cast<time_t>(wait_ms / 1000),
-                          static_cast<long>((wait_ms % 1000) * kNsPerMs)};
-      const int sig = ::sigtimedwait(&watched, nullptr, &tick);
-      if (sig == SIGINT || sig == SIGTERM || sig == SIGHUP) on_signal(sig);
-      reap();
-      if (stopping_ && !killed_ && now_ns() >= kill_at_ns_) kill_all(SIGKILL);
-      if (options_.nnodes > 1 && !stopping_ && now_ns() >= next_peer_check_ns) {
-        check_other_nodes();
-        next_peer_check_ns = now_ns() + kPeerCheckMs * kNsPerMs;
-      }
-    }
-    return report();
-  }
-
- private:
-  int running_count() const {
-    return static_cast<int>(
-        std::count_if(workers_.begin(), workers_.end(), [](const Worker& w) { return w.running; }));
-  }
-
-  void on_signal(int sig) {
-    if (stopping_) {
-      kill_at_ns_ = now_ns();  // a second signal: no more grace
-      return;
-    }
-    received_signal_ = sig;
-    begin_stop(sig, kSignalGraceMs);
-    publish_failure(
-        fmt::format("the launcher of node {} received {}", options_.node_rank, signal_name(sig)));
-  }
-
-  void begin_stop(int sig, int64_t grace_ms) {
-    stopping_ = true;
-    stopped_count_ = running_count();
-    kill_at_ns_ = now_ns() + grace_ms * kNsPerMs;
-    kill_all(sig);
-  }
-
-  void kill_all(int sig) {
-    for (const Worker& w : workers_) {
-      if (w.running) ::kill(-w.pid, sig);
-    }
-    if (sig == SIGKILL) killed_ = true;
-  }
-
-  void reap() {
-    for (;;) {
-      int wait_status = 0;
-      const pid_t pid = ::waitpid(-1, &wait_status, WNOHANG);
-      if (pid == 0) return;
-      if (pid < 0) {
-        if (errno == EINTR) continue;
-        // ECHILD: nothing left to wait for, whatever we believed.
-        for (Worker& w : workers_) w.running = false;
-        return;
-      }
-      auto it = std::find_if(workers_.begin(), workers_.end(),
-                             [&](const Worker& w) { return w.pid == pid; });
-      if (it == workers_.end()) continue;
-      it->running = false;
-      const bool failed = !WIFEXITED(wait_status) || WEXITSTATUS(wait_status) != 0;
-      if (failed || stopping_) {
-        // Whatever the worker started is of no use without it.
-        ::kill(-pid, SIGKILL);
-      }
-      if (failed && !stopping_) {
-        failure_ = fmt::format("worker rank {} (local {}, node {}) {}", it->rank, it->local_rank,
-                               options_.node_rank, describe_exit(wait_status));
-        begin_stop(SIGTERM, options_.failure_grace_ms);
-        publish_failure(failure_);
-      }
-    }
-  }
-
-  // Tells the other nodes' launchers, which stop their workers too.
-  void publish_failure(const std::string& what) {
-    if (options_.nnodes == 1) return;
-    try {
-      store_.set(kFailureKey, what);
-    } catch (const Error& e) {
-      fmt::print(stderr, "brigade launch: could not tell the other nodes: {}\n", e.what());
-    }
-  }
-
-  void check_other_nodes() {
-    try {
-      if (!store_.check({kFailureKey})) return;
-      remote_failure_ = store_.get(kFailureKey);
-    } catch (const Error& e) {
-      remote_failure_ = e.what();
-    }
-    begin_stop(SIGTERM, options_.failure_grace_ms);
-  }
-
-  int report() const {
-    if (!failure_.empty()) {
-      fmt::print(stderr, "brigade launch: {}; stopped the other {}\n", failure_,
-                 plural(stopped_count_, "worker"));
-      return 1;
-    }
-    if (!remote_failure_.empty()) {
-      fmt::print(stderr, "brigade launch: stopped {} on node {}: {}\n",
-                 plural(stopped_count_, "worker"), options_.node_rank, remote_failure_);
-      return 1;
-    }
-    if (received_signal_ != 0) {
-      fmt::print(stderr, "brigade launch: received {}; stopped {}\n", signal_name(received_signal_),
-                 plural(stopped_count_, "worker"));
-      return 128 + received_signal_;
-    }
-    return 0;
-  }
-
-  std::vector<Worker>& workers_;
-  const LaunchOptions& options_;
-  TcpStore& store_;
-  bool stopping_ = false;
-  bool killed_ = false;
-  int64_t kill_at_ns_ = 0;
-  int stopped_count_ = 0;
-  int received_signal_ = 0;
-  std::string failure_;
-  std::string remote_failure_;
-};
-
 // Node 0 keeps the store up until every node's workers are done with it;
 // gives up after the rendezvous timeout or on a signal.
 void wait_for_other_nodes(TcpStore& store, const LaunchOptions& o) {
@@ -627,7 +347,7 @@ void wait_for_other_nodes(TcpStore& store, const LaunchOptions& o) {
   const int64_t deadline_ns = now_ns() + o.rdzv_timeout_ms * kNsPerMs;
   while (now_ns() < deadline_ns) {
     try {
-      store.wait(keys, kTickMs * 5);
+      store.wait(keys, kDoneCheckMs);
       return;
     } catch (const StoreTimeoutError&) {
     }
@@ -655,6 +375,16 @@ void validate(const LaunchOptions& o) {
                 o.nnodes);
   }
   if (o.rdzv_timeout_ms <= 0) throw_error("--rdzv-timeout-s must be positive");
+  if (o.max_restarts < 0) throw_error("--max-restarts must be 0 or more, got {}", o.max_restarts);
+  if (o.max_restarts > 0 && o.nnodes > 1) {
+    throw_error(
+        "--max-restarts {} with --nnodes {}: restarting workers across nodes needs the elastic "
+        "coordinator, which this version does not have; restarts work on one node",
+        o.max_restarts, o.nnodes);
+  }
+  if (o.step_timeout_ms < 1000) {
+    throw_error("--step-timeout-s must be at least 1, got {} ms", o.step_timeout_ms);
+  }
   check_interface(o);
 }
 
@@ -693,30 +423,21 @@ int run_launch(const LaunchOptions& o) {
   worker_env.set_default("OMP_NUM_THREADS",
                          std::to_string(std::max(1, usable_cpus() / o.nproc_per_node)));
 
-  std::vector<Worker> workers(static_cast<size_t>(o.nproc_per_node));
+  elastic::AgentOptions agent;
+  agent.program = program;
+  agent.environment = worker_env;
+  agent.nproc_per_node = o.nproc_per_node;
+  agent.nnodes = o.nnodes;
+  agent.node_rank = o.node_rank;
+  agent.max_restarts = o.max_restarts;
+  agent.brigade_train = o.command[0] == "train";
+  agent.failure_grace_ms = o.failure_grace_ms;
+  agent.watchdog.step_timeout_ms = o.step_timeout_ms;
+  if (o.nnodes > 1) agent.store = &store;
   int exit_status = 0;
   {
-    const BlockedSignals blocked;
-    for (int local_rank = 0; local_rank < o.nproc_per_node; ++local_rank) {
-      Worker& w = workers[static_cast<size_t>(local_rank)];
-      w.local_rank = local_rank;
-      w.rank = o.node_rank * o.nproc_per_node + local_rank;
-      worker_env.set("RANK", std::to_string(w.rank));
-      worker_env.set("LOCAL_RANK", std::to_string(local_rank));
-      w.pid = spawn_worker(program, worker_env, blocked.previous());
-      if (w.pid < 0) {
-        const int err = errno;
-        for (const Worker& started : workers) {
-          if (started.running) ::kill(-started.pid, SIGKILL);
-        }
-        for (const Worker& started : workers) {
-          if (started.running) ::waitpid(started.pid, nullptr, 0);
-        }
-        throw_error("cannot start worker rank {}: fork failed: {}", w.rank, std::strerror(err));
-      }
-      w.running = true;
-    }
-    exit_status = Supervisor(workers, o, store).run();
+    const elastic::BlockedSignals blocked;
+    exit_status = elastic::Agent(std::move(agent)).run(blocked.previous());
     if (o.nnodes > 1) {
       try {
         store.set(done_key(o.node_rank), std::to_string(exit_status));

@@ -21,13 +21,14 @@
 // for all nodes, so a missing node or a mismatched --nproc-per-node is an
 // error at once rather than a hang inside the first collective.
 //
-// While the workers run, SIGINT, SIGTERM and SIGHUP are forwarded to them.
-// The first worker to fail (non-zero status or a signal) stops the job: the
-// others get SIGTERM, then SIGKILL after a grace period (--grace-period-s,
-// 5 s by default), and on a multi-node job the other nodes' launchers do the
-// same. Each worker runs in its own process group, so whatever it started is
-// stopped with it, and it dies with the launcher (PR_SET_PDEATHSIG) should
-// the launcher itself be killed.
+// The workers of the node are supervised by the elastic agent
+// (elastic/agent.h): a crash or a hang (elastic/watchdog.h) stops them all;
+// with --max-restarts N they are started again as a new generation (each
+// worker gets BRIGADE_GENERATION and BRIGADE_HEARTBEAT_FD too), a `brigade
+// train` from the newest checkpoint; otherwise the launcher exits 1 naming
+// the failure. SIGINT, SIGTERM and SIGHUP are forwarded to the workers and
+// never restart them. On a multi-node job the other nodes' launchers stop
+// their workers too (restarts need one node for now).
 #pragma once
 
 #include <cstdint>
@@ -53,13 +54,20 @@ struct LaunchOptions {
   // After a worker fails (here or on another node), how long the others get
   // to exit on SIGTERM before SIGKILL.
   int64_t failure_grace_ms = 5'000;
+  // How often the workers may be started again after a failure. 0, as
+  // torchrun: an arbitrary program that failed usually fails again the same
+  // way (`brigade train --nproc` gives its agent elastic.max_restarts, 3).
+  int max_restarts = 0;
+  // A worker that beats but completes no step for this long counts as hung.
+  int64_t step_timeout_ms = 600'000;
   // A brigade verb and its arguments (run with this same binary), or any
   // program and its arguments.
   std::vector<std::string> command;
 };
 
 // Runs this node's workers and returns the launcher's exit status: 0 when
-// every worker exited 0, 1 when one failed, 128 + signal when stopped by a
+// every worker exited 0, 1 when one failed (after the restarts allowed),
+// 128 + signal when stopped by a
 // signal. Throws Error, before any worker starts, for bad options or a failed
 // rendezvous. Under srun (SLURM_PROCID and SLURM_NTASKS set, no
 // --nproc-per-node) this task is one worker: it sets the variables from

@@ -135,7 +135,7 @@ struct GlooCommunicator::Impl {
   GlooCommunicatorOptions options;
   int rank;
   int size;
-  std::string key_prefix;  // "gloo/<group>/"
+  std::string key_prefix;  // "gloo/<group>/", or "gloo/g<generation>/<group>/"
   std::unique_ptr<TcpStore> store;
   std::shared_ptr<gloo::transport::Device> device;
   std::shared_ptr<gloo::rendezvous::Context> context;
@@ -160,7 +160,9 @@ GlooCommunicator::Impl::Impl(GlooCommunicatorOptions opts)
     : options(std::move(opts)),
       rank(options.rank),
       size(options.size),
-      key_prefix("gloo/" + options.group_name + "/") {
+      key_prefix(options.generation == 0
+                     ? "gloo/" + options.group_name + "/"
+                     : fmt::format("gloo/g{}/{}/", options.generation, options.group_name)) {
   if (size < 1 || rank < 0 || rank >= size) {
     throw_error("gloo group '{}': rank {} is not in a group of size {}", options.group_name, rank,
                 size);

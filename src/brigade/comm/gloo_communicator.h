@@ -7,7 +7,8 @@
 // connect exchanges listening addresses through the same store under
 // "gloo/<group>/...". Several groups can share one store as long as their
 // names differ; a group re-created under the same name (after a failure) needs
-// a fresh store or a new name ("world.gen2"), or it would read stale keys.
+// a fresh store or a new generation (its keys are then "gloo/g<N>/<group>/..."),
+// or it would read stale keys.
 //
 // The collectives are Gloo's (ring all-reduce, all-gather, broadcast,
 // barrier), except reduce-scatter: Gloo 0.5 has no reduce-scatter on unbound
@@ -51,6 +52,8 @@ struct GlooCommunicatorOptions {
   std::string store_token;
 
   std::string group_name = "world";
+  // The elastic agent's generation (comm/world.h); from 1 on it prefixes the keys.
+  int64_t generation = 0;
   int rank = 0;
   int size = 1;
   // Bounds the rendezvous in the constructor and every wait of an operation.

@@ -57,6 +57,9 @@ WorldEnvironment read_world_environment() {
   world.master_addr = required_env("MASTER_ADDR");
   world.master_port = required_int_env("MASTER_PORT", 1);
   world.store_token = required_env("BRIGADE_STORE_TOKEN");
+  if (const char* generation = std::getenv("BRIGADE_GENERATION"); generation != nullptr) {
+    world.generation = required_int_env("BRIGADE_GENERATION", 0);
+  }
   if (world.world_rank >= world.world_size) {
     throw_error("RANK={} is not below WORLD_SIZE={}: {}", world.world_rank, world.world_size,
                 kLaunchHint);
@@ -68,8 +71,10 @@ WorldEnvironment read_world_environment() {
   return world;
 }
 
-std::string shm_segment_name(const std::string& store_token, const std::string& group_name) {
-  return fmt::format("/brigade-{:016x}-{}", fnv1a_64(store_token), group_name);
+std::string shm_segment_name(const std::string& store_token, const std::string& group_name,
+                             int64_t generation) {
+  if (generation == 0) return fmt::format("/brigade-{:016x}-{}", fnv1a_64(store_token), group_name);
+  return fmt::format("/brigade-{:016x}-g{}-{}", fnv1a_64(store_token), generation, group_name);
 }
 
 namespace {
@@ -80,7 +85,7 @@ std::unique_ptr<ShmCommunicator> connect_shm(const WorldEnvironment& world,
                                              int64_t timeout_ms, int64_t shared_bytes,
                                              std::vector<int> world_ranks = {}) {
   ShmCommunicatorOptions options;
-  options.segment_name = shm_segment_name(world.store_token, group);
+  options.segment_name = shm_segment_name(world.store_token, group, world.generation);
   options.group_name = group;
   options.rank = rank;
   options.size = size;
@@ -101,6 +106,7 @@ std::unique_ptr<GlooCommunicator> connect_gloo(const WorldEnvironment& world,
   }
   options.store_port = static_cast<uint16_t>(world.master_port);
   options.store_token = world.store_token;
+  options.generation = world.generation;
   options.group_name = group;
   options.rank = rank;
   options.size = size;

@@ -1,7 +1,8 @@
 // connect_world: the communicator of every worker of a job, built from the
 // environment `brigade launch` gives each worker (see cli/launcher.h):
 // RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT and
-// BRIGADE_STORE_TOKEN. A worker calls it once at start-up; every rank must
+// BRIGADE_STORE_TOKEN, and BRIGADE_GENERATION when the elastic agent
+// restarts workers (elastic/agent.h). A worker calls it once at start-up; every rank must
 // call it with the same backend, or the rendezvous times out.
 #pragma once
 
@@ -22,16 +23,22 @@ struct WorldEnvironment {
   std::string master_addr;
   int master_port = 0;
   std::string store_token;
+  // Which start of the job's workers this is (0 when not set): the shm
+  // segments and store keys of a generation carry it, so a restarted group
+  // never opens a segment or reads a key a killed one left behind.
+  int64_t generation = 0;
 };
 
 // Reads the launcher's variables. Throws Error naming the missing or malformed
 // variable and saying to run under `brigade launch`.
 WorldEnvironment read_world_environment();
 
-// The POSIX shm name of a job's group: "/brigade-<16 hex>-<group>". The hex
-// is a hash of the token, not the token itself: /dev/shm names are visible to
+// The POSIX shm name of a job's group: "/brigade-<16 hex>-<group>", and
+// "/brigade-<16 hex>-g<generation>-<group>" from generation 1 on. The hex is
+// a hash of the token, not the token itself: /dev/shm names are visible to
 // every user, and the token is the store's password.
-std::string shm_segment_name(const std::string& store_token, const std::string& group_name);
+std::string shm_segment_name(const std::string& store_token, const std::string& group_name,
+                             int64_t generation = 0);
 
 // backend: "shm" (one node only: WORLD_SIZE must equal LOCAL_WORLD_SIZE),
 // "gloo" (TCP, any number of nodes, rendezvous through the launcher's store),

@@ -1,0 +1,340 @@
+#include "brigade/elastic/agent.h"
+
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <tuple>
+
+#include "brigade/ckpt/checkpoint.h"
+#include "brigade/comm/tcp_store.h"
+#include "brigade/core/clock.h"
+#include "brigade/core/config.h"
+#include "brigade/core/error.h"
+#include "brigade/elastic/fault_injection.h"
+#include "brigade/elastic/heartbeat.h"
+
+namespace brigade::elastic {
+namespace fs = std::filesystem;
+namespace {
+
+// The longest sigtimedwait sleeps before the loop looks around again: the
+// watchdog's resolution.
+constexpr int64_t kTickMs = 100;
+// How often a multi-node agent looks for a failure on another node.
+constexpr int64_t kPeerCheckMs = 500;
+constexpr int64_t kNsPerMs = 1'000'000;
+
+// The store key the agents of one job share; a generation prefix will come
+// with restarts across nodes.
+const std::string kFailureKey = "brigade/launch/failure";
+
+std::string plural(int n, const char* noun) {
+  return fmt::format("{} {}{}", n, noun, n == 1 ? "" : "s");
+}
+
+// Workers that ended since the agent last looked, the likeliest cause of the
+// failure first: one that raised an injected fault, then one killed by a
+// signal, then by rank. A loaded machine can let a peer notice the death and
+// exit with an error before the agent wakes, and the exits carry no times.
+std::vector<WorkerExit> by_likely_cause(std::vector<WorkerExit> exits,
+                                        const HeartbeatTable& table) {
+  auto rank_of = [&](const WorkerExit& e) {
+    const bool injected = table.read(e.worker.local_rank).fault_ns > 0;
+    return std::make_tuple(!injected, !WIFSIGNALED(e.wait_status), e.worker.rank);
+  };
+  std::stable_sort(exits.begin(), exits.end(), [&](const WorkerExit& a, const WorkerExit& b) {
+    return rank_of(a) < rank_of(b);
+  });
+  return exits;
+}
+
+}  // namespace
+
+ElasticConfig ElasticConfig::from_config(Config& config) {
+  ElasticConfig e;
+  const int64_t restarts = config.get_int("elastic.max_restarts", e.max_restarts);
+  if (restarts < 0 || restarts > 1000) {
+    throw_error("elastic.max_restarts must be in 0..1000, got {}", restarts);
+  }
+  e.max_restarts = static_cast<int>(restarts);
+  e.step_timeout_s = config.get_double("elastic.step_timeout_s", e.step_timeout_s);
+  if (!(e.step_timeout_s >= 1.0)) {
+    throw_error(
+        "elastic.step_timeout_s must be at least 1 (seconds a step may take before the worker "
+        "counts as hung), got {}",
+        e.step_timeout_s);
+  }
+  e.inject = config.get_string("elastic.inject", "");
+  parse_faults(e.inject);  // refused here, before any worker starts
+  return e;
+}
+
+Agent::Agent(AgentOptions options) : options_(std::move(options)) {
+  if (options_.nnodes > 1 && options_.max_restarts > 0) {
+    throw_error(
+        "restarts across {} nodes need the elastic coordinator, which this version does not "
+        "have: restarts work on one node",
+        options_.nnodes);
+  }
+}
+
+int Agent::run(const sigset_t& child_mask) {
+  start_ns_ = now_ns();
+  for (;;) {
+    HeartbeatTable table(options_.nproc_per_node, generation_);
+    Environment env = options_.environment;
+    env.set("BRIGADE_GENERATION", std::to_string(generation_));
+    env.set("BRIGADE_HEARTBEAT_FD", std::to_string(table.fd()));
+    failure_.reset();
+    will_restart_ = false;
+    Outcome outcome;
+    {
+      WorkerGroup group(program_for_generation(), env, options_.node_rank * options_.nproc_per_node,
+                        options_.nproc_per_node, child_mask, table.fd());
+      outcome = supervise(group, table);
+    }
+    end_generation(table);
+    if (outcome == Outcome::kFailed && will_restart_) {
+      ++restarts_;
+      ++generation_;
+      std::fprintf(
+          stderr,
+          "brigade launch: %s; restarting the workers as generation %lld (restart %d of "
+          "%d)%s\n",
+          failure_->what.c_str(), static_cast<long long>(generation_), restarts_,
+          options_.max_restarts,
+          options_.brigade_train && !run_dir_.empty() ? " from the newest checkpoint" : "");
+      std::fflush(stderr);
+      continue;
+    }
+    return finish(outcome, stopped_count_);
+  }
+}
+
+Program Agent::program_for_generation() const {
+  Program program = options_.program;
+  if (generation_ == 0 || !options_.brigade_train || run_dir_.empty()) return program;
+  // No checkpoint yet: start over as the first generation did.
+  if (!latest_checkpoint(fs::path(run_dir_) / "checkpoints")) return program;
+  std::vector<std::string> argv;
+  for (size_t i = 0; i < program.argv.size(); ++i) {
+    const std::string& a = program.argv[i];
+    if (a == "--resume") {
+      ++i;  // and its value
+      continue;
+    }
+    if (a.starts_with("--resume=")) continue;
+    argv.push_back(a);
+  }
+  argv.push_back("--resume");
+  argv.push_back(run_dir_);
+  program.argv = std::move(argv);
+  return program;
+}
+
+Agent::Outcome Agent::supervise(WorkerGroup& group, const HeartbeatTable& table) {
+  const sigset_t watched = watched_signals();
+  int64_t next_peer_check_ns = now_ns() + kPeerCheckMs * kNsPerMs;
+  while (group.running() > 0) {
+    const int64_t wait_ms = group.ms_until_kill(kTickMs);
+    const timespec tick{static_cast<time_t>(wait_ms / 1000),
+                        static_cast<long>((wait_ms % 1000) * kNsPerMs)};
+    const int sig = ::sigtimedwait(&watched, nullptr, &tick);
+    if (sig == SIGINT || sig == SIGTERM || sig == SIGHUP) {
+      if (group.stopping() && !will_restart_) {
+        group.stop(SIGKILL, 0);  // a second signal: no more grace
+      } else {
+        received_signal_ = sig;
+        will_restart_ = false;
+        stopped_count_ = group.running();
+        group.stop(sig, options_.signal_grace_ms);
+        publish_failure(fmt::format("the launcher of node {} received {}", options_.node_rank,
+                                    signal_name(sig)));
+      }
+    }
+    for (const WorkerExit& ended : by_likely_cause(group.reap(), table)) {
+      if (!ended.failed() || group.stopping()) continue;
+      const WorkerProgress p = table.read(ended.worker.local_rank);
+      Incident incident;
+      incident.kind = "crash";
+      incident.rank = ended.worker.rank;
+      incident.pid = ended.worker.pid;
+      if (WIFSIGNALED(ended.wait_status)) incident.signal = WTERMSIG(ended.wait_status);
+      if (WIFEXITED(ended.wait_status)) incident.exit_code = WEXITSTATUS(ended.wait_status);
+      incident.what = fmt::format("worker rank {} (local {}, node {}) {}", ended.worker.rank,
+                                  ended.worker.local_rank, options_.node_rank,
+                                  describe_exit(ended.wait_status));
+      incident.injected = p.fault_ns > 0;
+      incident.fault_ns = incident.injected ? p.fault_ns : p.beat_ns;
+      incident.detected_ns = now_ns();
+      if (incident.fault_ns == 0) incident.fault_ns = incident.detected_ns;
+      on_failure(group, table, std::move(incident));
+    }
+    group.enforce_grace();
+    if (!group.stopping()) check_watchdog(group, table);
+    if (generation_ > 0) check_recovery(table);
+    if (options_.nnodes > 1 && !group.stopping() && now_ns() >= next_peer_check_ns) {
+      if (failure_on_other_node()) {
+        stopped_count_ = group.running();
+        group.stop(SIGTERM, options_.failure_grace_ms);
+      }
+      next_peer_check_ns = now_ns() + kPeerCheckMs * kNsPerMs;
+    }
+  }
+  if (received_signal_ != 0) return Outcome::kSignalled;
+  if (failure_) return Outcome::kFailed;
+  if (!remote_failure_.empty()) return Outcome::kRemoteFailure;
+  return Outcome::kSucceeded;
+}
+
+void Agent::check_watchdog(WorkerGroup& group, const HeartbeatTable& table) {
+  const int64_t now = now_ns();
+  for (const Worker& w : group.workers()) {
+    if (!w.running) continue;
+    const WorkerProgress p = table.read(w.local_rank);
+    const std::optional<Stall> stall = check_progress(p, now, options_.watchdog);
+    if (!stall) continue;
+    Incident incident;
+    incident.kind = "hang";
+    incident.rank = w.rank;
+    incident.pid = w.pid;
+    incident.what = fmt::format("worker rank {} (local {}, node {}, pid {}) {}", w.rank,
+                                w.local_rank, options_.node_rank, w.pid, stall->what);
+    incident.injected = p.fault_ns > 0;
+    incident.fault_ns = incident.injected ? p.fault_ns : stall->since_ns;
+    incident.detected_ns = now;
+    on_failure(group, table, std::move(incident));
+    return;
+  }
+}
+
+void Agent::on_failure(WorkerGroup& group, const HeartbeatTable& table, Incident incident) {
+  incident.generation = generation_;
+  // The last step any worker completed, and how long steps took.
+  int64_t start_step = -1, train_ns = 0;
+  for (int r = 0; r < table.slots(); ++r) {
+    const WorkerProgress p = table.read(r);
+    incident.last_step = std::max(incident.last_step, p.step);
+    if (r == 0) {
+      start_step = p.start_step;
+      train_ns = p.train_ns;
+    }
+    if (run_dir_.empty()) run_dir_ = p.run_dir;
+  }
+  if (start_step >= 0 && incident.last_step > start_step) {
+    incident.mean_step_ms = train_ns * 1e-6 / static_cast<double>(incident.last_step - start_step);
+  }
+  will_restart_ = restarts_ < options_.max_restarts && received_signal_ == 0;
+  // A hung worker still runs, but it is the failure, not one of the others.
+  stopped_count_ = group.running() - (incident.kind == "hang" ? 1 : 0);
+  if (will_restart_) {
+    group.stop(SIGKILL, 0);
+  } else {
+    group.stop(SIGTERM, options_.failure_grace_ms);
+    publish_failure(incident.what);
+  }
+  failure_ = incident;
+  incidents_.push_back(std::move(incident));
+}
+
+void Agent::check_recovery(const HeartbeatTable& table) {
+  if (incidents_.empty() || incidents_.back().recovered_ns) return;
+  Incident& pending = incidents_.back();
+  if (pending.generation + 1 != generation_) return;
+  // Recovered when every worker of the new generation completed a step.
+  int64_t latest = 0;
+  for (int r = 0; r < table.slots(); ++r) {
+    const WorkerProgress p = table.read(r);
+    if (p.first_step_ns == 0) return;
+    latest = std::max(latest, p.first_step_ns);
+    if (r == 0) pending.resumed_from_step = p.start_step;
+  }
+  pending.recovered_ns = latest;
+  write_incidents(/*final=*/false);
+}
+
+void Agent::end_generation(const HeartbeatTable& table) {
+  GenerationRecord record;
+  const WorkerProgress first = table.read(0);
+  record.start_step = first.start_step;
+  record.last_step = first.step;
+  record.train_ns = first.train_ns;
+  for (int r = 0; r < table.slots(); ++r) {
+    const WorkerProgress p = table.read(r);
+    if (run_dir_.empty()) run_dir_ = p.run_dir;
+  }
+  // A generation that failed before its first step still says where it resumed.
+  if (!incidents_.empty() && incidents_.back().generation + 1 == generation_ &&
+      !incidents_.back().resumed_from_step && first.start_step >= 0) {
+    incidents_.back().resumed_from_step = first.start_step;
+  }
+  generations_.push_back(record);
+}
+
+void Agent::write_incidents(bool final) {
+  if (run_dir_.empty()) return;
+  const fs::path path = fs::path(run_dir_) / "incidents.jsonl";
+  try {
+    for (Incident& i : incidents_) {
+      if (i.written || (!final && !i.recovered_ns)) continue;
+      append_json_line(path, i.to_json());
+      i.written = true;
+    }
+  } catch (const Error& e) {
+    std::fprintf(stderr, "brigade launch: %s\n", e.what());
+  }
+}
+
+int Agent::finish(Outcome outcome, int stopped) {
+  write_incidents(/*final=*/true);
+  if (options_.brigade_train && !run_dir_.empty()) {
+    const RunSummary summary = summarize(incidents_, generations_, restarts_, start_ns_, now_ns());
+    std::fprintf(stderr, "brigade launch: %s\n", summary.line().c_str());
+    try {
+      append_json_line(fs::path(run_dir_) / "incidents.jsonl", summary.to_json());
+    } catch (const Error& e) {
+      std::fprintf(stderr, "brigade launch: %s\n", e.what());
+    }
+  }
+  const std::string after =
+      restarts_ > 0 ? fmt::format(" (after {})", plural(restarts_, "restart")) : "";
+  switch (outcome) {
+    case Outcome::kSucceeded:
+      return 0;
+    case Outcome::kFailed:
+      std::fprintf(stderr, "brigade launch: %s%s; stopped the other %s\n", failure_->what.c_str(),
+                   after.c_str(), plural(stopped, "worker").c_str());
+      return 1;
+    case Outcome::kRemoteFailure:
+      std::fprintf(stderr, "brigade launch: stopped %s on node %d: %s\n",
+                   plural(stopped, "worker").c_str(), options_.node_rank, remote_failure_.c_str());
+      return 1;
+    case Outcome::kSignalled:
+      std::fprintf(stderr, "brigade launch: received %s; stopped %s\n",
+                   signal_name(received_signal_).c_str(), plural(stopped, "worker").c_str());
+      return 128 + received_signal_;
+  }
+  return 1;
+}
+
+void Agent::publish_failure(const std::string& what) {
+  if (options_.store == nullptr) return;
+  try {
+    options_.store->set(kFailureKey, what);
+  } catch (const Error& e) {
+    std::fprintf(stderr, "brigade launch: could not tell the other nodes: %s\n", e.what());
+  }
+}
+
+bool Agent::failure_on_other_node() {
+  try {
+    if (!options_.store->check({kFailureKey})) return false;
+    remote_failure_ = options_.store->get(kFailureKey);
+  } catch (const Error& e) {
+    remote_failure_ = e.what();
+  }
+  return true;
+}
+
+}  // namespace brigade::elastic

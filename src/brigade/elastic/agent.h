@@ -1,0 +1,126 @@
+// The agent: supervises one node's workers through generations.
+//
+// Generation g (0, 1, 2, ...) is one start of the node's workers. Each gets
+// BRIGADE_GENERATION=g, which keys what a generation creates that a later one
+// could trip over (the communicators' shm segments and store keys, see
+// comm/world.h), and a fresh heartbeat table (elastic/heartbeat.h). The agent
+// watches the generation:
+//   - a crash (a worker exits non-zero or dies of a signal) by waitpid, at
+//     once (SIGCHLD wakes it);
+//   - a hang by the progress watchdog (elastic/watchdog.h): no heartbeat for
+//     2 s, or no step for the step timeout.
+// On a failure, while restarts are left (max_restarts), it SIGKILLs every
+// worker of the generation at once, waits for each, records an Incident and
+// starts generation g+1: the survivors' state is disposable (the restart
+// resumes from the newest complete checkpoint, and checkpoints survive a
+// kill at any moment), and a survivor blocked in a collective with a dead or
+// stopped peer would otherwise sit out its timeout. A `brigade train` worker
+// is restarted with --resume RUN_DIR once the run directory holds a
+// checkpoint; any other command is simply run again (torchrun's semantics).
+// With no restart left, the others get SIGTERM and, after the grace period,
+// SIGKILL, and the agent exits 1 naming the failure.
+//
+// SIGINT, SIGTERM or SIGHUP to the agent is forwarded to the workers (30 s
+// grace: they may be saving; a second signal cuts it short), never
+// restarts, and the agent exits 128 + signal.
+//
+// Across nodes (a store given) the agents share failures through the store:
+// the first failure anywhere stops every node's workers. Restarts across
+// nodes need a coordinator that opens generations for all nodes at once,
+// which this agent does not have yet: a multi-node job is given no restarts.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "brigade/elastic/incidents.h"
+#include "brigade/elastic/watchdog.h"
+#include "brigade/elastic/worker_group.h"
+
+namespace brigade {
+class Config;
+class TcpStore;
+}  // namespace brigade
+
+namespace brigade::elastic {
+
+// The [elastic] section of a training config: what `brigade train --nproc`
+// hands its agent, and the faults its workers inject.
+struct ElasticConfig {
+  // Three restarts ride out the occasional crash or hang of a long job,
+  // while a fault that recurs (a bad node, a bug at a given step) still ends
+  // the job after four attempts instead of looping.
+  int max_restarts = 3;
+  double step_timeout_s = 600;
+  std::string inject;  // elastic/fault_injection.h's form; empty: none
+
+  // Reads elastic.max_restarts, elastic.step_timeout_s, elastic.inject;
+  // throws Error for values out of range or a malformed inject.
+  static ElasticConfig from_config(Config& config);
+};
+
+struct AgentOptions {
+  Program program;
+  // Every worker's variables except RANK, LOCAL_RANK and the agent's own
+  // (BRIGADE_GENERATION, BRIGADE_HEARTBEAT_FD).
+  Environment environment;
+  int nproc_per_node = 1;
+  int nnodes = 1;
+  int node_rank = 0;
+  int max_restarts = 0;
+  // The command is `brigade train`: restarts add --resume RUN_DIR.
+  bool brigade_train = false;
+  // After a failure with no restart left, how long the others get to exit
+  // on SIGTERM before SIGKILL.
+  int64_t failure_grace_ms = 5'000;
+  // After the user's signal: longer, since the workers may be saving.
+  int64_t signal_grace_ms = 30'000;
+  WatchdogOptions watchdog;
+  // Multi-node: where the nodes' agents post and look for failures. Null on one node.
+  TcpStore* store = nullptr;
+};
+
+class Agent {
+ public:
+  explicit Agent(AgentOptions options);
+
+  // Runs generations until one ends: 0 when every worker exited 0, 1 for a
+  // failure with no restart left (or on another node), 128 + signal when
+  // stopped by a signal. Call with the watched signals blocked
+  // (BlockedSignals); `child_mask` is the mask workers start with.
+  int run(const sigset_t& child_mask);
+
+  const std::vector<Incident>& incidents() const { return incidents_; }
+  int restarts() const { return restarts_; }
+
+ private:
+  enum class Outcome { kSucceeded, kFailed, kSignalled, kRemoteFailure };
+  Outcome supervise(WorkerGroup& group, const HeartbeatTable& table);
+  void on_failure(WorkerGroup& group, const HeartbeatTable& table, Incident incident);
+  void check_watchdog(WorkerGroup& group, const HeartbeatTable& table);
+  void check_recovery(const HeartbeatTable& table);
+  void end_generation(const HeartbeatTable& table);
+  Program program_for_generation() const;
+  void publish_failure(const std::string& what);
+  bool failure_on_other_node();
+  void write_incidents(bool final);
+  int finish(Outcome outcome, int stopped);
+
+  AgentOptions options_;
+  int64_t generation_ = 0;
+  int restarts_ = 0;
+  int64_t start_ns_ = 0;
+  std::string run_dir_;  // as the workers said; empty for other programs
+  std::vector<Incident> incidents_;
+  std::vector<GenerationRecord> generations_;
+  // The generation now running failed (the first failure wins).
+  std::optional<Incident> failure_;
+  bool will_restart_ = false;
+  int received_signal_ = 0;
+  std::string remote_failure_;
+  int stopped_count_ = 0;
+};
+
+}  // namespace brigade::elastic

@@ -1,0 +1,105 @@
+#include "brigade/elastic/fault_injection.h"
+
+#include <unistd.h>
+
+#include <charconv>
+#include <csignal>
+#include <cstdio>
+
+#include "brigade/core/error.h"
+#include "brigade/elastic/heartbeat.h"
+
+namespace brigade::elastic {
+namespace {
+
+constexpr const char* kForm =
+    "KIND:rank=R:step=S[:gen=G] with KIND kill or stop, several separated by commas (for "
+    "example kill:rank=1:step=5,stop:rank=2:step=8)";
+
+std::vector<std::string_view> split(std::string_view text, char separator) {
+  std::vector<std::string_view> parts;
+  size_t start = 0;
+  for (;;) {
+    const size_t end = text.find(separator, start);
+    parts.push_back(text.substr(start, end == std::string_view::npos ? end : end - start));
+    if (end == std::string_view::npos) return parts;
+    start = end + 1;
+  }
+}
+
+int64_t parse_number(std::string_view fault, std::string_view key, std::string_view text) {
+  int64_t value = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (text.empty() || ec != std::errc() || end != text.data() + text.size() || value < 0 ||
+      value > (int64_t{1} << 40)) {
+    throw_error("fault '{}': {} wants a non-negative integer, got '{}'; the form is {}", fault, key,
+                text, kForm);
+  }
+  return value;
+}
+
+InjectedFault parse_one(std::string_view text) {
+  const std::vector<std::string_view> fields = split(text, ':');
+  InjectedFault fault;
+  if (fields[0] == "kill") {
+    fault.kind = InjectedFault::Kind::kKill;
+  } else if (fields[0] == "stop") {
+    fault.kind = InjectedFault::Kind::kStop;
+  } else {
+    throw_error("fault '{}': unknown kind '{}' (this build injects kill and stop); the form is {}",
+                text, fields[0], kForm);
+  }
+  bool has_rank = false, has_step = false;
+  for (size_t i = 1; i < fields.size(); ++i) {
+    const size_t eq = fields[i].find('=');
+    const std::string_view key = fields[i].substr(0, eq);
+    if (eq == std::string_view::npos) {
+      throw_error("fault '{}': '{}' is not key=value; the form is {}", text, fields[i], kForm);
+    }
+    const int64_t value = parse_number(text, key, fields[i].substr(eq + 1));
+    if (key == "rank" && !has_rank) {
+      fault.rank = static_cast<int>(value);
+      has_rank = true;
+    } else if (key == "step" && !has_step) {
+      fault.step = value;
+      has_step = true;
+    } else if (key == "gen") {
+      fault.generation = value;
+    } else {
+      throw_error("fault '{}': unknown or repeated key '{}'; the form is {}", text, key, kForm);
+    }
+  }
+  if (!has_rank || !has_step || fault.step < 1) {
+    throw_error("fault '{}' needs rank= and step= (a step from 1 on); the form is {}", text, kForm);
+  }
+  return fault;
+}
+
+}  // namespace
+
+std::vector<InjectedFault> parse_faults(std::string_view spec) {
+  std::vector<InjectedFault> faults;
+  if (spec.empty()) return faults;
+  for (std::string_view part : split(spec, ',')) faults.push_back(parse_one(part));
+  return faults;
+}
+
+const InjectedFault* fault_after_step(const std::vector<InjectedFault>& faults, int rank,
+                                      int64_t generation, int64_t step) {
+  for (const InjectedFault& f : faults) {
+    if (f.rank == rank && f.generation == generation && f.step == step) return &f;
+  }
+  return nullptr;
+}
+
+void raise_fault(const InjectedFault& fault, WorkerHeartbeat* heartbeat) {
+  const bool kill = fault.kind == InjectedFault::Kind::kKill;
+  std::fprintf(stderr, "brigade train: injecting %s on rank %d after step %lld (generation %lld)\n",
+               kill ? "SIGKILL" : "SIGSTOP", fault.rank, static_cast<long long>(fault.step),
+               static_cast<long long>(fault.generation));
+  std::fflush(nullptr);
+  if (heartbeat != nullptr) heartbeat->fault_injected();
+  ::kill(::getpid(), kill ? SIGKILL : SIGSTOP);
+}
+
+}  // namespace brigade::elastic

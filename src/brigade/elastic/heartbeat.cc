@@ -1,0 +1,175 @@
+#include "brigade/elastic/heartbeat.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <string_view>
+
+#include "brigade/core/clock.h"
+#include "brigade/core/error.h"
+
+namespace brigade::elastic {
+namespace {
+
+// One page per slot, so a worker maps its own slot and no other.
+constexpr size_t kSlotStride = 4096;
+static_assert(sizeof(HeartbeatSlot) <= kSlotStride);
+
+int64_t env_int(const char* name, int64_t min_value) {
+  const char* text = std::getenv(name);
+  const std::string_view view = text != nullptr ? text : "";
+  int64_t value = 0;
+  const auto [end, ec] = std::from_chars(view.data(), view.data() + view.size(), value);
+  if (view.empty() || ec != std::errc() || end != view.data() + view.size() || value < min_value) {
+    throw_error(
+        "environment variable {}='{}' is not an integer >= {}: it is set by the agent (brigade "
+        "launch); do not set it by hand",
+        name, view, min_value);
+  }
+  return value;
+}
+
+}  // namespace
+
+HeartbeatTable::HeartbeatTable(int slots, int64_t generation) : slots_(slots) {
+  if (slots < 1) throw_error("a heartbeat table needs at least one slot, got {}", slots);
+  bytes_ = kSlotStride * static_cast<size_t>(slots);
+  fd_ = ::memfd_create("brigade-heartbeat", MFD_CLOEXEC);
+  if (fd_ < 0)
+    throw_error("cannot create the heartbeat table (memfd_create): {}", std::strerror(errno));
+  if (::ftruncate(fd_, static_cast<off_t>(bytes_)) != 0) {
+    const int err = errno;
+    ::close(fd_);
+    throw_error("cannot size the heartbeat table ({} bytes): {}", bytes_, std::strerror(err));
+  }
+  void* mapping = ::mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
+  if (mapping == MAP_FAILED) {
+    const int err = errno;
+    ::close(fd_);
+    throw_error("cannot map the heartbeat table: {}", std::strerror(err));
+  }
+  auto* base = static_cast<char*>(mapping);
+  table_ = reinterpret_cast<HeartbeatSlot*>(base);
+  for (int i = 0; i < slots; ++i) {
+    // The memfd's pages are zeros; the atomics are constructed over them.
+    auto* slot = new (base + kSlotStride * static_cast<size_t>(i)) HeartbeatSlot{};
+    slot->generation.store(generation);
+    slot->start_step.store(-1);
+  }
+}
+
+HeartbeatTable::~HeartbeatTable() {
+  ::munmap(table_, bytes_);
+  ::close(fd_);
+}
+
+WorkerProgress HeartbeatTable::read(int local_rank) const {
+  if (local_rank < 0 || local_rank >= slots_) {
+    throw_error("heartbeat slot {} is not in a table of {}", local_rank, slots_);
+  }
+  const auto* slot = reinterpret_cast<const HeartbeatSlot*>(reinterpret_cast<const char*>(table_) +
+                                                            kSlotStride * local_rank);
+  WorkerProgress p;
+  p.generation = slot->generation.load();
+  p.pid = slot->pid.load();
+  p.beat_ns = slot->beat_ns.load();
+  p.start_step = slot->start_step.load();
+  p.step = slot->step.load();
+  p.step_ns = slot->step_ns.load();
+  p.first_step_ns = slot->first_step_ns.load();
+  p.train_ns = slot->train_ns.load();
+  p.fault_ns = slot->fault_ns.load();
+  const int64_t run_dir_bytes = slot->run_dir_bytes.load(std::memory_order_acquire);
+  if (run_dir_bytes > 0 && run_dir_bytes <= static_cast<int64_t>(kMaxRunDirBytes)) {
+    p.run_dir.assign(slot->run_dir, static_cast<size_t>(run_dir_bytes));
+  }
+  return p;
+}
+
+std::unique_ptr<WorkerHeartbeat> WorkerHeartbeat::from_environment() {
+  if (std::getenv("BRIGADE_HEARTBEAT_FD") == nullptr) return nullptr;
+  const int fd = static_cast<int>(env_int("BRIGADE_HEARTBEAT_FD", 0));
+  const int local_rank = static_cast<int>(env_int("LOCAL_RANK", 0));
+  const int64_t generation = env_int("BRIGADE_GENERATION", 0);
+  return std::make_unique<WorkerHeartbeat>(fd, local_rank, generation);
+}
+
+WorkerHeartbeat::WorkerHeartbeat(int fd, int local_rank, int64_t generation)
+    : generation_(generation) {
+  mapping_bytes_ = kSlotStride;
+  mapping_ = ::mmap(nullptr, mapping_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd,
+                    static_cast<off_t>(kSlotStride * static_cast<size_t>(local_rank)));
+  const int err = errno;
+  ::close(fd);  // the mapping stays; this worker's own children get nothing
+  if (mapping_ == MAP_FAILED) {
+    throw_error(
+        "cannot map heartbeat slot {} (BRIGADE_HEARTBEAT_FD={}): {}; the variable is set by the "
+        "agent for its workers only",
+        local_rank, fd, std::strerror(err));
+  }
+  slot_ = static_cast<HeartbeatSlot*>(mapping_);
+  const int64_t table_generation = slot_->generation.load();
+  if (table_generation != generation) {
+    ::munmap(mapping_, mapping_bytes_);
+    throw_error(
+        "this worker belongs to generation {} but its heartbeat table to generation {}: a stale "
+        "worker must not join a newer generation",
+        generation, table_generation);
+  }
+  slot_->pid.store(::getpid());
+  slot_->beat_ns.store(now_ns());
+  thread_ = std::thread([this] { beat_loop(); });
+}
+
+WorkerHeartbeat::~WorkerHeartbeat() {
+  {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    stop_ = true;
+  }
+  wake_.notify_all();
+  thread_.join();
+  ::munmap(mapping_, mapping_bytes_);
+}
+
+void WorkerHeartbeat::beat_loop() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  while (!stop_) {
+    slot_->beat_ns.store(now_ns());
+    wake_.wait_for(lock, std::chrono::milliseconds(kHeartbeatIntervalMs), [this] { return stop_; });
+  }
+}
+
+void WorkerHeartbeat::started(int64_t step, const std::string& run_dir) {
+  const size_t bytes = std::min(run_dir.size(), kMaxRunDirBytes);
+  std::memcpy(slot_->run_dir, run_dir.data(), bytes);
+  slot_->run_dir_bytes.store(run_dir.size() <= kMaxRunDirBytes ? static_cast<int64_t>(bytes) : 0,
+                             std::memory_order_release);
+  slot_->step.store(step);
+  slot_->step_ns.store(now_ns());
+  slot_->start_step.store(step);
+}
+
+void WorkerHeartbeat::step_done(int64_t step, int64_t step_ns) {
+  const int64_t now = now_ns();
+  slot_->train_ns.fetch_add(step_ns);
+  slot_->step_ns.store(now);
+  slot_->step.store(step);
+  if (!first_step_done_) {
+    first_step_done_ = true;
+    slot_->first_step_ns.store(now);
+  }
+}
+
+void WorkerHeartbeat::fault_injected() {
+  slot_->fault_ns.store(now_ns());
+}
+
+}  // namespace brigade::elastic

@@ -1,0 +1,123 @@
+// Heartbeats from workers to their node's agent, through shared memory.
+//
+// For each generation the agent creates a table of one slot per local rank
+// in a memfd, which only that generation's workers inherit (its number in
+// BRIGADE_HEARTBEAT_FD; the slot is LOCAL_RANK's). A worker maps its slot
+// and runs a thread that stamps the time into it about every 100 ms; its
+// training loop records each completed step. The agent only reads, so a
+// worker that dies or stops leaves a slot that simply stops changing:
+//
+//   - liveness: the heartbeat thread stops only when the whole process does
+//     (SIGSTOP, a frozen machine, a debugger), so a silent slot is a hang
+//     within the heartbeat timeout (elastic/watchdog.h);
+//   - progress: a worker stuck in a collective still beats, but its step does
+//     not move, which the much longer step timeout catches.
+//
+// Times are CLOCK_MONOTONIC nanoseconds (core/clock.h's now_ns), one clock
+// for every process of the machine. The slot also carries what the agent
+// needs to restart and account a `brigade train` run: the step it resumed
+// from, the run directory, the time in training steps, and when an injected
+// fault was raised (elastic/fault_injection.h). The agent treats every value
+// as untrusted input: a worker bug must not crash it.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+namespace brigade::elastic {
+
+// How often a worker's heartbeat thread stamps its slot.
+inline constexpr int64_t kHeartbeatIntervalMs = 100;
+inline constexpr size_t kMaxRunDirBytes = 1024;
+
+struct HeartbeatSlot {
+  std::atomic<int64_t> generation;  // written by the agent before the worker starts
+  std::atomic<int64_t> pid;
+  std::atomic<int64_t> beat_ns;        // the last heartbeat; 0 before the first
+  std::atomic<int64_t> start_step;     // the step this generation started from; -1 before
+  std::atomic<int64_t> step;           // steps completed
+  std::atomic<int64_t> step_ns;        // when `step` was reached (or start_step set)
+  std::atomic<int64_t> first_step_ns;  // when this generation's first step completed; 0 before
+  std::atomic<int64_t> train_ns;       // time spent in steps by this generation
+  std::atomic<int64_t> fault_ns;       // when an injected fault was raised; 0 if none
+  std::atomic<int64_t> run_dir_bytes;  // set after run_dir, with release order
+  char run_dir[kMaxRunDirBytes];
+};
+static_assert(std::atomic<int64_t>::is_always_lock_free, "slots are shared between processes");
+
+// A copy of one slot's values, as the agent saw them.
+struct WorkerProgress {
+  int64_t generation = 0;
+  int64_t pid = 0;
+  int64_t beat_ns = 0;
+  int64_t start_step = -1;
+  int64_t step = 0;
+  int64_t step_ns = 0;
+  int64_t first_step_ns = 0;
+  int64_t train_ns = 0;
+  int64_t fault_ns = 0;
+  std::string run_dir;  // empty until the worker said
+};
+
+// The agent's side: one table per generation.
+class HeartbeatTable {
+ public:
+  // Throws Error if the memfd cannot be created or mapped.
+  HeartbeatTable(int slots, int64_t generation);
+  ~HeartbeatTable();
+  HeartbeatTable(const HeartbeatTable&) = delete;
+  HeartbeatTable& operator=(const HeartbeatTable&) = delete;
+
+  // Close-on-exec in the agent; WorkerGroup clears that in its workers only.
+  int fd() const { return fd_; }
+  int slots() const { return slots_; }
+  WorkerProgress read(int local_rank) const;
+
+ private:
+  int fd_ = -1;
+  int slots_ = 0;
+  size_t bytes_ = 0;
+  HeartbeatSlot* table_ = nullptr;
+};
+
+// The worker's side: its slot and the thread that beats.
+class WorkerHeartbeat {
+ public:
+  // From BRIGADE_HEARTBEAT_FD, LOCAL_RANK and BRIGADE_GENERATION; null when
+  // the worker was not started by an agent (no BRIGADE_HEARTBEAT_FD). Throws
+  // Error for a malformed variable or a table of another generation.
+  static std::unique_ptr<WorkerHeartbeat> from_environment();
+  // Maps slot `local_rank` of the table behind `fd` (closing fd) and starts beating.
+  WorkerHeartbeat(int fd, int local_rank, int64_t generation);
+  ~WorkerHeartbeat();
+  WorkerHeartbeat(const WorkerHeartbeat&) = delete;
+  WorkerHeartbeat& operator=(const WorkerHeartbeat&) = delete;
+
+  int64_t generation() const { return generation_; }
+  // Training is set up at `step` (0, or the checkpoint resumed from), in `run_dir`.
+  void started(int64_t step, const std::string& run_dir);
+  // Step `step` (counted from 1) completed, having taken step_ns.
+  void step_done(int64_t step, int64_t step_ns);
+  // Just before this worker raises an injected fault on itself.
+  void fault_injected();
+
+ private:
+  void beat_loop();
+
+  int64_t generation_ = 0;
+  void* mapping_ = nullptr;
+  size_t mapping_bytes_ = 0;
+  HeartbeatSlot* slot_ = nullptr;
+  bool first_step_done_ = false;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+}  // namespace brigade::elastic

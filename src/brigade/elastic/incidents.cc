@@ -1,0 +1,95 @@
+#include "brigade/elastic/incidents.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+
+#include "brigade/core/error.h"
+
+namespace brigade::elastic {
+
+std::optional<double> Incident::recovered_after_ms() const {
+  if (!recovered_ns) return std::nullopt;
+  return (*recovered_ns - detected_ns) * 1e-6;
+}
+
+std::optional<int64_t> Incident::steps_lost() const {
+  if (!resumed_from_step) return std::nullopt;
+  return std::max<int64_t>(0, last_step - *resumed_from_step);
+}
+
+nlohmann::json Incident::to_json() const {
+  nlohmann::json j = {{"kind", kind},
+                      {"rank", rank},
+                      {"pid", pid},
+                      {"generation", generation},
+                      {"what", what},
+                      {"injected", injected},
+                      {"detected_after_ms", detected_after_ms()},
+                      {"last_step", last_step}};
+  j["signal"] = signal ? nlohmann::json(*signal) : nlohmann::json(nullptr);
+  j["exit_code"] = exit_code ? nlohmann::json(*exit_code) : nlohmann::json(nullptr);
+  const auto recovered = recovered_after_ms();
+  j["recovered_after_ms"] = recovered ? nlohmann::json(*recovered) : nlohmann::json(nullptr);
+  j["resumed_from_step"] =
+      resumed_from_step ? nlohmann::json(*resumed_from_step) : nlohmann::json(nullptr);
+  const auto lost = steps_lost();
+  j["steps_lost"] = lost ? nlohmann::json(*lost) : nlohmann::json(nullptr);
+  return j;
+}
+
+nlohmann::json RunSummary::to_json() const {
+  return {{"kind", "summary"}, {"incidents", incidents},       {"restarts", restarts},
+          {"wall_s", wall_s},  {"productive_s", productive_s}, {"lost_s", lost_s},
+          {"ettr", ettr}};
+}
+
+std::string RunSummary::line() const {
+  return fmt::format(
+      "{} incident{}, {} restart{}, {:.1f} s lost; ETTR {:.1f}% ({:.1f} s in kept steps of "
+      "{:.1f} s)",
+      incidents, incidents == 1 ? "" : "s", restarts, restarts == 1 ? "" : "s", lost_s,
+      100.0 * ettr, productive_s, wall_s);
+}
+
+RunSummary summarize(const std::vector<Incident>& incidents,
+                     const std::vector<GenerationRecord>& generations, int restarts,
+                     int64_t start_ns, int64_t end_ns) {
+  RunSummary s;
+  s.incidents = static_cast<int>(incidents.size());
+  s.restarts = restarts;
+  s.wall_s = std::max<int64_t>(0, end_ns - start_ns) * 1e-9;
+  for (size_t g = 0; g < generations.size(); ++g) {
+    const GenerationRecord& gen = generations[g];
+    const int64_t steps = gen.last_step - gen.start_step;
+    if (gen.start_step < 0 || steps <= 0) continue;
+    // The next generation that trained says where the kept history ends.
+    int64_t kept_until = gen.last_step;
+    for (size_t later = g + 1; later < generations.size(); ++later) {
+      if (generations[later].start_step >= 0) {
+        kept_until = std::clamp(generations[later].start_step, gen.start_step, gen.last_step);
+        break;
+      }
+    }
+    s.productive_s += gen.train_ns * 1e-9 * static_cast<double>(kept_until - gen.start_step) /
+                      static_cast<double>(steps);
+  }
+  for (const Incident& i : incidents) {
+    const int64_t until = i.recovered_ns.value_or(end_ns);
+    s.lost_s += std::max<int64_t>(0, until - i.fault_ns) * 1e-9;
+    s.lost_s += static_cast<double>(i.steps_lost().value_or(0)) * i.mean_step_ms * 1e-3;
+  }
+  s.ettr = s.wall_s > 0 ? std::min(1.0, s.productive_s / s.wall_s) : 0.0;
+  return s;
+}
+
+void append_json_line(const std::filesystem::path& path, const nlohmann::json& line) {
+  std::ofstream out(path, std::ios::app);
+  out << line.dump() << "\n" << std::flush;
+  if (!out) throw_error("cannot append to {}: {}", path.string(), std::strerror(errno));
+}
+
+}  // namespace brigade::elastic

@@ -1,0 +1,77 @@
+// What the agent records about failures: one Incident per failure, written
+// to RUN_DIR/incidents.jsonl once it is resolved (the job's first step after
+// the restart, or the end), and a summary of the run with its effective
+// training time ratio (ETTR) at the end.
+//
+// ETTR = productive training time / wall time. Productive time is the time
+// the workers spent in steps that the final result keeps: each generation's
+// time in steps (from its heartbeats) times the fraction of its steps that
+// the next generation did not have to redo. Everything else (start-up,
+// detection, restarts, loading checkpoints, redone steps, saves and
+// evaluations outside steps) is the difference to wall time.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace brigade::elastic {
+
+struct Incident {
+  std::string kind;  // "crash" or "hang"
+  int rank = 0;
+  int64_t pid = 0;
+  std::optional<int> signal;     // the signal that ended a crashed worker
+  std::optional<int> exit_code;  // or its non-zero exit status
+  int64_t generation = 0;
+  std::string what;  // for people: "worker rank 1 (local 1, node 0) was killed by SIGKILL"
+  // When the fault happened: an injected fault's own time stamp, else the
+  // worker's last heartbeat (crash) or the last sign of progress (hang).
+  int64_t fault_ns = 0;
+  bool injected = false;
+  int64_t detected_ns = 0;
+  int64_t last_step = 0;  // the last step any worker completed before the fault
+  double mean_step_ms = 0;
+  // Filled in by the next generation: the step it resumed from and when
+  // its first step completed.
+  std::optional<int64_t> resumed_from_step;
+  std::optional<int64_t> recovered_ns;
+  bool written = false;
+
+  double detected_after_ms() const { return (detected_ns - fault_ns) * 1e-6; }
+  std::optional<double> recovered_after_ms() const;
+  std::optional<int64_t> steps_lost() const;
+  nlohmann::json to_json() const;
+};
+
+// One generation's steps, from its workers' heartbeats.
+struct GenerationRecord {
+  int64_t start_step = -1;  // -1: never got as far as training
+  int64_t last_step = 0;
+  int64_t train_ns = 0;
+};
+
+struct RunSummary {
+  int incidents = 0;
+  int restarts = 0;
+  double wall_s = 0;
+  double productive_s = 0;
+  // Per incident: fault to the next generation's first step (or the end),
+  // plus the time of the steps redone.
+  double lost_s = 0;
+  double ettr = 0;
+  nlohmann::json to_json() const;
+  std::string line() const;  // for stderr
+};
+
+RunSummary summarize(const std::vector<Incident>& incidents,
+                     const std::vector<GenerationRecord>& generations, int restarts,
+                     int64_t start_ns, int64_t end_ns);
+
+// Appends one JSON line to `path` (creating it). Throws Error if it cannot.
+void append_json_line(const std::filesystem::path& path, const nlohmann::json& line);
+
+}  // namespace brigade::elastic

@@ -1,0 +1,279 @@
+// The elastic agent end to end, through the real binary: a `brigade train
+// --nproc 4` whose worker is killed with SIGKILL, or stopped with SIGSTOP,
+// by an injected fault recovers by itself, records the incident with its
+// detection time, and ends bit-identical to a run without faults; restarts
+// are bounded; generations keep the Gloo store keys of a killed group away
+// from the next one; an arbitrary program that fails once is simply rerun.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "testing/processes.h"
+#include "testing/run_brigade.h"
+#include "testing/temp_dir.h"
+
+namespace brigade {
+namespace {
+namespace fs = std::filesystem;
+using testing::run_brigade;
+
+// A save every step, so a restart loses at most a step or two. A collective
+// timeout far below the test's own, yet far above the detection bounds: a
+// hang the watchdog missed would surface as a late crash, failing the bound.
+constexpr char kTraining[] = R"(
+[train]
+micro_batch = 2
+steps = 12
+checkpoint_every = 1
+keep_checkpoints = 2
+seed = 5
+[optim]
+lr = 3e-3
+min_lr = 3e-3
+[data]
+synthetic = true
+[parallel]
+timeout_s = 20
+)";
+
+std::string trimmed(const std::string& text) {
+  return text.substr(0, text.find_last_not_of("\n") + 1);
+}
+
+std::vector<nlohmann::json> read_jsonl(const fs::path& path) {
+  std::vector<nlohmann::json> lines;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) lines.push_back(nlohmann::json::parse(line));
+  return lines;
+}
+
+class Elastic : public ::testing::Test {
+ protected:
+  fs::path config() {
+    const fs::path path = dir_.path() / "config.toml";
+    if (!fs::exists(path)) std::ofstream(path) << testing::kTinyModelToml << kTraining;
+    return path;
+  }
+
+  testing::Output train(const std::string& name, int nproc, std::vector<std::string> extra) {
+    std::vector<std::string> args = {
+        "train",           "--nproc", std::to_string(nproc),
+        config().string(), "--set",   "train.run_dir=\"" + (dir_.path() / name).string() + "\""};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return run_brigade(args, std::chrono::seconds(300));
+  }
+
+  std::string hash(const std::string& name) {
+    const auto r = run_brigade({"ckpt", "hash", (dir_.path() / name).string()});
+    EXPECT_EQ(r.status, 0) << r.err;
+    return trimmed(r.out);
+  }
+
+  // The final parameters of a run without faults, on `nproc` workers.
+  std::string reference_hash(int nproc, std::vector<std::string> extra = {}) {
+    const std::string name = "reference" + std::to_string(nproc);
+    const auto r = train(name, nproc, std::move(extra));
+    EXPECT_EQ(r.status, 0) << r.err;
+    return hash(name);
+  }
+
+  void TearDown() override {
+    // Every worker of every run is gone (they mention the temp dir).
+    EXPECT_TRUE(testing::wait_until_gone(dir_.path().string(), std::chrono::seconds(30)));
+  }
+
+  testing::TempDir dir_{"brigade_elastic"};
+};
+
+// Checks what every recovered incident says, and prints the figures.
+void expect_recovered(const nlohmann::json& incident, const char* kind, int rank,
+                      double detect_bound_ms) {
+  EXPECT_EQ(incident.at("kind"), kind) << incident;
+  EXPECT_EQ(incident.at("rank"), rank) << incident;
+  EXPECT_EQ(incident.at("generation"), 0) << incident;
+  EXPECT_EQ(incident.at("injected"), true) << incident;
+  const double detected = incident.at("detected_after_ms").get<double>();
+  EXPECT_GE(detected, 0.0) << incident;
+  EXPECT_LE(detected, detect_bound_ms) << incident;
+  ASSERT_FALSE(incident.at("recovered_after_ms").is_null()) << incident;
+  EXPECT_GT(incident.at("recovered_after_ms").get<double>(), 0.0) << incident;
+  ASSERT_FALSE(incident.at("steps_lost").is_null()) << incident;
+  EXPECT_EQ(incident.at("last_step"), 5) << incident;
+  EXPECT_EQ(incident.at("steps_lost").get<int64_t>(),
+            5 - incident.at("resumed_from_step").get<int64_t>())
+      << incident;
+  EXPECT_LE(incident.at("steps_lost").get<int64_t>(), 2) << incident;
+  std::printf(
+      "[ elastic  ] %s: detected after %.0f ms, recovered after %.0f ms, %lld step(s) lost\n", kind,
+      detected, incident.at("recovered_after_ms").get<double>(),
+      static_cast<long long>(incident.at("steps_lost").get<int64_t>()));
+}
+
+void expect_summary(const nlohmann::json& summary, int incidents, int restarts) {
+  EXPECT_EQ(summary.at("kind"), "summary") << summary;
+  EXPECT_EQ(summary.at("incidents"), incidents) << summary;
+  EXPECT_EQ(summary.at("restarts"), restarts) << summary;
+  const double ettr = summary.at("ettr").get<double>();
+  EXPECT_GT(ettr, 0.0) << summary;
+  EXPECT_LE(ettr, 1.0) << summary;
+  std::printf("[ elastic  ] ETTR %.1f%%, %.2f s lost, %.2f s wall\n", 100 * ettr,
+              summary.at("lost_s").get<double>(), summary.at("wall_s").get<double>());
+}
+
+TEST_F(Elastic, KilledWorkerIsDetectedAtOnceAndTheRunEndsBitIdentical) {
+  const std::string reference = reference_hash(4);
+  const auto r = train("run", 4, {"--inject", "kill:rank=1:step=5"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.err.find("worker rank 1 (local 1, node 0) was killed by SIGKILL; restarting the "
+                       "workers as generation 1 (restart 1 of 3) from the newest checkpoint"),
+            std::string::npos)
+      << r.err;
+  const auto lines = read_jsonl(dir_.path() / "run" / "incidents.jsonl");
+  ASSERT_EQ(lines.size(), 2u);
+  expect_recovered(lines[0], "crash", 1, 1000);
+  EXPECT_EQ(lines[0].at("signal"), SIGKILL);
+  expect_summary(lines[1], 1, 1);
+  EXPECT_EQ(hash("run"), reference);
+}
+
+TEST_F(Elastic, StoppedWorkerIsDetectedWithinThreeSecondsKilledAndTheRunEndsBitIdentical) {
+  const std::string reference = reference_hash(4);
+  const auto r = train("run", 4, {"--inject", "stop:rank=2:step=5"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.err.find("sent no heartbeat"), std::string::npos) << r.err;
+  const auto lines = read_jsonl(dir_.path() / "run" / "incidents.jsonl");
+  ASSERT_EQ(lines.size(), 2u);
+  expect_recovered(lines[0], "hang", 2, 3000);
+  // The stopped process itself was killed, not left stopped.
+  const pid_t stopped = lines[0].at("pid").get<pid_t>();
+  const auto stat = testing::proc_stat(stopped);
+  EXPECT_TRUE(!stat || (*stat)[0] != "T") << "pid " << stopped << " is still stopped";
+  expect_summary(lines[1], 1, 1);
+  EXPECT_EQ(hash("run"), reference);
+}
+
+TEST_F(Elastic, RestartsAreBoundedAndTheLastFailureIsNamed) {
+  const auto r = train(
+      "run", 4, {"--max-restarts", "1", "--inject", "kill:rank=1:step=3,kill:rank=2:step=6:gen=1"});
+  EXPECT_EQ(r.status, 1) << r.err;
+  EXPECT_NE(r.err.find("brigade launch: worker rank 2 (local 2, node 0) was killed by SIGKILL "
+                       "(after 1 restart); stopped the other 3 workers"),
+            std::string::npos)
+      << r.err;
+  const auto lines = read_jsonl(dir_.path() / "run" / "incidents.jsonl");
+  ASSERT_EQ(lines.size(), 3u);
+  EXPECT_EQ(lines[0].at("rank"), 1);
+  EXPECT_EQ(lines[0].at("generation"), 0);
+  EXPECT_FALSE(lines[0].at("recovered_after_ms").is_null());
+  EXPECT_EQ(lines[1].at("rank"), 2);
+  EXPECT_EQ(lines[1].at("generation"), 1);
+  EXPECT_TRUE(lines[1].at("recovered_after_ms").is_null());
+  expect_summary(lines[2], 2, 1);
+}
+
+// Over Gloo the rendezvous store outlives the killed group: without the
+// generation in its keys, the restarted ranks would read the dead ones'
+// addresses.
+TEST_F(Elastic, GlooGroupRestartsUnderANewGeneration) {
+  const std::string reference = reference_hash(2, {"--set", "parallel.backend=\"gloo\""});
+  const auto r =
+      train("run", 2, {"--set", "parallel.backend=\"gloo\"", "--inject", "kill:rank=0:step=5"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  const auto lines = read_jsonl(dir_.path() / "run" / "incidents.jsonl");
+  ASSERT_EQ(lines.size(), 2u);
+  expect_recovered(lines[0], "crash", 0, 1000);
+  EXPECT_EQ(hash("run"), reference);
+}
+
+TEST_F(Elastic, BadInjectSpecIsRefusedBeforeAnyWorkerStarts) {
+  const auto r = train("run", 2, {"--inject", "kill:rank=1"});
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.err.find("fault 'kill:rank=1' needs rank= and step="), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(dir_.path() / "run"));
+}
+
+TEST_F(Elastic, AnyProgramThatFailsOnceIsRunAgain) {
+  const std::string out = dir_.path().string();
+  // Rank 1 of the first generation fails; the second generation succeeds.
+  const std::string script =
+      "if [ $BRIGADE_GENERATION = 0 ] && [ $RANK = 1 ]; then exit 3; fi; "
+      "echo $BRIGADE_GENERATION > " +
+      out + "/done.$RANK";
+  const auto r = run_brigade(
+      {"launch", "--nproc-per-node", "2", "--max-restarts", "1", "--", "sh", "-c", script});
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(r.err,
+            "brigade launch: worker rank 1 (local 1, node 0) exited with status 3; restarting the "
+            "workers as generation 1 (restart 1 of 1)\n");
+  for (int rank : {0, 1}) {
+    std::ifstream in(dir_.path() / ("done." + std::to_string(rank)));
+    std::string generation;
+    std::getline(in, generation);
+    EXPECT_EQ(generation, "1") << "rank " << rank;
+  }
+  // Without restarts the same failure ends the launch.
+  const auto once = run_brigade({"launch", "--nproc-per-node", "2", "--", "sh", "-c", script});
+  EXPECT_EQ(once.status, 1) << once.err;
+}
+
+// The user's SIGTERM stops the job with the signal's status, restarts left or not.
+TEST_F(Elastic, SigtermStopsTheJobWithoutARestart) {
+  const fs::path err = dir_.path() / "launch.err";
+  const std::string script = "echo $$ > " + dir_.path().string() + "/tmp.$RANK && mv " +
+                             dir_.path().string() + "/tmp.$RANK " + dir_.path().string() +
+                             "/pid.$RANK && exec sleep 30";
+  std::fflush(nullptr);
+  const pid_t launcher = ::fork();
+  if (launcher == 0) {
+    ::freopen(err.c_str(), "w", stderr);
+    ::execl(testing::kBrigade, testing::kBrigade, "launch", "--nproc-per-node", "2",
+            "--max-restarts", "3", "--", "sh", "-c", script.c_str(), nullptr);
+    ::_exit(127);
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while ((!fs::exists(dir_.path() / "pid.0") || !fs::exists(dir_.path() / "pid.1")) &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ::kill(launcher, SIGTERM);
+  int wait_status = 0;
+  pid_t done = 0;
+  while ((done = ::waitpid(launcher, &wait_status, WNOHANG)) == 0 &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  if (done == 0) {
+    ::kill(launcher, SIGKILL);
+    ::waitpid(launcher, &wait_status, 0);
+    FAIL() << "the launcher did not stop on SIGTERM";
+  }
+  ASSERT_TRUE(WIFEXITED(wait_status)) << wait_status;
+  EXPECT_EQ(WEXITSTATUS(wait_status), 128 + SIGTERM);
+  std::ifstream in(err);
+  const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  EXPECT_EQ(text, "brigade launch: received SIGTERM; stopped 2 workers\n");
+}
+
+TEST_F(Elastic, RestartsAcrossNodesAreRefused) {
+  const auto r = run_brigade({"launch", "--nproc-per-node", "1", "--nnodes", "2", "--rdzv",
+                              "127.0.0.1:1", "--max-restarts", "1", "--", "true"});
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.err.find("restarting workers across nodes needs the elastic coordinator"),
+            std::string::npos)
+      << r.err;
+}
+
+}  // namespace
+}  // namespace brigade

@@ -1,0 +1,300 @@
+// The elastic agent's parts, each alone: the watchdog's verdicts on a fake
+// clock, heartbeats through a real table and thread, fault specs, the
+// ETTR arithmetic, and a worker group's start, reaping, inherited
+// descriptor and clean-up. The agent as a whole runs in
+// tests/cli/elastic_test.cc.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <fstream>
+#include <string>
+#include <thread>
+
+#include "brigade/comm/communicator.h"
+#include "brigade/comm/world.h"
+#include "brigade/core/clock.h"
+#include "brigade/core/error.h"
+#include "brigade/elastic/fault_injection.h"
+#include "brigade/elastic/heartbeat.h"
+#include "brigade/elastic/incidents.h"
+#include "brigade/elastic/watchdog.h"
+#include "brigade/elastic/worker_group.h"
+#include "testing/temp_dir.h"
+
+namespace brigade::elastic {
+namespace {
+
+constexpr int64_t kMs = 1'000'000;
+
+TEST(Watchdog, SilenceBeyondTheHeartbeatTimeoutIsAHang) {
+  const WatchdogOptions options;  // 2 s, 600 s
+  WorkerProgress p;
+  p.beat_ns = 10'000 * kMs;
+  EXPECT_FALSE(check_progress(p, p.beat_ns + 2'000 * kMs, options));
+  const auto stall = check_progress(p, p.beat_ns + 2'001 * kMs, options);
+  ASSERT_TRUE(stall);
+  EXPECT_EQ(stall->kind, Stall::Kind::kSilent);
+  EXPECT_EQ(stall->since_ns, p.beat_ns);
+  EXPECT_NE(stall->what.find("no heartbeat for 2.0 s"), std::string::npos) << stall->what;
+}
+
+TEST(Watchdog, AWorkerThatNeverBeatIsWatchedForItsExitOnly) {
+  const WorkerProgress never;  // beat_ns 0: another program, or still starting
+  EXPECT_FALSE(check_progress(never, 1'000'000 * kMs, WatchdogOptions{}));
+}
+
+TEST(Watchdog, BeatingWithoutStepsIsStuckOnlyAfterTheStepTimeout) {
+  WatchdogOptions options;
+  options.step_timeout_ms = 30'000;
+  WorkerProgress p;
+  const int64_t t0 = 5'000 * kMs;
+  p.start_step = 7;
+  p.step = 9;
+  p.step_ns = t0;
+  // Beating all along: only the step clock can say anything.
+  p.beat_ns = t0 + 30'000 * kMs;
+  EXPECT_FALSE(check_progress(p, t0 + 30'000 * kMs, options));
+  p.beat_ns = t0 + 30'001 * kMs;
+  const auto stall = check_progress(p, t0 + 30'001 * kMs, options);
+  ASSERT_TRUE(stall);
+  EXPECT_EQ(stall->kind, Stall::Kind::kStuck);
+  EXPECT_EQ(stall->since_ns, t0);
+  EXPECT_NE(stall->what.find("after step 9"), std::string::npos) << stall->what;
+  // Set-up (no start_step yet) is not timed by the step clock.
+  p.start_step = -1;
+  EXPECT_FALSE(check_progress(p, t0 + 30'001 * kMs, options));
+}
+
+// Waits for a condition, polling: the heartbeat thread runs on its own time.
+template <typename Condition>
+bool eventually(Condition condition, std::chrono::seconds limit = std::chrono::seconds(30)) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  while (!condition()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return true;
+}
+
+TEST(Heartbeat, AWorkerBeatsAndReportsItsStepsThroughItsOwnSlot) {
+  HeartbeatTable table(2, /*generation=*/3);
+  EXPECT_EQ(table.read(1).generation, 3);
+  EXPECT_EQ(table.read(1).start_step, -1);
+  int64_t first_beat = 0;
+  {
+    WorkerHeartbeat worker(::dup(table.fd()), /*local_rank=*/1, /*generation=*/3);
+    const WorkerProgress p = table.read(1);
+    EXPECT_EQ(p.pid, ::getpid());
+    first_beat = p.beat_ns;
+    EXPECT_GT(first_beat, 0);
+    EXPECT_TRUE(eventually([&] { return table.read(1).beat_ns > first_beat; }))
+        << "the heartbeat thread never beat again";
+    worker.started(4, "/runs/a");
+    worker.step_done(5, 250 * kMs);
+    worker.step_done(6, 350 * kMs);
+    const WorkerProgress q = table.read(1);
+    EXPECT_EQ(q.start_step, 4);
+    EXPECT_EQ(q.step, 6);
+    EXPECT_EQ(q.train_ns, 600 * kMs);
+    EXPECT_GT(q.first_step_ns, 0);
+    EXPECT_LE(q.first_step_ns, q.step_ns);
+    EXPECT_EQ(q.run_dir, "/runs/a");
+    EXPECT_EQ(q.fault_ns, 0);
+    worker.fault_injected();
+    EXPECT_GT(table.read(1).fault_ns, 0);
+    // The other slot is untouched.
+    EXPECT_EQ(table.read(0).beat_ns, 0);
+    EXPECT_EQ(table.read(0).pid, 0);
+  }
+  // The worker is gone: its slot falls silent, which the watchdog calls a hang.
+  const WorkerProgress last = table.read(1);
+  EXPECT_TRUE(check_progress(last, last.beat_ns + 2'100 * kMs, WatchdogOptions{}));
+}
+
+TEST(Heartbeat, AWorkerOfAnotherGenerationIsRefused) {
+  HeartbeatTable table(1, /*generation=*/2);
+  try {
+    WorkerHeartbeat stale(::dup(table.fd()), 0, /*generation=*/1);
+    FAIL() << "a generation-1 worker joined generation 2's table";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("belongs to generation 1 but its heartbeat table to "
+                                         "generation 2"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(table.read(0).beat_ns, 0);
+}
+
+TEST(FaultInjection, SpecsParseAndBelongToOneGeneration) {
+  const auto faults = parse_faults("kill:rank=1:step=5,stop:rank=2:step=8:gen=1");
+  ASSERT_EQ(faults.size(), 2u);
+  EXPECT_EQ(faults[0].kind, InjectedFault::Kind::kKill);
+  EXPECT_EQ(faults[1].kind, InjectedFault::Kind::kStop);
+  EXPECT_EQ(faults[1].generation, 1);
+  EXPECT_EQ(fault_after_step(faults, 1, 0, 5), &faults[0]);
+  EXPECT_EQ(fault_after_step(faults, 1, 1, 5), nullptr) << "a restart must not re-inject";
+  EXPECT_EQ(fault_after_step(faults, 1, 0, 4), nullptr);
+  EXPECT_EQ(fault_after_step(faults, 0, 0, 5), nullptr);
+  EXPECT_EQ(fault_after_step(faults, 2, 1, 8), &faults[1]);
+  EXPECT_EQ(fault_after_step(faults, 2, 0, 8), nullptr);
+  EXPECT_TRUE(parse_faults("").empty());
+}
+
+TEST(FaultInjection, MalformedSpecsAreNamed) {
+  auto error_of = [](const std::string& spec) {
+    try {
+      parse_faults(spec);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_NE(error_of("boom:rank=1:step=2").find("unknown kind 'boom'"), std::string::npos);
+  EXPECT_NE(error_of("kill:rank=1").find("needs rank= and step="), std::string::npos);
+  EXPECT_NE(error_of("kill:rank=1:step=0").find("a step from 1 on"), std::string::npos);
+  EXPECT_NE(error_of("kill:rank=x:step=1").find("rank wants a non-negative integer, got 'x'"),
+            std::string::npos);
+  EXPECT_NE(error_of("kill:rank=1:step=2:when=3").find("unknown or repeated key 'when'"),
+            std::string::npos);
+  EXPECT_NE(error_of("kill:rank=1:step=2,").find("unknown kind ''"), std::string::npos);
+}
+
+TEST(Incidents, EttrCountsOnlyTheStepsTheResultKeeps) {
+  // Generation 0 trained steps 0..6 in 600 ms, then failed; generation 1
+  // resumed from step 5 (the newest checkpoint) and trained 5..10 in 500 ms.
+  std::vector<GenerationRecord> generations = {{0, 6, 600 * kMs}, {5, 10, 500 * kMs}};
+  Incident crash;
+  crash.kind = "crash";
+  crash.fault_ns = 1'000 * kMs;
+  crash.detected_ns = 1'002 * kMs;
+  crash.recovered_ns = 1'402 * kMs;
+  crash.last_step = 6;
+  crash.resumed_from_step = 5;
+  crash.mean_step_ms = 100;
+  EXPECT_EQ(crash.steps_lost(), 1);
+  EXPECT_DOUBLE_EQ(crash.detected_after_ms(), 2.0);
+  EXPECT_DOUBLE_EQ(*crash.recovered_after_ms(), 400.0);
+  const RunSummary s = summarize({crash}, generations, 1, 0, 2'000 * kMs);
+  EXPECT_DOUBLE_EQ(s.wall_s, 2.0);
+  EXPECT_NEAR(s.productive_s, 0.6 * 5 / 6 + 0.5, 1e-12);
+  EXPECT_NEAR(s.ettr, s.productive_s / 2.0, 1e-12);
+  EXPECT_NEAR(s.lost_s, 0.402 + 0.1, 1e-12);
+  const auto j = crash.to_json();
+  EXPECT_EQ(j.at("steps_lost"), 1);
+  EXPECT_EQ(j.at("signal"), nullptr);
+  EXPECT_EQ(s.to_json().at("kind"), "summary");
+  // A generation that never trained counts nothing, and does not end the
+  // kept history of the one before it.
+  generations.insert(generations.begin() + 1, GenerationRecord{});
+  EXPECT_NEAR(summarize({crash}, generations, 2, 0, 2'000 * kMs).productive_s, s.productive_s,
+              1e-12);
+}
+
+Program shell(const std::string& script) {
+  return {"/bin/sh", {"sh", "-c", script}};
+}
+
+// Reaps until every worker has exited; false past the limit.
+bool reap_all(WorkerGroup& group, std::vector<WorkerExit>& exits) {
+  return eventually([&] {
+    for (const WorkerExit& e : group.reap()) exits.push_back(e);
+    return group.running() == 0;
+  });
+}
+
+TEST(WorkerGroup, StartsRanksWithTheirVariablesAndTheInheritedDescriptorOnly) {
+  testing::TempDir dir("brigade_worker_group");
+  HeartbeatTable table(2, 0), other(1, 0);
+  Environment env;
+  env.set("DIR", dir.path().string());
+  env.set("FD", std::to_string(table.fd()));
+  env.set("OTHER_FD", std::to_string(other.fd()));
+  // Exit status: 10 + local rank, plus 50 if the table's descriptor is
+  // missing, plus 100 if the other one leaked in.
+  const std::string script =
+      "echo $RANK $LOCAL_RANK > $DIR/w$LOCAL_RANK; s=$((10 + LOCAL_RANK)); "
+      "[ -e /proc/self/fd/$FD ] || s=$((s + 50)); [ -e /proc/self/fd/$OTHER_FD ] && s=$((s + "
+      "100)); exit $s";
+  sigset_t mask;
+  ::pthread_sigmask(SIG_SETMASK, nullptr, &mask);
+  WorkerGroup group(shell(script), env, /*first_rank=*/4, /*count=*/2, mask, table.fd());
+  std::vector<WorkerExit> exits;
+  ASSERT_TRUE(reap_all(group, exits));
+  ASSERT_EQ(exits.size(), 2u);
+  for (const WorkerExit& e : exits) {
+    EXPECT_TRUE(e.failed());
+    EXPECT_EQ(describe_exit(e.wait_status),
+              "exited with status " + std::to_string(10 + e.worker.local_rank));
+    std::ifstream in(dir.path() / ("w" + std::to_string(e.worker.local_rank)));
+    std::string line;
+    std::getline(in, line);
+    EXPECT_EQ(line,
+              std::to_string(4 + e.worker.local_rank) + " " + std::to_string(e.worker.local_rank));
+  }
+}
+
+TEST(WorkerGroup, StoppingKillsAfterTheGraceAndTheDestructorLeavesNoWorker) {
+  testing::TempDir dir("brigade_worker_group");
+  sigset_t mask;
+  ::pthread_sigmask(SIG_SETMASK, nullptr, &mask);
+  pid_t survivor = -1;
+  {
+    // Ignores SIGTERM (once it says so): only the SIGKILL at the end of the
+    // grace ends it.
+    Environment env;
+    env.set("READY", (dir.path() / "ready").string());
+    WorkerGroup group(shell("trap '' TERM; touch $READY; while :; do sleep 0.05; done"), env, 0, 1,
+                      mask);
+    ASSERT_TRUE(eventually([&] { return std::filesystem::exists(dir.path() / "ready"); }));
+    group.stop(SIGTERM, /*grace_ms=*/200);
+    std::vector<WorkerExit> exits;
+    ASSERT_TRUE(eventually([&] {
+      group.enforce_grace();
+      for (const WorkerExit& e : group.reap()) exits.push_back(e);
+      return group.running() == 0;
+    }));
+    ASSERT_EQ(exits.size(), 1u);
+    EXPECT_EQ(describe_exit(exits[0].wait_status), "was killed by SIGKILL");
+    WorkerGroup left(shell("exec sleep 30"), Environment(), 0, 1, mask);
+    survivor = left.workers()[0].pid;
+    EXPECT_EQ(::kill(survivor, 0), 0);
+  }
+  // Killed and reaped: the pid no longer names a process of ours.
+  EXPECT_EQ(::kill(survivor, 0), -1);
+  EXPECT_EQ(errno, ESRCH);
+}
+
+// A restarted generation must not open a segment a killed one left behind:
+// the worker's environment puts the generation into the segment's name.
+TEST(Generations, ShmSegmentsOfEachGenerationHaveTheirOwnName) {
+  const std::vector<std::pair<const char*, const char*>> world = {
+      {"RANK", "1"},
+      {"WORLD_SIZE", "2"},
+      {"LOCAL_RANK", "1"},
+      {"LOCAL_WORLD_SIZE", "2"},
+      {"MASTER_ADDR", "127.0.0.1"},
+      {"MASTER_PORT", "1"},
+      {"BRIGADE_STORE_TOKEN", "generations-test"},
+      {"BRIGADE_GENERATION", "3"}};
+  for (const auto& [name, value] : world) ::setenv(name, value, 1);
+  EXPECT_EQ(read_world_environment().generation, 3);
+  const std::string segment = shm_segment_name("generations-test", "world", 3);
+  EXPECT_NE(segment, shm_segment_name("generations-test", "world", 2));
+  EXPECT_NE(segment.find("-g3-world"), std::string::npos) << segment;
+  // Rank 1 alone: rank 0 never creates the segment, and the error names it.
+  std::string error;
+  try {
+    connect_world("shm", /*timeout_ms=*/100);
+  } catch (const CommError& e) {
+    error = e.what();
+  }
+  for (const auto& [name, value] : world) ::unsetenv(name);
+  EXPECT_NE(error.find("segment " + segment + " was not created"), std::string::npos) << error;
+}
+
+}  // namespace
+}  // namespace brigade::elastic
