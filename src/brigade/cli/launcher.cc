@@ -437,7 +437,7 @@ int run_launch(const LaunchOptions& o) {
   int exit_status = 0;
   {
     const elastic::BlockedSignals blocked;
-    exit_status = elastic::Agent(std::move(agent)).run(blocked.previous());
+    exit_status = elastic::Agent(std::move(agent)).run(blocked.child_mask());
     if (o.nnodes > 1) {
       try {
         store.set(done_key(o.node_rank), std::to_string(exit_status));

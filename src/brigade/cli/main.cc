@@ -4,8 +4,11 @@
 
 #include "brigade/cli/commands.h"
 #include "brigade/core/error.h"
+#include "brigade/core/signals.h"
 
 int main(int argc, char** argv) {
+  // Before any thread exists: no signal handler may run on a thread that computes.
+  brigade::take_signals_on_a_quiet_thread();
   CLI::App app{"Brigade: train GPT-style language models across many workers"};
   app.require_subcommand(1);
   brigade::cli::add_train_command(app);

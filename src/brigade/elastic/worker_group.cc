@@ -12,6 +12,7 @@
 
 #include "brigade/core/clock.h"
 #include "brigade/core/error.h"
+#include "brigade/core/signals.h"
 
 extern char** environ;
 
@@ -109,6 +110,9 @@ BlockedSignals::BlockedSignals() {
   ::signal(SIGCHLD, SIG_DFL);
   const sigset_t set = watched_signals();
   ::pthread_sigmask(SIG_BLOCK, &set, &previous_);
+  // The quiet thread would otherwise take them first (core/signals.h).
+  block_on_quiet_thread(set);
+  child_mask_ = signals_on_a_quiet_thread() ? startup_signal_mask() : previous_;
 }
 
 BlockedSignals::~BlockedSignals() {
@@ -117,6 +121,7 @@ BlockedSignals::~BlockedSignals() {
   while (::sigtimedwait(&set, nullptr, &zero) > 0) {
   }
   ::pthread_sigmask(SIG_SETMASK, &previous_, nullptr);
+  unblock_on_quiet_thread(set);
 }
 
 bool WorkerExit::failed() const {

@@ -64,11 +64,12 @@ class BlockedSignals {
   ~BlockedSignals();
   BlockedSignals(const BlockedSignals&) = delete;
   BlockedSignals& operator=(const BlockedSignals&) = delete;
-  // The mask before: what workers start with.
-  const sigset_t& previous() const { return previous_; }
+  // What workers start with: the mask this process started with (the
+  // agent's own threads block more, core/signals.h).
+  const sigset_t& child_mask() const { return child_mask_; }
 
  private:
-  sigset_t previous_;
+  sigset_t previous_, child_mask_;
 };
 
 struct Worker {
