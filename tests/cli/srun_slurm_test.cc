@@ -383,6 +383,8 @@ const std::string kSbatchScript = BRIGADE_SOURCE_DIR "/examples/slurm/train.sbat
 Result sbatch(LocalSlurm& slurm, const std::string& name, std::map<std::string, std::string> env,
               const std::vector<std::string>& train_args) {
   env["BRIGADE"] = testing::kBrigade;
+  // The script's default port (20000 + job id) could be taken on a CI machine.
+  env["MASTER_PORT"] = std::to_string(testing::free_port());
   const fs::path output = slurm.dir() / (name + ".out");
   std::vector<std::string> argv = {
       find_program("sbatch"),        "--wait",     "--nodes=1", "--ntasks-per-node=4",
