@@ -20,6 +20,7 @@ if [[ "${1:-}" == "--test" ]]; then
     python3 python3-numpy python3-torch   # reference tests against PyTorch (CPU)
     clang-format
     clang libclang-rt-14-dev   # libFuzzer targets (scripts/fuzz.sh)
+    slurm-wlm munge   # the slurm label: a one-node Slurm the test starts (tests/cli/srun_slurm_test.cc)
   )
 fi
 

@@ -58,6 +58,38 @@ TEST(BenchComm, ShmJsonLinesCoverEveryOpWithPositiveBandwidth) {
   }
 }
 
+// --ops picks operations (in the usual order); on one node nothing goes over
+// a network interface, so net_tx_bytes is 0 even for Gloo over loopback.
+TEST(BenchComm, OpsSelectsOperationsAndLoopbackIsNoNetworkTraffic) {
+  const Output result =
+      run_brigade({"bench", "comm", "--nproc", "2", "--backend", "gloo", "--min-bytes", "64K",
+                   "--max-bytes", "64K", "--ops", "broadcast,all_reduce", "--json"});
+  ASSERT_EQ(result.status, 0) << result.err;
+  std::vector<std::string> ops;
+  std::istringstream lines(result.out);
+  for (std::string line; std::getline(lines, line);) {
+    const auto row = nlohmann::json::parse(line);
+    ops.push_back(row.at("op").get<std::string>());
+    EXPECT_EQ(row.at("nnodes"), 1) << line;
+    EXPECT_EQ(row.at("net_tx_bytes").get<double>(), 0.0) << line;
+  }
+  EXPECT_EQ(ops, (std::vector<std::string>{"all_reduce", "broadcast"})) << result.out;
+
+  const Output bad = run_brigade({"bench", "comm", "--ops", "all_reduce,allreduce"});
+  EXPECT_EQ(bad.status, 1);
+  EXPECT_NE(bad.err.find("--ops 'all_reduce,allreduce': 'allreduce' is not an operation; use "
+                         "all, or a comma-separated list of all_reduce, reduce_scatter"),
+            std::string::npos)
+      << bad.err;
+  const Output shm = run_brigade(
+      {"bench", "comm", "--nnodes", "2", "--rdzv", "127.0.0.1:29555", "--backend", "shm"});
+  EXPECT_EQ(shm.status, 1);
+  EXPECT_NE(shm.err.find("--backend shm works within one node: across --nnodes 2 use gloo or "
+                         "hierarchical"),
+            std::string::npos)
+      << shm.err;
+}
+
 TEST(BenchComm, RejectsSharedBuffersWithoutShm) {
   const Output result = run_brigade({"bench", "comm", "--backend", "gloo", "--shared"});
   EXPECT_EQ(result.status, 1);

@@ -76,9 +76,16 @@ class LaunchTest : public ::testing::Test {
     for (std::string& a : argv_storage) argv.push_back(a.data());
     argv.push_back(nullptr);
     // The outer environment must not leak into the launcher's decisions.
-    EnvChanges changes = {{"OMP_NUM_THREADS", std::nullopt}, {"BRIGADE_RDZV_TOKEN", std::nullopt},
-                          {"SLURM_PROCID", std::nullopt},    {"SLURM_NTASKS", std::nullopt},
-                          {"MASTER_ADDR", std::nullopt},     {"MASTER_PORT", std::nullopt}};
+    EnvChanges changes = {{"OMP_NUM_THREADS", std::nullopt},
+                          {"BRIGADE_RDZV_TOKEN", std::nullopt},
+                          {"MASTER_ADDR", std::nullopt},
+                          {"MASTER_PORT", std::nullopt}};
+    for (const char* name :
+         {"SLURM_JOB_ID", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_STEP_ID", "SLURM_STEPID",
+          "SLURM_STEP_NUM_TASKS", "SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE",
+          "SLURM_NTASKS_PER_NODE", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_CPUS_PER_TASK"}) {
+      changes[name] = std::nullopt;
+    }
     for (const auto& [key, value] : env) changes[key] = value;
     const fs::path out_path = dir_.path() / (name + ".out");
     const fs::path err_path = dir_.path() / (name + ".err");
@@ -296,30 +303,94 @@ TEST_F(LaunchTest, UnderSrunEachTaskIsOneWorker) {
   const std::string print =
       "echo \"$RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE $GROUP_RANK $MASTER_ADDR "
       "$MASTER_PORT $BRIGADE_STORE_TOKEN\"";
-  EnvChanges slurm = {{"SLURM_PROCID", "5"},
-                      {"SLURM_NTASKS", "8"},
+  // What a real `srun --nodes 3 --ntasks-per-node 4` task sees (an srun
+  // inside an sbatch job of 16 tasks: the plain names describe the job, the
+  // SLURM_STEP_* ones the step).
+  EnvChanges slurm = {{"SLURM_JOB_ID", "7"},
+                      {"SLURM_STEP_ID", "0"},
+                      {"SLURM_PROCID", "9"},
+                      {"SLURM_NTASKS", "16"},
+                      {"SLURM_STEP_NUM_TASKS", "12"},
                       {"SLURM_LOCALID", "1"},
                       {"SLURM_NODEID", "2"},
-                      {"SLURM_NTASKS_PER_NODE", "4"}};
+                      {"SLURM_TASKS_PER_NODE", "8(x2)"},
+                      {"SLURM_STEP_TASKS_PER_NODE", "4(x3)"}};
   RunResult r = run(
       {"launch", "--rdzv", "127.0.0.1:29555", "--rdzv-token", "secret", "--", "sh", "-c", print},
       slurm);
   ASSERT_EQ(r.status, 0) << r.err;
-  EXPECT_EQ(r.out, "5 8 1 4 2 127.0.0.1 29555 secret\n");
+  EXPECT_EQ(r.out, "9 12 1 4 2 127.0.0.1 29555 secret\n");
 
-  // Without --ntasks-per-node, Slurm gives the compact per-node list.
-  slurm["SLURM_NTASKS_PER_NODE"] = std::nullopt;
-  slurm["SLURM_TASKS_PER_NODE"] = "2(x2),3";
+  // An older srun without the step's names: the plain ones, and the token
+  // from the environment.
+  for (const char* name : {"SLURM_STEP_NUM_TASKS", "SLURM_STEP_TASKS_PER_NODE"}) {
+    slurm[name] = std::nullopt;
+  }
+  slurm["SLURM_NTASKS"] = "12";
+  slurm["SLURM_TASKS_PER_NODE"] = "4,4,4";
   slurm["BRIGADE_RDZV_TOKEN"] = "from-env";
   r = run({"launch", "--rdzv", "127.0.0.1:29555", "--", "sh", "-c", print}, slurm);
   ASSERT_EQ(r.status, 0) << r.err;
-  EXPECT_EQ(r.out, "5 8 1 3 2 127.0.0.1 29555 from-env\n");
+  EXPECT_EQ(r.out, "9 12 1 4 2 127.0.0.1 29555 from-env\n");
 
   // Every task needs the same token, so none may invent one.
   slurm["BRIGADE_RDZV_TOKEN"] = std::nullopt;
   r = run({"launch", "--rdzv", "127.0.0.1:29555", "--", "sh", "-c", print}, slurm);
   EXPECT_EQ(r.status, 1);
   EXPECT_NE(r.err.find("BRIGADE_RDZV_TOKEN"), std::string::npos) << r.err;
+}
+
+// Layouts the hierarchical backend would get wrong are refused by every task,
+// with the srun options that fix them.
+TEST_F(LaunchTest, UnderSrunOnlyNodeByNodeNumberingWithEqualNodesIsAccepted) {
+  const EnvChanges base = {{"SLURM_JOB_ID", "7"},
+                           {"SLURM_STEP_ID", "0"},
+                           {"SLURM_NTASKS", "4"},
+                           {"SLURM_STEP_NUM_TASKS", "4"},
+                           {"SLURM_STEP_TASKS_PER_NODE", "2(x2)"},
+                           {"BRIGADE_RDZV_TOKEN", "t"}};
+  const std::vector<std::string> args = {"launch", "--rdzv", "127.0.0.1:29555", "--", "true"};
+  // --distribution=cyclic: node 0 holds tasks 0 and 2.
+  EnvChanges cyclic = base;
+  cyclic.insert({{"SLURM_PROCID", "2"}, {"SLURM_LOCALID", "1"}, {"SLURM_NODEID", "0"}});
+  RunResult r = run(args, cyclic);
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.err.find("srun task 2 of 4 is task 1 of 2 on node 0, which is not Brigade's "
+                       "numbering"),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("--distribution=block"), std::string::npos) << r.err;
+  // Three tasks on one node, one on the other: refused on the even node too.
+  EnvChanges uneven = base;
+  uneven["SLURM_STEP_TASKS_PER_NODE"] = "3,1";
+  uneven.insert({{"SLURM_PROCID", "3"}, {"SLURM_LOCALID", "0"}, {"SLURM_NODEID", "1"}});
+  r = run(args, uneven);
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.err.find("srun put different numbers of tasks on the nodes "
+                       "(SLURM_STEP_TASKS_PER_NODE=3,1): give srun --ntasks-per-node=N"),
+            std::string::npos)
+      << r.err;
+  uneven["SLURM_STEP_TASKS_PER_NODE"] = "2(x";
+  r = run(args, uneven);
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.err.find("cannot read SLURM_STEP_TASKS_PER_NODE='2(x'"), std::string::npos) << r.err;
+}
+
+// Slurm's batch script has SLURM_PROCID=0 and the job's SLURM_NTASKS but is
+// no srun task: taking it for task 0 would wait for three tasks that never
+// start.
+TEST_F(LaunchTest, SlurmBatchScriptItselfIsNotTakenForTaskZero) {
+  const RunResult r =
+      run({"launch", "--rdzv", "127.0.0.1:29555", "--", "true"}, {{"SLURM_JOB_ID", "7"},
+                                                                  {"SLURM_PROCID", "0"},
+                                                                  {"SLURM_NTASKS", "4"},
+                                                                  {"SLURM_TASKS_PER_NODE", "4"},
+                                                                  {"BRIGADE_RDZV_TOKEN", "t"}});
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.err.find("this is Slurm's batch script (or salloc's shell), not a task srun "
+                       "started: run `srun brigade launch -- ...`"),
+            std::string::npos)
+      << r.err;
 }
 
 TEST_F(LaunchTest, TwoNodesOnOneMachineShareOneJob) {

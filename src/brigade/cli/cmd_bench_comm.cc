@@ -1,5 +1,6 @@
 // brigade bench comm --nproc N --backend shm|gloo|hierarchical [--min-bytes 4K] [--max-bytes 256M]
-//                    [--iters auto|N] [--json]
+//                    [--iters auto|N] [--ops all_reduce,...] [--json]
+//                    [--nnodes M --node-rank R --rdzv HOST:PORT [--rdzv-token T]]
 // What the links between this node's workers deliver: time per operation,
 // algorithm bandwidth and bus bandwidth (nccl-tests' definitions) of
 // all-reduce, reduce-scatter, all-gather, broadcast and send/recv (each rank
@@ -10,7 +11,17 @@
 // The command re-launches this binary under the launcher as N `bench
 // comm-worker` processes (hidden), so the numbers include exactly what a
 // training job's collectives pay: the backend's communication thread, its
-// synchronisation and its copies.
+// synchronisation and its copies. With --nnodes it runs on several nodes as
+// `brigade launch` does (each node starts its --nproc workers): the
+// hierarchical backend against flat Gloo across real links
+// (bench/multi_node_comm.py runs it on scripts/fake_cluster.sh's nodes).
+//
+// Network bytes: around each timed loop, local rank 0 of every node reads
+// its network namespace's transmit counters (/proc/self/net/dev, every
+// interface but loopback) and the sum over nodes, divided by the operations,
+// is reported as net_tx_bytes per operation: what the operation put on the
+// wire between nodes, TCP/IP headers and ACKs included. Anything else the
+// node sends meanwhile counts too; shared memory and loopback never do.
 //
 // Sizes follow nccl-tests: "bytes" is the larger buffer of the operation (the
 // all-reduce buffer, reduce-scatter's input, all-gather's output), so algbw =
@@ -26,6 +37,8 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <iterator>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -55,6 +68,11 @@ constexpr int kWarmupIters = 2;
 
 struct BenchCommArgs {
   int nproc = 2;
+  int nnodes = 1;
+  int node_rank = 0;
+  std::string rdzv;
+  std::string rdzv_token;
+  std::string ops = "all";
   std::string backend = "shm";
   std::string min_bytes = "4K";
   std::string max_bytes = "256M";
@@ -67,6 +85,7 @@ struct BenchCommArgs {
 // The worker's arguments: sizes already parsed and checked by the parent.
 struct BenchCommWorkerArgs {
   std::string backend = "shm";
+  std::string ops = "all";
   int64_t min_bytes = 4 << 10;
   int64_t max_bytes = 256 << 20;
   int64_t iters = 0;  // 0: auto
@@ -121,6 +140,59 @@ const char* op_name(Op op) {
       return "send_recv";
   }
   return "?";
+}
+
+// "all" or a comma-separated list of op names -> the ops, in kOps' order.
+std::vector<Op> parse_ops(const std::string& text) {
+  if (text == "all") return {std::begin(kOps), std::end(kOps)};
+  std::vector<std::string> names;
+  for (size_t start = 0; start <= text.size();) {
+    const size_t comma = std::min(text.find(',', start), text.size());
+    names.push_back(text.substr(start, comma - start));
+    start = comma + 1;
+  }
+  std::vector<Op> ops;
+  for (const Op op : kOps) {
+    if (std::find(names.begin(), names.end(), op_name(op)) != names.end()) ops.push_back(op);
+  }
+  for (const std::string& name : names) {
+    bool known = false;
+    for (const Op op : kOps) known = known || name == op_name(op);
+    if (!known) {
+      throw_error(
+          "--ops '{}': '{}' is not an operation; use all, or a comma-separated list of "
+          "all_reduce, reduce_scatter, all_gather, broadcast, send_recv",
+          text, name);
+    }
+  }
+  return ops;
+}
+
+// Bytes this network namespace has transmitted on every interface but
+// loopback, or -1 if /proc/self/net/dev cannot be read.
+int64_t network_tx_bytes() {
+  std::FILE* file = std::fopen("/proc/self/net/dev", "r");
+  if (file == nullptr) return -1;
+  int64_t total = 0;
+  char line[512];
+  int line_number = 0;
+  while (std::fgets(line, sizeof(line), file) != nullptr) {
+    if (++line_number <= 2) continue;  // two header lines
+    char* colon = std::strchr(line, ':');
+    if (colon == nullptr) continue;
+    *colon = '\0';
+    const char* name = line + std::strspn(line, " ");
+    if (std::strcmp(name, "lo") == 0) continue;
+    // receive: bytes packets errs drop fifo frame compressed multicast; then transmit bytes
+    unsigned long long fields[9] = {};
+    if (std::sscanf(colon + 1, "%llu %llu %llu %llu %llu %llu %llu %llu %llu", &fields[0],
+                    &fields[1], &fields[2], &fields[3], &fields[4], &fields[5], &fields[6],
+                    &fields[7], &fields[8]) == 9) {
+      total += static_cast<int64_t>(fields[8]);
+    }
+  }
+  std::fclose(file);
+  return total;
 }
 
 // nccl-tests' bus-bandwidth factor for a group of n ranks.
@@ -285,11 +357,25 @@ std::string check_op(Communicator& comm, Op op, Buffers& buffers) {
 
 // Runs `iters` operations back to back, each waited for (the latency a caller
 // that needs the result sees), and returns this rank's seconds per operation.
-double time_ops(Communicator& comm, Op op, Buffers& buffers, int64_t iters) {
+// With tx_bytes, also what this node's interfaces sent meanwhile, read by
+// local rank 0 only (count_node), so each node counts once (0 elsewhere).
+// Barriers around the counter reads keep every rank's operations inside the
+// counted window; they are outside the timed one.
+double time_ops(Communicator& comm, Op op, Buffers& buffers, int64_t iters,
+                int64_t* tx_bytes = nullptr, bool count_node = false) {
   comm.barrier()->wait();
+  int64_t tx_before = 0;
+  if (tx_bytes != nullptr) {
+    if (count_node) tx_before = network_tx_bytes();
+    comm.barrier()->wait();
+  }
   const auto start = Clock::now();
   for (int64_t i = 0; i < iters; ++i) issue(comm, op, buffers)->wait();
   const std::chrono::duration<double> elapsed = Clock::now() - start;
+  if (tx_bytes != nullptr) {
+    comm.barrier()->wait();
+    *tx_bytes = count_node ? network_tx_bytes() - tx_before : 0;
+  }
   return elapsed.count() / static_cast<double>(iters);
 }
 
@@ -307,15 +393,17 @@ int64_t choose_iters(Communicator& comm, Op op, Buffers& buffers) {
 void print_table_header(const BenchCommWorkerArgs& args, int n) {
   std::printf("brigade bench comm: backend %s, %d processes, f32 sum, %s buffers\n",
               args.backend.c_str(), n, args.shared ? "shared-segment" : "private");
-  std::printf("%10s  %-15s %8s %12s %12s %12s\n", "size", "op", "iters", "time us", "algbw GB/s",
-              "busbw GB/s");
+  std::printf("%10s  %-15s %8s %12s %12s %12s %12s\n", "size", "op", "iters", "time us",
+              "algbw GB/s", "busbw GB/s", "net B/op");
 }
 
 void run_bench_comm_worker(const BenchCommWorkerArgs& args) {
   // With --shared, room for the largest size's big and small buffers, each
   // rounded up to whole pages (the segment wants a multiple of 4096).
   const auto round_up_pages = [](int64_t bytes) { return (bytes + 4095) / 4096 * 4096; };
-  const int world_size = read_world_environment().world_size;
+  const WorldEnvironment world = read_world_environment();
+  const int world_size = world.world_size;
+  const std::vector<Op> ops = parse_ops(args.ops);
   const int64_t shared_bytes =
       args.shared ? round_up_pages(args.max_bytes) + round_up_pages(args.max_bytes / world_size + 4)
                   : 0;
@@ -347,7 +435,7 @@ void run_bench_comm_worker(const BenchCommWorkerArgs& args) {
     }
     buffers.received.assign(static_cast<size_t>(buffers.total_count), 0.0f);
 
-    for (const Op op : kOps) {
+    for (const Op op : ops) {
       if (op_bytes(op, buffers, n) == 0) continue;  // fewer elements than ranks
       // Correctness first, once per size; every rank learns whether any rank
       // failed, so all stop together with the message instead of hanging.
@@ -362,7 +450,12 @@ void run_bench_comm_worker(const BenchCommWorkerArgs& args) {
       std::fill(buffers.big, buffers.big + buffers.total_count, 0.0f);
       for (int i = 0; i < kWarmupIters; ++i) issue(*comm, op, buffers)->wait();
       const int64_t iters = args.iters > 0 ? args.iters : choose_iters(*comm, op, buffers);
-      const double time_s = all_reduce_max(*comm, time_ops(*comm, op, buffers, iters));
+      int64_t tx_bytes = 0;
+      const double time_s = all_reduce_max(
+          *comm, time_ops(*comm, op, buffers, iters, &tx_bytes, world.local_rank == 0));
+      double node_tx = static_cast<double>(tx_bytes);
+      comm->all_reduce(&node_tx, 1, DType::kF64, ReduceOp::kSum)->wait();
+      const double net_tx_per_op = node_tx / static_cast<double>(iters);
 
       const int64_t reported_bytes = op_bytes(op, buffers, n);
       const double algbw_gbps = static_cast<double>(reported_bytes) / time_s / 1e9;
@@ -378,12 +471,15 @@ void run_bench_comm_worker(const BenchCommWorkerArgs& args) {
                                      {"iters", iters},
                                      {"time_us", time_s * 1e6},
                                      {"algbw_gbps", algbw_gbps},
-                                     {"busbw_gbps", busbw_gbps}};
+                                     {"busbw_gbps", busbw_gbps},
+                                     {"nnodes", world_size / world.local_world_size},
+                                     {"net_tx_bytes", net_tx_per_op}};
         std::printf("%s\n", line.dump().c_str());
       } else {
-        std::printf("%10s  %-15s %8lld %12.2f %12.3f %12.3f\n",
+        std::printf("%10s  %-15s %8lld %12.2f %12.3f %12.3f %12.0f\n",
                     format_bytes(reported_bytes).c_str(), op_name(op),
-                    static_cast<long long>(iters), time_s * 1e6, algbw_gbps, busbw_gbps);
+                    static_cast<long long>(iters), time_s * 1e6, algbw_gbps, busbw_gbps,
+                    net_tx_per_op);
       }
       std::fflush(stdout);
     }
@@ -414,14 +510,24 @@ void run_bench_comm(const BenchCommArgs& args) {
   if (args.shared && args.backend != "shm") {
     throw_error("--shared puts the buffers in the shm segment: it needs --backend shm");
   }
+  if (args.nnodes > 1 && args.backend == "shm") {
+    throw_error("--backend shm works within one node: across --nnodes {} use gloo or hierarchical",
+                args.nnodes);
+  }
+  parse_ops(args.ops);  // a typo is one error here, not one per worker
   LaunchOptions launch;
   launch.nproc_per_node = args.nproc;
+  launch.nnodes = args.nnodes;
+  launch.node_rank = args.node_rank;
+  launch.rdzv = args.rdzv;
+  launch.rdzv_token = args.rdzv_token;
   launch.command = {"bench",       "comm-worker",
                     "--backend",   args.backend,
                     "--min-bytes", std::to_string(min_bytes),
                     "--max-bytes", std::to_string(max_bytes),
                     "--iters",     std::to_string(iters),
-                    "--timeout-s", std::to_string(args.timeout_s)};
+                    "--timeout-s", std::to_string(args.timeout_s),
+                    "--ops",       args.ops};
   if (args.json) launch.command.push_back("--json");
   if (args.shared) launch.command.push_back("--shared");
   const int status = run_launch(launch);
@@ -456,6 +562,18 @@ void add_bench_comm_command(CLI::App& bench) {
   comm->add_option("--timeout-s", args->timeout_s, "Bound on the rendezvous and every operation")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  comm->add_option("--ops", args->ops,
+                   "all, or a comma-separated list of all_reduce, reduce_scatter, all_gather, "
+                   "broadcast, send_recv")
+      ->capture_default_str();
+  comm->add_option("--nnodes", args->nnodes, "Nodes (as brigade launch; each runs --nproc)")
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
+  comm->add_option("--node-rank", args->node_rank, "This node's rank (as brigade launch)")
+      ->capture_default_str();
+  comm->add_option("--rdzv", args->rdzv, "HOST:PORT of node 0's store (as brigade launch)");
+  comm->add_option("--rdzv-token", args->rdzv_token,
+                   "The job's secret (as brigade launch; or BRIGADE_RDZV_TOKEN)");
   comm->add_flag("--json", args->json, "One JSON line per size and op");
   comm->add_flag("--shared", args->shared,
                  "shm only: buffers inside the shared segment, as training's flat buffers will "
@@ -471,6 +589,7 @@ void add_bench_comm_command(CLI::App& bench) {
   worker->add_option("--max-bytes", worker_args->max_bytes)->required();
   worker->add_option("--iters", worker_args->iters);
   worker->add_option("--timeout-s", worker_args->timeout_s);
+  worker->add_option("--ops", worker_args->ops);
   worker->add_flag("--json", worker_args->json);
   worker->add_flag("--shared", worker_args->shared);
   worker->callback([worker_args] { run_bench_comm_worker(*worker_args); });

@@ -208,26 +208,48 @@ Program resolve_program(const std::vector<std::string>& command) {
 
 // ------------------------------------------------------------------ slurm
 
-// Slurm's compact tasks-per-node list ("4(x2),3" = 4, 4, 3): the count of
-// node `node_id`, or the first count if the list is shorter.
-int tasks_on_node(const std::string& spec, int node_id) {
+// Slurm's compact tasks-per-node list ("4(x2),3" = 4, 4, 3), one count per
+// node of the step.
+std::vector<int> tasks_per_node(const std::string& name, const std::string& spec) {
   std::vector<int> counts;
-  size_t at = 0;
-  while (at < spec.size()) {
-    size_t used = 0;
-    const int count = std::stoi(spec.substr(at), &used);
-    at += used;
-    int repeat = 1;
-    if (spec.compare(at, 2, "(x") == 0) {
-      at += 2;
-      repeat = std::stoi(spec.substr(at), &used);
-      at += used + 1;  // the number and ')'
+  try {
+    size_t at = 0;
+    while (at < spec.size()) {
+      size_t used = 0;
+      const int count = std::stoi(spec.substr(at), &used);
+      at += used;
+      int repeat = 1;
+      if (spec.compare(at, 2, "(x") == 0) {
+        at += 2;
+        repeat = std::stoi(spec.substr(at), &used);
+        at += used + 1;  // the number and ')'
+      }
+      for (int i = 0; i < repeat && counts.size() < 100000; ++i) counts.push_back(count);
+      if (at < spec.size() && spec[at] == ',') ++at;
     }
-    for (int i = 0; i < repeat && counts.size() < 100000; ++i) counts.push_back(count);
-    if (at < spec.size() && spec[at] == ',') ++at;
+  } catch (const std::logic_error&) {
+    counts.clear();
   }
-  if (counts.empty()) throw_error("cannot read SLURM_TASKS_PER_NODE='{}'", spec);
-  return node_id < static_cast<int>(counts.size()) ? counts[node_id] : counts[0];
+  if (counts.empty()) throw_error("cannot read {}='{}'", name, spec);
+  return counts;
+}
+
+// The step's value of a Slurm variable: srun sets SLURM_STEP_* for the step
+// it runs, while the plain names may still describe the whole allocation.
+std::optional<std::pair<const char*, std::string>> step_env(const char* step_name,
+                                                            const char* job_name) {
+  if (auto value = env(step_name)) return std::make_pair(step_name, *value);
+  if (auto value = env(job_name)) return std::make_pair(job_name, *value);
+  return std::nullopt;
+}
+
+// A task srun started has SLURM_STEP_ID; Slurm's batch script (and salloc's
+// shell) has SLURM_PROCID=0 and the whole job's SLURM_NTASKS too, but it is
+// one process, not task 0 of the job: treating it as one would wait for
+// tasks that never come.
+bool in_srun_task() {
+  return env("SLURM_PROCID") && env("SLURM_NTASKS") &&
+         (env("SLURM_STEP_ID") || env("SLURM_STEPID"));
 }
 
 // --iface, checked before the rendezvous, so that a typo is one error at once
@@ -248,18 +270,39 @@ void set_interface(const LaunchOptions& o, Environment& worker_env) {
 [[noreturn]] void exec_slurm_task(const LaunchOptions& o) {
   check_interface(o);
   const int rank = env_int("SLURM_PROCID");
-  const int world_size = env_int("SLURM_NTASKS");
+  const int world_size =
+      env("SLURM_STEP_NUM_TASKS") ? env_int("SLURM_STEP_NUM_TASKS") : env_int("SLURM_NTASKS");
   const int local_rank = env("SLURM_LOCALID") ? env_int("SLURM_LOCALID") : 0;
   const int node_rank = env("SLURM_NODEID") ? env_int("SLURM_NODEID") : 0;
+  // Brigade numbers ranks node by node, the same number on every node
+  // (RANK = GROUP_RANK * LOCAL_WORLD_SIZE + LOCAL_RANK): the hierarchical
+  // backend finds a rank's node and its node's leader from that alone.
+  // Slurm's cyclic distribution, or uneven nodes, would put a rank in
+  // another node's shared-memory group; refused here, on every task, rather
+  // than a hang in the first collective.
+  const char* const kLayoutFix =
+      "give srun --ntasks-per-node=N (N workers on every node) and the default block "
+      "distribution (--distribution=block), or run one `brigade launch --nproc-per-node N` "
+      "per node (srun --ntasks-per-node=1)";
   int local_world_size = 1;
-  if (env("SLURM_NTASKS_PER_NODE")) {
-    local_world_size = env_int("SLURM_NTASKS_PER_NODE");
-  } else if (auto spec = env("SLURM_TASKS_PER_NODE")) {
-    try {
-      local_world_size = tasks_on_node(*spec, node_rank);
-    } catch (const std::logic_error&) {
-      throw_error("cannot read SLURM_TASKS_PER_NODE='{}'", *spec);
+  if (auto spec = step_env("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE")) {
+    const std::vector<int> counts = tasks_per_node(spec->first, spec->second);
+    for (const int count : counts) {
+      if (count != counts[0]) {
+        throw_error("srun put different numbers of tasks on the nodes ({}={}): {}", spec->first,
+                    spec->second, kLayoutFix);
+      }
     }
+    local_world_size = counts[0];
+  } else if (env("SLURM_NTASKS_PER_NODE")) {
+    local_world_size = env_int("SLURM_NTASKS_PER_NODE");
+  }
+  if (local_world_size < 1 || world_size % local_world_size != 0 ||
+      local_rank >= local_world_size || rank != node_rank * local_world_size + local_rank) {
+    throw_error(
+        "srun task {} of {} is task {} of {} on node {}, which is not Brigade's numbering (node by "
+        "node: rank = node * tasks per node + local rank): {}",
+        rank, world_size, local_rank, local_world_size, node_rank, kLayoutFix);
   }
   HostPort master;
   if (!o.rdzv.empty()) {
@@ -391,8 +434,14 @@ void validate(const LaunchOptions& o) {
 }  // namespace
 
 int run_launch(const LaunchOptions& o) {
-  const bool under_srun = o.nproc_per_node == 0 && env("SLURM_PROCID") && env("SLURM_NTASKS");
-  if (under_srun) exec_slurm_task(o);
+  if (o.nproc_per_node == 0 && in_srun_task()) exec_slurm_task(o);
+  if (o.nproc_per_node == 0 && env("SLURM_JOB_ID")) {
+    throw_error(
+        "this is Slurm's batch script (or salloc's shell), not a task srun started: run `srun "
+        "brigade launch -- ...` (one task per worker) or `srun --ntasks-per-node=1 brigade "
+        "launch --nproc-per-node N --nnodes $SLURM_NNODES --node-rank $SLURM_NODEID ...` (one "
+        "launcher per node); examples/slurm/train.sbatch shows both");
+  }
   validate(o);
   const Program program = resolve_program(o.command);
   HostPort master{"127.0.0.1", 0};

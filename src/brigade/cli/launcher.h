@@ -69,9 +69,13 @@ struct LaunchOptions {
 // every worker exited 0, 1 when one failed (after the restarts allowed),
 // 128 + signal when stopped by a
 // signal. Throws Error, before any worker starts, for bad options or a failed
-// rendezvous. Under srun (SLURM_PROCID and SLURM_NTASKS set, no
-// --nproc-per-node) this task is one worker: it sets the variables from
-// Slurm's and replaces this process with the command, never returning.
+// rendezvous. Under srun (SLURM_PROCID, SLURM_NTASKS and SLURM_STEP_ID set,
+// no --nproc-per-node) this task is one worker: it sets the variables from
+// the step's (SLURM_STEP_NUM_TASKS, SLURM_STEP_TASKS_PER_NODE, ...) and
+// replaces this process with the command, never returning. The step must
+// put the same number of tasks on every node, numbered node by node (srun's
+// default block distribution); otherwise, and in Slurm's batch script itself
+// (which is no task of a step), it throws saying how to run it.
 int run_launch(const LaunchOptions& options);
 
 }  // namespace brigade::cli
