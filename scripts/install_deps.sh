@@ -12,6 +12,7 @@ packages=(
   libfmt-dev nlohmann-json3-dev libtomlplusplus-dev libcli11-dev
   libgloo-dev   # TCP collectives for the gloo communicator backend
   libxxhash-dev # checksums of checkpoint shards
+  libjs-chart.js  # Chart.js, inlined into the page `brigade report` writes
 )
 if [[ "${1:-}" == "--test" ]]; then
   packages+=(
@@ -20,6 +21,8 @@ if [[ "${1:-}" == "--test" ]]; then
     python3 python3-numpy python3-torch   # reference tests against PyTorch (CPU)
     clang-format
     clang libclang-rt-14-dev   # libFuzzer targets (scripts/fuzz.sh)
+    chromium     # renders `brigade report` headless (ctest -L external)
+    prometheus   # scrapes the agent's /metrics (ctest -L external)
   )
 fi
 

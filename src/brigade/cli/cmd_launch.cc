@@ -55,8 +55,8 @@ void add_launch_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--metrics", options->metrics_address,
                   "Where to serve /metrics for Prometheus: HOST:PORT (port 0 picks a free one and "
-                  "prints it), or off. It has no authentication: keep it on loopback unless the "
-                  "network is trusted")
+                  "prints it), off, or auto (127.0.0.1:0 for a brigade train, else off). It has "
+                  "no authentication: keep it on loopback unless the network is trusted")
       ->capture_default_str();
   cmd->add_option("command", options->command,
                   "The command and its arguments, after --: a brigade verb or a program")

@@ -388,7 +388,9 @@ void validate(const LaunchOptions& o) {
     throw_error("--step-timeout-s must be at least 1, got {} ms", o.step_timeout_ms);
   }
   check_interface(o);
-  if (o.metrics_address != "off") diag::parse_metrics_address(o.metrics_address);
+  if (o.metrics_address != "off" && o.metrics_address != "auto") {
+    diag::parse_metrics_address(o.metrics_address);
+  }
 }
 
 }  // namespace
@@ -444,8 +446,11 @@ int run_launch(const LaunchOptions& o) {
     // SIGTERM meant for the agent.
     elastic::Agent supervisor(std::move(agent));
     std::optional<diag::MetricsServer> metrics;
-    if (o.metrics_address != "off") {
-      metrics.emplace(diag::parse_metrics_address(o.metrics_address),
+    const std::string metrics_address = o.metrics_address != "auto" ? o.metrics_address
+                                        : o.command[0] == "train"   ? "127.0.0.1:0"
+                                                                    : "off";
+    if (metrics_address != "off") {
+      metrics.emplace(diag::parse_metrics_address(metrics_address),
                       [&supervisor] { return diag::prometheus_text(supervisor.status()); });
       fmt::print(stderr, "brigade launch: metrics at {}\n", metrics->url());
       std::fflush(stderr);

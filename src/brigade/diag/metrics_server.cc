@@ -211,8 +211,13 @@ void MetricsServer::Impl::accept_all() {
     const int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) return;  // EAGAIN: none left; anything else: try again at the next poll
     if (clients.size() >= static_cast<size_t>(kMaxClients)) {
-      ::close(fd);
-      continue;
+      // Room for the newcomer at the expense of the connection held longest:
+      // strangers holding every slot cannot lock a scrape out.
+      const auto oldest = std::min_element(
+          clients.begin(), clients.end(),
+          [](const Client& a, const Client& b) { return a.deadline_ns < b.deadline_ns; });
+      ::close(oldest->fd);
+      clients.erase(oldest);
     }
     Client c;
     c.fd = fd;

@@ -9,7 +9,8 @@
 // code and is closed: a request line or header section over kMaxRequestBytes
 // (431), a malformed request line or a version other than HTTP/1.x (400), a
 // method with a body (405), another path (404). At most kMaxClients
-// connections are served at once; further ones are closed on accept. The
+// connections are open at once; a newcomer beyond that closes the one held
+// longest, so strangers holding every slot cannot lock a scrape out. The
 // listening socket and every connection are close-on-exec, so the workers
 // the agent forks hold none of them, and writes use MSG_NOSIGNAL, so a
 // client that hangs up cannot kill the agent with SIGPIPE.

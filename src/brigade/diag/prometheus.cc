@@ -93,12 +93,13 @@ std::string prometheus_text(const elastic::AgentStatus& s) {
   for (const Worker& k : workers) {
     if (k.progress.beat_ns == 0) continue;
     w.rank_value("brigade_heartbeat_age_seconds", k.rank,
-                 std::max<int64_t>(0, s.taken_ns - k.progress.beat_ns) * 1e-9);
+                 static_cast<double>(std::max<int64_t>(0, s.taken_ns - k.progress.beat_ns)) / 1e9);
   }
   w.family("brigade_step_seconds", "gauge", "The worker's last training step, in seconds.");
   for (const Worker& k : workers) {
     if (k.progress.last_step_ns > 0) {
-      w.rank_value("brigade_step_seconds", k.rank, k.progress.last_step_ns * 1e-9);
+      w.rank_value("brigade_step_seconds", k.rank,
+                   static_cast<double>(k.progress.last_step_ns) / 1e9);
     }
   }
   w.family("brigade_comm_wait_fraction", "gauge",

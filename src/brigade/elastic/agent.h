@@ -24,6 +24,10 @@
 // grace: they may be saving; a second signal cuts it short), never
 // restarts, and the agent exits 128 + signal.
 //
+// The agent's status (generation, restarts, incidents, each worker's
+// heartbeat slot) is published every tick for the launcher's /metrics
+// endpoint (diag/metrics_server.h), which reads it from its own thread.
+//
 // Across nodes (a store given) the agents share failures through the store:
 // the first failure anywhere stops every node's workers. Restarts across
 // nodes need a coordinator that opens generations for all nodes at once,

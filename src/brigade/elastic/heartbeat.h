@@ -17,7 +17,9 @@
 // for every process of the machine. The slot also carries what the agent
 // needs to restart and account a `brigade train` run: the step it resumed
 // from, the run directory, the time in training steps, and when an injected
-// fault was raised (elastic/fault_injection.h). The agent treats every value
+// fault was raised (elastic/fault_injection.h), and the last step's numbers
+// (loss, tokens/s, MFU, communication wait, step time) that the agent's
+// /metrics endpoint serves (diag/prometheus.h). The agent treats every value
 // as untrusted input: a worker bug must not crash it.
 #pragma once
 
