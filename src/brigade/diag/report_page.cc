@@ -82,11 +82,15 @@ constexpr char kMain[] = R"js(
     const n = parseInt(hex.slice(1), 16);
     return 'rgba(' + (n >> 16) + ',' + ((n >> 8) & 255) + ',' + (n & 255) + ',' + alpha + ')';
   };
-  // Pixels of the canvas in `hex` (any opacity): how much of a series got drawn.
-  const seriesPixels = (canvas, hex) => {
+  // Pixels of the plot area in `hex` (any opacity): how much of a series got
+  // drawn. Only the plot area: the legend shows each colour too.
+  const seriesPixels = (c, hex) => {
     const n = parseInt(hex.slice(1), 16);
     const rgb = [n >> 16, (n >> 8) & 255, n & 255];
-    const data = canvas.getContext('2d').getImageData(0, 0, canvas.width, canvas.height).data;
+    const a = c.chartArea;
+    const scale = c.currentDevicePixelRatio || 1;
+    const data = c.ctx.getImageData(a.left * scale, a.top * scale, (a.right - a.left) * scale,
+                                    (a.bottom - a.top) * scale).data;
     let count = 0;
     for (let i = 0; i < data.length; i += 4) {
       if (data[i + 3] > 0 && Math.abs(data[i] - rgb[0]) <= 12 &&
@@ -122,7 +126,7 @@ constexpr char kMain[] = R"js(
       }, extraOptions || {}),
     });
     c.draw();
-    canvas.dataset.seriesPixels = seriesPixels(canvas, datasets[0].borderColor);
+    canvas.dataset.seriesPixels = seriesPixels(c, datasets[0].borderColor);
     canvas.classList.add('brigade-chart');
     charts++;
   }
