@@ -12,6 +12,7 @@ packages=(
   libfmt-dev nlohmann-json3-dev libtomlplusplus-dev libcli11-dev
   libgloo-dev   # TCP collectives for the gloo communicator backend
   libxxhash-dev # checksums of checkpoint shards
+  libjs-chart.js  # Chart.js, inlined into the page `brigade report` writes
 )
 if [[ "${1:-}" == "--test" ]]; then
   packages+=(
@@ -21,6 +22,8 @@ if [[ "${1:-}" == "--test" ]]; then
     clang-format
     clang libclang-rt-14-dev   # libFuzzer targets (scripts/fuzz.sh)
     slurm-wlm munge   # the slurm label: a one-node Slurm the test starts (tests/cli/srun_slurm_test.cc)
+    chromium     # renders `brigade report` headless (ctest -L external)
+    prometheus   # scrapes the agent's /metrics (ctest -L external)
   )
 fi
 

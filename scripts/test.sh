@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Quick start, part 2: install what is missing, build, run the whole suite.
-#   1. Release build, warnings as errors: every test (unit, slow, reference, format)
+#   1. Release build, warnings as errors: every test (unit, slow, reference, format,
+#      external: headless Chromium and Prometheus against the report and /metrics)
 #   2. ThreadSanitizer build of the comm tests whose processes start no threads
 #      before forking (TSan cannot follow a fork after threads): shm, the
 #      operation queue, the flight recorder, the store; and of the elastic

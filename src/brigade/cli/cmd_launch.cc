@@ -53,6 +53,11 @@ void add_launch_command(CLI::App& app) {
                   "counts as hung (a brigade train worker; a silent one after 2 s)")
       ->check(CLI::Range(1.0, 7.0 * 86'400.0))
       ->capture_default_str();
+  cmd->add_option("--metrics", options->metrics_address,
+                  "Where to serve /metrics for Prometheus: HOST:PORT (port 0 picks a free one and "
+                  "prints it), off, or auto (127.0.0.1:0 for a brigade train, else off). It has "
+                  "no authentication: keep it on loopback unless the network is trusted")
+      ->capture_default_str();
   cmd->add_option("command", options->command,
                   "The command and its arguments, after --: a brigade verb or a program")
       ->required();

@@ -11,7 +11,8 @@
 // through its heartbeat slot (elastic/heartbeat.h), and raises the faults
 // elastic.inject plans for it (elastic/fault_injection.h); a crash or hang
 // restarts the workers from the newest checkpoint, up to
-// elastic.max_restarts times (elastic/agent.h).
+// elastic.max_restarts times (elastic/agent.h). The workers' last step
+// numbers reach the agent's /metrics endpoint the same way (diag/prometheus.h).
 #include <unistd.h>
 
 #include <atomic>
@@ -36,6 +37,7 @@
 #include "brigade/core/files.h"
 #include "brigade/core/process_stats.h"
 #include "brigade/core/threads.h"
+#include "brigade/diag/metrics_server.h"
 #include "brigade/elastic/agent.h"
 #include "brigade/elastic/fault_injection.h"
 #include "brigade/elastic/heartbeat.h"
@@ -153,9 +155,10 @@ class RunReport {
     if (!metrics_) throw_error("cannot append to {}", (run_dir / "metrics.jsonl").string());
   }
 
-  void step(const StepMetrics& m, const std::vector<BucketTiming>& bucket_timings,
-            const std::vector<double>& peak_rss_per_rank,
-            const std::optional<AsyncCheckpointWriter::Stats>& checkpoint) {
+  // Returns the step's MFU.
+  double step(const StepMetrics& m, const std::vector<BucketTiming>& bucket_timings,
+              const std::vector<double>& peak_rss_per_rank,
+              const std::optional<AsyncCheckpointWriter::Stats>& checkpoint) {
     const double mfu = flops_per_step_ / (m.step_ms * 1e-3) / (peak_gflops_ * 1e9);
     nlohmann::json line = {{"step", m.step + 1},
                            {"loss", m.loss},
@@ -193,6 +196,7 @@ class RunReport {
     }
     metrics_ << line.dump() << "\n" << std::flush;
     progress_.update(m, mfu);
+    return mfu;
   }
 
   void validation(int64_t step, double val_loss) {
@@ -208,6 +212,13 @@ class RunReport {
   double peak_gflops_ = 0;
   double flops_per_step_ = 0;
 };
+
+// diag.metrics: where the launcher's agent serves /metrics ("off": nowhere).
+std::string metrics_address(Config& config) {
+  std::string address = config.get_string("diag.metrics", "127.0.0.1:0");
+  if (address != "off") diag::parse_metrics_address(address);  // refused before any worker starts
+  return address;
+}
 
 bool launched_worker() {
   return std::getenv("RANK") != nullptr && std::getenv("WORLD_SIZE") != nullptr;
@@ -230,6 +241,7 @@ bool launched_worker() {
   launch.nproc_per_node = nproc;
   launch.max_restarts = elastic_config.max_restarts;
   launch.step_timeout_ms = static_cast<int64_t>(elastic_config.step_timeout_s * 1000);
+  launch.metrics_address = metrics_address(config);
   launch.command = {"train", config_path};
   for (const std::string& o : overrides) {
     launch.command.push_back("--set");
@@ -273,6 +285,7 @@ void run_train(const std::string& config_path, const std::vector<std::string>& o
   const GptConfig model = GptConfig::from_config(config);
   TrainOptions options = TrainOptions::from_config(config);
   const elastic::ElasticConfig elastic_config = elastic::ElasticConfig::from_config(config);
+  metrics_address(config);  // the launcher's key: checked, then unused here
   config.check_all_used();
   const std::vector<elastic::InjectedFault> faults = elastic::parse_faults(elastic_config.inject);
   const int world_rank = launched_worker() ? read_world_environment().world_rank : 0;
@@ -322,9 +335,16 @@ void run_train(const std::string& config_path, const std::vector<std::string>& o
       }
       // Collective: a save in flight completes, or fails, on every rank at once.
       const auto checkpoint = trainer.poll_checkpoint();
-      if (report) report->step(m, trainer.bucket_timings(), rss, checkpoint);
+      elastic::StepStats stats;
+      stats.loss = m.loss;
+      stats.tokens_per_s = m.tokens_per_s;
+      stats.comm_wait_fraction = m.exposed_comm_ms / m.step_ms;
+      if (report) stats.mfu = report->step(m, trainer.bucket_timings(), rss, checkpoint);
       const int64_t done = trainer.step();
-      if (heartbeat) heartbeat->step_done(done, static_cast<int64_t>(m.step_ms * 1e6));
+      if (heartbeat) {
+        heartbeat->step_stats(stats);
+        heartbeat->step_done(done, static_cast<int64_t>(m.step_ms * 1e6));
+      }
       // After the step and the previous save's commit, before the next save.
       if (const auto* fault = elastic::fault_after_step(faults, world_rank, generation, done)) {
         elastic::raise_fault(*fault, heartbeat.get());
@@ -376,6 +396,7 @@ void add_train_command(CLI::App& app) {
   auto nproc = std::make_shared<int>(0);
   auto inject = std::make_shared<std::string>();
   auto max_restarts = std::make_shared<int>(-1);
+  auto metrics = std::make_shared<std::string>();
   cmd->add_option("config", *config_path, "Config file (see examples/)")->required();
   cmd->add_option("--set", *overrides, "Override a config key: section.key=value (repeatable)")
       ->allow_extra_args(false);
@@ -390,8 +411,13 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--inject", *inject,
                   "Faults to raise, for tests: kill:rank=R:step=S[:gen=G] or stop:..., comma "
                   "separated (sets elastic.inject)");
+  cmd->add_option("--metrics", *metrics,
+                  "With --nproc: where the launcher serves /metrics for Prometheus, HOST:PORT "
+                  "(port 0 picks a free one and prints it) or off (sets diag.metrics, default "
+                  "127.0.0.1:0)");
   cmd->callback([=] {
     std::vector<std::string> all = *overrides;
+    if (!metrics->empty()) all.push_back(fmt::format("diag.metrics=\"{}\"", *metrics));
     if (*max_restarts >= 0) all.push_back(fmt::format("elastic.max_restarts={}", *max_restarts));
     if (!inject->empty()) all.push_back(fmt::format("elastic.inject=\"{}\"", *inject));
     run_train(*config_path, all, *resume, *nproc);

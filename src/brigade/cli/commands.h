@@ -32,5 +32,6 @@ void add_data_command(CLI::App& app);
 void add_launch_command(CLI::App& app);
 void add_ckpt_command(CLI::App& app);
 void add_plan_command(CLI::App& app);
+void add_report_command(CLI::App& app);
 
 }  // namespace brigade::cli

@@ -21,6 +21,8 @@
 #include "brigade/comm/tcp_store.h"
 #include "brigade/core/clock.h"
 #include "brigade/core/error.h"
+#include "brigade/diag/metrics_server.h"
+#include "brigade/diag/prometheus.h"
 #include "brigade/elastic/agent.h"
 #include "brigade/elastic/worker_group.h"
 
@@ -429,6 +431,9 @@ void validate(const LaunchOptions& o) {
     throw_error("--step-timeout-s must be at least 1, got {} ms", o.step_timeout_ms);
   }
   check_interface(o);
+  if (o.metrics_address != "off" && o.metrics_address != "auto") {
+    diag::parse_metrics_address(o.metrics_address);
+  }
 }
 
 }  // namespace
@@ -486,7 +491,20 @@ int run_launch(const LaunchOptions& o) {
   int exit_status = 0;
   {
     const elastic::BlockedSignals blocked;
-    exit_status = elastic::Agent(std::move(agent)).run(blocked.child_mask());
+    // Started with the signals blocked, so its thread never takes the
+    // SIGTERM meant for the agent.
+    elastic::Agent supervisor(std::move(agent));
+    std::optional<diag::MetricsServer> metrics;
+    const std::string metrics_address = o.metrics_address != "auto" ? o.metrics_address
+                                        : o.command[0] == "train"   ? "127.0.0.1:0"
+                                                                    : "off";
+    if (metrics_address != "off") {
+      metrics.emplace(diag::parse_metrics_address(metrics_address),
+                      [&supervisor] { return diag::prometheus_text(supervisor.status()); });
+      fmt::print(stderr, "brigade launch: metrics at {}\n", metrics->url());
+      std::fflush(stderr);
+    }
+    exit_status = supervisor.run(blocked.child_mask());
     if (o.nnodes > 1) {
       try {
         store.set(done_key(o.node_rank), std::to_string(exit_status));

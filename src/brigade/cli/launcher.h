@@ -60,6 +60,11 @@ struct LaunchOptions {
   int max_restarts = 0;
   // A worker that beats but completes no step for this long counts as hung.
   int64_t step_timeout_ms = 600'000;
+  // Where the agent serves /metrics for Prometheus (diag/metrics_server.h):
+  // HOST:PORT, port 0 for a free one (printed), "off", or "auto": a free
+  // loopback port for `brigade train` (whose workers report their steps),
+  // off for any other program, whose launcher stays as silent as torchrun.
+  std::string metrics_address = "auto";
   // A brigade verb and its arguments (run with this same binary), or any
   // program and its arguments.
   std::vector<std::string> command;

@@ -20,6 +20,7 @@ int main(int argc, char** argv) {
   brigade::cli::add_launch_command(app);
   brigade::cli::add_ckpt_command(app);
   brigade::cli::add_plan_command(app);
+  brigade::cli::add_report_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -174,6 +174,7 @@ Agent::Outcome Agent::supervise(WorkerGroup& group, const HeartbeatTable& table)
     group.enforce_grace();
     if (!group.stopping()) check_watchdog(group, table);
     if (generation_ > 0) check_recovery(table);
+    publish_status(group, table);
     if (options_.nnodes > 1 && !group.stopping() && now_ns() >= next_peer_check_ns) {
       if (failure_on_other_node()) {
         stopped_count_ = group.running();
@@ -186,6 +187,25 @@ Agent::Outcome Agent::supervise(WorkerGroup& group, const HeartbeatTable& table)
   if (failure_) return Outcome::kFailed;
   if (!remote_failure_.empty()) return Outcome::kRemoteFailure;
   return Outcome::kSucceeded;
+}
+
+AgentStatus Agent::status() const {
+  const std::lock_guard<std::mutex> lock(status_mutex_);
+  return status_;
+}
+
+void Agent::publish_status(const WorkerGroup& group, const HeartbeatTable& table) {
+  AgentStatus s;
+  s.node_rank = options_.node_rank;
+  s.generation = generation_;
+  s.restarts = restarts_;
+  s.incidents = static_cast<int>(incidents_.size());
+  s.taken_ns = now_ns();
+  for (const Worker& w : group.workers()) {
+    s.workers.push_back({w.rank, w.local_rank, w.running, table.read(w.local_rank)});
+  }
+  const std::lock_guard<std::mutex> lock(status_mutex_);
+  status_ = std::move(s);
 }
 
 void Agent::check_watchdog(WorkerGroup& group, const HeartbeatTable& table) {

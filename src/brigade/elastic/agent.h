@@ -24,6 +24,10 @@
 // grace: they may be saving; a second signal cuts it short), never
 // restarts, and the agent exits 128 + signal.
 //
+// The agent's status (generation, restarts, incidents, each worker's
+// heartbeat slot) is published every tick for the launcher's /metrics
+// endpoint (diag/metrics_server.h), which reads it from its own thread.
+//
 // Across nodes (a store given) the agents share failures through the store:
 // the first failure anywhere stops every node's workers. Restarts across
 // nodes need a coordinator that opens generations for all nodes at once,
@@ -31,10 +35,12 @@
 #pragma once
 
 #include <cstdint>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "brigade/elastic/heartbeat.h"
 #include "brigade/elastic/incidents.h"
 #include "brigade/elastic/watchdog.h"
 #include "brigade/elastic/worker_group.h"
@@ -82,6 +88,23 @@ struct AgentOptions {
   TcpStore* store = nullptr;
 };
 
+// What the agent saw at its last look (every 100 ms or sooner), for the
+// metrics endpoint (diag/prometheus.h), which reads it from its own thread.
+struct AgentStatus {
+  struct Worker {
+    int rank = 0;
+    int local_rank = 0;
+    bool running = false;
+    WorkerProgress progress;
+  };
+  int node_rank = 0;
+  int64_t generation = 0;
+  int restarts = 0;
+  int incidents = 0;
+  int64_t taken_ns = 0;         // when (core/clock.h's now_ns, the heartbeats' clock)
+  std::vector<Worker> workers;  // this node's, by local rank; empty between generations
+};
+
 class Agent {
  public:
   explicit Agent(AgentOptions options);
@@ -94,6 +117,8 @@ class Agent {
 
   const std::vector<Incident>& incidents() const { return incidents_; }
   int restarts() const { return restarts_; }
+  // Safe to call from any thread while run() runs.
+  AgentStatus status() const;
 
  private:
   enum class Outcome { kSucceeded, kFailed, kSignalled, kRemoteFailure };
@@ -101,6 +126,7 @@ class Agent {
   void on_failure(WorkerGroup& group, const HeartbeatTable& table, Incident incident);
   void check_watchdog(WorkerGroup& group, const HeartbeatTable& table);
   void check_recovery(const HeartbeatTable& table);
+  void publish_status(const WorkerGroup& group, const HeartbeatTable& table);
   void end_generation(const HeartbeatTable& table);
   Program program_for_generation() const;
   void publish_failure(const std::string& what);
@@ -121,6 +147,8 @@ class Agent {
   int received_signal_ = 0;
   std::string remote_failure_;
   int stopped_count_ = 0;
+  mutable std::mutex status_mutex_;
+  AgentStatus status_;
 };
 
 }  // namespace brigade::elastic

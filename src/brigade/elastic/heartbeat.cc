@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <new>
 #include <string_view>
 
@@ -63,6 +64,10 @@ HeartbeatTable::HeartbeatTable(int slots, int64_t generation) : slots_(slots) {
     auto* slot = new (base + kSlotStride * static_cast<size_t>(i)) HeartbeatSlot{};
     slot->generation.store(generation);
     slot->start_step.store(-1);
+    slot->loss.store(std::numeric_limits<double>::quiet_NaN());
+    slot->tokens_per_s.store(std::numeric_limits<double>::quiet_NaN());
+    slot->mfu.store(std::numeric_limits<double>::quiet_NaN());
+    slot->comm_wait_fraction.store(std::numeric_limits<double>::quiet_NaN());
   }
 }
 
@@ -87,6 +92,11 @@ WorkerProgress HeartbeatTable::read(int local_rank) const {
   p.first_step_ns = slot->first_step_ns.load();
   p.train_ns = slot->train_ns.load();
   p.fault_ns = slot->fault_ns.load();
+  p.last_step_ns = slot->last_step_ns.load();
+  p.stats.loss = slot->loss.load();
+  p.stats.tokens_per_s = slot->tokens_per_s.load();
+  p.stats.mfu = slot->mfu.load();
+  p.stats.comm_wait_fraction = slot->comm_wait_fraction.load();
   const int64_t run_dir_bytes = slot->run_dir_bytes.load(std::memory_order_acquire);
   if (run_dir_bytes > 0 && run_dir_bytes <= static_cast<int64_t>(kMaxRunDirBytes)) {
     p.run_dir.assign(slot->run_dir, static_cast<size_t>(run_dir_bytes));
@@ -160,12 +170,20 @@ void WorkerHeartbeat::started(int64_t step, const std::string& run_dir) {
 void WorkerHeartbeat::step_done(int64_t step, int64_t step_ns) {
   const int64_t now = now_ns();
   slot_->train_ns.fetch_add(step_ns);
+  slot_->last_step_ns.store(step_ns);
   slot_->step_ns.store(now);
   slot_->step.store(step);
   if (!first_step_done_) {
     first_step_done_ = true;
     slot_->first_step_ns.store(now);
   }
+}
+
+void WorkerHeartbeat::step_stats(const StepStats& stats) {
+  slot_->loss.store(stats.loss);
+  slot_->tokens_per_s.store(stats.tokens_per_s);
+  slot_->mfu.store(stats.mfu);
+  slot_->comm_wait_fraction.store(stats.comm_wait_fraction);
 }
 
 void WorkerHeartbeat::fault_injected() {

@@ -17,13 +17,16 @@
 // for every process of the machine. The slot also carries what the agent
 // needs to restart and account a `brigade train` run: the step it resumed
 // from, the run directory, the time in training steps, and when an injected
-// fault was raised (elastic/fault_injection.h). The agent treats every value
+// fault was raised (elastic/fault_injection.h), and the last step's numbers
+// (loss, tokens/s, MFU, communication wait, step time) that the agent's
+// /metrics endpoint serves (diag/prometheus.h). The agent treats every value
 // as untrusted input: a worker bug must not crash it.
 #pragma once
 
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -47,8 +50,25 @@ struct HeartbeatSlot {
   std::atomic<int64_t> fault_ns;       // when an injected fault was raised; 0 if none
   std::atomic<int64_t> run_dir_bytes;  // set after run_dir, with release order
   char run_dir[kMaxRunDirBytes];
+  // The last step's numbers, for the agent's /metrics (diag/prometheus.h);
+  // NaN until the worker reports them (last_step_ns: 0).
+  std::atomic<int64_t> last_step_ns;
+  std::atomic<double> loss;
+  std::atomic<double> tokens_per_s;
+  std::atomic<double> mfu;  // only the rank that measures it (rank 0)
+  std::atomic<double> comm_wait_fraction;
 };
 static_assert(std::atomic<int64_t>::is_always_lock_free, "slots are shared between processes");
+static_assert(std::atomic<double>::is_always_lock_free, "slots are shared between processes");
+
+// A worker's last step, as it reports it; NaN for what it does not know.
+struct StepStats {
+  double loss = std::numeric_limits<double>::quiet_NaN();
+  double tokens_per_s = std::numeric_limits<double>::quiet_NaN();
+  double mfu = std::numeric_limits<double>::quiet_NaN();
+  // Time waiting on communication that overlap did not hide, over step time.
+  double comm_wait_fraction = std::numeric_limits<double>::quiet_NaN();
+};
 
 // A copy of one slot's values, as the agent saw them.
 struct WorkerProgress {
@@ -61,7 +81,9 @@ struct WorkerProgress {
   int64_t first_step_ns = 0;
   int64_t train_ns = 0;
   int64_t fault_ns = 0;
-  std::string run_dir;  // empty until the worker said
+  std::string run_dir;       // empty until the worker said
+  int64_t last_step_ns = 0;  // the last step's duration; 0 before the first
+  StepStats stats;
 };
 
 // The agent's side: one table per generation.
@@ -103,6 +125,8 @@ class WorkerHeartbeat {
   void started(int64_t step, const std::string& run_dir);
   // Step `step` (counted from 1) completed, having taken step_ns.
   void step_done(int64_t step, int64_t step_ns);
+  // The numbers of the step about to be reported by step_done.
+  void step_stats(const StepStats& stats);
   // Just before this worker raises an injected fault on itself.
   void fault_injected();
 
