@@ -3,8 +3,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <unordered_map>
-#include <unordered_set>
 
 #include "brigade/core/error.h"
 
@@ -29,14 +27,18 @@ Simulation simulate(const std::vector<std::vector<Instruction>>& lists, const Co
   BRIGADE_CHECK(p >= 1, "no stages to simulate");
   BRIGADE_CHECK(costs.stages.size() == 1 || static_cast<int64_t>(costs.stages.size()) == p,
                 "{} stage costs for {} stages", costs.stages.size(), p);
-  int64_t v = 1;
+  int64_t v = 1, m = 0;
   for (const auto& list : lists) {
-    for (const Instruction& in : list) v = std::max(v, in.chunk + 1);
+    for (const Instruction& in : list) {
+      v = std::max(v, in.chunk + 1);
+      m = std::max(m, in.microbatch + 1);
+    }
   }
   const int64_t virtual_stages = p * v;
-  // A message is (activation or gradient, micro-batch, receiving virtual stage).
+  // A message is (activation or gradient, micro-batch, receiving virtual
+  // stage): an index into `arrival` and `state`.
   auto key = [&](bool grad, int64_t mb, int64_t to_virtual) {
-    return (static_cast<uint64_t>(mb * virtual_stages + to_virtual) << 1) | (grad ? 1u : 0u);
+    return static_cast<size_t>(((mb * virtual_stages + to_virtual) << 1) | (grad ? 1 : 0));
   };
   auto describe = [](int64_t stage, size_t pc, const Instruction& in) {
     return fmt::format("stage {} at instruction {} ({})", stage, pc, to_string(in));
@@ -47,8 +49,9 @@ Simulation simulate(const std::vector<std::vector<Instruction>>& lists, const Co
   std::vector<size_t> pc(static_cast<size_t>(p), 0);
   std::vector<double> clock(static_cast<size_t>(p), 0.0);
   std::vector<int64_t> live(static_cast<size_t>(p), 0);
-  std::unordered_map<uint64_t, double> arrivals;  // sent, not yet received
-  std::unordered_set<uint64_t> sent;
+  enum : uint8_t { kNotSent, kInFlight, kReceived };
+  std::vector<uint8_t> state(static_cast<size_t>(2 * m * virtual_stages), kNotSent);
+  std::vector<double> arrival(state.size(), 0.0);
   auto fail = [&sim](std::string problem) {
     sim.ok = false;
     sim.problem = std::move(problem);
@@ -72,6 +75,9 @@ Simulation simulate(const std::vector<std::vector<Instruction>>& lists, const Co
       while (i < list.size()) {
         const Instruction& in = list[i];
         const double start = now;
+        if (in.op != Op::kOptimizerStep && (in.microbatch < 0 || in.chunk < 0)) {
+          return fail(fmt::format("{} has a negative micro-batch or chunk", describe(s, i, in)));
+        }
         const int64_t vs = in.chunk * p + s;
         if (is_send(in.op) || is_recv(in.op)) {
           const bool grad = is_grad(in.op);
@@ -86,16 +92,20 @@ Simulation simulate(const std::vector<std::vector<Instruction>>& lists, const Co
                                         : std::string(" (there is none)")));
           }
           if (is_send(in.op)) {
-            const uint64_t k = key(grad, in.microbatch, other);
-            if (!sent.insert(k).second) {
+            const size_t k = key(grad, in.microbatch, other);
+            if (state[k] != kNotSent) {
               return fail(fmt::format("{} sends data already sent", describe(s, i, in)));
             }
-            arrivals[k] = now + costs.p2p_s;
+            state[k] = kInFlight;
+            arrival[k] = now + costs.p2p_s;
           } else {
-            const auto found = arrivals.find(key(grad, in.microbatch, vs));
-            if (found == arrivals.end()) break;  // not sent yet: the next stage's turn
-            now = std::max(now, found->second);
-            arrivals.erase(found);
+            const size_t k = key(grad, in.microbatch, vs);
+            if (state[k] == kNotSent) break;  // not sent yet: the next stage's turn
+            if (state[k] == kReceived) {
+              return fail(fmt::format("{} receives data already received", describe(s, i, in)));
+            }
+            now = std::max(now, arrival[k]);
+            state[k] = kReceived;
           }
         } else {
           double cost = 0;
@@ -140,14 +150,16 @@ Simulation simulate(const std::vector<std::vector<Instruction>>& lists, const Co
     }
   }
   if (!stuck.empty()) return fail("deadlock: " + stuck);
-  if (!arrivals.empty()) {
-    const uint64_t k = arrivals.begin()->first;
+  const int64_t unreceived = std::count(state.begin(), state.end(), kInFlight);
+  if (unreceived > 0) {
+    const size_t k =
+        static_cast<size_t>(std::find(state.begin(), state.end(), kInFlight) - state.begin());
     const int64_t to = static_cast<int64_t>(k >> 1) % virtual_stages;
-    return fail(
-        fmt::format("{} of micro-batch {} sent to virtual stage {} (stage {}) but never "
-                    "received, among {} such",
-                    (k & 1) ? "a gradient" : "an activation",
-                    static_cast<int64_t>(k >> 1) / virtual_stages, to, to % p, arrivals.size()));
+    return fail(fmt::format(
+        "{} of micro-batch {} sent to virtual stage {} (stage {}) but never received, among {} "
+        "such",
+        (k & 1) ? "a gradient" : "an activation", static_cast<int64_t>(k >> 1) / virtual_stages,
+        to, to % p, unreceived));
   }
   for (int64_t s = 0; s < p; ++s) {
     sim.stages[static_cast<size_t>(s)].finish_s = clock[static_cast<size_t>(s)];
