@@ -101,6 +101,12 @@ TEST(Simulate, InterleavingDividesTheBubbleByVAndZbH1LeavesLessStill) {
         ASSERT_TRUE(sim.ok) << name(s) << ": " << sim.problem;
         // Narayanan et al. 2021: the fill and drain shrink to (p-1)/v stage-times.
         const double expected = static_cast<double>(p - 1) / static_cast<double>(v * m + p - 1);
+        // A chunk's passes take 1/v of the stage's: the same work in all.
+        EXPECT_NEAR(sim.step_s,
+                    3.0 * static_cast<double>(m) +
+                        3.0 * static_cast<double>(p - 1) / static_cast<double>(v),
+                    1e-9)
+            << name(s);
         for (int64_t stage = 0; stage < p; ++stage) {
           EXPECT_NEAR(sim.stages[stage].bubble_fraction, expected, 1e-12)
               << name(s) << " stage " << stage;
@@ -155,7 +161,9 @@ TEST(Simulate, OneFOneBAndZbH1KeepAtMostPMicroBatchesAliveGpipeKeepsM) {
         // 1F1B's stage s runs p-s-1 forwards ahead; ZB-H1's also holds the s
         // micro-batches whose weight gradients it deferred.
         EXPECT_EQ(ofob.stages[s].peak_live, std::min(p - s, m)) << "p=" << p << " m=" << m;
-        EXPECT_LE(zb.stages[s].peak_live, bound) << "p=" << p << " m=" << m << " stage " << s;
+        // ZB-H1's stage s runs p-s-1 forwards ahead and defers s weight
+        // passes: min(p, m) alive on every stage, 1F1B's peak on stage 0.
+        EXPECT_EQ(zb.stages[s].peak_live, bound) << "p=" << p << " m=" << m << " stage " << s;
       }
     }
   }

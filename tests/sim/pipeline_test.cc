@@ -9,6 +9,7 @@
 #include "brigade/sim/cost_model.h"
 #include "brigade/sim/model_presets.h"
 #include "brigade/sim/search.h"
+#include "brigade/sim/validation.h"
 
 namespace brigade::sim {
 namespace {
@@ -33,8 +34,8 @@ schedule::Simulation full(const schedule::Shape& shape, const PipelineCosts& c) 
 TEST(Pipeline, ManyMicroBatchesExtendTheSteadyStateExactly) {
   const PipelineCosts c = uneven();
   for (Kind kind : {Kind::kGpipe, Kind::kOneFOneB, Kind::kInterleaved, Kind::kZbH1}) {
-    for (int64_t p : {1, 2, 3, 4, 8}) {
-      for (int64_t v : {1, 2, 3}) {
+    for (int64_t p : {1, 2, 3, 4, 8, 16}) {
+      for (int64_t v : {1, 2, 3, 4}) {
         for (int64_t m = p; m <= 12 * p + 3; m += (kind == Kind::kInterleaved ? p : 1)) {
           const schedule::Shape shape{kind, p, m, v};
           try {
@@ -143,6 +144,19 @@ TEST(Pipeline, ScheduleIsPartOfTheLayout) {
   for (const Estimate& e : search_layouts(gpt3(), 64, hw, pins, 10).ranked) {
     EXPECT_EQ(e.layout.schedule, Kind::kGpipe);
   }
+}
+
+TEST(Pipeline, ValidationModelsTheSchedulesTheMeasuredRunsUsed) {
+  // Every published row ran Megatron-LM: 1F1B, interleaved with vp > 1.
+  const ValidationSummary v = validate(parse_published_runs(builtin_published_csv()));
+  int64_t pipelined = 0;
+  for (const ValidationRow& row : v.rows) {
+    ASSERT_TRUE(row.predicted_ok) << row.run.name;
+    const Kind kind = row.layout.pipeline_schedule();
+    EXPECT_EQ(kind, row.layout.vp > 1 ? Kind::kInterleaved : Kind::kOneFOneB) << row.run.name;
+    if (row.layout.pp > 1) ++pipelined;
+  }
+  EXPECT_GT(pipelined, 10);
 }
 
 TEST(Pipeline, LayoutsNameTheirSchedule) {

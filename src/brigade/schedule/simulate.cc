@@ -158,8 +158,8 @@ Simulation simulate(const std::vector<std::vector<Instruction>>& lists, const Co
     return fail(fmt::format(
         "{} of micro-batch {} sent to virtual stage {} (stage {}) but never received, among {} "
         "such",
-        (k & 1) ? "a gradient" : "an activation", static_cast<int64_t>(k >> 1) / virtual_stages,
-        to, to % p, unreceived));
+        (k & 1) ? "a gradient" : "an activation", static_cast<int64_t>(k >> 1) / virtual_stages, to,
+        to % p, unreceived));
   }
   for (int64_t s = 0; s < p; ++s) {
     sim.stages[static_cast<size_t>(s)].finish_s = clock[static_cast<size_t>(s)];
