@@ -105,7 +105,13 @@ namespace {
 // Wraps one compute step in the receive before it and the send after it.
 class ListBuilder {
  public:
-  ListBuilder(const Shape& shape, int64_t stage) : shape_(shape), stage_(stage) {}
+  ListBuilder(const Shape& shape, int64_t stage, std::vector<Instruction>& out)
+      : shape_(shape), stage_(stage), list_(out) {
+    list_.clear();
+    // Per chunk pass: a compute instruction and at most one receive and one
+    // send, forward and backward, and one weight pass.
+    list_.reserve(static_cast<size_t>(7 * shape.microbatches * shape.virtual_stages + 1));
+  }
 
   void forward(int64_t mb, int64_t chunk) {
     const int64_t vs = shape_.virtual_stage(stage_, chunk);
@@ -122,10 +128,7 @@ class ListBuilder {
   }
   void weight(int64_t mb, int64_t chunk) { push(Op::kBackwardWeight, mb, chunk, -1); }
 
-  std::vector<Instruction> finish() {
-    push(Op::kOptimizerStep, -1, 0, -1);
-    return std::move(list_);
-  }
+  void finish() { push(Op::kOptimizerStep, -1, 0, -1); }
 
  private:
   int64_t last_virtual() const { return shape_.stages * shape_.virtual_stages - 1; }
@@ -135,7 +138,7 @@ class ListBuilder {
 
   const Shape& shape_;
   int64_t stage_;
-  std::vector<Instruction> list_;
+  std::vector<Instruction>& list_;
 };
 
 // GPipe: fill with every forward, drain with every backward.
@@ -209,12 +212,18 @@ void interleaved(const Shape& s, int64_t stage, ListBuilder& b) {
 }  // namespace
 
 std::vector<Instruction> stage_instructions(const Shape& shape, int64_t stage) {
+  std::vector<Instruction> list;
+  stage_instructions(shape, stage, list);
+  return list;
+}
+
+void stage_instructions(const Shape& shape, int64_t stage, std::vector<Instruction>& out) {
   check(shape);
   if (stage < 0 || stage >= shape.stages) {
     throw_error("stage {} is outside the pipeline's {} stages (0 to {})", stage, shape.stages,
                 shape.stages - 1);
   }
-  ListBuilder b(shape, stage);
+  ListBuilder b(shape, stage, out);
   switch (shape.kind) {
     case Kind::kGpipe:
       gpipe(shape, b);
@@ -229,15 +238,21 @@ std::vector<Instruction> stage_instructions(const Shape& shape, int64_t stage) {
       zb_h1(shape, stage, b);
       break;
   }
-  return b.finish();
+  b.finish();
 }
 
 std::vector<std::vector<Instruction>> all_stage_instructions(const Shape& shape) {
-  check(shape);
   std::vector<std::vector<Instruction>> lists;
-  lists.reserve(static_cast<size_t>(shape.stages));
-  for (int64_t s = 0; s < shape.stages; ++s) lists.push_back(stage_instructions(shape, s));
+  all_stage_instructions(shape, lists);
   return lists;
+}
+
+void all_stage_instructions(const Shape& shape, std::vector<std::vector<Instruction>>& out) {
+  check(shape);
+  out.resize(static_cast<size_t>(shape.stages));
+  for (int64_t s = 0; s < shape.stages; ++s) {
+    stage_instructions(shape, s, out[static_cast<size_t>(s)]);
+  }
 }
 
 }  // namespace brigade::schedule

@@ -74,5 +74,9 @@ void check(const Shape& shape);
 std::vector<Instruction> stage_instructions(const Shape& shape, int64_t stage);
 // All stages' lists, index = stage.
 std::vector<std::vector<Instruction>> all_stage_instructions(const Shape& shape);
+// The same into `out`, reusing its memory (the planner simulates thousands
+// of schedules; fresh lists cost more in page faults than in building).
+void stage_instructions(const Shape& shape, int64_t stage, std::vector<Instruction>& out);
+void all_stage_instructions(const Shape& shape, std::vector<std::vector<Instruction>>& out);
 
 }  // namespace brigade::schedule

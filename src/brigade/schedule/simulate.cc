@@ -82,8 +82,12 @@ Simulation simulate(const std::vector<std::vector<Instruction>>& lists, const Co
         if (is_send(in.op) || is_recv(in.op)) {
           const bool grad = is_grad(in.op);
           // Activations go to the next virtual stage, gradients to the previous.
-          const int64_t other = is_send(in.op) == grad ? vs - 1 : vs + 1;
-          if (other < 0 || other >= virtual_stages || other % p != in.peer) {
+          const bool previous = is_send(in.op) == grad;
+          const int64_t other = previous ? vs - 1 : vs + 1;
+          // other % p, without a division: the stage before or after s.
+          const int64_t other_stage =
+              previous ? (s == 0 ? p - 1 : s - 1) : (s + 1 == p ? 0 : s + 1);
+          if (other < 0 || other >= virtual_stages || other_stage != in.peer) {
             return fail(fmt::format("{} names stage {}, but its data {} virtual stage {}{}",
                                     describe(s, i, in), in.peer,
                                     is_send(in.op) ? "goes to" : "comes from", other,
