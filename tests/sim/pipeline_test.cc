@@ -9,6 +9,7 @@
 #include "brigade/sim/cost_model.h"
 #include "brigade/sim/model_presets.h"
 #include "brigade/sim/search.h"
+#include "brigade/sim/transformer_formulas.h"
 #include "brigade/sim/validation.h"
 
 namespace brigade::sim {
@@ -52,6 +53,26 @@ TEST(Pipeline, ManyMicroBatchesExtendTheSteadyStateExactly) {
           EXPECT_NEAR(r.live_first, sim.stages.front().peak_live_microbatches, 1e-9) << what;
           EXPECT_NEAR(r.live_last, sim.stages.back().peak_live_microbatches, 1e-9) << what;
         }
+      }
+    }
+  }
+}
+
+TEST(Pipeline, EqualStagesGiveMegatronsClosedForms) {
+  const PipelineCosts c{{1.0, 1.5, 0.5}, {1.0, 1.5, 0.5}, {1.0, 1.5, 0.5}};
+  for (int64_t p : {2, 4, 8}) {
+    for (int64_t v : {1, 2, 4}) {
+      for (int64_t m = p; m <= 16 * p; m += p) {
+        const schedule::Shape shape{v > 1 ? Kind::kInterleaved : Kind::kOneFOneB, p, m, v};
+        const PipelineResult r = simulate_pipeline(shape, c);
+        const double work = 3.0 * static_cast<double>(m);
+        EXPECT_NEAR((r.step_s - work) / r.step_s, bubble_fraction(p, v, m), 1e-12)
+            << "p=" << p << " m=" << m << " v=" << v;
+        Layout l;
+        l.pp = p;
+        l.vp = v;
+        EXPECT_NEAR(r.live_first, inflight_microbatches(l, m), 1e-12)
+            << "p=" << p << " m=" << m << " v=" << v;
       }
     }
   }
