@@ -1,7 +1,7 @@
 # Each folder under src/brigade/ is a layer; a layer may include only itself
 # and the layers listed before it (docs/ARCHITECTURE.md). Fails naming every
 # include that reaches downward.
-set(order core kernels model comm parallel optim data ckpt train elastic diag sim cli)
+set(order core schedule kernels model comm parallel optim data ckpt train elastic diag sim cli)
 file(GLOB_RECURSE files ${SOURCE_DIR}/src/brigade/*.h ${SOURCE_DIR}/src/brigade/*.cc)
 set(bad "")
 foreach(f ${files})

@@ -60,6 +60,36 @@ TEST(PlanCommand, OneLayoutReportsTflopsTheWayMegatronCounts) {
   EXPECT_NEAR(j.at("tokens_per_s").get<double>(), 1536.0 * 2048.0 / step, 1e-6);
 }
 
+TEST(PlanCommand, TheScheduleIsPartOfTheLayout) {
+  // The search chooses a schedule and prints it with the layout.
+  const auto r = run_brigade({"plan", "--model", "175b", "--gpus", "1024", "--hardware", "h100-80g",
+                              "--json", "--trials", "50"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  for (const nlohmann::json& l : j.at("layouts")) {
+    const std::string kind = l.at("layout").at("schedule").get<std::string>();
+    EXPECT_TRUE(kind == "gpipe" || kind == "1f1b" || kind == "interleaved" || kind == "zb-h1")
+        << kind;
+    EXPECT_NE(l.at("layout_string").get<std::string>().find("schedule=" + kind), std::string::npos);
+  }
+  const auto text = run_brigade(
+      {"plan", "--model", "175b", "--gpus", "1024", "--hardware", "h100-80g", "--trials", "50"});
+  EXPECT_NE(text.out.find("recompute  sp    schedule"), std::string::npos) << text.out;
+  // One layout under two schedules: ZB-H1 idles less than 1F1B.
+  auto bubble = [](const std::string& kind) {
+    const auto one = run_brigade(
+        {"plan", "--model", "175b", "--gpus", "256", "--hardware", "h100-80g", "--layout",
+         "tp=8,pp=8,dp=4,zero=1,micro=1,schedule=" + kind, "--json", "--trials", "50"});
+    EXPECT_EQ(one.status, 0) << one.err;
+    return nlohmann::json::parse(one.out).at("time_s").at("bubble").get<double>();
+  };
+  EXPECT_LT(bubble("zb-h1"), 0.7 * bubble("1f1b"));
+  const auto bad = run_brigade({"plan", "--model", "175b", "--gpus", "256", "--layout",
+                                "tp=8,pp=8,dp=4,schedule=pipedream"});
+  EXPECT_NE(bad.status, 0);
+  EXPECT_NE(bad.err.find("known: gpipe, 1f1b, interleaved, zb-h1"), std::string::npos) << bad.err;
+}
+
 TEST(PlanCommand, ALayoutThatDoesNotFitExitsThree) {
   const auto r = run_brigade({"plan", "--model", "175b", "--gpus", "8", "--hardware", "a100-80g",
                               "--layout", "tp=8,pp=1,dp=1,micro=1"});

@@ -187,9 +187,9 @@ void add_plan_command(CLI::App& app) {
   cmd->add_option("--global-batch", args->global_batch, "Sequences per step")
       ->check(CLI::PositiveNumber);
   cmd->add_option("--seq", args->seq, "Sequence length")->check(CLI::PositiveNumber);
-  cmd->add_option(
-      "--layout", args->layout,
-      "Evaluate one layout: tp=8,pp=8,dp=6,vp=1,zero=1,recompute=full,sp=false,micro=1");
+  cmd->add_option("--layout", args->layout,
+                  "Evaluate one layout: tp=8,pp=8,dp=6,vp=1,zero=1,recompute=full,sp=false,micro=1,"
+                  "schedule=1f1b (or gpipe, interleaved with vp > 1, zb-h1)");
   cmd->add_option(
       "--system", args->system,
       "current (fused attention, overlapped dp), megatron-2021 or brigade-cpu (default on "

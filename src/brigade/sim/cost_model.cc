@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "brigade/sim/pipeline.h"
+
 namespace brigade::sim {
 namespace {
 
@@ -12,6 +14,7 @@ namespace {
 // time the GPU computes and the time it waits on tensor-parallel peers.
 struct PassCost {
   double fwd = 0, bwd = 0, recompute = 0;           // compute
+  double bwd_weight = 0;                            // the weight-gradient GEMMs, part of bwd
   double fwd_tp = 0, bwd_tp = 0, recompute_tp = 0;  // tensor-parallel collectives
   double compute() const { return fwd + bwd + recompute; }
   double tp() const { return fwd_tp + bwd_tp + recompute_tp; }
@@ -33,7 +36,9 @@ class Costs {
   // (m x n)(n x k) and dW = X^T dY (k x m)(m x n).
   void add_gemm(PassCost& c, double m, double n, double k, double batch = 1) const {
     c.fwd += gemm_s(m, n, k, batch);
-    c.bwd += gemm_s(m, k, n, batch) + gemm_s(k, n, m, batch);
+    const double weight = gemm_s(k, n, m, batch);
+    c.bwd += gemm_s(m, k, n, batch) + weight;
+    c.bwd_weight += weight;
   }
   // Elementwise kernels streaming `elements` activations forward; backward
   // reads the saved input and the incoming gradient and writes one: twice.
@@ -92,6 +97,7 @@ PassCost attention_cost(const Costs& costs, const Workload& job, const Layout& l
   }
   costs.add_gemm(c, s, s, head_dim, b * heads);  // scores = Q K^T
   costs.add_gemm(c, s, head_dim, s, b * heads);  // context = P V
+  c.bwd_weight = 0;  // both operands are activations: all of it is input gradient
   // Scale-mask-softmax reads and writes the scores; dropout reads them,
   // writes its output and a one-byte mask.
   const double scores = b * heads * s * s;
@@ -112,7 +118,7 @@ PassCost block_cost(const Costs& costs, const Workload& job, const Layout& l, co
   costs.add_gemm(c, tokens, h, 4.0 * h / t);  // fc2 (row parallel)
   const PassCost attention = attention_cost(costs, job, l, hw);
   c.fwd += attention.fwd;
-  c.bwd += attention.bwd;
+  c.bwd += attention.bwd;  // no weights: all input gradient
   // Two LayerNorms (read + write) and two bias-dropout-adds (read output and
   // residual, write sum and mask): replicated across tp unless sequence
   // parallel shards them. Bias + GELU streams the 4h-wide activations.
@@ -198,6 +204,19 @@ std::string why_invalid(const Workload& job, const Layout& l, const Hardware& hw
   if (l.vp > 1 && (l.pp == 1 || m_count % l.pp != 0)) {
     return "virtual stages need pp > 1 and micro-batches divisible by pp";
   }
+  const schedule::Kind kind = l.pipeline_schedule();
+  if (l.vp > 1 && kind != schedule::Kind::kInterleaved) {
+    return fmt::format("the {} schedule has no virtual stages (set vp=1 or schedule=interleaved)",
+                       schedule::kind_name(kind));
+  }
+  if (l.vp == 1 && kind == schedule::Kind::kInterleaved) {
+    return "the interleaved schedule needs vp >= 2";
+  }
+  if (l.pp > 1 && std::find(job.features.schedules.begin(), job.features.schedules.end(), kind) ==
+                      job.features.schedules.end()) {
+    return fmt::format("the modelled software does not run the {} schedule",
+                       schedule::kind_name(kind));
+  }
   if (l.sp && l.tp == 1) return "sequence parallelism needs tp > 1";
   if (l.recompute == PlanRecompute::kSelective && job.features.flash_attention) {
     return "selective recompute drops the attention scores, which fused attention never keeps";
@@ -238,6 +257,7 @@ Estimate estimate(const Workload& job, const Layout& l, const Hardware& hw) {
     PassCost s;
     auto add = [&s](const PassCost& c, double times) {
       s.fwd += times * c.fwd, s.bwd += times * c.bwd, s.recompute += times * c.recompute;
+      s.bwd_weight += times * c.bwd_weight;
       s.fwd_tp += times * c.fwd_tp, s.bwd_tp += times * c.bwd_tp;
       s.recompute_tp += times * c.recompute_tp;
     };
@@ -247,16 +267,25 @@ Estimate estimate(const Workload& job, const Layout& l, const Hardware& hw) {
     return s;
   };
   const PassCost first = stage(true, l.pp == 1), last = stage(l.pp == 1, true);
+  const PassCost middle = stage(false, false);
   const PassCost& slowest = first.total() >= last.total() ? first : last;
-  const double middle = stage(false, false).total();
-  const double pp = static_cast<double>(l.pp);
-  const double mean_stage =
-      l.pp == 1 ? slowest.total() : (first.total() + last.total() + (pp - 2.0) * middle) / pp;
 
   const double mb = static_cast<double>(m);
   e.time.compute_s = mb * slowest.compute();
   e.time.tp_comm_s = mb * slowest.tp();
-  e.time.bubble_s = (pp - 1.0) / static_cast<double>(l.vp) * mean_stage;
+  // The bubble is what the schedule's own instruction lists, simulated with
+  // these stage times, add to the slowest stage's work: fill, drain, and
+  // waits behind slower neighbours. The transfers are not in the simulation:
+  // they are counted below as blocking, on the critical path.
+  auto split = [](const PassCost& c) {
+    return schedule::StageCosts{c.fwd + c.fwd_tp,
+                                c.bwd - c.bwd_weight + c.bwd_tp + c.recompute + c.recompute_tp,
+                                c.bwd_weight};
+  };
+  const PipelineResult pipe =
+      simulate_pipeline(schedule::Shape{l.pipeline_schedule(), l.pp, m, l.vp},
+                        PipelineCosts{split(first), split(middle), split(last)});
+  e.time.bubble_s = std::max(0.0, pipe.step_s - mb * slowest.total());
 
   const double tokens = static_cast<double>(l.micro * job.seq_len);
   const double h = static_cast<double>(job.model.n_embd), t = static_cast<double>(l.tp);
@@ -379,9 +408,12 @@ Estimate estimate(const Workload& job, const Layout& l, const Hardware& hw) {
     mem.reserved = hw.reserved_bytes;
     return mem;
   };
-  const MemoryEstimate mem_first =
-      memory_of(params_first, inflight_microbatches(l, m), true, l.pp == 1);
-  const MemoryEstimate mem_last = memory_of(params_last, 1.0, l.pp == 1, true);
+  // The activations alive at the peak are the simulated schedule's: p
+  // micro-batches on 1F1B's first stage, m under GPipe, Megatron's
+  // p (1 + (p-1)/(p v)) interleaved; ZB-H1's later stages also hold the
+  // micro-batches whose weight gradients they deferred.
+  const MemoryEstimate mem_first = memory_of(params_first, pipe.live_first, true, l.pp == 1);
+  const MemoryEstimate mem_last = memory_of(params_last, pipe.live_last, l.pp == 1, true);
   e.memory = mem_first.total() >= mem_last.total() ? mem_first : mem_last;
   e.fits = e.memory.total() <= hw.memory_bytes;
 

@@ -23,9 +23,15 @@ const char* plan_recompute_name(PlanRecompute r) {
   return "?";
 }
 
+schedule::Kind Layout::pipeline_schedule() const {
+  if (vp > 1 && schedule == schedule::Kind::kOneFOneB) return schedule::Kind::kInterleaved;
+  return schedule;
+}
+
 std::string Layout::to_string() const {
-  return fmt::format("tp={},pp={},dp={},vp={},zero={},recompute={},sp={},micro={}", tp, pp, dp, vp,
-                     zero, plan_recompute_name(recompute), sp ? "true" : "false", micro);
+  return fmt::format("tp={},pp={},dp={},vp={},zero={},recompute={},sp={},micro={},schedule={}", tp,
+                     pp, dp, vp, zero, plan_recompute_name(recompute), sp ? "true" : "false", micro,
+                     schedule::kind_name(pipeline_schedule()));
 }
 
 namespace {
@@ -87,11 +93,20 @@ Layout Layout::parse(const std::string& text) {
         throw_error("--layout: sp must be true or false, got {}", value);
       }
       layout.sp = value == "true";
+    } else if (key == "schedule") {
+      try {
+        layout.schedule = schedule::parse_kind(value);
+      } catch (const Error& e) {
+        throw_error("--layout: {}", e.what());
+      }
     } else {
       throw_error(
-          "--layout: unknown key \"{}\" (known: tp, pp, dp, vp, zero, recompute, sp, micro)", key);
+          "--layout: unknown key \"{}\" (known: tp, pp, dp, vp, zero, recompute, sp, micro, "
+          "schedule)",
+          key);
     }
   }
+  layout.schedule = layout.pipeline_schedule();
   return layout;
 }
 
@@ -100,6 +115,7 @@ SystemFeatures SystemFeatures::megatron_2021() {
   f.flash_attention = false;
   f.attention_dropout = true;
   f.overlap_dp = false;
+  f.schedules = {schedule::Kind::kOneFOneB, schedule::Kind::kInterleaved};
   return f;
 }
 

@@ -3,8 +3,10 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "brigade/model/gpt_config.h"
+#include "brigade/schedule/schedule.h"
 
 namespace brigade::sim {
 
@@ -26,12 +28,19 @@ struct Layout {
   PlanRecompute recompute = PlanRecompute::kNone;
   bool sp = false;    // sequence parallelism (needs tp > 1)
   int64_t micro = 1;  // micro-batch size, sequences
+  // The pipeline schedule. 1F1B with vp > 1 means interleaved 1F1B, as
+  // Megatron-LM names it (see pipeline_schedule()).
+  schedule::Kind schedule = schedule::Kind::kOneFOneB;
 
   int64_t gpus() const { return tp * pp * dp; }
-  // "tp=8,pp=8,dp=6,vp=1,zero=1,recompute=full,sp=false,micro=1"
+  // The schedule the pipeline runs: `schedule`, except that 1F1B over
+  // virtual stages is the interleaved schedule.
+  schedule::Kind pipeline_schedule() const;
+  // "tp=8,pp=8,dp=6,vp=1,zero=1,recompute=full,sp=false,micro=1,schedule=1f1b"
   std::string to_string() const;
   // Parses that form; keys may come in any order and missing keys keep their
-  // defaults. Throws Error naming the bad key or value.
+  // defaults (the schedule's: interleaved when vp > 1, else 1f1b). Throws
+  // Error naming the bad key or value.
   static Layout parse(const std::string& text);
 };
 
@@ -52,6 +61,9 @@ struct SystemFeatures {
   // zeroing the gradient buffer.
   double optimizer_traffic_bytes = 48;
   double dp_bucket_bytes = 40e6 * 2;  // gradient bucket (Megatron's 40M elements)
+  // The pipeline schedules the software can run; the search picks among them.
+  std::vector<schedule::Kind> schedules = {schedule::Kind::kGpipe, schedule::Kind::kOneFOneB,
+                                           schedule::Kind::kInterleaved, schedule::Kind::kZbH1};
 
   static SystemFeatures megatron_2021();
 };

@@ -24,11 +24,12 @@ std::string job_line(const Workload& job, const Hardware& hw) {
 }
 
 std::string layout_cell(const Layout& l) {
-  return fmt::format("{:>2} {:>3} {:>5} {:>2} {:>4} {:>5} {:>9} {:>3}", l.tp, l.pp, l.dp, l.vp,
-                     l.zero, l.micro, plan_recompute_name(l.recompute), l.sp ? "yes" : "no");
+  return fmt::format("{:>2} {:>3} {:>5} {:>2} {:>4} {:>5} {:>9} {:>3} {:>11}", l.tp, l.pp, l.dp,
+                     l.vp, l.zero, l.micro, plan_recompute_name(l.recompute), l.sp ? "yes" : "no",
+                     schedule::kind_name(l.pipeline_schedule()));
 }
 
-const char* kLayoutHeader = "tp  pp    dp vp zero micro recompute  sp";
+const char* kLayoutHeader = "tp  pp    dp vp zero micro recompute  sp    schedule";
 
 std::string estimate_row(const Estimate& e) {
   const TimeEstimate& t = e.time;
@@ -62,7 +63,8 @@ nlohmann::json estimate_json(const Estimate& e, const Hardware& hw) {
         {"zero", l.zero},
         {"recompute", plan_recompute_name(l.recompute)},
         {"sp", l.sp},
-        {"micro", l.micro}}},
+        {"micro", l.micro},
+        {"schedule", schedule::kind_name(l.pipeline_schedule())}}},
       {"layout_string", l.to_string()},
       {"fits", e.fits},
       {"num_microbatches", e.num_microbatches},

@@ -68,6 +68,26 @@ bool faster(const Estimate& a, const Estimate& b) {
   return a.memory.total() < b.memory.total();
 }
 
+// The schedules worth trying: one stage runs 1F1B (plain gradient
+// accumulation, one micro-batch alive); virtual stages mean interleaved;
+// otherwise each single-chunk schedule the software runs, or the pinned one
+// (which estimate() refuses, with its reason, where it cannot run).
+std::vector<schedule::Kind> schedules_for(const Workload& job, const LayoutPins& pins, int64_t pp,
+                                          int64_t vp) {
+  using schedule::Kind;
+  if (pp == 1) return {Kind::kOneFOneB};
+  if (pins.schedule) return {*pins.schedule};
+  if (vp > 1) return {Kind::kInterleaved};
+  std::vector<Kind> kinds;
+  for (Kind k : {Kind::kOneFOneB, Kind::kZbH1, Kind::kGpipe}) {
+    if (std::find(job.features.schedules.begin(), job.features.schedules.end(), k) !=
+        job.features.schedules.end()) {
+      kinds.push_back(k);
+    }
+  }
+  return kinds;
+}
+
 }  // namespace
 
 SearchResult search_layouts(const Workload& job, int64_t gpus, const Hardware& hw,
@@ -104,18 +124,20 @@ SearchResult search_layouts(const Workload& job, int64_t gpus, const Hardware& h
       const std::vector<int> dp_zeros = dp == 1 && !pins.zero ? std::vector<int>{0} : zeros;
       for (int64_t micro : micros) {
         for (int64_t vp : vps) {
-          for (int zero : dp_zeros) {
-            for (PlanRecompute recompute : recomputes) {
-              for (bool sp : sps) {
-                Layout l{tp, pp, dp, vp, zero, recompute, sp, micro};
-                Estimate e = estimate(job, l, hw);
-                if (!e.valid) {
-                  ++result.invalid;
-                  ++invalid_reasons[e.invalid];
-                  continue;
+          for (schedule::Kind kind : schedules_for(job, pins, pp, vp)) {
+            for (int zero : dp_zeros) {
+              for (PlanRecompute recompute : recomputes) {
+                for (bool sp : sps) {
+                  Layout l{tp, pp, dp, vp, zero, recompute, sp, micro, kind};
+                  Estimate e = estimate(job, l, hw);
+                  if (!e.valid) {
+                    ++result.invalid;
+                    ++invalid_reasons[e.invalid];
+                    continue;
+                  }
+                  ++result.evaluated;
+                  (e.fits ? fitting : oom).push_back(std::move(e));
                 }
-                ++result.evaluated;
-                (e.fits ? fitting : oom).push_back(std::move(e));
               }
             }
           }

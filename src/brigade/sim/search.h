@@ -17,6 +17,7 @@ struct LayoutPins {
   std::optional<int> zero;
   std::optional<PlanRecompute> recompute;
   std::optional<bool> sp;
+  std::optional<schedule::Kind> schedule;  // with pp > 1
   int64_t max_micro = 64;
 };
 

@@ -51,6 +51,11 @@ double hardware_flops_per_step(const GptConfig& model, int64_t seq_len, int64_t 
 double block_activation_bytes(const GptConfig& model, int64_t seq_len, const Layout& layout,
                               const SystemFeatures& features);
 
+// Megatron's closed forms for 1F1B and interleaved 1F1B with equal stages.
+// The cost model takes both from the simulated schedule instead
+// (pipeline.h), which also covers GPipe, ZB-H1 and unequal stages; the tests
+// hold the simulation to these where they apply.
+//
 // Micro-batches whose activations the first pipeline stage holds at the peak
 // of 1F1B: p of them, times (1 + (p-1)/(p v)) when interleaved, never more
 // than m.

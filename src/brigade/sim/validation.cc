@@ -126,6 +126,9 @@ PublishedRun parse_row(const RowReader& r) {
   const std::string& overlap = r.text("overlap_dp");
   if (overlap != "true" && overlap != "false") r.fail("overlap_dp", "true or false");
   run.job.features.overlap_dp = overlap == "true";
+  // Every published row ran Megatron-LM (or MegaScale's Megatron baseline),
+  // whose pipeline runs 1F1B, interleaved when vp > 1.
+  run.job.features.schedules = SystemFeatures::megatron_2021().schedules;
   const std::string& metric = r.text("metric");
   if (metric == "tflops_per_gpu") {
     run.metric = PublishedMetric::kTflopsPerGpu;
