@@ -29,15 +29,15 @@ namespace {
 namespace fs = std::filesystem;
 using testing::run_brigade;
 
-// A save every step, so a restart loses at most a step or two. A collective
+// No disk checkpoint but the last: a restart resumes from the in-memory
+// snapshot taken after every step, so it loses a step (two if the last
+// snapshot's write had not committed when the fault struck). A collective
 // timeout far below the test's own, yet far above the detection bounds: a
 // hang the watchdog missed would surface as a late crash, failing the bound.
 constexpr char kTraining[] = R"(
 [train]
 micro_batch = 2
 steps = 12
-checkpoint_every = 1
-keep_checkpoints = 2
 seed = 5
 [optim]
 lr = 3e-3
@@ -137,7 +137,8 @@ TEST_F(Elastic, KilledWorkerIsDetectedAtOnceAndTheRunEndsBitIdentical) {
   const auto r = train("run", 4, {"--inject", "kill:rank=1:step=5"});
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_NE(r.err.find("worker rank 1 (local 1, node 0) was killed by SIGKILL; restarting the "
-                       "workers as generation 1 (restart 1 of 3) from the newest checkpoint"),
+                       "workers as generation 1 (restart 1 of 3) from the in-memory snapshot of "
+                       "step "),
             std::string::npos)
       << r.err;
   const auto lines = read_jsonl(dir_.path() / "run" / "incidents.jsonl");
@@ -145,6 +146,35 @@ TEST_F(Elastic, KilledWorkerIsDetectedAtOnceAndTheRunEndsBitIdentical) {
   expect_recovered(lines[0], "crash", 1, 1000);
   EXPECT_EQ(lines[0].at("signal"), SIGKILL);
   expect_summary(lines[1], 1, 1);
+  EXPECT_EQ(hash("run"), reference);
+  // The agent removed the snapshots with the job.
+  const std::string from = " from /dev/shm/";
+  const size_t at = r.err.find("resumed at step");
+  ASSERT_NE(at, std::string::npos) << r.err;
+  const size_t path_at = r.err.find(from, at);
+  ASSERT_NE(path_at, std::string::npos) << r.err;
+  const std::string snapshot = r.err.substr(path_at + 6, r.err.find('\n', path_at) - path_at - 6);
+  EXPECT_FALSE(fs::exists(fs::path(snapshot).parent_path())) << snapshot;
+}
+
+// Without snapshots a restart resumes from the run directory's newest
+// checkpoint, still bit-identical.
+TEST_F(Elastic, WithoutSnapshotsARestartResumesFromTheNewestCheckpoint) {
+  const std::vector<std::string> saves = {"--set", "train.snapshot_every=0", "--set",
+                                          "train.checkpoint_every=1"};
+  const std::string reference = reference_hash(2, saves);
+  std::vector<std::string> args = saves;
+  args.insert(args.end(), {"--inject", "kill:rank=0:step=5"});
+  const auto r = train("run", 2, args);
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.err.find("restarting the workers as generation 1 (restart 1 of 3) from the "
+                       "checkpoint of step "),
+            std::string::npos)
+      << r.err;
+  EXPECT_EQ(r.err.find("/dev/shm/"), std::string::npos) << r.err;
+  const auto lines = read_jsonl(dir_.path() / "run" / "incidents.jsonl");
+  ASSERT_EQ(lines.size(), 2u);
+  expect_recovered(lines[0], "crash", 0, 1000);
   EXPECT_EQ(hash("run"), reference);
 }
 

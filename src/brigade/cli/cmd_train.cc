@@ -41,6 +41,7 @@
 #include "brigade/elastic/agent.h"
 #include "brigade/elastic/fault_injection.h"
 #include "brigade/elastic/heartbeat.h"
+#include "brigade/elastic/snapshots.h"
 #include "brigade/kernels/cpu/fma_peak.h"
 #include "brigade/kernels/cpu/gemm.h"
 #include "brigade/kernels/cpu/isa.h"
@@ -291,6 +292,11 @@ void run_train(const std::string& config_path, const std::vector<std::string>& o
   const int world_rank = launched_worker() ? read_world_environment().world_rank : 0;
   const int64_t generation = heartbeat ? heartbeat->generation() : 0;
   if (!resume.empty()) options.resume = resume;
+  // The agent that can restart this worker says where its snapshots go.
+  if (const char* dir = std::getenv(elastic::kSnapshotDirVariable);
+      dir != nullptr && launched_worker()) {
+    options.snapshot_dir = dir;
+  }
   const bool first_rank = !launched_worker() || read_world_environment().world_rank == 0;
   if (first_rank) check_run_dir_is_free(options);
 
@@ -335,6 +341,7 @@ void run_train(const std::string& config_path, const std::vector<std::string>& o
       }
       // Collective: a save in flight completes, or fails, on every rank at once.
       const auto checkpoint = trainer.poll_checkpoint();
+      trainer.poll_snapshot();
       elastic::StepStats stats;
       stats.loss = m.loss;
       stats.tokens_per_s = m.tokens_per_s;
@@ -348,6 +355,11 @@ void run_train(const std::string& config_path, const std::vector<std::string>& o
       // After the step and the previous save's commit, before the next save.
       if (const auto* fault = elastic::fault_after_step(faults, world_rank, generation, done)) {
         elastic::raise_fault(*fault, heartbeat.get());
+      }
+      // Copied now, written while the next step runs.
+      if (trainer.snapshots_enabled() && done % options.snapshot_every == 0 &&
+          done < options.steps) {
+        trainer.start_snapshot();
       }
       if (options.eval_every > 0 && done % options.eval_every == 0 && done < options.steps &&
           trainer.dataset() != nullptr) {

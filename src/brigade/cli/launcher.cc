@@ -24,6 +24,7 @@
 #include "brigade/diag/metrics_server.h"
 #include "brigade/diag/prometheus.h"
 #include "brigade/elastic/agent.h"
+#include "brigade/elastic/snapshots.h"
 #include "brigade/elastic/worker_group.h"
 
 extern char** environ;
@@ -488,6 +489,15 @@ int run_launch(const LaunchOptions& o) {
   agent.failure_grace_ms = o.failure_grace_ms;
   agent.watchdog.step_timeout_ms = o.step_timeout_ms;
   if (o.nnodes > 1) agent.store = &store;
+  // In-memory snapshots exist to be restarted from: only with restarts, and
+  // on one node (elastic/snapshots.h).
+  const std::optional<elastic::SnapshotArea> snapshots =
+      agent.brigade_train && o.max_restarts > 0 && o.nnodes == 1 ? elastic::SnapshotArea::create()
+                                                                 : std::nullopt;
+  if (snapshots) {
+    agent.snapshot_dir = snapshots->path().string();
+    agent.environment.set(elastic::kSnapshotDirVariable, agent.snapshot_dir);
+  }
   int exit_status = 0;
   {
     const elastic::BlockedSignals blocked;

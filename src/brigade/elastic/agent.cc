@@ -98,13 +98,16 @@ int Agent::run(const sigset_t& child_mask) {
     if (outcome == Outcome::kFailed && will_restart_) {
       ++restarts_;
       ++generation_;
-      std::fprintf(
-          stderr,
-          "brigade launch: %s; restarting the workers as generation %lld (restart %d of "
-          "%d)%s\n",
-          failure_->what.c_str(), static_cast<long long>(generation_), restarts_,
-          options_.max_restarts,
-          options_.brigade_train && !run_dir_.empty() ? " from the newest checkpoint" : "");
+      std::string from;
+      if (const auto point = resume_point()) {
+        from = fmt::format(" from the {} of step {}",
+                           point->from_snapshot ? "in-memory snapshot" : "checkpoint", point->step);
+      }
+      std::fprintf(stderr,
+                   "brigade launch: %s; restarting the workers as generation %lld (restart %d of "
+                   "%d)%s\n",
+                   failure_->what.c_str(), static_cast<long long>(generation_), restarts_,
+                   options_.max_restarts, from.c_str());
       std::fflush(stderr);
       continue;
     }
@@ -112,11 +115,17 @@ int Agent::run(const sigset_t& child_mask) {
   }
 }
 
+std::optional<ResumePoint> Agent::resume_point() const {
+  if (!options_.brigade_train || run_dir_.empty()) return std::nullopt;
+  return newest_resume_point(run_dir_, options_.snapshot_dir);
+}
+
 Program Agent::program_for_generation() const {
   Program program = options_.program;
-  if (generation_ == 0 || !options_.brigade_train || run_dir_.empty()) return program;
-  // No checkpoint yet: start over as the first generation did.
-  if (!latest_checkpoint(fs::path(run_dir_) / "checkpoints")) return program;
+  if (generation_ == 0) return program;
+  // No checkpoint or snapshot yet: start over as the first generation did.
+  const auto point = resume_point();
+  if (!point) return program;
   std::vector<std::string> argv;
   for (size_t i = 0; i < program.argv.size(); ++i) {
     const std::string& a = program.argv[i];
@@ -128,7 +137,9 @@ Program Agent::program_for_generation() const {
     argv.push_back(a);
   }
   argv.push_back("--resume");
-  argv.push_back(run_dir_);
+  // A checkpoint by its run directory: a newest one that does not verify
+  // is then skipped for the one before.
+  argv.push_back(point->from_snapshot ? point->dir.string() : run_dir_);
   program.argv = std::move(argv);
   return program;
 }

@@ -12,11 +12,12 @@
 // On a failure, while restarts are left (max_restarts), it SIGKILLs every
 // worker of the generation at once, waits for each, records an Incident and
 // starts generation g+1: the survivors' state is disposable (the restart
-// resumes from the newest complete checkpoint, and checkpoints survive a
-// kill at any moment), and a survivor blocked in a collective with a dead or
-// stopped peer would otherwise sit out its timeout. A `brigade train` worker
-// is restarted with --resume RUN_DIR once the run directory holds a
-// checkpoint; any other command is simply run again (torchrun's semantics).
+// resumes from the newest complete snapshot or checkpoint, and both survive
+// a kill at any moment), and a survivor blocked in a collective with a dead
+// or stopped peer would otherwise sit out its timeout. A `brigade train`
+// worker is restarted with --resume and the newer of its newest in-memory
+// snapshot (elastic/snapshots.h) and the run directory's newest checkpoint;
+// any other command is simply run again (torchrun's semantics).
 // With no restart left, the others get SIGTERM and, after the grace period,
 // SIGKILL, and the agent exits 1 naming the failure.
 //
@@ -42,6 +43,7 @@
 
 #include "brigade/elastic/heartbeat.h"
 #include "brigade/elastic/incidents.h"
+#include "brigade/elastic/snapshots.h"
 #include "brigade/elastic/watchdog.h"
 #include "brigade/elastic/worker_group.h"
 
@@ -76,8 +78,11 @@ struct AgentOptions {
   int nnodes = 1;
   int node_rank = 0;
   int max_restarts = 0;
-  // The command is `brigade train`: restarts add --resume RUN_DIR.
+  // The command is `brigade train`: restarts add --resume.
   bool brigade_train = false;
+  // Where the workers write in-memory snapshots (elastic/snapshots.h), also
+  // in `environment`; empty: none.
+  std::string snapshot_dir;
   // After a failure with no restart left, how long the others get to exit
   // on SIGTERM before SIGKILL.
   int64_t failure_grace_ms = 5'000;
@@ -129,6 +134,7 @@ class Agent {
   void publish_status(const WorkerGroup& group, const HeartbeatTable& table);
   void end_generation(const HeartbeatTable& table);
   Program program_for_generation() const;
+  std::optional<ResumePoint> resume_point() const;
   void publish_failure(const std::string& what);
   bool failure_on_other_node();
   void write_incidents(bool final);

@@ -1,7 +1,8 @@
 // Everything `brigade train` reads from a config, besides [model].
 //
 //   [train]  micro_batch, grad_accum, steps, seed, threads, run_dir, resume,
-//            eval_every, eval_windows, checkpoint_every, keep_checkpoints
+//            eval_every, eval_windows, checkpoint_every, keep_checkpoints,
+//            snapshot_every
 //   [optim]  lr, min_lr, warmup_steps, weight_decay, beta1, beta2, eps,
 //            grad_clip, decay_position_embedding
 //   [data]   source, tokenizer, dir, val_fraction, synthetic
@@ -48,6 +49,11 @@ struct TrainOptions {
   int64_t eval_windows = 64;     // validation windows per pass (0: the whole split)
   int64_t checkpoint_every = 0;  // steps between checkpoints (0: only at the end)
   int64_t keep_checkpoints = 3;
+  // Steps between in-memory snapshots (elastic/snapshots.h; 0: none). They
+  // are written only where an agent can restart this worker from them: it
+  // then passes snapshot_dir (not a config key).
+  int64_t snapshot_every = 1;
+  std::string snapshot_dir;
 
   LrSchedule lr;
   AdamWConfig adamw;

@@ -131,6 +131,10 @@ Trainer::Trainer(const GptConfig& model, const TrainOptions& options, Communicat
                                             buffers_in_shared_memory_);
   }
   saver_ = std::make_unique<CheckpointSaver>(dp_group_, options_.parallel.timeout_s * 1000);
+  if (!options_.snapshot_dir.empty() && options_.snapshot_every > 0) {
+    snapshot_saver_ =
+        std::make_unique<CheckpointSaver>(dp_group_, options_.parallel.timeout_s * 1000);
+  }
   if (zero == 3) {
     sharded_params_ = std::make_unique<ShardedParams>(*dp_group_, *plan_, params_.data(),
                                                       buffers_in_shared_memory_);
@@ -343,11 +347,26 @@ nlohmann::json Trainer::state_json() const {
 }
 
 fs::path Trainer::start_checkpoint() {
+  const fs::path root = fs::path(options_.run_dir) / "checkpoints";
+  start_save(*saver_, root, options_.keep_checkpoints);
+  return dp_rank() == 0 ? step_directory(root, step_) : fs::path();
+}
+
+void Trainer::start_snapshot() {
+  BRIGADE_CHECK(snapshot_saver_ != nullptr);
+  start_save(*snapshot_saver_, options_.snapshot_dir, /*keep=*/1);
+}
+
+std::optional<AsyncCheckpointWriter::Stats> Trainer::poll_snapshot() {
+  if (!snapshot_saver_) return std::nullopt;
+  return snapshot_saver_->poll();
+}
+
+void Trainer::start_save(CheckpointSaver& saver, const fs::path& root, int64_t keep) {
   // Every rank writes its slices of every bucket, whatever the ZeRO stage:
   // its moments are exactly those (or, replicated, include them), and its
   // parameter slices are current on it. So the writes are spread evenly and
   // nothing is gathered.
-  const fs::path root = fs::path(options_.run_dir) / "checkpoints";
   const int64_t size = ParamLayout(model_config()).size();
   std::vector<CheckpointPiece> pieces;
   int64_t compact = 0;
@@ -367,14 +386,13 @@ fs::path Trainer::start_checkpoint() {
   save.rank = dp_rank();
   save.num_shards = dp_size();
   save.config = model_config();
-  save.keep = options_.keep_checkpoints;
+  save.keep = keep;
   if (dp_rank() == 0) {
     save.header = {{{"dp", dp_size()}, {"tp", 1}, {"pp", 1}, {"zero", zero_}},
                    state_json(),
                    dataset_ ? dataset_->tokenizer_spec() : ""};
   }
-  saver_->start(std::move(save), pieces);
-  return dp_rank() == 0 ? step_directory(root, step_) : fs::path();
+  saver.start(std::move(save), pieces);
 }
 
 std::optional<AsyncCheckpointWriter::Stats> Trainer::poll_checkpoint() {
@@ -387,6 +405,7 @@ void Trainer::wait_for_checkpoint() {
 
 void Trainer::abandon_checkpoint() {
   saver_->abandon();
+  if (snapshot_saver_) snapshot_saver_->abandon();
 }
 
 fs::path Trainer::save_checkpoint() {

@@ -99,6 +99,13 @@ class Trainer {
   // Not collective: gives up a save in flight when the group is broken (a
   // peer died) and cannot agree on it any more.
   void abandon_checkpoint();
+  // In-memory snapshots (elastic/snapshots.h): the same save into
+  // options.snapshot_dir, keeping only the newest; collective like the
+  // above, and on their own saver, so a snapshot never waits for a disk
+  // checkpoint. Enabled when snapshot_dir is set and snapshot_every > 0.
+  bool snapshots_enabled() const { return snapshot_saver_ != nullptr; }
+  void start_snapshot();
+  std::optional<AsyncCheckpointWriter::Stats> poll_snapshot();
   // Loads a checkpoint or the newest one in a run directory.
   void load_checkpoint(const std::filesystem::path& path);
   void load_checkpoint(const ResolvedCheckpoint& checkpoint);
@@ -150,6 +157,9 @@ class Trainer {
   std::unique_ptr<GradSync> grad_sync_;
   std::unique_ptr<ShardedParams> sharded_params_;  // ZeRO 3
   std::unique_ptr<CheckpointSaver> saver_;
+  std::unique_ptr<CheckpointSaver> snapshot_saver_;
+  // Starts this rank's part of a save of the current step under root.
+  void start_save(CheckpointSaver& saver, const std::filesystem::path& root, int64_t keep);
   std::unique_ptr<Dataset> dataset_;
   std::unique_ptr<GlobalSampler> sampler_;
   std::vector<int32_t> inputs_, targets_;  // one micro-batch, (B,T) each

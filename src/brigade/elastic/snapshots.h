@@ -1,0 +1,60 @@
+// In-memory snapshots: a worker's newest state kept in its node's memory,
+// so a restart in place resumes from the step before the failure instead
+// of from the newest disk checkpoint, which may be hours old.
+//
+// A snapshot is a checkpoint in the usual format (ckpt/checkpoint.h: shards,
+// manifest, checksums, the same commit protocol), written by the workers
+// every train.snapshot_every steps into a directory on tmpfs (/dev/shm)
+// that the agent owns: it outlives any worker, and the agent removes it when
+// the job ends. The write runs in the background, overlapped with the next
+// step; only the newest complete snapshot is kept. Reusing the checkpoint
+// format means a snapshot loads under any layout and verifies like one.
+//
+// One node only for now: the commit protocol needs every shard in one
+// directory, and each node has its own memory. Across nodes, snapshots need
+// replication to a peer agent (issue 14, scope 4), which is still to come.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+
+namespace brigade::elastic {
+
+// Where the agent tells its workers to write snapshots.
+inline constexpr char kSnapshotDirVariable[] = "BRIGADE_SNAPSHOT_DIR";
+
+// A private (0700) directory under `parent`, removed with everything in it
+// when this goes away. Moves, never copies.
+class SnapshotArea {
+ public:
+  // Null, with the reason on stderr, when `parent` is missing or not
+  // writable: the job then runs with disk checkpoints only.
+  static std::optional<SnapshotArea> create(const std::filesystem::path& parent = "/dev/shm");
+  ~SnapshotArea();
+  SnapshotArea(SnapshotArea&& other) noexcept;
+  SnapshotArea& operator=(SnapshotArea&&) = delete;
+  SnapshotArea(const SnapshotArea&) = delete;
+
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  explicit SnapshotArea(std::filesystem::path path) : path_(std::move(path)) {}
+  std::filesystem::path path_;
+};
+
+// The step a step directory (step_00000042) holds.
+int64_t step_of(const std::filesystem::path& step_dir);
+
+// What a restarted worker resumes from: the newer of the run directory's
+// newest checkpoint and the newest snapshot (a checkpoint on a tie: it is
+// durable). Null when neither exists. `snapshots` may be empty.
+struct ResumePoint {
+  std::filesystem::path dir;
+  int64_t step = 0;
+  bool from_snapshot = false;
+};
+std::optional<ResumePoint> newest_resume_point(const std::filesystem::path& run_dir,
+                                               const std::filesystem::path& snapshots);
+
+}  // namespace brigade::elastic
