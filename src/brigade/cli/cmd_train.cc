@@ -237,9 +237,9 @@ bool launched_worker() {
   const int configured_dp = static_cast<int>(config.get_int("parallel.dp", nproc / tp));
   if (configured_dp != nproc / tp) {
     throw_error(
-        "--nproc {} with parallel.tp = {} gives dp = {}, but the config sets parallel.dp = {}: "
-        "drop parallel.dp (--nproc sets it), or make --nproc = dp * tp = {}",
-        nproc, tp, nproc / tp, configured_dp, configured_dp * tp);
+        "--nproc {} but the config sets parallel.dp = {}: the workers are dp * tp = {} * {}; "
+        "drop parallel.dp (--nproc sets it to N / parallel.tp), or make --nproc {}",
+        nproc, configured_dp, configured_dp, tp, configured_dp * tp);
   }
   const elastic::ElasticConfig elastic_config = elastic::ElasticConfig::from_config(config);
   LaunchOptions launch;
