@@ -33,6 +33,22 @@ fs::path write_config(const fs::path& dir) {
   return path;
 }
 
+int count(const std::string& text, const std::string& what) {
+  int n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+// Refused by the launcher itself: one line, and no worker ever ran (each
+// would print the error again, and the launcher would report its exit).
+void expect_refused_before_starting(const testing::Output& result, const std::string& message,
+                                    const fs::path& run) {
+  EXPECT_NE(result.status, 0);
+  EXPECT_EQ(count(result.err, message), 1) << result.err;
+  EXPECT_EQ(result.err.find("brigade launch"), std::string::npos) << result.err;
+  EXPECT_FALSE(fs::exists(run)) << "a worker started";
+}
+
 std::string trimmed(const std::string& s) {
   return s.substr(0, s.find_last_not_of(" \n") + 1);
 }
@@ -80,10 +96,7 @@ TEST(TrainTensorParallel, NprocThatTpDoesNotDivideIsRefusedBeforeStarting) {
   const auto result =
       run_brigade({"train", "--nproc", "3", write_config(dir.path()).string(), "--set",
                    "parallel.tp=2", "--set", "train.run_dir=\"" + run.string() + "\""});
-  EXPECT_NE(result.status, 0);
-  EXPECT_NE(result.err.find("--nproc 3 is not a multiple of parallel.tp = 2"), std::string::npos)
-      << result.err;
-  EXPECT_FALSE(fs::exists(run)) << "a worker started";
+  expect_refused_before_starting(result, "--nproc 3 is not a multiple of parallel.tp = 2", run);
 }
 
 TEST(TrainTensorParallel, HeadsThatTpDoesNotDivideAreRefusedBeforeStarting) {
@@ -93,10 +106,7 @@ TEST(TrainTensorParallel, HeadsThatTpDoesNotDivideAreRefusedBeforeStarting) {
   const auto result =
       run_brigade({"train", "--nproc", "4", write_config(dir.path()).string(), "--set",
                    "parallel.tp=4", "--set", "train.run_dir=\"" + run.string() + "\""});
-  EXPECT_NE(result.status, 0);
-  EXPECT_NE(result.err.find("parallel.tp = 4 does not divide model.n_head = 2"), std::string::npos)
-      << result.err;
-  EXPECT_FALSE(fs::exists(run)) << "a worker started";
+  expect_refused_before_starting(result, "parallel.tp = 4 does not divide model.n_head = 2", run);
 }
 
 }  // namespace

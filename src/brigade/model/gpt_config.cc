@@ -55,9 +55,10 @@ void GptConfig::validate_tensor_parallel(int tp) const {
   const auto need = [&](const char* what, int64_t value) {
     if (value % tp != 0) {
       throw_error(
-          "parallel.tp = {} does not divide {} = {}: tensor parallelism gives each rank "
-          "{} / tp of it; choose a tp that divides model.n_head ({}) and model.n_embd ({})",
-          tp, what, value, what, n_head, n_embd);
+          "parallel.tp = {} does not divide {} = {}: each tensor-parallel rank needs an "
+          "equal whole share of it; choose a tp that divides model.n_head ({}) and "
+          "model.n_embd ({})",
+          tp, what, value, n_head, n_embd);
     }
   };
   need("model.n_head", n_head);
