@@ -90,6 +90,28 @@ TEST(TrainTensorParallel, Dp2Tp2TrainsReportsAndSavesAGlobalCheckpoint) {
   EXPECT_EQ(trimmed(hash.out).size(), 16u) << hash.out;
 }
 
+// The groups over gloo (what ranks on different nodes use): the same run,
+// the same checkpoint as over shm.
+TEST(TrainTensorParallel, GlooGroupsTrainTheSameModelAsShm) {
+  testing::TempDir dir("brigade_train_tp");
+  const fs::path config = write_config(dir.path());
+  std::string hashes[2];
+  const char* backends[] = {"shm", "gloo"};
+  for (int i = 0; i < 2; ++i) {
+    const fs::path run = dir.path() / backends[i];
+    const auto result =
+        run_brigade({"train", "--nproc", "4", config.string(), "--set", "parallel.tp=2", "--set",
+                     std::string("parallel.backend=\"") + backends[i] + "\"", "--set",
+                     "train.run_dir=\"" + run.string() + "\""});
+    ASSERT_EQ(result.status, 0) << backends[i] << ": " << result.err;
+    const auto hash = run_brigade({"ckpt", "hash", run.string()});
+    ASSERT_EQ(hash.status, 0) << hash.err;
+    hashes[i] = trimmed(hash.out);
+  }
+  // Sums of two ranks are the same in any order; so are the runs.
+  EXPECT_EQ(hashes[0], hashes[1]);
+}
+
 TEST(TrainTensorParallel, NprocThatTpDoesNotDivideIsRefusedBeforeStarting) {
   testing::TempDir dir("brigade_train_tp");
   const fs::path run = dir.path() / "run";

@@ -211,8 +211,8 @@ TEST_F(TensorParallelTraining, Tp4MatchesOneProcess) {
   expect_same_training(reference(1), dir, kSteps, "tp 4");
 }
 
-TEST_F(TensorParallelTraining, Dp2Tp2WithZero1And3MatchesOneProcess) {
-  for (const int zero : {1, 3}) {
+TEST_F(TensorParallelTraining, Dp2Tp2WithEveryZeroStageMatchesOneProcess) {
+  for (const int zero : {0, 1, 2, 3}) {
     const Layout layout{2, 2, zero};
     const fs::path dir = temp_.path() / layout.name();
     fs::create_directories(dir);

@@ -286,6 +286,7 @@ StepMetrics Trainer::train_step() {
   } else {
     grads_.zero();
   }
+  if (tp_) tp_->take_comm_ms();  // an evaluation's since the last step is not this step's
   const float loss_scale = 1.0f / static_cast<float>(options_.global_batch() * t);
   double loss = 0.0;
   const int64_t first_sample = dp_rank() * b * accum;
