@@ -6,6 +6,7 @@
 #include <charconv>
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <memory>
 #include <vector>
@@ -78,14 +79,57 @@ void begin_checkpoint(const fs::path& root, int64_t step) {
   fs::create_directories(partial_directory(root, step));
 }
 
+namespace {
+
+// The part of a box of a tp rank's tensor `p` that lies in its run `part`
+// along p.split_dim, intersected with local indices [x0, x1) there.
+struct RunCut {
+  TensorBox local;   // in the rank's tensor
+  TensorBox global;  // the same elements in the global tensor
+};
+
+// A box of a rank's tensor, as boxes of the global tensor: cut where the
+// rank's runs along split_dim end (c_attn's q, k, v), each run shifted to
+// where it lies globally.
+std::vector<RunCut> global_cuts(const ParamInfo& p, const TensorBox& box) {
+  if (p.replicated()) return {{box, box}};
+  const auto d = static_cast<size_t>(p.split_dim);
+  const int64_t run = p.shape[d] / static_cast<int64_t>(p.part_offsets.size());
+  std::vector<RunCut> cuts;
+  for (size_t part = 0; part < p.part_offsets.size(); ++part) {
+    const int64_t run_begin = static_cast<int64_t>(part) * run;
+    const int64_t x0 = std::max(box.offsets[d], run_begin);
+    const int64_t x1 = std::min(box.offsets[d] + box.sizes[d], run_begin + run);
+    if (x0 >= x1) continue;
+    RunCut cut{box, box};
+    cut.local.offsets[d] = x0;
+    cut.local.sizes[d] = x1 - x0;
+    cut.global.offsets[d] = p.part_offsets[part] + (x0 - run_begin);
+    cut.global.sizes[d] = x1 - x0;
+    cuts.push_back(std::move(cut));
+  }
+  return cuts;
+}
+
+}  // namespace
+
 int64_t write_checkpoint_shard(const fs::path& root, int64_t step, int rank,
                                const GptConfig& config,
                                const std::vector<CheckpointPiece>& pieces) {
+  return write_checkpoint_shard(root, step, rank, ParamLayout(config), pieces);
+}
+
+int64_t write_checkpoint_shard(const fs::path& root, int64_t step, int rank,
+                               const ParamLayout& layout,
+                               const std::vector<CheckpointPiece>& pieces) {
   const fs::path partial = partial_directory(root, step);
-  const ParamLayout layout(config);
   // Each piece is stored whole, as one 1-D tensor; the chunks say which
-  // elements of it belong to which box of which model tensor.
+  // elements of it belong to which box of which model tensor. A box of a
+  // shard that a run boundary cuts across rows (c_attn's q|k|v columns) is
+  // not contiguous in the piece: its elements are copied out into a tensor
+  // of their own.
   SafetensorsWriter writer;
+  std::deque<std::vector<float>> repacked;  // a deque: the writer keeps pointers into them
   nlohmann::json chunks = nlohmann::json::array();
   for (const CheckpointPiece& piece : pieces) {
     const std::string key = fmt::format("{}@{}", state_tensor_name(piece.kind, ""), piece.begin);
@@ -94,15 +138,47 @@ int64_t write_checkpoint_shard(const fs::path& root, int64_t step, int rank,
       const int64_t begin = std::max(piece.begin, p.offset);
       const int64_t end = std::min(piece.end, p.offset + p.numel);
       if (begin >= end) continue;
+      if (p.replicated() && layout.tp_rank() != 0) continue;  // tp rank 0 writes it
       const std::string name = state_tensor_name(piece.kind, p.name);
       // The boxes of a flat range are consecutive runs of it, in order.
       int64_t offset = begin - piece.begin;
       for (const TensorBox& box : flat_range_boxes(p.shape, begin - p.offset, end - p.offset)) {
-        chunks.push_back({{"name", name},
-                          {"key", key},
-                          {"offset", offset},
-                          {"offsets", box.offsets},
-                          {"sizes", box.sizes}});
+        const std::vector<RunCut> cuts = global_cuts(p, box);
+        for (const RunCut& cut : cuts) {
+          std::string chunk_key = key;
+          int64_t chunk_offset = offset;
+          if (cuts.size() > 1 || !(cut.local == box)) {
+            // The box's elements, row-major: those of the cut are, per index
+            // of the dimensions before split_dim, one run along the rest.
+            const auto d = static_cast<size_t>(p.split_dim);
+            int64_t outer = 1, inner = 1;
+            for (size_t i = 0; i < box.sizes.size(); ++i) {
+              if (i < d) outer *= box.sizes[i];
+              if (i > d) inner *= box.sizes[i];
+            }
+            const int64_t from = (cut.local.offsets[d] - box.offsets[d]) * inner;
+            const int64_t count = cut.local.sizes[d] * inner;
+            const float* src = piece.data + offset;
+            if (outer == 1) {
+              chunk_offset = offset + from;
+            } else {
+              std::vector<float>& copy = repacked.emplace_back();
+              copy.reserve(static_cast<size_t>(outer * count));
+              for (int64_t o = 0; o < outer; ++o) {
+                const float* row = src + o * box.sizes[d] * inner + from;
+                copy.insert(copy.end(), row, row + count);
+              }
+              chunk_key = fmt::format("{}.{}", key, repacked.size());
+              chunk_offset = 0;
+              writer.add_f32(chunk_key, {static_cast<int64_t>(copy.size())}, copy.data());
+            }
+          }
+          chunks.push_back({{"name", name},
+                            {"key", chunk_key},
+                            {"offset", chunk_offset},
+                            {"offsets", cut.global.offsets},
+                            {"sizes", cut.global.sizes}});
+        }
         offset += box.numel();
       }
     }

@@ -57,7 +57,15 @@ struct CheckpointHeader {
 std::filesystem::path step_directory(const std::filesystem::path& root, int64_t step);
 
 void begin_checkpoint(const std::filesystem::path& root, int64_t step);
-// Returns the shard's size in bytes.
+// Returns the shard's size in bytes. The pieces are flat ranges of `layout`'s
+// buffers: under tensor parallelism a tp rank's layout (ParamLayout(config,
+// tp_rank, tp)), whose shards are written as their boxes of the global
+// tensors; its replicated tensors are written by tp rank 0 only, so every
+// element is stored once. `rank` numbers the shard (the world rank).
+int64_t write_checkpoint_shard(const std::filesystem::path& root, int64_t step, int rank,
+                               const ParamLayout& layout,
+                               const std::vector<CheckpointPiece>& pieces);
+// The same for the whole model's layout, ParamLayout(config).
 int64_t write_checkpoint_shard(const std::filesystem::path& root, int64_t step, int rank,
                                const GptConfig& config, const std::vector<CheckpointPiece>& pieces);
 // Checks that the shards of ranks [0, num_shards) cover every tensor exactly

@@ -1,11 +1,12 @@
 // brigade train CONFIG [--set section.key=value ...] [--resume PATH] [--nproc N]
 //
 // With --nproc N this process becomes the launcher of N workers (brigade
-// launch), each running `brigade train` with parallel.dp = N. A worker (RANK
-// and WORLD_SIZE set by a launcher) joins the data-parallel group over
-// parallel.backend; rank 0 alone writes the run directory, the metrics and
-// the progress line, and every rank dumps its flight recorder there on a
-// communication error or on SIGUSR1.
+// launch), each running `brigade train` with parallel.dp = N / parallel.tp.
+// A worker (RANK and WORLD_SIZE set by a launcher) joins the world and, on a
+// dp x tp mesh (parallel/mesh.h: tp ranks consecutive), its data- and
+// tensor-parallel groups over parallel.backend; rank 0 alone writes the run
+// directory, the metrics and the progress line, and every rank dumps its
+// flight recorder there on a communication error or on SIGUSR1.
 //
 // Under the launcher's elastic agent each worker beats and reports its steps
 // through its heartbeat slot (elastic/heartbeat.h), and raises the faults
@@ -46,6 +47,7 @@
 #include "brigade/kernels/cpu/gemm.h"
 #include "brigade/kernels/cpu/isa.h"
 #include "brigade/kernels/cpu/sgemm_peak.h"
+#include "brigade/parallel/mesh.h"
 #include "brigade/train/trainer.h"
 
 namespace brigade::cli {
@@ -127,24 +129,28 @@ class RunReport {
                             : fmt::format("config.resumed_at_step_{}.toml", trainer.step());
     write_file_atomic(run_dir / config_name, config.to_toml() + "\n");
 
-    // Every worker has the same cores, so one's peak times dp is the job's.
+    // Every worker has the same cores, so one's peak times the ranks is the job's.
+    const int world = trainer.dp_size() * trainer.tp_size();
     const cpu::MachinePeak peak =
         cpu::machine_peak(num_threads(), cpu::measure_sgemm_peak_gflops());
-    peak_gflops_ = peak.gflops * trainer.dp_size();
-    const std::string ranks =
-        trainer.dp_size() > 1 ? fmt::format("{} ranks x ", trainer.dp_size()) : "";
+    peak_gflops_ = peak.gflops * world;
+    const std::string ranks = world > 1 ? fmt::format("{} ranks x ", world) : "";
+    const std::string mesh =
+        trainer.tp_size() > 1
+            ? fmt::format("mesh dp {} x tp {}", trainer.dp_size(), trainer.tp_size())
+            : fmt::format("dp {}", trainer.dp_size());
     flops_per_step_ = model.train_flops_per_token(model.block_size) *
                       static_cast<double>(trainer.tokens_per_step());
     const MemoryAccount memory = trainer.memory();
     std::fprintf(stderr,
-                 "brigade train: %lld parameters, %lld tokens/step, dp %d, ZeRO %d, %d threads "
+                 "brigade train: %lld parameters, %lld tokens/step, %s, ZeRO %d, %d threads "
                  "per rank\n"
                  "  per rank: parameters %.1f MB, gradients %.1f MB, optimizer state %.1f MB, "
                  "activations %.1f MB (estimate)\n"
                  "  cpu: %s; GEMMs: %s\n"
                  "  MFU is against %s%s\n",
                  static_cast<long long>(model.num_params()),
-                 static_cast<long long>(trainer.tokens_per_step()), trainer.dp_size(),
+                 static_cast<long long>(trainer.tokens_per_step()), mesh.c_str(),
                  options.parallel.zero, num_threads(), memory.params / 1e6, memory.grads / 1e6,
                  memory.optimizer / 1e6, memory.activations / 1e6, cpu::describe_cpu().c_str(),
                  cpu::gemm_backend().c_str(), ranks.c_str(), peak.description.c_str());
@@ -170,6 +176,7 @@ class RunReport {
                            {"compute_ms", m.compute_ms},
                            {"exposed_comm_ms", m.exposed_comm_ms},
                            {"exposed_comm_fraction", m.exposed_comm_ms / m.step_ms},
+                           {"tp_comm_ms", m.tp_comm_ms},
                            {"mfu", mfu},
                            {"peak_rss_bytes", peak_rss_bytes()}};
     if (peak_rss_per_rank.size() > 1) {
@@ -230,12 +237,21 @@ bool launched_worker() {
                                  const std::vector<std::string>& overrides,
                                  const std::string& resume) {
   Config config = load_config(config_path, overrides);
-  const int configured_dp = static_cast<int>(config.get_int("parallel.dp", nproc));
-  if (configured_dp != nproc) {
+  // Bad shapes fail here, once, before any worker starts and allocates.
+  const int tp = static_cast<int>(config.get_int("parallel.tp", 1));
+  if (tp < 1 || nproc % tp != 0) {
     throw_error(
-        "--nproc {} but the config sets parallel.dp = {}: data parallelism runs one worker per "
-        "dp rank; drop --nproc, or make them equal",
-        nproc, configured_dp);
+        "--nproc {} is not a multiple of parallel.tp = {}: a dp x tp mesh needs dp * tp "
+        "workers; use an --nproc that tp divides, e.g. {}",
+        nproc, tp, tp < 1 ? 1 : tp * ((nproc + tp - 1) / tp));
+  }
+  GptConfig::from_config(config).validate_tensor_parallel(tp);
+  const int configured_dp = static_cast<int>(config.get_int("parallel.dp", nproc / tp));
+  if (configured_dp != nproc / tp) {
+    throw_error(
+        "--nproc {} but the config sets parallel.dp = {}: the workers are dp * tp = {} * {}; "
+        "drop parallel.dp (--nproc sets it to N / parallel.tp), or make --nproc {}",
+        nproc, configured_dp, configured_dp, tp, configured_dp * tp);
   }
   const elastic::ElasticConfig elastic_config = elastic::ElasticConfig::from_config(config);
   LaunchOptions launch;
@@ -249,7 +265,7 @@ bool launched_worker() {
     launch.command.push_back(o);
   }
   launch.command.push_back("--set");
-  launch.command.push_back(fmt::format("parallel.dp={}", nproc));
+  launch.command.push_back(fmt::format("parallel.dp={}", nproc / tp));
   if (!resume.empty()) {
     launch.command.push_back("--resume");
     launch.command.push_back(resume);
@@ -257,23 +273,47 @@ bool launched_worker() {
   throw ExitStatus{run_launch(launch)};
 }
 
-// The data-parallel group of a launched worker, or null alone.
-std::unique_ptr<Communicator> join_group(const GptConfig& model, const TrainOptions& options) {
-  if (!launched_worker()) return nullptr;
+// A launched worker's process groups (all null alone). With tp 1 the world
+// is the data-parallel group, as it always was; on a dp x tp mesh the
+// flat buffers live in the dp group's shared memory (the zero-copy path of
+// its reductions), and the world carries only saves and small agreements.
+struct JoinedGroups {
+  std::unique_ptr<Communicator> world, dp, tp;
+  TrainerGroups view() const { return {world.get(), tp ? dp.get() : world.get(), tp.get()}; }
+};
+
+JoinedGroups join_groups(const GptConfig& model, const TrainOptions& options) {
+  JoinedGroups groups;
+  if (!launched_worker()) return groups;
   const WorldEnvironment world = read_world_environment();
-  if (world.world_size != options.parallel.dp) {
+  const int dp = options.parallel.dp, tp = options.parallel.tp;
+  if (world.world_size != dp * tp) {
     throw_error(
-        "this job has {} workers but parallel.dp = {}: start it with `brigade train --nproc {} "
-        "CONFIG`, or set parallel.dp = {}",
-        world.world_size, options.parallel.dp, options.parallel.dp, world.world_size);
+        "this job has {} workers but parallel.dp * parallel.tp = {} * {} = {}: start it with "
+        "`brigade train --nproc {} CONFIG`, or set parallel.dp = {}",
+        world.world_size, dp, tp, dp * tp, dp * tp, world.world_size / tp);
   }
-  if (world.world_size == 1) return nullptr;
+  if (world.world_size == 1) return groups;
   // Every rank's dumps go next to the run's metrics unless the user chose.
   ::setenv("BRIGADE_FLIGHT_RECORDER_DIR", options.run_dir.c_str(), 0);
   fs::create_directories(options.run_dir);
   dump_flight_recorder_on_signal(SIGUSR1, world.world_rank);
-  return connect_world(options.parallel.backend, options.parallel.timeout_s * 1000,
-                       shared_bytes_for_training(model));
+  const int64_t timeout_ms = options.parallel.timeout_s * 1000;
+  const int64_t shared = shared_bytes_for_training(model);
+  if (tp == 1) {
+    groups.world = connect_world(options.parallel.backend, timeout_ms, shared);
+    return groups;
+  }
+  groups.world = connect_world(options.parallel.backend, timeout_ms);
+  const Mesh mesh({dp, tp, 1}, world.world_size);
+  const MeshCoord me = mesh.coord(world.world_rank);
+  if (dp > 1) {
+    groups.dp = connect_group(options.parallel.backend, fmt::format("dp{}", me.tp_rank),
+                              mesh.group(MeshDim::kData, world.world_rank), timeout_ms, shared);
+  }
+  groups.tp = connect_group(options.parallel.backend, fmt::format("tp{}", me.dp_rank),
+                            mesh.group(MeshDim::kTensor, world.world_rank), timeout_ms);
+  return groups;
 }
 
 void run_train(const std::string& config_path, const std::vector<std::string>& overrides,
@@ -300,7 +340,10 @@ void run_train(const std::string& config_path, const std::vector<std::string>& o
   const bool first_rank = !launched_worker() || read_world_environment().world_rank == 0;
   if (first_rank) check_run_dir_is_free(options);
 
-  const std::unique_ptr<Communicator> group = join_group(model, options);
+  // Checked before connecting or allocating anything.
+  model.validate_tensor_parallel(options.parallel.tp);
+  const JoinedGroups groups = join_groups(model, options);
+  Communicator* const group = groups.world.get();
   // Ranks agree on when to stop, or one would wait for the others forever,
   // and on the signal that stops them (the exit status), whichever rank got it.
   auto agreed_stop_signal = [&] {
@@ -308,7 +351,7 @@ void run_train(const std::string& config_path, const std::vector<std::string>& o
     if (group) group->all_reduce(&value, 1, DType::kF64, ReduceOp::kMax)->wait();
     return static_cast<int>(value);
   };
-  Trainer trainer(model, options, group.get());
+  Trainer trainer(model, options, groups.view());
   if (heartbeat) heartbeat->started(trainer.step(), options.run_dir);
   std::signal(SIGINT, request_stop);
   std::signal(SIGTERM, request_stop);
@@ -414,7 +457,8 @@ void add_train_command(CLI::App& app) {
       ->allow_extra_args(false);
   cmd->add_option("--resume", *resume, "Continue from a run or checkpoint directory");
   cmd->add_option("--nproc", *nproc,
-                  "Data-parallel worker processes on this machine (sets parallel.dp)")
+                  "Worker processes on this machine: dp * tp of them (sets parallel.dp to "
+                  "N / parallel.tp)")
       ->check(CLI::Range(1, 1024));
   cmd->add_option("--max-restarts", *max_restarts,
                   "With --nproc: after a worker crashes or hangs, restart the workers from the "

@@ -1,5 +1,6 @@
 #include "brigade/comm/world.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cstdlib>
 #include <string_view>
@@ -169,6 +170,29 @@ std::unique_ptr<Communicator> connect_world(const std::string& backend, int64_t 
       connect_gloo(world, "world.p2p", world.world_rank, world.world_size, timeout_ms);
   return std::make_unique<HierarchicalCommunicator>(
       "world", std::move(node_group), std::move(leaders), num_nodes, std::move(cross_node));
+}
+
+std::unique_ptr<Communicator> connect_group(const std::string& backend, const std::string& name,
+                                            const std::vector<int>& members, int64_t timeout_ms,
+                                            int64_t shm_shared_bytes) {
+  const WorldEnvironment world = read_world_environment();
+  const auto me = std::find(members.begin(), members.end(), world.world_rank);
+  BRIGADE_CHECK(me != members.end(), "connect_group: this worker is not a member of the group");
+  const int rank = static_cast<int>(me - members.begin());
+  const int size = static_cast<int>(members.size());
+  const int node = world.world_rank / world.local_world_size;
+  const bool one_node = std::all_of(members.begin(), members.end(),
+                                    [&](int r) { return r / world.local_world_size == node; });
+  if (backend == "shm" && !one_node) {
+    throw_error(
+        "the shm backend works within one node, but group {} spans nodes: use gloo or "
+        "hierarchical for a multi-node job",
+        name);
+  }
+  if (backend != "gloo" && one_node) {
+    return connect_shm(world, name, rank, size, timeout_ms, shm_shared_bytes, members);
+  }
+  return connect_gloo(world, name, rank, size, timeout_ms, members);
 }
 
 }  // namespace brigade

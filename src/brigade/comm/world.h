@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "brigade/comm/communicator.h"
 
@@ -54,6 +55,17 @@ std::string shm_segment_name(const std::string& store_token, const std::string& 
 // Throws Error for an unknown backend, a missing environment, or shm across
 // nodes. (shm_shared_bytes applies to the node's shm group in hierarchical.)
 std::unique_ptr<Communicator> connect_world(const std::string& backend, int64_t timeout_ms,
+                                            int64_t shm_shared_bytes = 0);
+
+// A group of some of the job's workers (a data- or tensor-parallel group of
+// a Mesh): members are world ranks in group-rank order, this worker among
+// them; name tells the group's shm segment and store keys apart ("dp0",
+// "tp1") and must be the same on every member and unique in the job. Over
+// shm when every member is on this node (backend shm, auto or
+// hierarchical; tp groups are, being consecutive ranks), else over gloo.
+// Every member must call it, with the same arguments.
+std::unique_ptr<Communicator> connect_group(const std::string& backend, const std::string& name,
+                                            const std::vector<int>& members, int64_t timeout_ms,
                                             int64_t shm_shared_bytes = 0);
 
 }  // namespace brigade

@@ -18,18 +18,20 @@
 namespace brigade {
 
 // Activations one block keeps for its backward pass.
+// Cl = C/tp and Hl = H/tp: this tensor-parallel rank's columns and heads
+// (C and H without tensor parallelism).
 struct Gpt::Stash {
   float* ln1;        // (N,C)  ln_1 output, input of c_attn
   float* ln1_mean;   // (N)
   float* ln1_rstd;   // (N)
-  float* qkv;        // (N,3C)
-  float* attn;       // (N,C)  attention output, input of attn.c_proj
-  float* lse;        // (B,H,T)
+  float* qkv;        // (N,3Cl) this rank's heads of q, then of k, then of v
+  float* attn;       // (N,Cl) attention output, input of attn.c_proj
+  float* lse;        // (B,Hl,T)
   float* resid_mid;  // (N,C)  x + attn.c_proj(...), input of ln_2
   float* ln2;        // (N,C)
   float* ln2_mean;   // (N)
   float* ln2_rstd;   // (N)
-  float* fc_pre;     // (N,4C) c_fc output before GELU
+  float* fc_pre;     // (N,4Cl) c_fc output before GELU
 };
 
 struct Gpt::Workspace {
@@ -46,9 +48,9 @@ struct Gpt::Workspace {
   // Scratch, live only inside one layer's forward or backward.
   float* c_a;                // (N,C)
   float* c_b;                // (N,C)
-  float* c3;                 // (N,3C)
-  float* c4_a;               // (N,4C)
-  float* c4_b;               // (N,4C)
+  float* c3;                 // (N,3Cl)
+  float* c4_a;               // (N,4Cl)
+  float* c4_b;               // (N,4Cl)
   float* dresid;             // (N,C)
   float* attention_scratch;  // attention_scratch_floats(T, threads)
   float* lm_head_scratch;    // lm_head_scratch_floats(N, V)
@@ -58,8 +60,12 @@ void Gpt::WorkspaceDeleter::operator()(Workspace* w) const {
   delete w;
 }
 
-Gpt::Gpt(const GptConfig& config, float* params, float* grads)
-    : config_(config), layout_(config), params_(params), grads_(grads) {
+Gpt::Gpt(const GptConfig& config, float* params, float* grads, TensorParallel* tp)
+    : config_(config),
+      layout_(config, tp ? tp->rank() : 0, tp ? tp->size() : 1),
+      params_(params),
+      grads_(grads),
+      tp_(tp) {
   config_.validate();
 }
 
@@ -86,22 +92,22 @@ class Carver {
 };
 
 template <typename Ws, typename StashT>
-void carve(Carver& cv, Ws& ws, const GptConfig& cfg, int64_t b, int64_t t) {
-  const int64_t n = b * t, c = cfg.n_embd;
+void carve(Carver& cv, Ws& ws, const GptConfig& cfg, int64_t tp, int64_t b, int64_t t) {
+  const int64_t n = b * t, c = cfg.n_embd, cl = c / tp;
   const int64_t num_stashes = cfg.recompute == Recompute::kFull ? 1 : cfg.n_layer;
   ws.stashes.assign(num_stashes, StashT{});
   for (StashT& s : ws.stashes) {
     s.ln1 = cv.take(n * c);
     s.ln1_mean = cv.take(n);
     s.ln1_rstd = cv.take(n);
-    s.qkv = cv.take(n * 3 * c);
-    s.attn = cv.take(n * c);
-    s.lse = cv.take(b * cfg.n_head * t);
+    s.qkv = cv.take(n * 3 * cl);
+    s.attn = cv.take(n * cl);
+    s.lse = cv.take(b * (cfg.n_head / tp) * t);
     s.resid_mid = cv.take(n * c);
     s.ln2 = cv.take(n * c);
     s.ln2_mean = cv.take(n);
     s.ln2_rstd = cv.take(n);
-    s.fc_pre = cv.take(n * 4 * c);
+    s.fc_pre = cv.take(n * 4 * cl);
   }
   ws.resid.assign(cfg.n_layer + 1, nullptr);
   for (float*& r : ws.resid) r = cv.take(n * c);
@@ -111,9 +117,9 @@ void carve(Carver& cv, Ws& ws, const GptConfig& cfg, int64_t b, int64_t t) {
   ws.losses = cv.take(n);
   ws.c_a = cv.take(n * c);
   ws.c_b = cv.take(n * c);
-  ws.c3 = cv.take(n * 3 * c);
-  ws.c4_a = cv.take(n * 4 * c);
-  ws.c4_b = cv.take(n * 4 * c);
+  ws.c3 = cv.take(n * 3 * cl);
+  ws.c4_a = cv.take(n * 4 * cl);
+  ws.c4_b = cv.take(n * 4 * cl);
   ws.dresid = cv.take(n * c);
   ws.attention_scratch = cv.take(cpu::attention_scratch_floats(t, omp_get_max_threads()));
   ws.lm_head_scratch = cv.take(cpu::lm_head_scratch_floats(n, cfg.vocab_size));
@@ -134,7 +140,7 @@ void check_token_ids(const int32_t* ids, int64_t n, int64_t vocab, const char* w
 int64_t Gpt::activation_bytes(int64_t b, int64_t t) const {
   Workspace ws;
   Carver cv(nullptr);
-  carve<Workspace, Stash>(cv, ws, config_, b, t);
+  carve<Workspace, Stash>(cv, ws, config_, tp_size(), b, t);
   return cv.used() * static_cast<int64_t>(sizeof(float));
 }
 
@@ -146,10 +152,10 @@ void Gpt::ensure_workspace(int64_t b, int64_t t) {
   if (ws_ && ws_->b == b && ws_->t == t && ws_->threads == omp_get_max_threads()) return;
   ws_.reset(new Workspace);
   Carver sizer(nullptr);
-  carve<Workspace, Stash>(sizer, *ws_, config_, b, t);
+  carve<Workspace, Stash>(sizer, *ws_, config_, tp_size(), b, t);
   if (arena_.size() < sizer.used()) arena_ = FloatBuffer(sizer.used());
   Carver cv(arena_.data());
-  carve<Workspace, Stash>(cv, *ws_, config_, b, t);
+  carve<Workspace, Stash>(cv, *ws_, config_, tp_size(), b, t);
   ws_->b = b;
   ws_->t = t;
   ws_->threads = omp_get_max_threads();
@@ -159,21 +165,29 @@ void Gpt::block_forward(int64_t layer, const Stash& s, const float* resid_in, fl
                         int64_t b, int64_t t) {
   const BlockOffsets& o = layout_.block(layer);
   const float* p = params_;
-  const int64_t n = b * t, c = config_.n_embd;
+  const int64_t n = b * t, c = config_.n_embd, cl = c / tp_size();
+  const int64_t hl = config_.n_head / tp_size();
+  // A row-parallel layer's bias joins the sum once: on tp rank 0.
+  const bool adds_row_bias = tp_ == nullptr || tp_->rank() == 0;
   Workspace& ws = *ws_;
-  // qkv (N,3C) = ln1 @ c_attn.weight (C,3C) + bias
-  cpu::linear_forward(s.qkv, s.ln1, p + o.c_attn_w, p + o.c_attn_b, n, c, 3 * c);
-  cpu::attention_forward(s.attn, s.lse, s.qkv, b, t, c, config_.n_head, ws.attention_scratch);
-  // c_a (N,C) = attn @ attn.c_proj.weight (C,C) + bias
-  cpu::linear_forward(ws.c_a, s.attn, p + o.attn_proj_w, p + o.attn_proj_b, n, c, c);
+  // qkv (N,3Cl) = ln1 @ c_attn.weight (C,3Cl) + bias: column-parallel.
+  cpu::linear_forward(s.qkv, s.ln1, p + o.c_attn_w, p + o.c_attn_b, n, c, 3 * cl);
+  // Hl heads of C/H each: the same head size as the unsplit model.
+  cpu::attention_forward(s.attn, s.lse, s.qkv, b, t, cl, hl, ws.attention_scratch);
+  // c_a (N,C) = sum over tp of attn (N,Cl) @ attn.c_proj.weight (Cl,C), + bias: row-parallel.
+  cpu::linear_forward(ws.c_a, s.attn, p + o.attn_proj_w,
+                      adds_row_bias ? p + o.attn_proj_b : nullptr, n, cl, c);
+  tp_sum(ws.c_a, n * c);
   // resid_mid = resid_in + c_a;  ln2 = LayerNorm(resid_mid)
   cpu::residual_layernorm_forward(s.resid_mid, s.ln2, s.ln2_mean, s.ln2_rstd, resid_in, ws.c_a,
                                   p + o.ln_2_w, p + o.ln_2_b, n, c);
-  // fc_pre (N,4C) = ln2 @ c_fc.weight (C,4C) + bias;  c4_a = gelu(fc_pre)
-  cpu::linear_forward(s.fc_pre, s.ln2, p + o.c_fc_w, p + o.c_fc_b, n, c, 4 * c);
-  cpu::gelu_forward(ws.c4_a, s.fc_pre, n * 4 * c);
-  // mlp_out (N,C) = c4_a @ mlp.c_proj.weight (4C,C) + bias
-  cpu::linear_forward(mlp_out, ws.c4_a, p + o.mlp_proj_w, p + o.mlp_proj_b, n, 4 * c, c);
+  // fc_pre (N,4Cl) = ln2 @ c_fc.weight (C,4Cl) + bias;  c4_a = gelu(fc_pre)
+  cpu::linear_forward(s.fc_pre, s.ln2, p + o.c_fc_w, p + o.c_fc_b, n, c, 4 * cl);
+  cpu::gelu_forward(ws.c4_a, s.fc_pre, n * 4 * cl);
+  // mlp_out (N,C) = sum over tp of c4_a (N,4Cl) @ mlp.c_proj.weight (4Cl,C), + bias
+  cpu::linear_forward(mlp_out, ws.c4_a, p + o.mlp_proj_w,
+                      adds_row_bias ? p + o.mlp_proj_b : nullptr, n, 4 * cl, c);
+  tp_sum(mlp_out, n * c);
 }
 
 Gpt::Range Gpt::embeddings_range() const {
@@ -241,25 +255,29 @@ void Gpt::block_backward(int64_t layer, const Stash& s, const float* resid_in, f
   const BlockOffsets& o = layout_.block(layer);
   const float* p = params_;
   float* g = grads_;
-  const int64_t n = b * t, c = config_.n_embd;
+  const int64_t n = b * t, c = config_.n_embd, cl = c / tp_size();
+  const int64_t hl = config_.n_head / tp_size();
   Workspace& ws = *ws_;
-  // dresid holds dL/d(block output). The MLP branch, last op first:
-  cpu::gelu_forward(ws.c4_a, s.fc_pre, n * 4 * c);  // recomputed: cheaper than storing
+  // dresid holds dL/d(block output), the same on every tp rank. The MLP
+  // branch, last op first. The row-parallel bias gradient is whole here, as
+  // on one process, so every tp rank's copy gets the same gradient.
+  cpu::gelu_forward(ws.c4_a, s.fc_pre, n * 4 * cl);  // recomputed: cheaper than storing
   cpu::linear_backward(ws.c4_b, g + o.mlp_proj_w, g + o.mlp_proj_b, dresid, ws.c4_a,
-                       p + o.mlp_proj_w, n, 4 * c, c, /*accumulate_din=*/false);
-  cpu::gelu_backward(ws.c4_b, ws.c4_b, s.fc_pre, n * 4 * c);
+                       p + o.mlp_proj_w, n, 4 * cl, c, /*accumulate_din=*/false);
+  cpu::gelu_backward(ws.c4_b, ws.c4_b, s.fc_pre, n * 4 * cl);
   cpu::linear_backward(ws.c_a, g + o.c_fc_w, g + o.c_fc_b, ws.c4_b, s.ln2, p + o.c_fc_w, n, c,
-                       4 * c, false);
+                       4 * cl, false);
+  tp_sum(ws.c_a, n * c);  // dL/d(ln2): each rank had its columns' share
   // dresid += ln_2 backward: now dL/d(resid_mid).
   cpu::layernorm_backward(dresid, g + o.ln_2_w, g + o.ln_2_b, ws.c_a, s.resid_mid, s.ln2_mean,
                           s.ln2_rstd, p + o.ln_2_w, n, c);
   // The attention branch.
   cpu::linear_backward(ws.c_a, g + o.attn_proj_w, g + o.attn_proj_b, dresid, s.attn,
-                       p + o.attn_proj_w, n, c, c, false);
-  cpu::attention_backward(ws.c3, ws.c_a, s.qkv, s.attn, s.lse, b, t, c, config_.n_head,
-                          ws.attention_scratch);
+                       p + o.attn_proj_w, n, cl, c, false);
+  cpu::attention_backward(ws.c3, ws.c_a, s.qkv, s.attn, s.lse, b, t, cl, hl, ws.attention_scratch);
   cpu::linear_backward(ws.c_a, g + o.c_attn_w, g + o.c_attn_b, ws.c3, s.ln1, p + o.c_attn_w, n, c,
-                       3 * c, false);
+                       3 * cl, false);
+  tp_sum(ws.c_a, n * c);  // dL/d(ln1)
   // dresid += ln_1 backward: now dL/d(block input).
   cpu::layernorm_backward(dresid, g + o.ln_1_w, g + o.ln_1_b, ws.c_a, resid_in, s.ln1_mean,
                           s.ln1_rstd, p + o.ln_1_w, n, c);
@@ -374,6 +392,17 @@ void init_gpt2_weights(const ParamLayout& layout, int64_t n_layer, uint64_t seed
     }
     const bool residual_proj = info.name.ends_with("c_proj.weight");
     const float std_dev = residual_proj ? residual_std : 0.02f;
+    if (!info.replicated()) {
+      // A shard: each element from its global index (Philox draws pairs).
+      info.for_each_run([&](int64_t local, int64_t global, int64_t count) {
+#pragma omp parallel for schedule(static)
+        for (int64_t i = 0; i < count; ++i) {
+          const auto g = static_cast<uint64_t>(global + i);
+          dst[local + i] = Philox::normal2(init_key, k, g / 2)[g % 2] * std_dev;
+        }
+      });
+      continue;
+    }
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < (info.numel + 1) / 2; ++i) {
       const auto z = Philox::normal2(init_key, k, static_cast<uint64_t>(i));

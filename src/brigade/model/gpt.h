@@ -5,6 +5,18 @@
 //
 // Notation: B micro-batch rows, T sequence length, C = n_embd, H = n_head,
 // V = vocab_size, L = n_layer, N = B*T token rows.
+//
+// Tensor parallelism (Megatron-LM's split over the tp ranks of a
+// TensorParallel handle; param_layout.h says which tensors are cut): each
+// rank runs H/tp heads and 4C/tp of the MLP's columns. attn.c_attn and
+// mlp.c_fc are column-parallel (their input is the whole replicated
+// LayerNorm output, their output this rank's columns); attn.c_proj and
+// mlp.c_proj are row-parallel (each rank's partial product of all C
+// outputs, summed by one all-reduce in forward, the bias added once). In
+// backward the column-parallel layers' input gradients are partial sums:
+// one all-reduce each. So two all-reduces of (N,C) per block each way. The
+// embeddings, LayerNorms and LM head run replicated on every tp rank, on
+// bit-identical inputs, so their gradients agree without communication.
 #pragma once
 
 #include <cstdint>
@@ -13,6 +25,7 @@
 #include "brigade/core/aligned_buffer.h"
 #include "brigade/model/gpt_config.h"
 #include "brigade/model/param_layout.h"
+#include "brigade/model/tensor_parallel.h"
 
 namespace brigade {
 namespace cpu {
@@ -36,8 +49,11 @@ class ParamResidency {
 class Gpt {
  public:
   // params and grads point at flat buffers of layout().size() floats, owned
-  // by the caller; grads may be null for an inference-only model.
-  Gpt(const GptConfig& config, float* params, float* grads);
+  // by the caller; grads may be null for an inference-only model. tp: the
+  // tensor-parallel group this rank splits the blocks with (null, or size
+  // 1: the whole model here); it must outlive the model, and the layout is
+  // then this rank's shards (ParamLayout(config, tp->rank(), tp->size())).
+  Gpt(const GptConfig& config, float* params, float* grads, TensorParallel* tp = nullptr);
 
   const GptConfig& config() const { return config_; }
   const ParamLayout& layout() const { return layout_; }
@@ -73,6 +89,8 @@ class Gpt {
   // Bytes of activation memory a (B,T) micro-batch needs, stash and scratch.
   int64_t activation_bytes(int64_t b, int64_t t) const;
 
+  int tp_size() const { return tp_ ? tp_->size() : 1; }
+
  private:
   struct Stash;      // one block's saved activations
   struct Workspace;  // all activation memory for one (B,T)
@@ -97,6 +115,12 @@ class Gpt {
   float* grads_;
   GradReadyHook grad_ready_;
   ParamResidency* residency_ = nullptr;
+  TensorParallel* tp_ = nullptr;  // null when the blocks are whole here
+  // Megatron's two collectives: sums a row-parallel output (forward) or a
+  // column-parallel input gradient (backward), (N,C), over the tp group.
+  void tp_sum(float* data, int64_t count) const {
+    if (tp_ && tp_->size() > 1) tp_->all_reduce_sum(data, count);
+  }
 
   // The parameter ranges the passes acquire as units.
   struct Range {
@@ -127,8 +151,9 @@ class Gpt {
 // GPT-2 initialisation: N(0, 0.02) for matrices and embeddings, residual
 // projections (attn.c_proj, mlp.c_proj) scaled by 1/sqrt(2L), zero biases,
 // unit LayerNorm weights. Element i of tensor k comes from
-// Philox(key(seed, kWeightInit), k, i),
-// so the result does not depend on how the buffer is later sharded.
+// Philox(key(seed, kWeightInit), k, i), i its index in the GLOBAL tensor,
+// so the result does not depend on how the buffer is sharded: a tp rank's
+// layout gets exactly its part of the whole model's weights.
 void init_gpt2_weights(const ParamLayout& layout, int64_t n_layer, uint64_t seed, float* params);
 
 }  // namespace brigade

@@ -47,6 +47,25 @@ void GptConfig::validate() const {
     throw_error("model.vocab_size {} is too large", vocab_size);
 }
 
+void GptConfig::validate_tensor_parallel(int tp) const {
+  if (tp < 1) throw_error("parallel.tp must be at least 1, got {}", tp);
+  if (tp == 1) return;
+  // Whole heads per rank; n_embd = n_head * head_dim and the MLP's 4 * n_embd
+  // then divide too, but name each so the user sees which one failed.
+  const auto need = [&](const char* what, int64_t value) {
+    if (value % tp != 0) {
+      throw_error(
+          "parallel.tp = {} does not divide {} = {}: each tensor-parallel rank needs an "
+          "equal whole share of it; choose a tp that divides model.n_head ({}) and "
+          "model.n_embd ({})",
+          tp, what, value, n_head, n_embd);
+    }
+  };
+  need("model.n_head", n_head);
+  need("model.n_embd", n_embd);
+  need("4 * model.n_embd", 4 * n_embd);
+}
+
 nlohmann::json GptConfig::to_json() const {
   return {{"n_layer", n_layer},
           {"n_head", n_head},

@@ -29,6 +29,10 @@ struct GptConfig {
   static GptConfig from_config(Config& config);
   // Throws Error naming the bad value and the fix.
   void validate() const;
+  // Whether tp ranks can split the blocks Megatron's way: tp must divide
+  // n_head (whole heads per rank), hence n_embd and 4 * n_embd. Throws Error
+  // naming the numbers and the fix.
+  void validate_tensor_parallel(int tp) const;
 
   // The five shape numbers, as stored in checkpoint metadata.
   nlohmann::json to_json() const;

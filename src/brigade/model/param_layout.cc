@@ -2,22 +2,46 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
+#include "brigade/core/error.h"
+
 namespace brigade {
 namespace {
 constexpr int64_t kAlignFloats = 16;  // 64 bytes: one cache line, one AVX-512 vector
 }
 
-int64_t ParamLayout::add(std::string name, std::vector<int64_t> shape, ParamKind kind) {
-  int64_t numel = 1;
-  for (int64_t d : shape) numel *= d;
-  const int64_t offset = size_;
-  params_.push_back({std::move(name), std::move(shape), offset, numel, kind});
-  size_ += (numel + kAlignFloats - 1) / kAlignFloats * kAlignFloats;
-  num_params_ += numel;
-  return offset;
+int64_t ParamLayout::add(std::string name, std::vector<int64_t> shape, ParamKind kind,
+                         int split_dim, int64_t parts) {
+  ParamInfo info;
+  info.name = std::move(name);
+  info.global_shape = shape;
+  info.kind = kind;
+  if (tp_size_ > 1 && split_dim >= 0) {
+    // Run p of the global dimension is [p*G/parts, (p+1)*G/parts); this
+    // rank owns the tp_rank-th 1/tp of each run.
+    const auto d = static_cast<size_t>(split_dim);
+    const int64_t global_run = shape[d] / parts;
+    const int64_t run = global_run / tp_size_;
+    info.split_dim = split_dim;
+    for (int64_t p = 0; p < parts; ++p)
+      info.part_offsets.push_back(p * global_run + tp_rank_ * run);
+    shape[d] = run * parts;
+  }
+  info.shape = std::move(shape);
+  info.numel = 1;
+  for (int64_t d : info.shape) info.numel *= d;
+  info.offset = size_;
+  size_ += (info.numel + kAlignFloats - 1) / kAlignFloats * kAlignFloats;
+  num_params_ += info.numel;
+  params_.push_back(std::move(info));
+  return params_.back().offset;
 }
 
-ParamLayout::ParamLayout(const GptConfig& cfg) {
+ParamLayout::ParamLayout(const GptConfig& cfg, int tp_rank, int tp_size)
+    : tp_rank_(tp_rank), tp_size_(tp_size) {
+  BRIGADE_CHECK(tp_rank >= 0 && tp_rank < tp_size, "tp rank out of range");
+  cfg.validate_tensor_parallel(tp_size);
   const int64_t c = cfg.n_embd;
   add("wte.weight", {cfg.vocab_size, c}, ParamKind::kTokenEmbedding);
   add("wpe.weight", {cfg.block_size, c}, ParamKind::kPositionEmbedding);
@@ -26,15 +50,17 @@ ParamLayout::ParamLayout(const GptConfig& cfg) {
     BlockOffsets b{};
     b.ln_1_w = add(p + "ln_1.weight", {c}, ParamKind::kNorm);
     b.ln_1_b = add(p + "ln_1.bias", {c}, ParamKind::kNorm);
-    b.c_attn_w = add(p + "attn.c_attn.weight", {c, 3 * c}, ParamKind::kMatmul);
-    b.c_attn_b = add(p + "attn.c_attn.bias", {3 * c}, ParamKind::kBias);
-    b.attn_proj_w = add(p + "attn.c_proj.weight", {c, c}, ParamKind::kMatmul);
+    // Column-parallel: this rank's heads of q, k and v (three runs each).
+    b.c_attn_w = add(p + "attn.c_attn.weight", {c, 3 * c}, ParamKind::kMatmul, 1, 3);
+    b.c_attn_b = add(p + "attn.c_attn.bias", {3 * c}, ParamKind::kBias, 0, 3);
+    // Row-parallel: the rows that read this rank's heads; the bias is whole.
+    b.attn_proj_w = add(p + "attn.c_proj.weight", {c, c}, ParamKind::kMatmul, 0);
     b.attn_proj_b = add(p + "attn.c_proj.bias", {c}, ParamKind::kBias);
     b.ln_2_w = add(p + "ln_2.weight", {c}, ParamKind::kNorm);
     b.ln_2_b = add(p + "ln_2.bias", {c}, ParamKind::kNorm);
-    b.c_fc_w = add(p + "mlp.c_fc.weight", {c, 4 * c}, ParamKind::kMatmul);
-    b.c_fc_b = add(p + "mlp.c_fc.bias", {4 * c}, ParamKind::kBias);
-    b.mlp_proj_w = add(p + "mlp.c_proj.weight", {4 * c, c}, ParamKind::kMatmul);
+    b.c_fc_w = add(p + "mlp.c_fc.weight", {c, 4 * c}, ParamKind::kMatmul, 1);
+    b.c_fc_b = add(p + "mlp.c_fc.bias", {4 * c}, ParamKind::kBias, 0);
+    b.mlp_proj_w = add(p + "mlp.c_proj.weight", {4 * c, c}, ParamKind::kMatmul, 0);
     b.mlp_proj_b = add(p + "mlp.c_proj.bias", {c}, ParamKind::kBias);
     blocks_.push_back(b);
   }
@@ -47,6 +73,37 @@ const ParamInfo* ParamLayout::find(const std::string& name) const {
     if (p.name == name) return &p;
   }
   return nullptr;
+}
+
+namespace {
+template <typename Copy>
+void for_each_shared_run(const ParamLayout& local_layout, const ParamLayout& global_layout,
+                         Copy&& copy) {
+  BRIGADE_CHECK(
+      global_layout.tp_size() == 1 && local_layout.params().size() == global_layout.params().size(),
+      "local_to_global/global_to_local need a tp rank's layout and the whole model's");
+  for (size_t k = 0; k < local_layout.params().size(); ++k) {
+    const ParamInfo& l = local_layout.params()[k];
+    const int64_t g = global_layout.params()[k].offset;
+    l.for_each_run([&](int64_t local, int64_t global, int64_t count) {
+      copy(l.offset + local, g + global, count);
+    });
+  }
+}
+}  // namespace
+
+void local_to_global(const ParamLayout& local_layout, const ParamLayout& global_layout,
+                     const float* local, float* global) {
+  for_each_shared_run(local_layout, global_layout, [&](int64_t l, int64_t g, int64_t n) {
+    std::copy(local + l, local + l + n, global + g);
+  });
+}
+
+void global_to_local(const ParamLayout& local_layout, const ParamLayout& global_layout,
+                     const float* global, float* local) {
+  for_each_shared_run(local_layout, global_layout, [&](int64_t l, int64_t g, int64_t n) {
+    std::copy(global + g, global + g + n, local + l);
+  });
 }
 
 }  // namespace brigade

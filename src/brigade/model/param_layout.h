@@ -5,6 +5,14 @@
 //
 // Order: wte, wpe, then for each block h.{i}.{ln_1, attn.c_attn, attn.c_proj,
 // ln_2, mlp.c_fc, mlp.c_proj}.{weight, bias}, then ln_f.
+//
+// Under tensor parallelism (tp ranks) a rank's layout holds its shards only
+// (Megatron's split): attn.c_attn and mlp.c_fc are cut by output columns,
+// their biases alike (column-parallel); attn.c_proj.weight and
+// mlp.c_proj.weight by input rows (row-parallel); everything else (the
+// embeddings, LayerNorms, the row-parallel biases, ln_f) is replicated. The
+// order and names stay, so every tp rank's buffer has the same size and the
+// same tensor boundaries, and buckets and ZeRO slices line up across them.
 #pragma once
 
 #include <cstdint>
@@ -24,11 +32,27 @@ enum class ParamKind {
 };
 
 struct ParamInfo {
-  std::string name;            // e.g. "h.3.attn.c_attn.weight"
-  std::vector<int64_t> shape;  // e.g. {768, 2304}
-  int64_t offset = 0;          // first element in the flat buffer
-  int64_t numel = 0;
+  std::string name;                   // e.g. "h.3.attn.c_attn.weight"
+  std::vector<int64_t> shape;         // this rank's tensor, e.g. {768, 2304}
+  std::vector<int64_t> global_shape;  // the whole tensor (equal to shape when replicated)
+  int64_t offset = 0;                 // first element in the flat buffer
+  int64_t numel = 0;                  // of this rank's tensor
   ParamKind kind = ParamKind::kMatmul;
+  // Where this rank's tensor lies in the global one. split_dim < 0: it is
+  // the whole tensor (replicated on every tp rank). Otherwise, along
+  // split_dim the local tensor is part_offsets.size() equal runs, and run p
+  // starts at global index part_offsets[p]; the other dimensions are whole.
+  // (c_attn has three runs, this rank's heads of q, of k and of v, since
+  // Hugging Face stores q, k, v side by side in one (C,3C) matrix.)
+  int split_dim = -1;
+  std::vector<int64_t> part_offsets;
+
+  bool replicated() const { return split_dim < 0; }
+  // Calls fn(local, global, count) for runs that together cover the tensor
+  // once: elements [local, local+count) of this rank's row-major tensor are
+  // elements [global, global+count) of the row-major global tensor.
+  template <typename Fn>
+  void for_each_run(Fn&& fn) const;
 };
 
 // Offsets of one block's tensors, for the forward/backward code.
@@ -39,7 +63,10 @@ struct BlockOffsets {
 
 class ParamLayout {
  public:
-  explicit ParamLayout(const GptConfig& config);
+  // tp_rank's shards of a model split over tp_size ranks (1: the whole model).
+  // Error naming the numbers and the fix if tp_size does not divide the heads,
+  // n_embd and 4 * n_embd.
+  explicit ParamLayout(const GptConfig& config, int tp_rank = 0, int tp_size = 1);
 
   const std::vector<ParamInfo>& params() const { return params_; }
   // Total floats in the flat buffer (each tensor starts 64-byte aligned;
@@ -53,15 +80,53 @@ class ParamLayout {
   const BlockOffsets& block(int64_t layer) const { return blocks_[layer]; }
   int64_t ln_f_w() const { return ln_f_w_; }
   int64_t ln_f_b() const { return ln_f_b_; }
+  int tp_rank() const { return tp_rank_; }
+  int tp_size() const { return tp_size_; }
 
  private:
-  int64_t add(std::string name, std::vector<int64_t> shape, ParamKind kind);
+  // split_dim < 0: replicated; else cut along split_dim into `parts` runs
+  // (1, or 3 for c_attn's q, k, v), each divided among the tp ranks.
+  int64_t add(std::string name, std::vector<int64_t> shape, ParamKind kind, int split_dim = -1,
+              int64_t parts = 1);
 
   std::vector<ParamInfo> params_;
   std::vector<BlockOffsets> blocks_;
   int64_t size_ = 0;
   int64_t num_params_ = 0;
   int64_t ln_f_w_ = 0, ln_f_b_ = 0;
+  int tp_rank_ = 0, tp_size_ = 1;
 };
+
+// Copies a rank's tensors (`local`, laid out by local_layout) into their
+// places in a buffer of the whole model (laid out by global_layout), or the
+// other way round. The layouts are of the same model; global_layout's tp size is 1.
+void local_to_global(const ParamLayout& local_layout, const ParamLayout& global_layout,
+                     const float* local, float* global);
+void global_to_local(const ParamLayout& local_layout, const ParamLayout& global_layout,
+                     const float* global, float* local);
+
+template <typename Fn>
+void ParamInfo::for_each_run(Fn&& fn) const {
+  if (replicated()) {
+    fn(int64_t{0}, int64_t{0}, numel);
+    return;
+  }
+  // Elements per index of split_dim (the dimensions after it), and how many
+  // leading slabs (the dimensions before it) repeat the pattern.
+  int64_t inner = 1, outer = 1;
+  for (size_t d = 0; d < shape.size(); ++d) {
+    if (static_cast<int>(d) > split_dim) inner *= shape[d];
+    if (static_cast<int>(d) < split_dim) outer *= shape[d];
+  }
+  const int64_t local_dim = shape[static_cast<size_t>(split_dim)];
+  const int64_t global_dim = global_shape[static_cast<size_t>(split_dim)];
+  const int64_t run = local_dim / static_cast<int64_t>(part_offsets.size());
+  for (int64_t o = 0; o < outer; ++o) {
+    for (size_t p = 0; p < part_offsets.size(); ++p) {
+      fn((o * local_dim + static_cast<int64_t>(p) * run) * inner,
+         (o * global_dim + part_offsets[p]) * inner, run * inner);
+    }
+  }
+}
 
 }  // namespace brigade

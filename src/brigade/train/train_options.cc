@@ -42,13 +42,14 @@ TrainOptions TrainOptions::from_config(Config& config) {
   o.data.synthetic = config.get_bool("data.synthetic", o.data.synthetic);
 
   const MeshShape mesh = MeshShape::from_config(config);
-  if (mesh.tp != 1 || mesh.pp != 1) {
+  if (mesh.pp != 1) {
     throw_error(
-        "parallel.tp = {} and parallel.pp = {}: tensor and pipeline parallelism are not built "
-        "yet; set both to 1 and scale with parallel.dp",
-        mesh.tp, mesh.pp);
+        "parallel.pp = {}: pipeline parallelism is not built yet; set it to 1 and scale with "
+        "parallel.dp and parallel.tp",
+        mesh.pp);
   }
   o.parallel.dp = mesh.dp;
+  o.parallel.tp = mesh.tp;
   o.parallel.zero = static_cast<int>(config.get_int("parallel.zero", o.parallel.zero));
   o.parallel.bucket_mb = config.get_double("parallel.bucket_mb", o.parallel.bucket_mb);
   o.parallel.backend = config.get_string("parallel.backend", o.parallel.backend);

@@ -30,7 +30,8 @@ struct DataOptions {
 };
 
 struct ParallelOptions {
-  int dp = 1;                    // data-parallel ranks (tensor and pipeline parallelism come later)
+  int dp = 1;                    // data-parallel ranks (pipeline parallelism comes later)
+  int tp = 1;                    // tensor-parallel ranks: each block's matrices split tp ways
   int zero = 0;                  // ZeRO stage: 0 none, 1 optimizer state, 2 + gradients sharded
   double bucket_mb = 25.0;       // gradient bucket size, MB (1e6 bytes)
   std::string backend = "auto";  // comm backend: auto, shm, gloo, hierarchical
@@ -64,7 +65,7 @@ struct TrainOptions {
   ParallelOptions parallel;
 
   // Sequences in one optimizer step: each data-parallel rank runs grad_accum
-  // micro-batches of micro_batch sequences.
+  // micro-batches of micro_batch sequences (its tp ranks run the same ones).
   int64_t global_batch() const { return micro_batch * grad_accum * parallel.dp; }
 
   static TrainOptions from_config(Config& config);

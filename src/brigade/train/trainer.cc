@@ -84,19 +84,36 @@ std::unique_ptr<Dataset> open_or_prepare(const DataOptions& data, const GptConfi
 }  // namespace
 
 Trainer::Trainer(const GptConfig& model, const TrainOptions& options, Communicator* dp_group)
-    : options_(options), dp_group_(dp_group) {
+    : Trainer(model, options, TrainerGroups{dp_group, dp_group, nullptr}) {}
+
+Trainer::Trainer(const GptConfig& model, const TrainOptions& options, const TrainerGroups& groups)
+    : options_(options), dp_group_(groups.dp), tp_group_(groups.tp), world_(groups.world) {
   const int dp = options_.parallel.dp;
+  const int tp = options_.parallel.tp;
   if (dp > 1 && (dp_group_ == nullptr || dp_group_->size() != dp)) {
     throw_error(
         "parallel.dp = {} needs {} worker processes: start them with `brigade train --nproc {} "
         "CONFIG`",
-        dp, dp, dp);
+        dp, dp, dp * tp);
   }
+  if (tp > 1 && (tp_group_ == nullptr || tp_group_->size() != tp || world_ == nullptr ||
+                 world_->size() != dp * tp)) {
+    throw_error(
+        "parallel.tp = {} needs a tensor-parallel group of {} ranks in a world of dp * tp = {}: "
+        "start the workers with `brigade train --nproc {} --set parallel.tp={} CONFIG`",
+        tp, tp, dp * tp, dp * tp, tp);
+  }
+  model.validate_tensor_parallel(tp);
+  if (world_ == nullptr) world_ = dp_group_;
   // Find the checkpoint first: a bad --resume should fail before any work.
   std::optional<ResolvedCheckpoint> resume;
   if (!options_.resume.empty()) resume = resolve_checkpoint(options_.resume);
   set_num_threads(static_cast<int>(options_.threads));
-  const ParamLayout layout(model);
+  if (tp > 1) tp_ = std::make_unique<TensorParallelGroup>(*tp_group_);
+  const ParamLayout layout(model, tp_rank(), tp);
+  for (const ParamInfo& p : layout.params()) {
+    if (tp_rank() == 0 || !p.replicated()) norm_ranges_.push_back({p.offset, p.offset + p.numel});
+  }
   const auto bucket_elements =
       static_cast<int64_t>(options_.parallel.bucket_mb * 1e6 / sizeof(float));
   // Alone there is nothing to shard: every stage is ZeRO 0.
@@ -112,8 +129,9 @@ Trainer::Trainer(const GptConfig& model, const TrainOptions& options, Communicat
     plan_ = std::make_unique<BucketPlan>(layout.size(), dp, bucket_elements);
   }
   allocate_buffers(plan_->padded_size());
-  model_ = std::make_unique<Gpt>(model, params_.data(), grads_.data());
-  // Every rank draws the same weights from the seed: no broadcast needed.
+  model_ = std::make_unique<Gpt>(model, params_.data(), grads_.data(), tp_.get());
+  // Every rank draws the same weights from the seed (its shards of them by
+  // their global indices): no broadcast needed.
   init_gpt2_weights(layout, model.n_layer, options_.seed, params_.data());
   const auto ranges = decay_ranges(layout, options_.decay_position_embedding);
   if (zero >= 1) {
@@ -130,10 +148,10 @@ Trainer::Trainer(const GptConfig& model, const TrainOptions& options, Communicat
     grad_sync_ = std::make_unique<GradSync>(*dp_group_, *plan_, grads_.data(), mode,
                                             buffers_in_shared_memory_);
   }
-  saver_ = std::make_unique<CheckpointSaver>(dp_group_, options_.parallel.timeout_s * 1000);
+  saver_ = std::make_unique<CheckpointSaver>(world_, options_.parallel.timeout_s * 1000);
   if (!options_.snapshot_dir.empty() && options_.snapshot_every > 0) {
     snapshot_saver_ =
-        std::make_unique<CheckpointSaver>(dp_group_, options_.parallel.timeout_s * 1000);
+        std::make_unique<CheckpointSaver>(world_, options_.parallel.timeout_s * 1000);
   }
   if (zero == 3) {
     sharded_params_ = std::make_unique<ShardedParams>(*dp_group_, *plan_, params_.data(),
@@ -157,8 +175,8 @@ Trainer::Trainer(const GptConfig& model, const TrainOptions& options, Communicat
   if (resume) {
     load_checkpoint(*resume);
     // Every rank has read its checkpoint before rank 0 moves any step.
-    if (dp > 1) dp_group_->barrier()->wait();
-    if (dp_rank() == 0) set_aside_abandoned_branch();
+    if (world_ != nullptr) world_->barrier()->wait();
+    if (world_rank() == 0) set_aside_abandoned_branch();
   }
 }
 
@@ -200,6 +218,14 @@ int Trainer::dp_rank() const {
   return dp_group_ != nullptr ? dp_group_->rank() : 0;
 }
 
+int Trainer::tp_rank() const {
+  return tp_group_ != nullptr ? tp_group_->rank() : 0;
+}
+
+int Trainer::world_rank() const {
+  return world_ != nullptr ? world_->rank() : 0;
+}
+
 void Trainer::allocate_buffers(int64_t size) {
   const int64_t bytes = (size * static_cast<int64_t>(sizeof(float)) + 63) / 64 * 64;
   if (dp_group_ != nullptr && dp_group_->shared_buffer() != nullptr &&
@@ -231,15 +257,25 @@ double Trainer::sum_over_ranks(double value) {
 }
 
 double Trainer::global_grad_norm() {
-  if (zero_ == 0) return grad_norm(grads_.data(), grads_.size());
-  // Each rank holds the reduced values of its slices only: every element is
-  // counted once, on its owner.
+  if (zero_ == 0 && tp_size() == 1) return grad_norm(grads_.data(), grads_.size());
+  // Under ZeRO each rank holds the reduced values of its slices only, and
+  // under tp its shards and copies of the replicated tensors: every element
+  // is counted once, on its owner (replicated ones on tp rank 0).
+  const std::vector<Slice> whole = {{0, grads_.size()}};
+  const std::vector<Slice>& held = zero_ >= 1 ? optimizer_->slices() : whole;
   double squares = 0.0;
-  for (const Slice& slice : optimizer_->slices()) {
-    const double norm = grad_norm(grads_.data() + slice.begin, slice.end - slice.begin);
-    squares += norm * norm;
+  for (const Slice& slice : held) {
+    for (const Slice& counted : norm_ranges_) {
+      const int64_t begin = std::max(slice.begin, counted.begin);
+      const int64_t end = std::min(slice.end, counted.end);
+      if (begin >= end) continue;
+      const double norm = grad_norm(grads_.data() + begin, end - begin);
+      squares += norm * norm;
+    }
   }
-  return std::sqrt(sum_over_ranks(squares));
+  if (zero_ >= 1) squares = sum_over_ranks(squares);
+  if (tp_size() > 1) tp_group_->all_reduce(&squares, 1, DType::kF64, ReduceOp::kSum)->wait();
+  return std::sqrt(squares);
 }
 
 StepMetrics Trainer::train_step() {
@@ -254,6 +290,7 @@ StepMetrics Trainer::train_step() {
   } else {
     grads_.zero();
   }
+  if (tp_) tp_->take_comm_ms();  // an evaluation's since the last step is not this step's
   const float loss_scale = 1.0f / static_cast<float>(options_.global_batch() * t);
   double loss = 0.0;
   const int64_t first_sample = dp_rank() * b * accum;
@@ -277,6 +314,10 @@ StepMetrics Trainer::train_step() {
   }
   // ZeRO 3's parameter gathers that forward and backward had to wait for.
   if (sharded_params_) m.exposed_comm_ms += sharded_params_->take_wait_ms();
+  if (tp_) {
+    m.tp_comm_ms = tp_->take_comm_ms();
+    m.exposed_comm_ms += m.tp_comm_ms;
+  }
   m.loss = sum_over_ranks(loss) / static_cast<double>(accum * dp_size());
   m.grad_norm = global_grad_norm();
   if (!std::isfinite(m.grad_norm)) {
@@ -349,7 +390,7 @@ nlohmann::json Trainer::state_json() const {
 fs::path Trainer::start_checkpoint() {
   const fs::path root = fs::path(options_.run_dir) / "checkpoints";
   start_save(*saver_, root, options_.keep_checkpoints);
-  return dp_rank() == 0 ? step_directory(root, step_) : fs::path();
+  return world_rank() == 0 ? step_directory(root, step_) : fs::path();
 }
 
 void Trainer::start_snapshot() {
@@ -367,7 +408,7 @@ void Trainer::start_save(CheckpointSaver& saver, const fs::path& root, int64_t k
   // its moments are exactly those (or, replicated, include them), and its
   // parameter slices are current on it. So the writes are spread evenly and
   // nothing is gathered.
-  const int64_t size = ParamLayout(model_config()).size();
+  const int64_t size = layout().size();
   std::vector<CheckpointPiece> pieces;
   int64_t compact = 0;
   for (const FlatRange& slice : plan_->owned(dp_rank())) {
@@ -383,12 +424,14 @@ void Trainer::start_save(CheckpointSaver& saver, const fs::path& root, int64_t k
   AsyncCheckpointWriter::Save save;
   save.root = root;
   save.step = step_;
-  save.rank = dp_rank();
-  save.num_shards = dp_size();
+  save.rank = world_rank();
+  save.num_shards = dp_size() * tp_size();
   save.config = model_config();
+  save.tp_rank = tp_rank();
+  save.tp_size = tp_size();
   save.keep = keep;
-  if (dp_rank() == 0) {
-    save.header = {{{"dp", dp_size()}, {"tp", 1}, {"pp", 1}, {"zero", zero_}},
+  if (world_rank() == 0) {
+    save.header = {{{"dp", dp_size()}, {"tp", tp_size()}, {"pp", 1}, {"zero", zero_}},
                    state_json(),
                    dataset_ ? dataset_->tokenizer_spec() : ""};
   }
@@ -420,12 +463,20 @@ void Trainer::load_checkpoint(const fs::path& path) {
 
 void Trainer::load_checkpoint(const ResolvedCheckpoint& checkpoint) {
   const auto& [dir, manifest] = checkpoint;
-  // Load into fresh buffers first, so a failure leaves this trainer intact.
+  // Load into fresh buffers first, so a failure leaves this trainer intact:
+  // the whole model's tensors, then this tp rank's shards of them.
   const int64_t size = params_.size();
   FloatBuffer p(size), m(size), v(size);
-  load_checkpoint_state(dir, manifest, model_config(), StateKind::kParams, p.data());
-  load_checkpoint_state(dir, manifest, model_config(), StateKind::kExpAvg, m.data());
-  load_checkpoint_state(dir, manifest, model_config(), StateKind::kExpAvgSq, v.data());
+  {
+    const ParamLayout whole(model_config());
+    FloatBuffer global(whole.size());
+    const std::pair<StateKind, FloatBuffer*> kinds[] = {
+        {StateKind::kParams, &p}, {StateKind::kExpAvg, &m}, {StateKind::kExpAvgSq, &v}};
+    for (const auto& [kind, local] : kinds) {
+      load_checkpoint_state(dir, manifest, model_config(), kind, global.data());
+      global_to_local(layout(), whole, global.data(), local->data());
+    }
+  }
   const nlohmann::json& state = manifest.trainer_state;
   const auto field = [&](const char* key) {
     if (!state.contains(key) || !state[key].is_number_integer()) {

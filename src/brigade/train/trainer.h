@@ -13,9 +13,19 @@
 // it (parallel/sharded_params.h). The replicas stay equal to a single
 // process's on the same global batch, up to float summation order.
 //
-// With data parallelism every rank must call evaluate() and
+// With tensor parallelism (options.parallel.tp ranks, Megatron's split,
+// model/gpt.h) the trainer holds this tp rank's shards only
+// (ParamLayout(model, tp_rank, tp)); its data-parallel group is the ranks
+// with the same tp rank, and buckets, ZeRO slices and AdamW work on the
+// local buffer unchanged. The global gradient norm counts each parameter
+// once: the squares of split tensors are summed over the tp group,
+// replicated ones (equal on every tp rank) taken from tp rank 0.
+// Checkpoints stay global: each rank writes its boxes of the global tensors.
+//
+// With data or tensor parallelism every rank must call evaluate() and
 // save_checkpoint() at the same points: under ZeRO 3 evaluation gathers
-// parameters, and a save synchronises the ranks' shard writes.
+// parameters, tensor parallelism's forward is collective, and a save
+// synchronises the ranks' shard writes.
 #pragma once
 
 #include <cstdint>
@@ -33,6 +43,7 @@
 #include "brigade/parallel/grad_buckets.h"
 #include "brigade/parallel/grad_sync.h"
 #include "brigade/parallel/sharded_params.h"
+#include "brigade/parallel/tensor_parallel_group.h"
 #include "brigade/train/checkpoint_saver.h"
 #include "brigade/train/train_options.h"
 
@@ -51,8 +62,11 @@ struct StepMetrics {
   double tokens_per_s = 0.0;  // global batch tokens per second
   double compute_ms = 0.0;    // forward, backward and optimizer
   // Time spent waiting on communication after compute was done: the part
-  // that overlap did not hide.
+  // that overlap did not hide (tp_comm_ms included).
   double exposed_comm_ms = 0.0;
+  // Of that, the tensor-parallel all-reduces inside forward and backward
+  // (none of which overlaps compute).
+  double tp_comm_ms = 0.0;
   // With data parallelism: when the last micro-batch's backward ended, in
   // the clock of bucket_timings() (GradSync::backward_end_ms).
   double backward_end_ms = 0.0;
@@ -66,6 +80,17 @@ struct MemoryAccount {
   int64_t activations = 0;  // estimate for one micro-batch
 };
 
+// The process groups of one rank of a dp x tp mesh (parallel/mesh.h), each
+// outliving the trainer. dp: the ranks with this tp rank (required when
+// parallel.dp > 1); tp: the ranks with this dp rank (required when
+// parallel.tp > 1); world: every rank, for checkpoint saves (may be dp
+// when tp is 1).
+struct TrainerGroups {
+  Communicator* world = nullptr;
+  Communicator* dp = nullptr;
+  Communicator* tp = nullptr;
+};
+
 class Trainer {
  public:
   // Opens (or prepares) the data, initialises the model, and if
@@ -73,6 +98,9 @@ class Trainer {
   // data-parallel communicator, required when options.parallel.dp > 1
   // (its size must equal dp), and outliving the trainer.
   Trainer(const GptConfig& model, const TrainOptions& options, Communicator* dp_group = nullptr);
+  // A rank of a dp x tp mesh; Error naming the group if one is missing or
+  // of the wrong size.
+  Trainer(const GptConfig& model, const TrainOptions& options, const TrainerGroups& groups);
   ~Trainer();
 
   // One optimizer step over the global batch of step `step()`.
@@ -121,6 +149,9 @@ class Trainer {
   const ShardedParams* sharded_params() const { return sharded_params_.get(); }
   int dp_rank() const;
   int dp_size() const { return options_.parallel.dp; }
+  int tp_rank() const;
+  int tp_size() const { return options_.parallel.tp; }
+  int world_rank() const;
   // What this rank holds, for the start-up report and the ZeRO tests.
   MemoryAccount memory() const;
   // The last step's bucket reductions (empty without data parallelism).
@@ -129,6 +160,8 @@ class Trainer {
   const Dataset* dataset() const { return dataset_.get(); }  // null when synthetic
   int64_t tokens_per_step() const { return options_.global_batch() * model_config().block_size; }
 
+  // This rank's tensors (its tp shards).
+  const ParamLayout& layout() const { return model_->layout(); }
   // State for checkpoints beyond the buffers: step, seed, schedule.
   nlohmann::json state_json() const;
 
@@ -148,6 +181,12 @@ class Trainer {
 
   TrainOptions options_;
   Communicator* dp_group_ = nullptr;
+  Communicator* tp_group_ = nullptr;
+  Communicator* world_ = nullptr;
+  std::unique_ptr<TensorParallelGroup> tp_;  // tp > 1
+  // The local ranges whose gradient squares this rank adds to the global
+  // norm: every tensor on tp rank 0, the split ones elsewhere.
+  std::vector<Slice> norm_ranges_;
   std::unique_ptr<BucketPlan> plan_;
   FloatBuffer params_, grads_;
   int zero_ = 0;  // the ZeRO stage in effect (0 without data parallelism)

@@ -1,0 +1,297 @@
+// Megatron's split of the blocks against the unsplit model: tp threads, each
+// a Gpt over its shards (ParamLayout(config, rank, tp)) joined by an
+// in-process TensorParallel, must give the unsplit model's loss and, put
+// back together, its gradients; replicated tensors' gradients must agree
+// bit for bit across the ranks. The layout's boxes and the sharded
+// initialisation are checked against the whole model's.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <barrier>
+#include <cmath>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "brigade/core/aligned_buffer.h"
+#include "brigade/core/error.h"
+#include "brigade/core/philox.h"
+#include "brigade/core/threads.h"
+#include "brigade/model/gpt.h"
+
+namespace brigade {
+namespace {
+
+// The tp ranks are threads of this process: each call publishes the
+// caller's buffer, and every rank sums all of them in rank order, so the
+// results are bit-identical everywhere, as a communicator's are.
+class ThreadGroup {
+ public:
+  explicit ThreadGroup(int size) : size_(size), barrier_(size), in_(static_cast<size_t>(size)) {}
+  int size() const { return size_; }
+
+  void all_reduce_sum(int rank, float* data, int64_t count) {
+    in_[static_cast<size_t>(rank)] = data;
+    barrier_.arrive_and_wait();
+    std::vector<float> sum(static_cast<size_t>(count), 0.0f);
+    for (int r = 0; r < size_; ++r) {
+      for (int64_t i = 0; i < count; ++i) sum[static_cast<size_t>(i)] += in_[r][i];
+    }
+    barrier_.arrive_and_wait();  // every rank has read every buffer
+    std::copy(sum.begin(), sum.end(), data);
+  }
+  void all_gather(int rank, const float* in, float* out, int64_t count) {
+    in_[static_cast<size_t>(rank)] = in;
+    barrier_.arrive_and_wait();
+    for (int r = 0; r < size_; ++r) std::copy(in_[r], in_[r] + count, out + r * count);
+    barrier_.arrive_and_wait();
+  }
+  void reduce_scatter_sum(int rank, const float* in, float* out, int64_t count) {
+    in_[static_cast<size_t>(rank)] = in;
+    barrier_.arrive_and_wait();
+    std::vector<float> sum(static_cast<size_t>(count), 0.0f);
+    for (int r = 0; r < size_; ++r) {
+      for (int64_t i = 0; i < count; ++i) sum[static_cast<size_t>(i)] += in_[r][rank * count + i];
+    }
+    barrier_.arrive_and_wait();
+    std::copy(sum.begin(), sum.end(), out);
+  }
+
+ private:
+  int size_;
+  std::barrier<> barrier_;
+  std::vector<const float*> in_;
+};
+
+class ThreadRank final : public TensorParallel {
+ public:
+  ThreadRank(ThreadGroup& group, int rank) : group_(group), rank_(rank) {}
+  int rank() const override { return rank_; }
+  int size() const override { return group_.size(); }
+  void all_reduce_sum(float* data, int64_t count) override {
+    group_.all_reduce_sum(rank_, data, count);
+  }
+  void all_gather(const float* in, float* out, int64_t count) override {
+    group_.all_gather(rank_, in, out, count);
+  }
+  void reduce_scatter_sum(const float* in, float* out, int64_t count) override {
+    group_.reduce_scatter_sum(rank_, in, out, count);
+  }
+
+ private:
+  ThreadGroup& group_;
+  int rank_;
+};
+
+GptConfig four_head_config() {
+  GptConfig c;
+  c.n_layer = 2;
+  c.n_head = 4;
+  c.n_embd = 32;
+  c.block_size = 12;
+  c.vocab_size = 13;
+  return c;
+}
+
+// A whole model's parameters with every bias and LayerNorm perturbed, so
+// the split bias paths carry values, and one batch.
+struct WholeModel {
+  explicit WholeModel(const GptConfig& config) : cfg(config), layout(cfg), params(layout.size()) {
+    init_gpt2_weights(layout, cfg.n_layer, 7, params.data());
+    for (const ParamInfo& p : layout.params()) {
+      if (p.kind == ParamKind::kNorm || p.kind == ParamKind::kBias) {
+        for (int64_t i = 0; i < p.numel; ++i) {
+          params.data()[p.offset + i] += 0.1f * Philox::normal2(3, p.offset, i)[0];
+        }
+      }
+    }
+    for (int64_t i = 0; i < b * cfg.block_size; ++i) {
+      inputs.push_back(static_cast<int32_t>(Philox::below(1, 0, i, cfg.vocab_size)));
+      targets.push_back(static_cast<int32_t>(Philox::below(1, 1, i, cfg.vocab_size)));
+    }
+  }
+  GptConfig cfg;
+  ParamLayout layout;
+  FloatBuffer params;
+  int64_t b = 2;
+  std::vector<int32_t> inputs, targets;
+};
+
+struct SplitResult {
+  std::vector<float> losses;       // per rank
+  std::vector<FloatBuffer> grads;  // per rank, local layouts
+  std::vector<float> eval_losses;  // forward_loss per rank
+};
+
+// Two micro-batches of forward_backward (accumulating), then forward_loss, on tp threads.
+SplitResult run_split(const WholeModel& whole, int tp) {
+  SplitResult result;
+  result.losses.assign(static_cast<size_t>(tp), 0.0f);
+  result.eval_losses.assign(static_cast<size_t>(tp), 0.0f);
+  result.grads.resize(static_cast<size_t>(tp));
+  ThreadGroup group(tp);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < tp; ++r) {
+    threads.emplace_back([&, r] {
+      ThreadRank handle(group, r);
+      const ParamLayout local(whole.cfg, r, tp);
+      FloatBuffer params(local.size()), grads(local.size());
+      global_to_local(local, whole.layout, whole.params.data(), params.data());
+      Gpt model(whole.cfg, params.data(), grads.data(), &handle);
+      const int64_t t = whole.cfg.block_size;
+      const float scale = 1.0f / static_cast<float>(whole.b * t);
+      model.forward_backward(whole.inputs.data(), whole.targets.data(), whole.b, t, scale);
+      result.losses[static_cast<size_t>(r)] =
+          model.forward_backward(whole.inputs.data(), whole.targets.data(), whole.b, t, scale);
+      result.eval_losses[static_cast<size_t>(r)] =
+          model.forward_loss(whole.inputs.data(), whole.targets.data(), whole.b, t);
+      result.grads[static_cast<size_t>(r)] = std::move(grads);
+    });
+  }
+  for (std::thread& th : threads) th.join();
+  return result;
+}
+
+void expect_split_matches_whole(const GptConfig& config, int tp) {
+  set_num_threads(1);
+  WholeModel whole(config);
+  const int64_t t = config.block_size;
+  FloatBuffer grads(whole.layout.size());
+  FloatBuffer params = FloatBuffer(whole.layout.size());
+  std::copy(whole.params.data(), whole.params.data() + whole.layout.size(), params.data());
+  Gpt model(config, params.data(), grads.data());
+  const float scale = 1.0f / static_cast<float>(whole.b * t);
+  model.forward_backward(whole.inputs.data(), whole.targets.data(), whole.b, t, scale);
+  const float loss =
+      model.forward_backward(whole.inputs.data(), whole.targets.data(), whole.b, t, scale);
+
+  const SplitResult split = run_split(whole, tp);
+  for (int r = 0; r < tp; ++r) {
+    EXPECT_NEAR(split.losses[static_cast<size_t>(r)], loss, 1e-6 * std::fabs(loss)) << "rank " << r;
+    EXPECT_NEAR(split.eval_losses[static_cast<size_t>(r)], loss, 1e-6 * std::fabs(loss))
+        << "rank " << r;
+  }
+  // Every rank's gradients, put in their global places.
+  std::vector<FloatBuffer> assembled;
+  for (int r = 0; r < tp; ++r) {
+    assembled.emplace_back(whole.layout.size());
+    local_to_global(ParamLayout(config, r, tp), whole.layout,
+                    split.grads[static_cast<size_t>(r)].data(), assembled.back().data());
+  }
+  for (size_t k = 0; k < whole.layout.params().size(); ++k) {
+    const ParamInfo& p = whole.layout.params()[k];
+    const bool replicated = ParamLayout(config, 0, tp).params()[k].replicated();
+    double scale_k = 0;
+    for (int64_t i = 0; i < p.numel; ++i) {
+      scale_k = std::max(scale_k, static_cast<double>(std::fabs(grads.data()[p.offset + i])));
+    }
+    ASSERT_GT(scale_k, 0) << p.name;
+    for (int64_t i = 0; i < p.numel; ++i) {
+      const int64_t at = p.offset + i;
+      // A split tensor's element lives on exactly one rank; the others hold
+      // zero there, so the sum over ranks is that rank's value.
+      float value = 0;
+      for (int r = 0; r < tp; ++r) {
+        const float mine = assembled[static_cast<size_t>(r)].data()[at];
+        if (replicated) {
+          ASSERT_EQ(mine, assembled[0].data()[at])
+              << p.name << "[" << i << "]: rank " << r << " differs from rank 0";
+        }
+      }
+      if (replicated) {
+        value = assembled[0].data()[at];
+      } else {
+        for (int r = 0; r < tp; ++r) value += assembled[static_cast<size_t>(r)].data()[at];
+      }
+      ASSERT_NEAR(value, grads.data()[at], 1e-5 * scale_k + 1e-9)
+          << "tp " << tp << ": " << p.name << "[" << i << "]";
+    }
+  }
+}
+
+TEST(TensorParallelGpt, TwoRanksMatchTheWholeModel) {
+  expect_split_matches_whole(four_head_config(), 2);
+}
+
+TEST(TensorParallelGpt, FourRanksMatchTheWholeModel) {
+  expect_split_matches_whole(four_head_config(), 4);
+}
+
+TEST(TensorParallelGpt, FullRecomputeMatchesTheWholeModel) {
+  GptConfig c = four_head_config();
+  c.recompute = Recompute::kFull;
+  expect_split_matches_whole(c, 2);
+}
+
+TEST(TensorParallelLayout, ShardsTileEveryTensorOnce) {
+  const GptConfig c = four_head_config();
+  const ParamLayout whole(c);
+  for (const int tp : {2, 4}) {
+    std::vector<int> covered(static_cast<size_t>(whole.size()), 0);
+    for (int r = 0; r < tp; ++r) {
+      const ParamLayout local(c, r, tp);
+      EXPECT_EQ(local.tp_rank(), r);
+      for (size_t k = 0; k < local.params().size(); ++k) {
+        const ParamInfo& p = local.params()[k];
+        EXPECT_EQ(p.global_shape, whole.params()[k].shape) << p.name;
+        if (p.replicated() && r > 0) continue;  // counted once, on rank 0
+        p.for_each_run([&](int64_t, int64_t global, int64_t count) {
+          for (int64_t i = 0; i < count; ++i) {
+            ++covered[static_cast<size_t>(whole.params()[k].offset + global + i)];
+          }
+        });
+      }
+    }
+    for (const ParamInfo& p : whole.params()) {
+      for (int64_t i = 0; i < p.numel; ++i) {
+        ASSERT_EQ(covered[static_cast<size_t>(p.offset + i)], 1)
+            << "tp " << tp << ": " << p.name << "[" << i << "]";
+      }
+    }
+  }
+  // Rank 1 of 2 owns heads 2 and 3: columns 16..31 of q, 48..63 of k, 80..95 of v.
+  const ParamLayout rank1(c, 1, 2);
+  const ParamInfo* qkv = rank1.find("h.0.attn.c_attn.weight");
+  ASSERT_NE(qkv, nullptr);
+  EXPECT_EQ(qkv->shape, (std::vector<int64_t>{32, 48}));
+  EXPECT_EQ(qkv->part_offsets, (std::vector<int64_t>{16, 48, 80}));
+  const ParamInfo* proj = rank1.find("h.0.mlp.c_proj.weight");
+  EXPECT_EQ(proj->shape, (std::vector<int64_t>{64, 32}));
+  EXPECT_EQ(proj->part_offsets, (std::vector<int64_t>{64}));
+  EXPECT_TRUE(rank1.find("h.0.mlp.c_proj.bias")->replicated());
+}
+
+TEST(TensorParallelLayout, ShardedInitialisationIsTheWholeModelsPart) {
+  const GptConfig c = four_head_config();
+  const ParamLayout whole(c);
+  FloatBuffer expected(whole.size());
+  init_gpt2_weights(whole, c.n_layer, 5, expected.data());
+  for (int r = 0; r < 2; ++r) {
+    const ParamLayout local(c, r, 2);
+    FloatBuffer mine(local.size()), want(local.size());
+    init_gpt2_weights(local, c.n_layer, 5, mine.data());
+    global_to_local(local, whole, expected.data(), want.data());
+    for (int64_t i = 0; i < local.size(); ++i) {
+      ASSERT_EQ(mine.data()[i], want.data()[i]) << "rank " << r << " element " << i;
+    }
+  }
+}
+
+TEST(TensorParallelLayout, RejectsATpThatDoesNotDivideTheHeads) {
+  GptConfig c = four_head_config();  // 4 heads, n_embd 32
+  try {
+    ParamLayout layout(c, 0, 3);
+    FAIL() << "tp 3 of 4 heads was accepted";
+  } catch (const Error& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("parallel.tp = 3"), std::string::npos) << message;
+    EXPECT_NE(message.find("model.n_head = 4"), std::string::npos) << message;
+  }
+  c.n_head = 8;  // 8 heads of 4: tp 8 divides heads and n_embd
+  EXPECT_NO_THROW(c.validate_tensor_parallel(8));
+  c.n_head = 2;
+  EXPECT_THROW(c.validate_tensor_parallel(4), Error);
+}
+
+}  // namespace
+}  // namespace brigade

@@ -1,0 +1,268 @@
+// Tensor parallelism on a dp x tp mesh against a single process: forked
+// ranks over the shm backend, grouped as parallel/mesh.h says (tp ranks
+// consecutive), training one global batch must give the single process's
+// loss at every step and, through the checkpoint they save (loaded whole by
+// one process), its parameters. Checkpoints are global: one saved at
+// dp 2 x tp 2 continues under tp 1, tp 4 and dp 4 as the uninterrupted run
+// does, and reloaded and saved again at once under another layout it holds
+// bit for bit the same tensors (what `brigade ckpt hash` hashes).
+//
+// Every run, the reference too, happens in a forked child: OpenMP's thread
+// pool does not survive a fork, so the parent never trains itself.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "brigade/ckpt/checkpoint.h"
+#include "brigade/comm/shm_communicator.h"
+#include "brigade/core/config.h"
+#include "brigade/core/error.h"
+#include "brigade/parallel/mesh.h"
+#include "brigade/train/trainer.h"
+#include "testing/forked_ranks.h"
+#include "testing/temp_dir.h"
+
+namespace brigade {
+namespace {
+namespace fs = std::filesystem;
+
+constexpr int kSteps = 12;
+constexpr int64_t kMicroBatch = 2;
+constexpr int64_t kGradAccum = 2;
+
+// Four heads, so tp 4 divides them; 24 wide, so nothing is a power of two.
+GptConfig model_config() {
+  Config c = Config::from_string(R"(
+    [model]
+    n_layer = 2
+    n_head = 4
+    n_embd = 24
+    block_size = 16
+    vocab_size = 67
+  )");
+  return GptConfig::from_config(c);
+}
+
+struct Layout {
+  int dp = 1, tp = 1, zero = 0;
+  std::string name() const { return fmt::format("dp{}_tp{}_zero{}", dp, tp, zero); }
+};
+
+TrainOptions options_for(const Layout& layout, int64_t grad_accum, const fs::path& run_dir) {
+  TrainOptions o;
+  o.micro_batch = kMicroBatch;
+  o.grad_accum = grad_accum;
+  o.steps = kSteps;
+  o.seed = 11;
+  o.threads = 1;
+  o.run_dir = run_dir.string();
+  o.lr.lr = 3e-3;
+  o.lr.min_lr = 3e-4;
+  o.lr.warmup_steps = 3;
+  o.lr.total_steps = kSteps;
+  o.grad_clip = 0.5;  // low enough that clipping happens: the norm must be exact
+  o.data.synthetic = true;
+  o.parallel.dp = layout.dp;
+  o.parallel.tp = layout.tp;
+  o.parallel.zero = layout.zero;
+  o.parallel.bucket_mb = 0.02;  // 5,000 floats: several buckets
+  return o;
+}
+
+// The whole model's state in a checkpoint, as one process loads it.
+struct GlobalState {
+  std::vector<float> kinds[3];  // parameters, exp_avg, exp_avg_sq
+};
+
+GlobalState read_checkpoint(const fs::path& step_dir) {
+  const ResolvedCheckpoint checkpoint = resolve_checkpoint(step_dir);
+  const GptConfig model = model_config();
+  const int64_t size = ParamLayout(model).size();
+  GlobalState state;
+  const StateKind kinds[] = {StateKind::kParams, StateKind::kExpAvg, StateKind::kExpAvgSq};
+  for (int k = 0; k < 3; ++k) {
+    state.kinds[k].assign(static_cast<size_t>(size), 0.0f);
+    load_checkpoint_state(checkpoint.dir, checkpoint.manifest, model, kinds[k],
+                          state.kinds[k].data());
+  }
+  return state;
+}
+
+// Trains a layout from `resume` (or from scratch) until step `until`, then
+// saves; rank 0 writes each step's loss to <dir>/losses.txt. The
+// checkpoint is <dir>/run/checkpoints/step_<until>.
+void train_forked(const Layout& layout, int64_t grad_accum, const fs::path& dir, int until,
+                  const fs::path& resume = {}) {
+  const GptConfig model = model_config();
+  const int world_size = layout.dp * layout.tp;
+  const std::string prefix =
+      fmt::format("/brigade-tp-test-{}-{}", ::getpid(), dir.filename().string());
+  const auto pids = testing::fork_ranks(world_size, [&](int rank) {
+    const Mesh mesh({layout.dp, layout.tp, 1}, world_size);
+    const MeshCoord me = mesh.coord(rank);
+    const auto group = [&](const std::string& name, const std::vector<int>& members,
+                           int64_t shared) -> std::unique_ptr<ShmCommunicator> {
+      if (members.size() < 2) return nullptr;
+      ShmCommunicatorOptions shm;
+      shm.segment_name = prefix + "-" + name;
+      shm.group_name = name;
+      shm.rank =
+          static_cast<int>(std::find(members.begin(), members.end(), rank) - members.begin());
+      shm.size = static_cast<int>(members.size());
+      shm.timeout_ms = 20000;
+      shm.shared_bytes = shared;
+      shm.slot_bytes = 1 << 20;
+      return std::make_unique<ShmCommunicator>(shm);
+    };
+    std::vector<int> everyone(static_cast<size_t>(world_size));
+    for (int r = 0; r < world_size; ++r) everyone[static_cast<size_t>(r)] = r;
+    const auto world = group("world", everyone, 0);
+    const auto dp = group(fmt::format("dp{}", me.tp_rank), mesh.group(MeshDim::kData, rank),
+                          shared_bytes_for_training(model));
+    const auto tp = group(fmt::format("tp{}", me.dp_rank), mesh.group(MeshDim::kTensor, rank), 0);
+    TrainOptions options = options_for(layout, grad_accum, dir / "run");
+    options.resume = resume.string();
+    Trainer trainer(model, options, TrainerGroups{world.get(), dp.get(), tp.get()});
+    std::ofstream losses;
+    if (rank == 0) losses.open(dir / "losses.txt");
+    while (trainer.step() < until) {
+      const StepMetrics m = trainer.train_step();
+      testing::require(layout.tp == 1 || m.tp_comm_ms > 0,
+                       "step {}: tensor parallelism reported no tp communication time", m.step);
+      if (rank == 0) losses << fmt::format("{} {:.9e}\n", m.step, m.loss);
+    }
+    trainer.save_checkpoint();
+  });
+  const auto codes = testing::reap_all(pids, std::chrono::seconds(120));
+  for (size_t r = 0; r < codes.size(); ++r)
+    ASSERT_EQ(codes[r], 0) << layout.name() << " rank " << r;
+}
+
+std::vector<std::pair<int, double>> read_losses(const fs::path& dir) {
+  std::ifstream in(dir / "losses.txt");
+  std::vector<std::pair<int, double>> losses;
+  int step = 0;
+  double loss = 0;
+  while (in >> step >> loss) losses.emplace_back(step, loss);
+  return losses;
+}
+
+fs::path checkpoint_of(const fs::path& dir, int step) {
+  return step_directory(dir / "run" / "checkpoints", step);
+}
+
+// Losses of the steps `run` took against the reference's same steps, and
+// the checkpointed parameters against the reference's at `step`.
+void expect_same_training(const fs::path& reference, const fs::path& run, int step,
+                          const std::string& what) {
+  const auto want = read_losses(reference);
+  const auto got = read_losses(run);
+  ASSERT_FALSE(got.empty()) << what << ": no losses";
+  for (const auto& [s, loss] : got) {
+    ASSERT_LT(s, static_cast<int>(want.size())) << what;
+    const double expected = want[static_cast<size_t>(s)].second;
+    EXPECT_LE(std::abs(loss - expected), 1e-5 * std::abs(expected))
+        << what << ": step " << s << " loss " << loss << " vs " << expected;
+  }
+  const GlobalState a = read_checkpoint(checkpoint_of(reference, step));
+  const GlobalState b = read_checkpoint(checkpoint_of(run, step));
+  float largest = 0, worst = 0;
+  for (const float p : a.kinds[0]) largest = std::max(largest, std::abs(p));
+  for (size_t i = 0; i < a.kinds[0].size(); ++i) {
+    worst = std::max(worst, std::abs(a.kinds[0][i] - b.kinds[0][i]));
+  }
+  EXPECT_LE(worst, 1e-5f * largest) << what << ": largest parameter difference";
+}
+
+class TensorParallelTraining : public ::testing::Test {
+ protected:
+  // One process running every micro-batch of each global batch of `dp` ranks.
+  fs::path reference(int dp, int until = kSteps) {
+    const fs::path dir = temp_.path() / fmt::format("reference_dp{}_{}", dp, until);
+    if (!fs::exists(dir / "losses.txt")) {
+      fs::create_directories(dir);
+      train_forked({}, kGradAccum * dp, dir, until);
+    }
+    return dir;
+  }
+  testing::TempDir temp_{"brigade_tp_test"};
+};
+
+TEST_F(TensorParallelTraining, Tp2MatchesOneProcess) {
+  // dp 1: each step is kGradAccum micro-batches, as the dp-1 reference's.
+  const fs::path dir = temp_.path() / "tp2";
+  fs::create_directories(dir);
+  train_forked({1, 2, 0}, kGradAccum, dir, kSteps);
+  expect_same_training(reference(1), dir, kSteps, "tp 2");
+}
+
+TEST_F(TensorParallelTraining, Tp4MatchesOneProcess) {
+  const fs::path dir = temp_.path() / "tp4";
+  fs::create_directories(dir);
+  train_forked({1, 4, 0}, kGradAccum, dir, kSteps);
+  expect_same_training(reference(1), dir, kSteps, "tp 4");
+}
+
+TEST_F(TensorParallelTraining, Dp2Tp2WithEveryZeroStageMatchesOneProcess) {
+  for (const int zero : {0, 1, 2, 3}) {
+    const Layout layout{2, 2, zero};
+    const fs::path dir = temp_.path() / layout.name();
+    fs::create_directories(dir);
+    train_forked(layout, kGradAccum, dir, kSteps);
+    expect_same_training(reference(2), dir, kSteps, layout.name());
+  }
+}
+
+TEST_F(TensorParallelTraining, CheckpointFromDp2Tp2ContinuesUnderOtherLayouts) {
+  constexpr int kHalf = kSteps / 2;
+  const fs::path saved = temp_.path() / "saved_dp2_tp2";
+  fs::create_directories(saved);
+  train_forked({2, 2, 1}, kGradAccum, saved, kHalf);
+  const fs::path checkpoint = checkpoint_of(saved, kHalf);
+  // The same global batch of 2 * kGradAccum micro-batches under each layout.
+  const struct {
+    Layout layout;
+    int64_t grad_accum;
+  } continuations[] = {
+      {{1, 1, 0}, 2 * kGradAccum}, {{1, 4, 0}, 2 * kGradAccum}, {{4, 1, 3}, kGradAccum / 2}};
+  for (const auto& c : continuations) {
+    const fs::path dir = temp_.path() / ("continued_" + c.layout.name());
+    fs::create_directories(dir);
+    train_forked(c.layout, c.grad_accum, dir, kSteps, checkpoint);
+    expect_same_training(reference(2), dir, kSteps, "continued under " + c.layout.name());
+  }
+  // Loaded under dp 4 x tp 1 and saved again at once: the same tensors, bit
+  // for bit, as dp 2 x tp 2 saved.
+  const fs::path again = temp_.path() / "resaved_dp4";
+  fs::create_directories(again);
+  train_forked({4, 1, 1}, kGradAccum / 2, again, kHalf, checkpoint);
+  const GlobalState a = read_checkpoint(checkpoint);
+  const GlobalState b = read_checkpoint(checkpoint_of(again, kHalf));
+  for (int k = 0; k < 3; ++k) {
+    ASSERT_EQ(a.kinds[k].size(), b.kinds[k].size());
+    for (size_t i = 0; i < a.kinds[k].size(); ++i) {
+      ASSERT_EQ(a.kinds[k][i], b.kinds[k][i]) << "state " << k << " element " << i;
+    }
+  }
+}
+
+TEST(TensorParallelTrainer, RefusesTpWithoutItsGroups) {
+  TrainOptions options = options_for({1, 2, 0}, 1, "unused");
+  try {
+    Trainer trainer(model_config(), options);
+    FAIL() << "tp 2 without a tp group was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("parallel.tp = 2"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace brigade
