@@ -211,6 +211,18 @@ TEST_F(Elastic, RestartsAreBoundedAndTheLastFailureIsNamed) {
   EXPECT_EQ(lines[1].at("generation"), 1);
   EXPECT_TRUE(lines[1].at("recovered_after_ms").is_null());
   expect_summary(lines[2], 2, 1);
+  // The newest state was only in memory: the agent kept it as a checkpoint
+  // before removing the snapshots, and a resume continues from it.
+  const std::string kept = "brigade launch: kept the in-memory snapshot of step ";
+  const size_t at = r.err.find(kept);
+  ASSERT_NE(at, std::string::npos) << r.err;
+  const int64_t step = std::stoll(r.err.substr(at + kept.size()));
+  EXPECT_GE(step, 4) << r.err;  // the fault came after step 6 of the second generation
+  const auto resumed = train("run", 4, {"--resume", (dir_.path() / "run").string()});
+  ASSERT_EQ(resumed.status, 0) << resumed.err;
+  EXPECT_NE(resumed.err.find("resumed at step " + std::to_string(step) + " from"),
+            std::string::npos)
+      << resumed.err;
 }
 
 // Over Gloo the rendezvous store outlives the killed group: without the

@@ -320,6 +320,14 @@ TEST_F(LaunchTest, UnderSrunEachTaskIsOneWorker) {
       slurm);
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_EQ(r.out, "9 12 1 4 2 127.0.0.1 29555 secret\n");
+  // The task becomes the command with the signal mask the launcher started
+  // with (this test's: nothing blocked), not its threads' (core/signals.h):
+  // else scancel's SIGTERM would never reach it.
+  r = run({"launch", "--rdzv", "127.0.0.1:29555", "--rdzv-token", "secret", "--", "sh", "-c",
+           "grep SigBlk /proc/self/status"},
+          slurm);
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(r.out, "SigBlk:\t0000000000000000\n");
 
   // An older srun without the step's names: the plain ones, and the token
   // from the environment.

@@ -12,7 +12,9 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -123,6 +125,43 @@ void collect_sigint_with_sigtimedwait() {
 
 TEST_F(SignalsTest, QuietThreadCanBeToldToLeaveSignalsPending) {
   EXPECT_EXIT(collect_sigint_with_sigtimedwait(), ::testing::ExitedWithCode(0), "");
+}
+
+// A child spawned meanwhile starts with the process's startup mask (here:
+// nothing blocked), and the thread gets its own mask back afterwards.
+void spawn_with_the_startup_mask() {
+  take_signals_on_a_quiet_thread();
+  std::string blocked;
+  {
+    const StartupMaskForChildren child_mask;
+    FILE* pipe = ::popen("grep SigBlk /proc/self/status", "r");
+    char line[128] = {};
+    if (pipe != nullptr && std::fgets(line, sizeof(line), pipe) != nullptr) blocked = line;
+    if (pipe != nullptr) ::pclose(pipe);
+  }
+  sigset_t now;
+  ::pthread_sigmask(SIG_SETMASK, nullptr, &now);
+  std::_Exit(blocked == "SigBlk:\t0000000000000000\n" && ::sigismember(&now, SIGTERM) == 1 ? 0 : 1);
+}
+
+TEST_F(SignalsTest, ChildrenStartWithTheMaskTheProcessStartedWith) {
+  EXPECT_EXIT(spawn_with_the_startup_mask(), ::testing::ExitedWithCode(0), "");
+}
+
+TEST_F(SignalsTest, WritesToAClosedPipeStillRaiseSigpipe) {
+  // SIGPIPE goes to the writing thread; blocked, `brigade ... | head` would
+  // go on computing with nowhere to write.
+  EXPECT_EXIT(
+      {
+        take_signals_on_a_quiet_thread();
+        int fds[2];
+        if (::pipe(fds) != 0) std::_Exit(2);
+        ::close(fds[0]);
+        const char byte = 'x';
+        (void)!::write(fds[1], &byte, 1);
+        std::_Exit(3);
+      },
+      ::testing::KilledBySignal(SIGPIPE), "");
 }
 
 void block_unblock_then_sigint() {

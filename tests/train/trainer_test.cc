@@ -2,16 +2,20 @@
 #include "brigade/train/trainer.h"
 
 #include <gtest/gtest.h>
+#include <sys/mount.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
 #include "brigade/core/config.h"
 #include "brigade/core/error.h"
+#include "brigade/model/param_layout.h"
 #include "testing/temp_dir.h"
 
 namespace brigade {
@@ -149,6 +153,79 @@ TEST_F(TrainerTest, ReusedDatasetWithAnotherTokenizerIsRefused) {
   { Trainer t(model, opts); }  // prepares data.dir with the byte tokenizer
   opts.data.tokenizer = (dir_ / "some_bpe").string();
   expect_refused(model, opts, {"was prepared with tokenizer", "delete"});
+}
+
+// In-memory snapshots on a tmpfs the test mounts (root; CI runs as root):
+// one that has no room for two is refused at start, and one that fills up
+// stops the snapshots, not the training.
+class SnapshotTmpfs : public TrainerTest {
+ protected:
+  bool mount_tmpfs(int64_t bytes) {
+    where_ = dir_ / "shm";
+    fs::create_directories(where_);
+    const std::string options = "size=" + std::to_string(bytes);
+    mounted_ = ::mount("tmpfs", where_.c_str(), "tmpfs", 0, options.c_str()) == 0;
+    return mounted_;
+  }
+  void TearDown() override {
+    if (mounted_) ::umount2(where_.c_str(), MNT_DETACH);
+  }
+  // What two snapshots of the model take: parameters and both moments.
+  static int64_t state_bytes(const GptConfig& model) {
+    return 3 * static_cast<int64_t>(sizeof(float)) * ParamLayout(model).size();
+  }
+  fs::path where_;
+  bool mounted_ = false;
+};
+
+TEST_F(SnapshotTmpfs, NoRoomForTwoSnapshotsMeansNoneAndTrainingGoesOn) {
+  if (::geteuid() != 0) GTEST_SKIP() << "mounting a tmpfs needs root";
+  Config c = small_config(2);
+  const GptConfig model = GptConfig::from_config(c);
+  TrainOptions opts = TrainOptions::from_config(c);
+  ASSERT_TRUE(mount_tmpfs(state_bytes(model) * 3 / 2)) << std::strerror(errno);
+  opts.snapshot_dir = where_.string();
+  Trainer t(model, opts);
+  EXPECT_FALSE(t.snapshots_enabled());
+  t.train_step();
+  EXPECT_EQ(t.step(), 1);
+}
+
+TEST_F(SnapshotTmpfs, ASnapshotThatNoLongerFitsStopsSnapshotsNotTraining) {
+  if (::geteuid() != 0) GTEST_SKIP() << "mounting a tmpfs needs root";
+  Config c = small_config(4);
+  const GptConfig model = GptConfig::from_config(c);
+  TrainOptions opts = TrainOptions::from_config(c);
+  ASSERT_TRUE(mount_tmpfs(state_bytes(model) * 5 / 2)) << std::strerror(errno);
+  opts.snapshot_dir = where_.string();
+  Trainer t(model, opts);
+  ASSERT_TRUE(t.snapshots_enabled());
+  t.train_step();
+  t.start_snapshot();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (t.snapshots_enabled() && !fs::exists(where_ / "step_00000001" / "manifest.json") &&
+         std::chrono::steady_clock::now() < deadline) {
+    t.poll_snapshot();
+  }
+  ASSERT_TRUE(fs::exists(where_ / "step_00000001" / "manifest.json"));
+  // Something else takes the tmpfs: the next snapshot cannot be written.
+  {
+    std::ofstream ballast(where_ / "ballast", std::ios::binary);
+    const std::vector<char> block(1 << 16, 'x');
+    while (ballast.write(block.data(), static_cast<std::streamsize>(block.size()))) {
+    }
+  }
+  t.train_step();
+  EXPECT_NO_THROW({
+    t.start_snapshot();
+    while (t.snapshots_enabled()) t.poll_snapshot();
+  });
+  EXPECT_FALSE(t.snapshots_enabled());
+  t.train_step();
+  EXPECT_EQ(t.step(), 3);
+  // The failed step left nothing behind; the last good snapshot stays.
+  EXPECT_FALSE(fs::exists(where_ / "step_00000002.partial"));
+  EXPECT_TRUE(fs::exists(where_ / "step_00000001" / "manifest.json"));
 }
 
 }  // namespace

@@ -28,6 +28,7 @@
 #include "brigade/core/clock.h"
 #include "brigade/core/error.h"
 #include "brigade/core/files.h"
+#include "brigade/core/signals.h"
 #include "brigade/core/threads.h"
 #include "brigade/kernels/cpu/attention.h"
 #include "brigade/kernels/cpu/fma_peak.h"
@@ -234,7 +235,11 @@ nlohmann::json measure_comm() {
   const std::string command = fmt::format(
       "'{}' bench comm --nproc 2 --backend shm --shared --min-bytes 4K --max-bytes 64M --json",
       self);
-  FILE* pipe = ::popen(command.c_str(), "r");
+  FILE* pipe = nullptr;
+  {
+    const StartupMaskForChildren child_mask;
+    pipe = ::popen(command.c_str(), "r");
+  }
   if (pipe == nullptr) throw_error("cannot run {}", command);
   std::string output;
   char buffer[4096];

@@ -21,6 +21,7 @@
 #include "brigade/comm/tcp_store.h"
 #include "brigade/core/clock.h"
 #include "brigade/core/error.h"
+#include "brigade/core/signals.h"
 #include "brigade/diag/metrics_server.h"
 #include "brigade/diag/prometheus.h"
 #include "brigade/elastic/agent.h"
@@ -341,7 +342,10 @@ void set_interface(const LaunchOptions& o, Environment& worker_env) {
   std::vector<char*> envp;
   worker_env.materialize(&entries, &envp);
   std::fflush(nullptr);
-  ::execve(program.path.c_str(), argv_pointers(argv).data(), envp.data());
+  {
+    const StartupMaskForChildren child_mask;
+    ::execve(program.path.c_str(), argv_pointers(argv).data(), envp.data());
+  }
   throw_error("cannot run '{}': {}", program.path, std::strerror(errno));
 }
 
@@ -497,6 +501,9 @@ int run_launch(const LaunchOptions& o) {
   if (snapshots) {
     agent.snapshot_dir = snapshots->path().string();
     agent.environment.set(elastic::kSnapshotDirVariable, agent.snapshot_dir);
+  } else {
+    // Only this agent's own area; never one the user's environment names.
+    agent.environment.unset(elastic::kSnapshotDirVariable);
   }
   int exit_status = 0;
   {

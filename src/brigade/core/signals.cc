@@ -13,11 +13,14 @@ namespace brigade {
 namespace {
 
 // Every signal but those the kernel sends to the thread that caused them
-// (a fault there must be reported there) and those no mask holds.
+// (a fault, a write to a closed pipe or past the file size limit: blocked,
+// they would stay pending there, and `brigade ... | head` would no longer
+// end quietly) and those no mask holds.
 sigset_t asynchronous_signals() {
   sigset_t set;
   ::sigfillset(&set);
-  for (int sig : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGSYS, SIGABRT, SIGKILL, SIGSTOP}) {
+  for (int sig : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGSYS, SIGABRT, SIGPIPE, SIGXFSZ,
+                  SIGKILL, SIGSTOP}) {
     ::sigdelset(&set, sig);
   }
   return set;
@@ -82,6 +85,15 @@ sigset_t startup_signal_mask() {
   if (g_quiet != nullptr) return g_quiet->startup_mask;
   ::pthread_sigmask(SIG_SETMASK, nullptr, &mask);
   return mask;
+}
+
+StartupMaskForChildren::StartupMaskForChildren() {
+  const sigset_t startup = startup_signal_mask();
+  ::pthread_sigmask(SIG_SETMASK, &startup, &previous_);
+}
+
+StartupMaskForChildren::~StartupMaskForChildren() {
+  ::pthread_sigmask(SIG_SETMASK, &previous_, nullptr);
 }
 
 void block_on_quiet_thread(const sigset_t& set) {

@@ -31,6 +31,21 @@ bool signals_on_a_quiet_thread();
 // start with (the calling thread's mask when there is no quiet thread).
 sigset_t startup_signal_mask();
 
+// For the span of a spawn (popen, execve): the calling thread takes the
+// mask the process started with, so the child starts with it too (a mask
+// survives exec; a child that started with SIGTERM blocked could not be
+// stopped). No GEMM runs on the thread meanwhile, so a handler may run here.
+class StartupMaskForChildren {
+ public:
+  StartupMaskForChildren();
+  ~StartupMaskForChildren();
+  StartupMaskForChildren(const StartupMaskForChildren&) = delete;
+  StartupMaskForChildren& operator=(const StartupMaskForChildren&) = delete;
+
+ private:
+  sigset_t previous_;
+};
+
 // Blocks `set` on the quiet thread too, for code that collects those
 // signals itself with sigtimedwait (the launcher's agent): while any thread
 // leaves a signal unblocked it is delivered there, not left pending. Returns

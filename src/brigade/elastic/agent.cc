@@ -241,6 +241,9 @@ void Agent::check_watchdog(WorkerGroup& group, const HeartbeatTable& table) {
 }
 
 void Agent::on_failure(WorkerGroup& group, const HeartbeatTable& table, Incident incident) {
+  // The previous failure's recovery first: this generation may have
+  // completed its steps and failed again between two looks.
+  if (generation_ > 0) check_recovery(table);
   incident.generation = generation_;
   // The last step any worker completed, and how long steps took.
   int64_t start_step = -1, train_ns = 0;
@@ -317,8 +320,35 @@ void Agent::write_incidents(bool final) {
   }
 }
 
+void Agent::keep_newest_snapshot() const {
+  const auto point = resume_point();
+  if (!point || !point->from_snapshot) return;
+  // Copied beside the checkpoints under a temporary name, then renamed: a
+  // step directory is complete or absent, as the checkpoint layer promises.
+  const fs::path root = fs::path(run_dir_) / "checkpoints";
+  const fs::path kept = root / point->dir.filename();
+  const fs::path copying = root / (point->dir.filename().string() + ".partial");
+  std::error_code ec;
+  fs::create_directories(root, ec);
+  fs::remove_all(copying, ec);
+  fs::copy(point->dir, copying, fs::copy_options::recursive, ec);
+  if (!ec) fs::rename(copying, kept, ec);
+  if (ec) {
+    fs::remove_all(copying, ec);
+    std::fprintf(stderr, "brigade launch: could not keep the in-memory snapshot of step %lld: %s\n",
+                 static_cast<long long>(point->step), ec.message().c_str());
+    return;
+  }
+  std::fprintf(stderr,
+               "brigade launch: kept the in-memory snapshot of step %lld as %s (newer than any "
+               "checkpoint): --resume %s continues from it\n",
+               static_cast<long long>(point->step), kept.c_str(), run_dir_.c_str());
+}
+
 int Agent::finish(Outcome outcome, int stopped) {
   write_incidents(/*final=*/true);
+  // The snapshots go with the agent; the newest state must not.
+  if (outcome != Outcome::kSucceeded) keep_newest_snapshot();
   if (options_.brigade_train && !run_dir_.empty()) {
     const RunSummary summary = summarize(incidents_, generations_, restarts_, start_ns_, now_ns());
     std::fprintf(stderr, "brigade launch: %s\n", summary.line().c_str());

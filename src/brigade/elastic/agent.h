@@ -135,6 +135,9 @@ class Agent {
   void end_generation(const HeartbeatTable& table);
   Program program_for_generation() const;
   std::optional<ResumePoint> resume_point() const;
+  // On the way out after a failure: a snapshot newer than every checkpoint
+  // becomes a checkpoint, so the user can resume from it.
+  void keep_newest_snapshot() const;
   void publish_failure(const std::string& what);
   bool failure_on_other_node();
   void write_incidents(bool final);

@@ -25,7 +25,9 @@ namespace brigade::elastic {
 inline constexpr char kSnapshotDirVariable[] = "BRIGADE_SNAPSHOT_DIR";
 
 // A private (0700) directory under `parent`, removed with everything in it
-// when this goes away. Moves, never copies.
+// when this goes away, and locked (flock) while it exists: creating one
+// also removes this user's areas whose agent died without removing them.
+// Moves, never copies.
 class SnapshotArea {
  public:
   // Null, with the reason on stderr, when `parent` is missing or not
@@ -41,6 +43,7 @@ class SnapshotArea {
  private:
   explicit SnapshotArea(std::filesystem::path path) : path_(std::move(path)) {}
   std::filesystem::path path_;
+  int lock_fd_ = -1;
 };
 
 // The step a step directory (step_00000042) holds.

@@ -36,6 +36,7 @@ class Environment {
   void set_default(const std::string& name, const std::string& value) {
     vars_.emplace(name, value);
   }
+  void unset(const std::string& name) { vars_.erase(name); }
   // NAME=VALUE strings and the null-terminated pointer array execve wants;
   // `envp` points into `entries`.
   void materialize(std::vector<std::string>* entries, std::vector<char*>* envp) const;

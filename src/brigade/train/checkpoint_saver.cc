@@ -15,8 +15,9 @@ namespace brigade {
 namespace fs = std::filesystem;
 using State = AsyncCheckpointWriter::State;
 
-CheckpointSaver::CheckpointSaver(Communicator* group, int64_t commit_timeout_ms)
+CheckpointSaver::CheckpointSaver(Communicator* group, int64_t commit_timeout_ms, std::string what)
     : group_(group != nullptr && group->size() > 1 ? group : nullptr),
+      what_(std::move(what)),
       rank_(group_ ? group_->rank() : 0),
       size_(group_ ? group_->size() : 1),
       writer_(commit_timeout_ms) {}
@@ -34,9 +35,24 @@ void CheckpointSaver::start(AsyncCheckpointWriter::Save save,
   step_ = save.step;
   in_flight_ = true;
   // Phase 1: rank 0 has cleared the step's directory, and every rank knows
-  // it before writing into it.
-  if (rank_ == 0) begin_checkpoint(save.root, save.step);
-  if (group_) group_->barrier()->wait();
+  // it before writing into it. The ranks agree on whether it could (a full
+  // file system): one rank throwing alone would leave the others waiting.
+  double failed = 0;
+  std::string why;
+  if (rank_ == 0) {
+    try {
+      begin_checkpoint(save.root, save.step);
+    } catch (const Error& e) {
+      failed = 1;
+      why = e.what();
+    }
+  }
+  if (group_) group_->all_reduce(&failed, 1, DType::kF64, ReduceOp::kMax)->wait();
+  if (failed != 0) {
+    in_flight_ = false;
+    throw_error("save of step {} could not start: {}", save.step,
+                rank_ == 0 ? why : "rank 0 could not prepare " + save.root.string());
+  }
   writer_.start(std::move(save), pieces);
 }
 
@@ -70,6 +86,10 @@ bool CheckpointSaver::settle(const std::vector<int32_t>& states) {
   for (int r : failed) {
     if (!who.empty()) who += ", ";
     who += fmt::format("rank {} ({})", r, partial_shard_path(root_, step_, r).string());
+  }
+  if (what_ != "checkpoint") {
+    throw_error("{} of step {} failed on {}{}; the step was dropped", what_, step_, who,
+                own_error.empty() ? "" : ": " + own_error);
   }
   const std::optional<fs::path> newest = latest_checkpoint(root_);
   throw_error(

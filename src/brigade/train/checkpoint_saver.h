@@ -29,7 +29,9 @@ class Communicator;
 class CheckpointSaver {
  public:
   // group: the data-parallel ranks that save together (null or size 1 alone).
-  CheckpointSaver(Communicator* group, int64_t commit_timeout_ms);
+  // what: "checkpoint", or "snapshot" for the in-memory snapshots (whose
+  // failure message then points at no directory to resume from).
+  CheckpointSaver(Communicator* group, int64_t commit_timeout_ms, std::string what = "checkpoint");
   // Gives up a save in flight (abandon()): one is left only on a way out,
   // by an error.
   ~CheckpointSaver();
@@ -61,6 +63,7 @@ class CheckpointSaver {
   bool settle(const std::vector<int32_t>& states);
 
   Communicator* group_;
+  std::string what_;
   int rank_ = 0;
   int size_ = 1;
   AsyncCheckpointWriter writer_;

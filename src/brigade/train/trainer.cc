@@ -1,5 +1,7 @@
 #include "brigade/train/trainer.h"
 
+#include <sys/statvfs.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
@@ -149,10 +151,7 @@ Trainer::Trainer(const GptConfig& model, const TrainOptions& options, const Trai
                                             buffers_in_shared_memory_);
   }
   saver_ = std::make_unique<CheckpointSaver>(world_, options_.parallel.timeout_s * 1000);
-  if (!options_.snapshot_dir.empty() && options_.snapshot_every > 0) {
-    snapshot_saver_ =
-        std::make_unique<CheckpointSaver>(world_, options_.parallel.timeout_s * 1000);
-  }
+  if (!options_.snapshot_dir.empty() && options_.snapshot_every > 0) start_snapshots_if_room();
   if (zero == 3) {
     sharded_params_ = std::make_unique<ShardedParams>(*dp_group_, *plan_, params_.data(),
                                                       buffers_in_shared_memory_);
@@ -393,14 +392,63 @@ fs::path Trainer::start_checkpoint() {
   return world_rank() == 0 ? step_directory(root, step_) : fs::path();
 }
 
+void Trainer::start_snapshots_if_room() {
+  // Parameters and both moments of the whole model, twice.
+  const double needed = 2.0 * 3.0 * sizeof(float) * ParamLayout(model_config()).size();
+  struct statvfs fs_stats {};
+  double too_small = 1;
+  if (::statvfs(options_.snapshot_dir.c_str(), &fs_stats) == 0) {
+    too_small = static_cast<double>(fs_stats.f_bavail) * fs_stats.f_frsize < needed ? 1 : 0;
+  }
+  // Every rank looks at the same file system; they still agree, since the
+  // saves are collective.
+  if (world_ != nullptr && world_->size() > 1) {
+    world_->all_reduce(&too_small, 1, DType::kF64, ReduceOp::kMax)->wait();
+  }
+  if (too_small != 0) {
+    if (world_rank() == 0) {
+      std::fprintf(stderr,
+                   "brigade train: no in-memory snapshots: %s has less free space than two "
+                   "snapshots need (%.1f MB); restarts resume from the newest checkpoint\n",
+                   options_.snapshot_dir.c_str(), needed / 1e6);
+    }
+    return;
+  }
+  snapshot_saver_ =
+      std::make_unique<CheckpointSaver>(world_, options_.parallel.timeout_s * 1000, "snapshot");
+}
+
+void Trainer::stop_snapshots(const std::string& why) {
+  snapshot_saver_.reset();
+  if (world_rank() == 0) {
+    std::fprintf(stderr,
+                 "brigade train: in-memory snapshots stop: %s; training goes on, and restarts "
+                 "resume from the newest checkpoint\n",
+                 why.c_str());
+  }
+}
+
 void Trainer::start_snapshot() {
   BRIGADE_CHECK(snapshot_saver_ != nullptr);
-  start_save(*snapshot_saver_, options_.snapshot_dir, /*keep=*/1);
+  try {
+    start_save(*snapshot_saver_, options_.snapshot_dir, /*keep=*/1);
+  } catch (const CommError&) {
+    throw;  // the group is broken: not the snapshot's business
+  } catch (const Error& e) {
+    stop_snapshots(e.what());
+  }
 }
 
 std::optional<AsyncCheckpointWriter::Stats> Trainer::poll_snapshot() {
   if (!snapshot_saver_) return std::nullopt;
-  return snapshot_saver_->poll();
+  try {
+    return snapshot_saver_->poll();
+  } catch (const CommError&) {
+    throw;
+  } catch (const Error& e) {
+    stop_snapshots(e.what());
+    return std::nullopt;
+  }
 }
 
 void Trainer::start_save(CheckpointSaver& saver, const fs::path& root, int64_t keep) {

@@ -130,7 +130,10 @@ class Trainer {
   // In-memory snapshots (elastic/snapshots.h): the same save into
   // options.snapshot_dir, keeping only the newest; collective like the
   // above, and on their own saver, so a snapshot never waits for a disk
-  // checkpoint. Enabled when snapshot_dir is set and snapshot_every > 0.
+  // checkpoint. Enabled when snapshot_dir is set, snapshot_every > 0 and the
+  // tmpfs has room for two (the newest stays until the next commits). A
+  // snapshot that fails (the tmpfs filled up) fails on every rank at the
+  // same call: snapshots stop, with one line, and training goes on.
   bool snapshots_enabled() const { return snapshot_saver_ != nullptr; }
   void start_snapshot();
   std::optional<AsyncCheckpointWriter::Stats> poll_snapshot();
@@ -197,6 +200,8 @@ class Trainer {
   std::unique_ptr<ShardedParams> sharded_params_;  // ZeRO 3
   std::unique_ptr<CheckpointSaver> saver_;
   std::unique_ptr<CheckpointSaver> snapshot_saver_;
+  void start_snapshots_if_room();
+  void stop_snapshots(const std::string& why);
   // Starts this rank's part of a save of the current step under root.
   void start_save(CheckpointSaver& saver, const std::filesystem::path& root, int64_t keep);
   std::unique_ptr<Dataset> dataset_;
