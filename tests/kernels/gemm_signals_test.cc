@@ -7,6 +7,7 @@
 #include <omp.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -128,20 +129,30 @@ TEST_F(SignalsTest, QuietThreadCanBeToldToLeaveSignalsPending) {
 }
 
 // A child spawned meanwhile starts with the process's startup mask (here:
-// nothing blocked), and the thread gets its own mask back afterwards.
+// nothing blocked), and the thread gets its own mask back afterwards. The
+// child is grep itself: a shell would unblock everything as it starts.
 void spawn_with_the_startup_mask() {
   take_signals_on_a_quiet_thread();
-  std::string blocked;
+  int fds[2];
+  if (::pipe(fds) != 0) std::_Exit(2);
+  pid_t child = -1;
   {
     const StartupMaskForChildren child_mask;
-    FILE* pipe = ::popen("grep SigBlk /proc/self/status", "r");
-    char line[128] = {};
-    if (pipe != nullptr && std::fgets(line, sizeof(line), pipe) != nullptr) blocked = line;
-    if (pipe != nullptr) ::pclose(pipe);
+    child = ::fork();
+    if (child == 0) {
+      ::dup2(fds[1], STDOUT_FILENO);
+      ::execlp("grep", "grep", "SigBlk", "/proc/self/status", static_cast<char*>(nullptr));
+      ::_exit(127);
+    }
   }
+  ::close(fds[1]);
+  char line[128] = {};
+  const ssize_t n = ::read(fds[0], line, sizeof(line) - 1);
+  ::waitpid(child, nullptr, 0);
   sigset_t now;
   ::pthread_sigmask(SIG_SETMASK, nullptr, &now);
-  std::_Exit(blocked == "SigBlk:\t0000000000000000\n" && ::sigismember(&now, SIGTERM) == 1 ? 0 : 1);
+  const bool startup_mask = n > 0 && std::string(line) == "SigBlk:\t0000000000000000\n";
+  std::_Exit(startup_mask && ::sigismember(&now, SIGTERM) == 1 ? 0 : 1);
 }
 
 TEST_F(SignalsTest, ChildrenStartWithTheMaskTheProcessStartedWith) {
