@@ -34,6 +34,7 @@
 #include "brigade/comm/communicator.h"
 #include "brigade/comm/flight_recorder.h"
 #include "brigade/comm/world.h"
+#include "brigade/core/clock.h"
 #include "brigade/core/error.h"
 #include "brigade/core/files.h"
 #include "brigade/core/process_stats.h"
@@ -165,7 +166,8 @@ class RunReport {
   // Returns the step's MFU.
   double step(const StepMetrics& m, const std::vector<BucketTiming>& bucket_timings,
               const std::vector<double>& peak_rss_per_rank,
-              const std::optional<AsyncCheckpointWriter::Stats>& checkpoint) {
+              const std::optional<AsyncCheckpointWriter::Stats>& checkpoint,
+              const std::optional<AsyncCheckpointWriter::Stats>& snapshot, double loop_ms) {
     const double mfu = flops_per_step_ / (m.step_ms * 1e-3) / (peak_gflops_ * 1e9);
     nlohmann::json line = {{"step", m.step + 1},
                            {"loss", m.loss},
@@ -195,13 +197,18 @@ class RunReport {
       line["buckets"] = std::move(buckets);
       line["backward_end_ms"] = m.backward_end_ms;  // the buckets' clock
     }
+    // The wall time since the previous step ended: this step and what the
+    // loop did around it (saves' copies, waits for a snapshot, evaluation).
+    if (loop_ms > 0) line["loop_ms"] = loop_ms;
     // A background save that finished during this step: what it cost.
-    if (checkpoint) {
-      line["checkpoint"] = {{"step", checkpoint->step},
-                            {"rank0_bytes", checkpoint->bytes},
-                            {"blocking_ms", checkpoint->blocking_ms},
-                            {"write_ms", checkpoint->write_ms}};
-    }
+    auto save_json = [](const AsyncCheckpointWriter::Stats& s) {
+      return nlohmann::json{{"step", s.step},
+                            {"rank0_bytes", s.bytes},
+                            {"blocking_ms", s.blocking_ms},
+                            {"write_ms", s.write_ms}};
+    };
+    if (checkpoint) line["checkpoint"] = save_json(*checkpoint);
+    if (snapshot) line["snapshot"] = save_json(*snapshot);
     metrics_ << line.dump() << "\n" << std::flush;
     progress_.update(m, mfu);
     return mfu;
@@ -371,6 +378,7 @@ void run_train(const std::string& config_path, const std::vector<std::string>& o
     note("saved " + saved.string());
   };
   int stop_signal = 0;
+  int64_t previous_end_ns = 0;
   try {
     while (trainer.step() < options.steps && (stop_signal = agreed_stop_signal()) == 0) {
       const StepMetrics m = trainer.train_step();
@@ -384,12 +392,17 @@ void run_train(const std::string& config_path, const std::vector<std::string>& o
       }
       // Collective: a save in flight completes, or fails, on every rank at once.
       const auto checkpoint = trainer.poll_checkpoint();
-      trainer.poll_snapshot();
+      const auto snapshot = trainer.poll_snapshot();
+      const int64_t end_ns = now_ns();
+      const double loop_ms = previous_end_ns > 0 ? (end_ns - previous_end_ns) / 1e6 : 0.0;
+      previous_end_ns = end_ns;
       elastic::StepStats stats;
       stats.loss = m.loss;
       stats.tokens_per_s = m.tokens_per_s;
       stats.comm_wait_fraction = m.exposed_comm_ms / m.step_ms;
-      if (report) stats.mfu = report->step(m, trainer.bucket_timings(), rss, checkpoint);
+      if (report) {
+        stats.mfu = report->step(m, trainer.bucket_timings(), rss, checkpoint, snapshot, loop_ms);
+      }
       const int64_t done = trainer.step();
       if (heartbeat) {
         heartbeat->step_stats(stats);

@@ -1,0 +1,88 @@
+#!/usr/bin/python3
+"""What an in-memory snapshot every step costs the training loop.
+
+  compare_snapshots.py CONFIG [--build build] [--steps 12] [--nproc 2] [--zero 0] [--rounds 2]
+
+Trains CONFIG on synthetic tokens with `brigade train --nproc N` (so an
+agent supervises the workers and gives them a snapshot area on /dev/shm),
+once with train.snapshot_every=0 and once with 1, and prints the median
+wall time per step of each (metrics.jsonl's loop_ms: the step plus all the
+loop does around it, the snapshot's copy and any wait for the previous
+snapshot included; the first step and the last left out) and their ratio,
+with the snapshots' own copy and write times. The runs alternate (off, on,
+off, on) so a drift of the machine shows. Exits non-zero if a run fails or
+the snapshots were turned off.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO_ROOT = os.path.dirname(HERE)
+
+
+def train(brigade, config, run_dir, args, every):
+    argv = [brigade, "train", "--nproc", str(args.nproc), config,
+            "--set", "data.synthetic=true",
+            "--set", f"train.steps={args.steps}",
+            "--set", f"train.run_dir=\"{run_dir}\"",
+            "--set", f"train.snapshot_every={every}",
+            "--set", f"parallel.zero={args.zero}"]
+    print("$ " + " ".join(argv), file=sys.stderr, flush=True)
+    proc = subprocess.run(argv, capture_output=True, text=True)
+    if proc.returncode != 0:
+        sys.stderr.write(proc.stderr)
+        raise SystemExit(f"compare_snapshots: run failed with status {proc.returncode}")
+    if every > 0 and "in-memory snapshots" in proc.stderr:
+        sys.stderr.write(proc.stderr)
+        raise SystemExit("compare_snapshots: the snapshots were turned off during the run")
+    return [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))
+            if '"loop_ms"' in line]
+
+
+def median_loop_ms(rows):
+    timed = rows[1:-1] or rows
+    return statistics.median(r["loop_ms"] for r in timed)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("config")
+    parser.add_argument("--build", default=os.path.join(REPO_ROOT, "build"))
+    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--nproc", type=int, default=2)
+    parser.add_argument("--zero", type=int, default=0)
+    parser.add_argument("--rounds", type=int, default=2)
+    args = parser.parse_args()
+    brigade = os.path.join(args.build, "brigade")
+
+    off, on, snaps = [], [], []
+    with tempfile.TemporaryDirectory(prefix="brigade_compare_snapshots_") as tmp:
+        for i in range(args.rounds):
+            off.append(median_loop_ms(train(brigade, args.config,
+                                            os.path.join(tmp, f"off{i}"), args, 0)))
+            rows = train(brigade, args.config, os.path.join(tmp, f"on{i}"), args, 1)
+            on.append(median_loop_ms(rows))
+            snaps += [r["snapshot"] for r in rows if "snapshot" in r]
+    if not snaps:
+        raise SystemExit("compare_snapshots: no snapshot finished during the runs")
+    a, b = statistics.median(off), statistics.median(on)
+    print(f"\n{os.path.basename(args.config)}: dp {args.nproc}, ZeRO {args.zero}, "
+          f"{args.steps} steps x {args.rounds} rounds")
+    print(f"wall time per step, no snapshots:        {a:10.1f} ms  "
+          f"{[round(x, 1) for x in off]}")
+    print(f"wall time per step, a snapshot per step: {b:10.1f} ms  "
+          f"{[round(x, 1) for x in on]}  ({b / a:.3f}x)")
+    print(f"snapshot: copy {statistics.median(s['blocking_ms'] for s in snaps):.1f} ms, "
+          f"write {statistics.median(s['write_ms'] for s in snaps):.1f} ms, "
+          f"{statistics.median(s['rank0_bytes'] for s in snaps) / 1e6:.1f} MB per rank")
+
+
+if __name__ == "__main__":
+    main()
