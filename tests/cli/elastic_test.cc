@@ -39,6 +39,7 @@ constexpr char kTraining[] = R"(
 micro_batch = 2
 steps = 12
 seed = 5
+snapshot_every = 1
 [optim]
 lr = 3e-3
 min_lr = 3e-3

@@ -185,6 +185,7 @@ TEST_F(SnapshotTmpfs, NoRoomForTwoSnapshotsMeansNoneAndTrainingGoesOn) {
   TrainOptions opts = TrainOptions::from_config(c);
   ASSERT_TRUE(mount_tmpfs(state_bytes(model) * 3 / 2)) << std::strerror(errno);
   opts.snapshot_dir = where_.string();
+  opts.snapshot_every = 1;
   Trainer t(model, opts);
   EXPECT_FALSE(t.snapshots_enabled());
   t.train_step();
@@ -198,6 +199,7 @@ TEST_F(SnapshotTmpfs, ASnapshotThatNoLongerFitsStopsSnapshotsNotTraining) {
   TrainOptions opts = TrainOptions::from_config(c);
   ASSERT_TRUE(mount_tmpfs(state_bytes(model) * 5 / 2)) << std::strerror(errno);
   opts.snapshot_dir = where_.string();
+  opts.snapshot_every = 1;
   Trainer t(model, opts);
   ASSERT_TRUE(t.snapshots_enabled());
   t.train_step();

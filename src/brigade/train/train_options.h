@@ -52,8 +52,13 @@ struct TrainOptions {
   int64_t keep_checkpoints = 3;
   // Steps between in-memory snapshots (elastic/snapshots.h; 0: none). They
   // are written only where an agent can restart this worker from them: it
-  // then passes snapshot_dir (not a config key).
-  int64_t snapshot_every = 1;
+  // then passes snapshot_dir (not a config key). Off by default for now: a
+  // snapshot is two full copies of the state and a checksum, written by a
+  // thread that competes with training for the cores; on GPT-2 small dp 2
+  // on 2 cores that cost 1.27x the step time every step, 1.11x every 10
+  // (docs/PERFORMANCE.md). On once a snapshot is one copy overlapped with
+  // forward and backward.
+  int64_t snapshot_every = 0;
   std::string snapshot_dir;
 
   LrSchedule lr;
