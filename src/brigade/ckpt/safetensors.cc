@@ -8,6 +8,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <memory>
 #include <nlohmann/json.hpp>
 
 #include "brigade/core/error.h"
@@ -94,7 +95,10 @@ uint64_t SafetensorsWriter::write(const std::filesystem::path& path) const {
   text.append((align - (sizeof(uint64_t) + text.size()) % align) % align, ' ');
   const uint64_t header_size = text.size();
   AtomicFileWriter out(path);
-  XXH64_state_t* hash = XXH64_createState();
+  // Freed however the writes end (a full disk throws from out.write).
+  const std::unique_ptr<XXH64_state_t, decltype(&XXH64_freeState)> state(XXH64_createState(),
+                                                                         &XXH64_freeState);
+  XXH64_state_t* hash = state.get();
   XXH64_reset(hash, 0);
   std::string start(reinterpret_cast<const char*>(&header_size), sizeof(header_size));
   start += text;
@@ -111,7 +115,6 @@ uint64_t SafetensorsWriter::write(const std::filesystem::path& path) const {
     XXH64_update(hash, run, bytes);
   }
   const uint64_t digest = XXH64_digest(hash);
-  XXH64_freeState(hash);
   out.commit();
   return digest;
 }
