@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <map>
@@ -60,6 +61,11 @@ std::string state_tensor_name(StateKind kind, const std::string& param_name) {
       return "optim/exp_avg_sq/" + param_name;
   }
   return param_name;
+}
+
+int64_t checkpoint_step(const fs::path& step_dir) {
+  const std::string name = step_dir.filename().string();
+  return std::strtoll(name.c_str() + std::strlen(kStepPrefix), nullptr, 10);
 }
 
 fs::path step_directory(const fs::path& root, int64_t step) {

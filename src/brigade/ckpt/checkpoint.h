@@ -55,6 +55,8 @@ struct CheckpointHeader {
 };
 
 std::filesystem::path step_directory(const std::filesystem::path& root, int64_t step);
+// The step a step directory holds (step_00000042 -> 42): step_directory's inverse.
+int64_t checkpoint_step(const std::filesystem::path& step_dir);
 
 void begin_checkpoint(const std::filesystem::path& root, int64_t step);
 // Returns the shard's size in bytes. The pieces are flat ranges of `layout`'s

@@ -95,18 +95,13 @@ SnapshotArea::~SnapshotArea() {
   }
 }
 
-int64_t step_of(const fs::path& step_dir) {
-  const std::string name = step_dir.filename().string();
-  return std::strtoll(name.c_str() + name.find('_') + 1, nullptr, 10);
-}
-
 std::optional<ResumePoint> newest_resume_point(const fs::path& run_dir, const fs::path& snapshots) {
   std::optional<ResumePoint> best;
   if (auto dir = latest_checkpoint(run_dir / "checkpoints"))
-    best = ResumePoint{*dir, step_of(*dir)};
+    best = ResumePoint{*dir, checkpoint_step(*dir)};
   if (!snapshots.empty()) {
     if (auto dir = latest_checkpoint(snapshots)) {
-      const int64_t step = step_of(*dir);
+      const int64_t step = checkpoint_step(*dir);
       if (!best || step > best->step) {
         // Memory can be corrupted too; a snapshot that does not verify
         // would fail every restart that tried it.

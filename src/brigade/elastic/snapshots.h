@@ -46,9 +46,6 @@ class SnapshotArea {
   int lock_fd_ = -1;
 };
 
-// The step a step directory (step_00000042) holds.
-int64_t step_of(const std::filesystem::path& step_dir);
-
 // What a restarted worker resumes from: the newer of the run directory's
 // newest checkpoint and the newest snapshot (a checkpoint on a tie: it is
 // durable). Null when neither exists. `snapshots` may be empty.
