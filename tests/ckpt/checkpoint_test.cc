@@ -5,6 +5,7 @@
 #include "brigade/ckpt/checkpoint.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <filesystem>
 #include <fstream>
@@ -124,6 +125,13 @@ class CheckpointTest : public ::testing::Test {
                              {{{"dp", ranks}}, {{"step", step}}, "byte"});
   }
   fs::path root() const { return temp_.path() / "checkpoints"; }
+  int step_dirs_count() const {
+    int n = 0;
+    for (const auto& e : fs::directory_iterator(root())) {
+      n += e.path().filename().string().starts_with("step_") ? 1 : 0;
+    }
+    return n;
+  }
   // Elements of the layout that belong to a tensor (padding is not saved).
   std::vector<bool> in_tensor() const {
     const ParamLayout layout(config());
@@ -156,6 +164,69 @@ TEST_F(CheckpointTest, ShardsOfAnyRankCountLoadWhole) {
       }
     }
   }
+}
+
+// An in-memory snapshot's saves (ShardWriting): pruning keeps the removed
+// step's shards as spares, the next save overwrites them in place, the
+// shards carry no checksum, and a copy to disk gains them.
+TEST_F(CheckpointTest, SnapshotsRecycleTheirShardsAndACopyToDiskGainsChecksums) {
+  const int64_t size = ParamLayout(config()).size();
+  auto params = state(0);
+  const auto m = state(1), v = state(2);
+  const ShardWriting snapshot{.recycle = true, .checksum = false};
+  auto save = [&](int64_t step) {
+    begin_checkpoint(root(), step);
+    write_checkpoint_shard(root(), step, 0, ParamLayout(config()),
+                           {{StateKind::kParams, 0, size, params.data()},
+                            {StateKind::kExpAvg, 0, size, m.data()},
+                            {StateKind::kExpAvgSq, 0, size, v.data()}},
+                           snapshot);
+    commit_checkpoint(root(), step, 1, config(), {{{"dp", 1}}, {{"step", step}}, "byte"});
+    prune_checkpoints(root(), 1, /*recycle=*/true);
+  };
+  auto inode = [](const fs::path& path) {
+    struct stat st {};
+    EXPECT_EQ(::stat(path.c_str(), &st), 0) << path;
+    return st.st_ino;
+  };
+  const fs::path spare = root() / "spare" / "shard_00000.safetensors";
+  save(1);
+  const ino_t first = inode(root() / "step_00000001" / "shard_00000.safetensors");
+  save(2);
+  EXPECT_EQ(inode(spare), first) << "step 1's shard waits as the spare";
+  params[0] = -7;
+  save(3);
+  const fs::path newest = root() / "step_00000003";
+  EXPECT_EQ(inode(newest / "shard_00000.safetensors"), first) << "the spare was not reused";
+  EXPECT_EQ(latest_checkpoint(root()), newest);
+  EXPECT_EQ(step_dirs_count(), 1);
+
+  Manifest manifest = verify_checkpoint(newest);
+  ASSERT_EQ(manifest.shards.size(), 1u);
+  EXPECT_FALSE(manifest.shards[0].xxh64.has_value());
+  std::vector<float> loaded(static_cast<size_t>(size));
+  load_checkpoint_state(newest, manifest, config(), StateKind::kParams, loaded.data());
+  EXPECT_EQ(loaded[0], -7);
+  // Sizes are still checked.
+  fs::resize_file(newest / "shard_00000.safetensors", 100);
+  EXPECT_THROW(verify_checkpoint(newest), Error);
+  save(4);
+
+  const fs::path disk = temp_.path() / "disk";
+  const fs::path kept = copy_checkpoint(root() / "step_00000004", disk);
+  EXPECT_EQ(kept, disk / "step_00000004");
+  manifest = verify_checkpoint(kept);
+  ASSERT_TRUE(manifest.shards[0].xxh64.has_value()) << "a checkpoint on disk has checksums";
+  EXPECT_EQ(*manifest.shards[0].xxh64, file_xxh64(kept / "shard_00000.safetensors"));
+  EXPECT_FALSE(fs::exists(disk / "step_00000004.partial"));
+  // ... which now catch a flipped byte.
+  {
+    std::fstream f(kept / "shard_00000.safetensors",
+                   std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-1, std::ios::end);
+    f.put('\x55');
+  }
+  EXPECT_THROW(verify_checkpoint(kept), Error);
 }
 
 TEST_F(CheckpointTest, AStepWithoutManifestDoesNotExist) {

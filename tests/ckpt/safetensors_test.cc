@@ -1,11 +1,13 @@
 #include "brigade/ckpt/safetensors.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "brigade/ckpt/manifest.h"
 #include "brigade/ckpt/model_weights.h"
 #include "brigade/core/error.h"
 #include "brigade/core/files.h"
@@ -50,6 +52,68 @@ TEST(Safetensors, RoundTripsTensorsAndMetadata) {
   std::ifstream(dir.path() / "x.safetensors", std::ios::binary)
       .read(reinterpret_cast<char*>(&header), 8);
   EXPECT_EQ(header % 8, 0u);
+}
+
+// The in-memory snapshots' write: a spare of the same tensors is overwritten
+// in place (its memory reused, which is the point) and becomes the file;
+// anything else is replaced by a fresh file and the spare removed.
+ino_t inode(const fs::path& path) {
+  struct stat st {};
+  EXPECT_EQ(::stat(path.c_str(), &st), 0) << path;
+  return st.st_ino;
+}
+
+TEST(Safetensors, ASpareOfTheSameTensorsIsOverwrittenInPlace) {
+  TempDir dir;
+  std::vector<float> a = {1, 2, 3, 4, 5, 6};
+  const std::vector<float> b = {7, 8};
+  SafetensorsWriter w;
+  w.add_f32("a", {2, 3}, a.data());
+  w.add_f32("b", {2}, b.data());
+  const fs::path spare = dir.path() / "spare.safetensors";
+  const uint64_t first = w.write(spare);
+  const ino_t spare_inode = inode(spare);
+  a = {-1, -2, -3, -4, -5, -6};
+  const fs::path file = dir.path() / "x.safetensors";
+  const uint64_t second = w.write(file, {.spare = spare, .checksum = true});
+  EXPECT_EQ(second, file_xxh64(file));
+  EXPECT_NE(file_xxh64(file), first);
+  EXPECT_FALSE(fs::exists(spare));
+  EXPECT_EQ(inode(file), spare_inode) << "the spare's memory was not reused";
+  SafetensorsFile f(file);
+  std::vector<float> back(6);
+  f.read_f32("a", {2, 3}, back.data());
+  EXPECT_EQ(back, a);
+  // Without a checksum: 0, and the file is the same.
+  fs::rename(file, spare);
+  a[0] = 42;
+  EXPECT_EQ(w.write(file, {.spare = spare, .checksum = false}), 0u);
+  EXPECT_EQ(inode(file), spare_inode);
+  SafetensorsFile g(file);
+  g.read_f32("a", {2, 3}, back.data());
+  EXPECT_EQ(back[0], 42);
+}
+
+TEST(Safetensors, ASpareOfOtherTensorsIsReplacedNotReused) {
+  TempDir dir;
+  const std::vector<float> a = {1, 2, 3, 4, 5, 6};
+  const fs::path spare = dir.path() / "spare.safetensors";
+  {
+    SafetensorsWriter other;  // another shape, same byte count
+    other.add_f32("a", {3, 2}, a.data());
+    other.write(spare);
+  }
+  SafetensorsWriter w;
+  w.add_f32("a", {2, 3}, a.data());
+  const fs::path file = dir.path() / "x.safetensors";
+  const uint64_t hash = w.write(file, {.spare = spare, .checksum = true});
+  EXPECT_EQ(hash, file_xxh64(file)) << "the checksum is the file's";
+  EXPECT_FALSE(fs::exists(spare)) << "a spare that cannot be reused is not kept";
+  SafetensorsFile f(file);
+  EXPECT_EQ(f.find("a")->shape, (std::vector<int64_t>{2, 3}));
+  // No spare at all: a fresh file.
+  EXPECT_EQ(w.write(dir.path() / "y.safetensors", {.spare = dir.path() / "none", .checksum = true}),
+            hash);
 }
 
 TEST(Safetensors, TruncatedFileIsAnErrorNamingTheTensor) {

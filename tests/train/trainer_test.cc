@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "brigade/ckpt/checkpoint.h"
 #include "brigade/core/config.h"
 #include "brigade/core/error.h"
 #include "brigade/model/param_layout.h"
@@ -153,6 +154,48 @@ TEST_F(TrainerTest, ReusedDatasetWithAnotherTokenizerIsRefused) {
   { Trainer t(model, opts); }  // prepares data.dir with the byte tokenizer
   opts.data.tokenizer = (dir_ / "some_bpe").string();
   expect_refused(model, opts, {"was prepared with tokenizer", "delete"});
+}
+
+// A snapshot reads the live parameters and moments while the next step's
+// forward and backward run (no staging copy); the step's update must wait
+// for it. With two tokens a step and 6M parameters the copy takes longer
+// than the forward and backward, so a missing wait shows as a snapshot
+// holding part of the next step's update.
+TEST_F(TrainerTest, ASnapshotHoldsItsStepWhileTheNextStepRuns) {
+  Config c = small_config(3);
+  c.set("model.n_embd=512");
+  c.set("model.n_layer=2");
+  c.set("model.block_size=2");
+  c.set("train.micro_batch=1");
+  c.set("train.grad_accum=1");
+  c.set("train.threads=1");
+  const GptConfig model = GptConfig::from_config(c);
+  TrainOptions opts = TrainOptions::from_config(c);
+  opts.snapshot_dir = (dir_ / "snapshots").string();
+  opts.snapshot_every = 1;
+  fs::create_directories(opts.snapshot_dir);
+  Trainer t(model, opts);
+  ASSERT_TRUE(t.snapshots_enabled());
+  t.train_step();
+  const fs::path checkpoint = t.save_checkpoint();  // staged: step 1 as it is
+  t.start_snapshot();
+  t.train_step();
+  const fs::path snapshot = fs::path(opts.snapshot_dir) / "step_00000001";
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (t.snapshots_enabled() && !fs::exists(snapshot / "manifest.json") &&
+         std::chrono::steady_clock::now() < deadline) {
+    t.poll_snapshot();
+  }
+  ASSERT_TRUE(fs::exists(snapshot / "manifest.json"));
+  const Manifest from_disk = verify_checkpoint(checkpoint);
+  const Manifest from_memory = verify_checkpoint(snapshot);
+  const int64_t size = ParamLayout(model).size();
+  for (StateKind kind : {StateKind::kParams, StateKind::kExpAvg, StateKind::kExpAvgSq}) {
+    std::vector<float> a(static_cast<size_t>(size)), b(static_cast<size_t>(size));
+    load_checkpoint_state(checkpoint, from_disk, model, kind, a.data());
+    load_checkpoint_state(snapshot, from_memory, model, kind, b.data());
+    ASSERT_EQ(a, b) << "state kind " << static_cast<int>(kind);
+  }
 }
 
 // In-memory snapshots on a tmpfs the test mounts (root; CI runs as root):

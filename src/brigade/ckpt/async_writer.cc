@@ -82,20 +82,24 @@ void AsyncCheckpointWriter::start(Save save, const std::vector<CheckpointPiece>&
   const int64_t copy_start = now_ns();
   int64_t total = 0;
   for (const CheckpointPiece& p : pieces) total += p.end - p.begin;
-  if (total > staging_floats_) {
-    const size_t align = AtomicFileWriter::kDirectAlign;
-    const size_t bytes = (static_cast<size_t>(total) * sizeof(float) + align - 1) / align * align;
-    staging_.reset(static_cast<float*>(std::aligned_alloc(align, bytes)));
-    if (!staging_) throw_error("cannot allocate {} bytes to stage a checkpoint", bytes);
-    staging_floats_ = total;
-  }
-  pieces_.clear();
-  float* next = staging_.get();
-  for (const CheckpointPiece& p : pieces) {
-    const int64_t n = p.end - p.begin;
-    if (n > 0) std::memcpy(next, p.data, static_cast<size_t>(n) * sizeof(float));
-    pieces_.push_back({p.kind, p.begin, p.end, next});
-    next += n;
+  if (!save.staged) {
+    pieces_ = pieces;
+  } else {
+    if (total > staging_floats_) {
+      const size_t align = AtomicFileWriter::kDirectAlign;
+      const size_t bytes = (static_cast<size_t>(total) * sizeof(float) + align - 1) / align * align;
+      staging_.reset(static_cast<float*>(std::aligned_alloc(align, bytes)));
+      if (!staging_) throw_error("cannot allocate {} bytes to stage a checkpoint", bytes);
+      staging_floats_ = total;
+    }
+    pieces_.clear();
+    float* next = staging_.get();
+    for (const CheckpointPiece& p : pieces) {
+      const int64_t n = p.end - p.begin;
+      if (n > 0) std::memcpy(next, p.data, static_cast<size_t>(n) * sizeof(float));
+      pieces_.push_back({p.kind, p.begin, p.end, next});
+      next += n;
+    }
   }
   stats_ = Stats{save.step, 0, static_cast<double>(now_ns() - copy_start) * 1e-6, 0};
   stats_taken_ = false;
@@ -117,9 +121,9 @@ void AsyncCheckpointWriter::start(Save save, const std::vector<CheckpointPiece>&
 }
 
 void AsyncCheckpointWriter::run(const Save& save) {
-  stats_.bytes =
-      write_checkpoint_shard(save.root, save.step, save.rank,
-                             ParamLayout(save.config, save.tp_rank, save.tp_size), pieces_);
+  stats_.bytes = write_checkpoint_shard(save.root, save.step, save.rank,
+                                        ParamLayout(save.config, save.tp_rank, save.tp_size),
+                                        pieces_, save.writing);
   if (save.rank != 0) return;
   set_state(State::kWaiting);
   const int64_t deadline = now_ns() + commit_timeout_ms_ * 1'000'000;
@@ -142,7 +146,7 @@ void AsyncCheckpointWriter::run(const Save& save) {
   // The step is committed: a prune that fails leaves an old step too many,
   // not a failed save.
   try {
-    prune_checkpoints(save.root, save.keep);
+    prune_checkpoints(save.root, save.keep, save.writing.recycle);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "brigade: could not prune old checkpoints: %s\n", e.what());
   }

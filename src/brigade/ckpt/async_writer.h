@@ -49,9 +49,16 @@ class AsyncCheckpointWriter {
     int tp_size = 1;
     CheckpointHeader header;  // used by rank 0
     int64_t keep = 0;         // rank 0 prunes to this many after committing (0: keep all)
+    ShardWriting writing;     // an in-memory snapshot's: recycled, no checksums
+    // Unstaged: the background thread reads the pieces where they are, with
+    // no staging copy, and the caller leaves them unchanged until
+    // wait_until_written() returns. What lets an in-memory snapshot of step
+    // k be taken while step k+1's forward and backward run (they read the
+    // parameters and moments; only the optimizer's update writes them).
+    bool staged = true;
   };
   // Waits for the previous save (rethrowing its error), copies the pieces'
-  // data, and returns once the background write has started.
+  // data (if staged), and returns once the background write has started.
   void start(Save save, const std::vector<CheckpointPiece>& pieces);
   // Waits for the save in flight, if any; rethrows its error.
   void wait();
@@ -103,7 +110,7 @@ class AsyncCheckpointWriter {
   };
   std::unique_ptr<float[], FreeAligned> staging_;
   int64_t staging_floats_ = 0;
-  std::vector<CheckpointPiece> pieces_;  // pointing into staging_
+  std::vector<CheckpointPiece> pieces_;  // pointing into staging_, or the caller's (unstaged)
   std::thread thread_;
   std::exception_ptr error_;
   std::atomic<State> state_{State::kIdle};

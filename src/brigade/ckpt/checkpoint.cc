@@ -33,6 +33,11 @@ fs::path partial_directory(const fs::path& root, int64_t step) {
   return root / fmt::format("{}{:08d}.partial", kStepPrefix, step);
 }
 
+// Where pruning keeps recycled shard files (ShardWriting).
+fs::path spare_directory(const fs::path& root) {
+  return root / "spare";
+}
+
 // Complete step directories under root, oldest first.
 std::vector<fs::path> step_dirs(const fs::path& root) {
   std::vector<fs::path> dirs;
@@ -127,7 +132,8 @@ int64_t write_checkpoint_shard(const fs::path& root, int64_t step, int rank,
 
 int64_t write_checkpoint_shard(const fs::path& root, int64_t step, int rank,
                                const ParamLayout& layout,
-                               const std::vector<CheckpointPiece>& pieces) {
+                               const std::vector<CheckpointPiece>& pieces,
+                               const ShardWriting& how) {
   const fs::path partial = partial_directory(root, step);
   // Each piece is stored whole, as one 1-D tensor; the chunks say which
   // elements of it belong to which box of which model tensor. A box of a
@@ -190,11 +196,15 @@ int64_t write_checkpoint_shard(const fs::path& root, int64_t step, int rank,
     }
   }
   const fs::path file = partial / shard_file(rank);
-  const uint64_t hash = writer.write(file);
-  const nlohmann::json index = {{"file", shard_file(rank)},
-                                {"bytes", static_cast<int64_t>(fs::file_size(file))},
-                                {"xxh64", fmt::format("{:016x}", hash)},
-                                {"chunks", chunks}};
+  SafetensorsWriter::Reuse reuse;
+  if (how.recycle) reuse.spare = spare_directory(root) / shard_file(rank);
+  reuse.checksum = how.checksum;
+  const uint64_t hash = writer.write(file, reuse);
+  const nlohmann::json index = {
+      {"file", shard_file(rank)},
+      {"bytes", static_cast<int64_t>(fs::file_size(file))},
+      {"xxh64", how.checksum ? nlohmann::json(fmt::format("{:016x}", hash)) : nullptr},
+      {"chunks", chunks}};
   write_file_atomic(partial / shard_index_file(rank), index.dump());
   return index.at("bytes").get<int64_t>();
 }
@@ -317,7 +327,7 @@ Manifest verify_checkpoint(const fs::path& step_dir) {
       throw_error("{}: shard {} has {} bytes, the manifest says {} (truncated?); it holds {}",
                   step_dir.string(), shard.file, bytes, shard.bytes, holds());
     }
-    if (file_xxh64(path) != shard.xxh64) {
+    if (shard.xxh64 && file_xxh64(path) != *shard.xxh64) {
       throw_error("{}: shard {} fails its xxHash64 check (corrupt); it holds {}", step_dir.string(),
                   shard.file, holds());
     }
@@ -396,7 +406,7 @@ void load_checkpoint_state(const fs::path& step_dir, const Manifest& manifest,
   }
 }
 
-void prune_checkpoints(const fs::path& root, int64_t keep) {
+void prune_checkpoints(const fs::path& root, int64_t keep, bool recycle) {
   if (keep <= 0) return;
   const std::vector<fs::path> dirs = step_dirs(root);
   for (size_t i = 0; i + static_cast<size_t>(keep) < dirs.size(); ++i) {
@@ -405,8 +415,41 @@ void prune_checkpoints(const fs::path& root, int64_t keep) {
     fs::path doomed = dirs[i];
     doomed += ".pruned";
     fs::rename(dirs[i], doomed);
+    if (recycle) {
+      const fs::path spare = spare_directory(root);
+      fs::create_directories(spare);
+      for (const auto& entry : fs::directory_iterator(doomed)) {
+        if (entry.path().extension() == ".safetensors" && entry.is_regular_file()) {
+          fs::rename(entry.path(), spare / entry.path().filename());
+        }
+      }
+    }
     fs::remove_all(doomed);
   }
+}
+
+fs::path copy_checkpoint(const fs::path& step_dir, const fs::path& dst_root) {
+  Manifest manifest = verify_checkpoint(step_dir);
+  const fs::path final_dir = dst_root / step_dir.filename();
+  const fs::path copying = partial_directory(dst_root, checkpoint_step(step_dir));
+  fs::create_directories(dst_root);
+  fs::remove_all(copying);
+  try {
+    fs::create_directory(copying);
+    for (ShardRecord& shard : manifest.shards) {
+      fs::copy_file(step_dir / shard.file, copying / shard.file);
+      if (!shard.xxh64) shard.xxh64 = file_xxh64(copying / shard.file);
+    }
+    write_file_atomic(copying / "manifest.json", Manifest::sealed(manifest.to_json()).dump(1));
+    verify_checkpoint(copying);
+    fs::rename(copying, final_dir);
+    fsync_directory(dst_root);
+  } catch (...) {
+    std::error_code ignored;
+    fs::remove_all(copying, ignored);
+    throw;
+  }
+  return final_dir;
 }
 
 fs::path partial_shard_path(const fs::path& root, int64_t step, int rank) {

@@ -59,6 +59,20 @@ std::filesystem::path step_directory(const std::filesystem::path& root, int64_t 
 int64_t checkpoint_step(const std::filesystem::path& step_dir);
 
 void begin_checkpoint(const std::filesystem::path& root, int64_t step);
+
+// How shards are written. An in-memory snapshot, saved as often as every
+// step on tmpfs, recycles: pruning moves the shard files of the steps it
+// removes to <root>/spare/, and the next save of the same layout
+// overwrites its rank's spare in place (SafetensorsWriter::Reuse) instead of
+// allocating, zeroing and freeing that much memory again. It skips the
+// shard checksums too, which cost more than the copy itself: a snapshot is
+// checked by sizes and the manifest's own checksum, and copy_checkpoint
+// adds shard checksums when one is kept on disk.
+struct ShardWriting {
+  bool recycle = false;
+  bool checksum = true;
+};
+
 // Returns the shard's size in bytes. The pieces are flat ranges of `layout`'s
 // buffers: under tensor parallelism a tp rank's layout (ParamLayout(config,
 // tp_rank, tp)), whose shards are written as their boxes of the global
@@ -66,7 +80,8 @@ void begin_checkpoint(const std::filesystem::path& root, int64_t step);
 // element is stored once. `rank` numbers the shard (the world rank).
 int64_t write_checkpoint_shard(const std::filesystem::path& root, int64_t step, int rank,
                                const ParamLayout& layout,
-                               const std::vector<CheckpointPiece>& pieces);
+                               const std::vector<CheckpointPiece>& pieces,
+                               const ShardWriting& how = {});
 // The same for the whole model's layout, ParamLayout(config).
 int64_t write_checkpoint_shard(const std::filesystem::path& root, int64_t step, int rank,
                                const GptConfig& config, const std::vector<CheckpointPiece>& pieces);
@@ -111,8 +126,16 @@ std::optional<std::filesystem::path> latest_checkpoint(const std::filesystem::pa
 void load_checkpoint_state(const std::filesystem::path& step_dir, const Manifest& manifest,
                            const GptConfig& config, StateKind kind, float* out);
 
-// Deletes all but the newest `keep` complete step directories (keep <= 0: none).
-void prune_checkpoints(const std::filesystem::path& root, int64_t keep);
+// Deletes all but the newest `keep` complete step directories (keep <= 0:
+// none). recycle: their shard files are kept in <root>/spare/ for the next
+// save to overwrite (ShardWriting).
+void prune_checkpoints(const std::filesystem::path& root, int64_t keep, bool recycle = false);
+
+// Copies a complete step directory to <dst_root>/step_N (through
+// step_N.partial, renamed last), adding the shard checksums an in-memory
+// snapshot leaves out: a checkpoint on disk always has them. Returns the copy.
+std::filesystem::path copy_checkpoint(const std::filesystem::path& step_dir,
+                                      const std::filesystem::path& dst_root);
 
 // Where `rank` writes its shard of an unfinished save of `step`
 // (<root>/step_N.partial/shard_R.safetensors): named in errors about it.

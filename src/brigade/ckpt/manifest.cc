@@ -88,7 +88,9 @@ nlohmann::json Manifest::to_json() const {
   }
   nlohmann::json shards_json = nlohmann::json::array();
   for (const ShardRecord& s : shards) {
-    shards_json.push_back({{"file", s.file}, {"bytes", s.bytes}, {"xxh64", hex64(s.xxh64)}});
+    shards_json.push_back({{"file", s.file},
+                           {"bytes", s.bytes},
+                           {"xxh64", s.xxh64 ? nlohmann::json(hex64(*s.xxh64)) : nullptr}});
   }
   return {{"format", kFormat},
           {"step", step},
@@ -124,15 +126,17 @@ Manifest Manifest::from_json(const nlohmann::json& j, const std::string& where) 
       throw_error("{}: a shard file must be a plain name in the step directory", context);
     }
     shard.bytes = int_field(s, "bytes", context);
-    const std::string hash = string_field(s, "xxh64", context);
-    size_t parsed = 0;
-    try {
-      shard.xxh64 = std::stoull(hash, &parsed, 16);
-    } catch (const std::exception&) {
-      parsed = 0;
-    }
-    if (hash.size() != 16 || parsed != hash.size()) {
-      throw_error("{}: xxh64 \"{}\" is not 16 hex digits", context, hash);
+    if (!field(s, "xxh64", context).is_null()) {
+      const std::string hash = string_field(s, "xxh64", context);
+      size_t parsed = 0;
+      try {
+        shard.xxh64 = std::stoull(hash, &parsed, 16);
+      } catch (const std::exception&) {
+        parsed = 0;
+      }
+      if (hash.size() != 16 || parsed != hash.size()) {
+        throw_error("{}: xxh64 \"{}\" is not 16 hex digits", context, hash);
+      }
     }
     if (!shard_files.insert(shard.file).second) throw_error("{}: listed twice", context);
     m.shards.push_back(shard);

@@ -32,6 +32,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -56,7 +57,9 @@ struct TensorRecord {
 struct ShardRecord {
   std::string file;
   int64_t bytes = 0;
-  uint64_t xxh64 = 0;
+  // Absent ("xxh64": null) only in an in-memory snapshot, which is checked
+  // by sizes and the manifest's own checksum (checkpoint.h, ShardWriting).
+  std::optional<uint64_t> xxh64;
 };
 
 struct Manifest {

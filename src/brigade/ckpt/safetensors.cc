@@ -80,6 +80,10 @@ void SafetensorsWriter::set_metadata(const std::string& key, const std::string& 
 }
 
 uint64_t SafetensorsWriter::write(const std::filesystem::path& path) const {
+  return write(path, Reuse{});
+}
+
+std::string SafetensorsWriter::file_start(int64_t* data_bytes) const {
   nlohmann::ordered_json header;
   if (!metadata_.empty()) header["__metadata__"] = metadata_;
   int64_t offset = 0;
@@ -94,16 +98,13 @@ uint64_t SafetensorsWriter::write(const std::filesystem::path& path) const {
   const size_t align = offset >= (int64_t{1} << 20) ? AtomicFileWriter::kDirectAlign : 8;
   text.append((align - (sizeof(uint64_t) + text.size()) % align) % align, ' ');
   const uint64_t header_size = text.size();
-  AtomicFileWriter out(path);
-  // Freed however the writes end (a full disk throws from out.write).
-  const std::unique_ptr<XXH64_state_t, decltype(&XXH64_freeState)> state(XXH64_createState(),
-                                                                         &XXH64_freeState);
-  XXH64_state_t* hash = state.get();
-  XXH64_reset(hash, 0);
   std::string start(reinterpret_cast<const char*>(&header_size), sizeof(header_size));
-  start += text;
-  out.write(start);
-  XXH64_update(hash, start.data(), start.size());
+  *data_bytes = offset;
+  return start + text;
+}
+
+template <typename Fn>
+void SafetensorsWriter::for_each_run(Fn&& fn) const {
   // Tensors that lie back to back in memory go out as one run.
   for (size_t i = 0; i < tensors_.size();) {
     const auto* run = static_cast<const char*>(tensors_[i].data);
@@ -111,12 +112,83 @@ uint64_t SafetensorsWriter::write(const std::filesystem::path& path) const {
     for (++i; i < tensors_.size() && tensors_[i].data == run + bytes; ++i) {
       bytes += static_cast<size_t>(tensors_[i].bytes);
     }
-    out.write_direct(run, bytes);
-    XXH64_update(hash, run, bytes);
+    fn(run, bytes);
   }
-  const uint64_t digest = XXH64_digest(hash);
+}
+
+namespace {
+
+// The spare's mapping, whole, if it is a file of exactly `start` followed by
+// `data_bytes`; else null (the caller writes a fresh file).
+struct SpareMapping {
+  int fd = -1;
+  char* map = nullptr;
+  size_t bytes = 0;
+  ~SpareMapping() {
+    if (map != nullptr) ::munmap(map, bytes);
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+bool map_matching_spare(const std::filesystem::path& spare, const std::string& start,
+                        int64_t data_bytes, SpareMapping* out) {
+  out->fd = ::open(spare.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+  if (out->fd < 0) return false;
+  struct stat st {};
+  const size_t total = start.size() + static_cast<size_t>(data_bytes);
+  if (::fstat(out->fd, &st) != 0 || !S_ISREG(st.st_mode) ||
+      static_cast<size_t>(st.st_size) != total)
+    return false;
+  // MAP_POPULATE: the page table in one go, not a fault per page (half the
+  // cost of the copy on the development VM).
+  void* map = ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, out->fd, 0);
+  if (map == MAP_FAILED) return false;
+  out->map = static_cast<char*>(map);
+  out->bytes = total;
+  return std::memcmp(out->map, start.data(), start.size()) == 0;
+}
+
+}  // namespace
+
+uint64_t SafetensorsWriter::write(const std::filesystem::path& path, const Reuse& reuse) const {
+  int64_t data_bytes = 0;
+  const std::string start = file_start(&data_bytes);
+  // Freed however the writes end (a full disk throws from out.write).
+  const std::unique_ptr<XXH64_state_t, decltype(&XXH64_freeState)> state(XXH64_createState(),
+                                                                         &XXH64_freeState);
+  XXH64_state_t* hash = state.get();
+  XXH64_reset(hash, 0);
+  auto digest = [&](const void* data, size_t bytes) {
+    if (reuse.checksum) XXH64_update(hash, data, bytes);
+  };
+  digest(start.data(), start.size());
+
+  if (!reuse.spare.empty()) {
+    SpareMapping spare;
+    if (map_matching_spare(reuse.spare, start, data_bytes, &spare)) {
+      size_t at = start.size();
+      for_each_run([&](const char* run, size_t bytes) {
+        std::memcpy(spare.map + at, run, bytes);
+        digest(run, bytes);
+        at += bytes;
+      });
+      if (::rename(reuse.spare.c_str(), path.c_str()) != 0) {
+        throw_error("cannot rename {} to {}: {}", reuse.spare.string(), path.string(),
+                    std::strerror(errno));
+      }
+      return reuse.checksum ? XXH64_digest(hash) : 0;
+    }
+    // Another model's or layout's file: its memory is not kept waiting.
+    ::unlink(reuse.spare.c_str());
+  }
+  AtomicFileWriter out(path);
+  out.write(start);
+  for_each_run([&](const char* run, size_t bytes) {
+    out.write_direct(run, bytes);
+    digest(run, bytes);
+  });
   out.commit();
-  return digest;
+  return reuse.checksum ? XXH64_digest(hash) : 0;
 }
 
 SafetensorsFile::SafetensorsFile(const std::filesystem::path& path) : path_(path) {

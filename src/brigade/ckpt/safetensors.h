@@ -33,7 +33,28 @@ class SafetensorsWriter {
   // written, so a checksum costs no second pass over the file.
   uint64_t write(const std::filesystem::path& path) const;
 
+  // How an in-memory snapshot is written every step. `spare` names an
+  // earlier file of the same tensors (the same header, byte for byte): it is
+  // overwritten in place through a shared mapping and renamed to `path`, so
+  // the pages it already holds are reused. On tmpfs that is one memcpy of
+  // the data; a fresh file costs five times that in page allocation, zeroing
+  // and freeing (743 MB: 75 ms against 350 + 65 ms on the development VM).
+  // Without a spare that matches, a fresh file is written as write() does.
+  // checksum = false skips the xxHash64 (which costs more than the copy)
+  // and returns 0.
+  struct Reuse {
+    std::filesystem::path spare;
+    bool checksum = true;
+  };
+  uint64_t write(const std::filesystem::path& path, const Reuse& reuse) const;
+
  private:
+  // The 8-byte size, the header and its padding; *data_bytes: the data's size.
+  std::string file_start(int64_t* data_bytes) const;
+  // fn(data, bytes) for each run of tensors adjacent in memory, in file order.
+  template <typename Fn>
+  void for_each_run(Fn&& fn) const;
+
   struct Pending {
     std::string name;
     std::string dtype;

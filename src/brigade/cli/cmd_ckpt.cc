@@ -64,13 +64,14 @@ int run_inspect(const std::string& path) {
       state = "MISSING";
     } else if (static_cast<int64_t>(bytes) != shard.bytes) {
       state = fmt::format("WRONG SIZE ({} bytes)", bytes);
-    } else if (file_xxh64(dir / shard.file) != shard.xxh64) {
+    } else if (shard.xxh64 && file_xxh64(dir / shard.file) != *shard.xxh64) {
       state = "CHECKSUM MISMATCH";
     }
     valid = valid && state == "ok";
-    std::printf("  shard %s  %lld bytes  xxh64 %016llx  %s\n", shard.file.c_str(),
-                static_cast<long long>(shard.bytes), static_cast<unsigned long long>(shard.xxh64),
-                state.c_str());
+    const std::string hash = shard.xxh64 ? fmt::format("{:016x}", *shard.xxh64)
+                                         : std::string("none (in-memory snapshot)");
+    std::printf("  shard %s  %lld bytes  xxh64 %s  %s\n", shard.file.c_str(),
+                static_cast<long long>(shard.bytes), hash.c_str(), state.c_str());
   }
   std::printf("%s\n", valid ? "valid" : "INVALID: do not resume from it");
   return valid ? 0 : 1;

@@ -323,20 +323,15 @@ void Agent::write_incidents(bool final) {
 void Agent::keep_newest_snapshot() const {
   const auto point = resume_point();
   if (!point || !point->from_snapshot) return;
-  // Copied beside the checkpoints under a temporary name, then renamed: a
-  // step directory is complete or absent, as the checkpoint layer promises.
-  const fs::path root = fs::path(run_dir_) / "checkpoints";
-  const fs::path kept = root / point->dir.filename();
-  const fs::path copying = root / (point->dir.filename().string() + ".partial");
-  std::error_code ec;
-  fs::create_directories(root, ec);
-  fs::remove_all(copying, ec);
-  fs::copy(point->dir, copying, fs::copy_options::recursive, ec);
-  if (!ec) fs::rename(copying, kept, ec);
-  if (ec) {
-    fs::remove_all(copying, ec);
+  // Copied beside the checkpoints under a temporary name, then renamed (a
+  // step directory is complete or absent, as the checkpoint layer promises),
+  // gaining the shard checksums a snapshot leaves out.
+  fs::path kept;
+  try {
+    kept = copy_checkpoint(point->dir, fs::path(run_dir_) / "checkpoints");
+  } catch (const std::exception& e) {
     std::fprintf(stderr, "brigade launch: could not keep the in-memory snapshot of step %lld: %s\n",
-                 static_cast<long long>(point->step), ec.message().c_str());
+                 static_cast<long long>(point->step), e.what());
     return;
   }
   std::fprintf(stderr,

@@ -48,6 +48,9 @@ class CheckpointSaver {
   std::optional<AsyncCheckpointWriter::Stats> poll();
   // Blocks until the save in flight is committed, or throws as poll() does.
   void wait();
+  // Not collective: blocks until this rank's part of the save in flight has
+  // been written (or failed), so an unstaged save's pieces may change.
+  void wait_until_written() { writer_.wait_until_written(); }
   // Not collective: gives up the save in flight, for a group that can no
   // longer agree (a peer died). Rank 0 removes the step's .partial
   // directory; the previous checkpoint stays the newest.

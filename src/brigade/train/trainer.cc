@@ -326,6 +326,8 @@ StepMetrics Trainer::train_step() {
         step_, m.grad_norm, m.loss);
   }
   m.lr = options_.lr.at(step_);
+  // The update writes what an unstaged snapshot is still reading.
+  if (snapshot_saver_) snapshot_saver_->wait_until_written();
   optimizer_->step(params_.data(), grads_.data(), m.lr,
                    clip_scale(m.grad_norm, options_.grad_clip));
   if (zero_ == 1 || zero_ == 2) {
@@ -388,7 +390,7 @@ nlohmann::json Trainer::state_json() const {
 
 fs::path Trainer::start_checkpoint() {
   const fs::path root = fs::path(options_.run_dir) / "checkpoints";
-  start_save(*saver_, root, options_.keep_checkpoints);
+  start_save(*saver_, root, options_.keep_checkpoints, /*snapshot=*/false);
   return world_rank() == 0 ? step_directory(root, step_) : fs::path();
 }
 
@@ -431,7 +433,7 @@ void Trainer::stop_snapshots(const std::string& why) {
 void Trainer::start_snapshot() {
   BRIGADE_CHECK(snapshot_saver_ != nullptr);
   try {
-    start_save(*snapshot_saver_, options_.snapshot_dir, /*keep=*/1);
+    start_save(*snapshot_saver_, options_.snapshot_dir, /*keep=*/1, /*snapshot=*/true);
   } catch (const CommError&) {
     throw;  // the group is broken: not the snapshot's business
   } catch (const Error& e) {
@@ -451,7 +453,8 @@ std::optional<AsyncCheckpointWriter::Stats> Trainer::poll_snapshot() {
   }
 }
 
-void Trainer::start_save(CheckpointSaver& saver, const fs::path& root, int64_t keep) {
+void Trainer::start_save(CheckpointSaver& saver, const fs::path& root, int64_t keep,
+                         bool snapshot) {
   // Every rank writes its slices of every bucket, whatever the ZeRO stage:
   // its moments are exactly those (or, replicated, include them), and its
   // parameter slices are current on it. So the writes are spread evenly and
@@ -478,6 +481,13 @@ void Trainer::start_save(CheckpointSaver& saver, const fs::path& root, int64_t k
   save.tp_rank = tp_rank();
   save.tp_size = tp_size();
   save.keep = keep;
+  if (snapshot) {
+    // One copy, straight from the live state into last-but-one snapshot's
+    // memory, while the next step's forward and backward run (train_step
+    // waits for it before the update): ckpt/checkpoint.h, ShardWriting.
+    save.writing = {.recycle = true, .checksum = false};
+    save.staged = false;
+  }
   if (world_rank() == 0) {
     save.header = {{{"dp", dp_size()}, {"tp", tp_size()}, {"pp", 1}, {"zero", zero_}},
                    state_json(),

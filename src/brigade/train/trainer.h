@@ -133,7 +133,10 @@ class Trainer {
   // checkpoint. Enabled when snapshot_dir is set, snapshot_every > 0 and the
   // tmpfs has room for two (the newest stays until the next commits). A
   // snapshot that fails (the tmpfs filled up) fails on every rank at the
-  // same call: snapshots stop, with one line, and training goes on.
+  // same call: snapshots stop, with one line, and training goes on. A
+  // snapshot costs this rank one copy of its state into memory the last
+  // snapshot but one used, made while the next step's forward and backward
+  // run: the step's update waits for it.
   bool snapshots_enabled() const { return snapshot_saver_ != nullptr; }
   void start_snapshot();
   std::optional<AsyncCheckpointWriter::Stats> poll_snapshot();
@@ -202,8 +205,10 @@ class Trainer {
   std::unique_ptr<CheckpointSaver> snapshot_saver_;
   void start_snapshots_if_room();
   void stop_snapshots(const std::string& why);
-  // Starts this rank's part of a save of the current step under root.
-  void start_save(CheckpointSaver& saver, const std::filesystem::path& root, int64_t keep);
+  // Starts this rank's part of a save of the current step under root; a
+  // snapshot's is unstaged and recycled (see start_save).
+  void start_save(CheckpointSaver& saver, const std::filesystem::path& root, int64_t keep,
+                  bool snapshot);
   std::unique_ptr<Dataset> dataset_;
   std::unique_ptr<GlobalSampler> sampler_;
   std::vector<int32_t> inputs_, targets_;  // one micro-batch, (B,T) each
