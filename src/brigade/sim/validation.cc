@@ -1,5 +1,6 @@
 #include "brigade/sim/validation.h"
 
+#include <algorithm>
 #include <cmath>
 #include <sstream>
 
@@ -35,10 +36,9 @@ class RowReader {
   RowReader(std::vector<std::string> fields, int line) : fields_(std::move(fields)), line_(line) {}
 
   const std::string& text(const std::string& column) const {
-    for (size_t i = 0; i < kColumns.size(); ++i) {
-      if (kColumns[i] == column) return fields_.at(i);
-    }
-    BRIGADE_CHECK(false, "no column {}", column);
+    const auto it = std::find(kColumns.begin(), kColumns.end(), column);
+    BRIGADE_CHECK(it != kColumns.end(), "no column {}", column);
+    return fields_.at(static_cast<size_t>(it - kColumns.begin()));
   }
   double number(const std::string& column) const {
     const std::string& t = text(column);
