@@ -3,9 +3,6 @@
 // unit label. The same on network-namespace nodes, with training, a hang
 // and a cut network, is tests/cli/elastic_nodes_cluster_test.cc.
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -13,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "testing/free_port.h"
 #include "testing/processes.h"
 #include "testing/run_brigade.h"
 #include "testing/temp_dir.h"
@@ -23,24 +21,11 @@ namespace fs = std::filesystem;
 using testing::Output;
 using testing::run_brigade;
 
-// A port nothing listens on now (the kernel's pick, released).
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  EXPECT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
-
 // Runs `brigade launch --nnodes 2` on both nodes at once, node by node's
 // flags and command; returns each launcher's output.
 std::vector<Output> launch_two_nodes(const std::vector<std::vector<std::string>>& flags,
                                      const std::vector<std::string>& command) {
-  const std::string rdzv = "127.0.0.1:" + std::to_string(free_port());
+  const std::string rdzv = "127.0.0.1:" + std::to_string(testing::free_port());
   std::vector<Output> outputs(2);
   std::vector<std::thread> nodes;
   for (int node = 0; node < 2; ++node) {
