@@ -300,7 +300,9 @@ std::optional<JobView> Coordinator::lead(int64_t now_ns) {
   }
   end_job({{"kind", "failure"},
            {"node", cause->node},
-           {"what", fmt::format("{} (no restart left: {} used)", cause->what, generation_)},
+           {"what", options_.max_restarts == 0
+                        ? cause->what
+                        : fmt::format("{} (no restart left: {} used)", cause->what, generation_)},
            {"cause", report}});
   return ended_view(store_.try_get(end_key()).value_or("{}"));
 }
