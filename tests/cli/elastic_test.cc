@@ -309,14 +309,5 @@ TEST_F(Elastic, SigtermStopsTheJobWithoutARestart) {
   EXPECT_EQ(text, "brigade launch: received SIGTERM; stopped 2 workers\n");
 }
 
-TEST_F(Elastic, RestartsAcrossNodesAreRefused) {
-  const auto r = run_brigade({"launch", "--nproc-per-node", "1", "--nnodes", "2", "--rdzv",
-                              "127.0.0.1:1", "--max-restarts", "1", "--", "true"});
-  EXPECT_EQ(r.status, 1);
-  EXPECT_NE(r.err.find("restarting workers across nodes needs the elastic coordinator"),
-            std::string::npos)
-      << r.err;
-}
-
 }  // namespace
 }  // namespace brigade

@@ -45,7 +45,8 @@ void add_launch_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--max-restarts", options->max_restarts,
                   "After a worker crashes or hangs, start the workers again up to this many "
-                  "times (a brigade train resumes from its newest checkpoint); one node only")
+                  "times (a brigade train resumes from its newest checkpoint); across nodes, "
+                  "the same on every node: all nodes restart together")
       ->check(CLI::Range(0, 1000))
       ->capture_default_str();
   cmd->add_option("--step-timeout-s", *step_timeout_s,

@@ -56,6 +56,14 @@ std::string claim_key(int node_rank) {
 std::string done_key(int node_rank) {
   return fmt::format("brigade/launch/node/{}/done", node_rank);
 }
+std::string restarts_key(int node_rank) {
+  return fmt::format("brigade/launch/node/{}/max_restarts", node_rank);
+}
+// Each call of the coordinator's own store client gives up after this long:
+// a node cut off the network must notice within seconds, not after the
+// rendezvous timeout, and the store answers a healthy client in well under
+// a millisecond.
+constexpr int64_t kCoordinatorCallTimeoutMs = 2'000;
 
 // ------------------------------------------------------------------ options
 
@@ -360,6 +368,7 @@ void join_nodes(TcpStore& store, const LaunchOptions& o) {
         "its own --node-rank in 0..{}",
         store.address(), o.node_rank, o.nnodes - 1);
   }
+  store.set(restarts_key(o.node_rank), std::to_string(o.max_restarts));
   store.set(node_key(o.node_rank), std::to_string(o.nproc_per_node));
   store.add(kNodesJoinedKey, 1);
   std::vector<std::string> keys;
@@ -385,14 +394,27 @@ void join_nodes(TcpStore& store, const LaunchOptions& o) {
           "--nproc-per-node",
           r, nproc, o.node_rank, o.nproc_per_node);
     }
+    // The coordinator counts restarts for the whole job, with node 0's
+    // limit; a node told otherwise would stop its workers for good where
+    // the others restart theirs.
+    const std::string restarts = store.get(restarts_key(r));
+    if (restarts != std::to_string(o.max_restarts)) {
+      throw_error(
+          "node {} was given --max-restarts {} but this node (rank {}) {}: give every node the "
+          "same --max-restarts (restarts are counted for the whole job)",
+          r, restarts, o.node_rank, o.max_restarts);
+    }
   }
 }
 
 // Node 0 keeps the store up until every node's workers are done with it;
 // gives up after the rendezvous timeout or on a signal.
-void wait_for_other_nodes(TcpStore& store, const LaunchOptions& o) {
+// A node whose loss ended the job (lost_node) never reports.
+void wait_for_other_nodes(TcpStore& store, const LaunchOptions& o, int lost_node) {
   std::vector<std::string> keys;
-  for (int r = 0; r < o.nnodes; ++r) keys.push_back(done_key(r));
+  for (int r = 0; r < o.nnodes; ++r) {
+    if (r != lost_node) keys.push_back(done_key(r));
+  }
   const sigset_t watched = watched_signals();
   const int64_t deadline_ns = now_ns() + o.rdzv_timeout_ms * kNsPerMs;
   while (now_ns() < deadline_ns) {
@@ -426,12 +448,6 @@ void validate(const LaunchOptions& o) {
   }
   if (o.rdzv_timeout_ms <= 0) throw_error("--rdzv-timeout-s must be positive");
   if (o.max_restarts < 0) throw_error("--max-restarts must be 0 or more, got {}", o.max_restarts);
-  if (o.max_restarts > 0 && o.nnodes > 1) {
-    throw_error(
-        "--max-restarts {} with --nnodes {}: restarting workers across nodes needs the elastic "
-        "coordinator, which this version does not have; restarts work on one node",
-        o.max_restarts, o.nnodes);
-  }
   if (o.step_timeout_ms < 1000) {
     throw_error("--step-timeout-s must be at least 1, got {} ms", o.step_timeout_ms);
   }
@@ -492,7 +508,15 @@ int run_launch(const LaunchOptions& o) {
   agent.brigade_train = o.command[0] == "train";
   agent.failure_grace_ms = o.failure_grace_ms;
   agent.watchdog.step_timeout_ms = o.step_timeout_ms;
-  if (o.nnodes > 1) agent.store = &store;
+  // The coordinator's calls get their own connection with a short timeout
+  // (kCoordinatorCallTimeoutMs), through the same token check.
+  std::optional<TcpStore> coordinator_client;
+  std::optional<elastic::TcpCoordinatorStore> coordinator_store;
+  if (o.nnodes > 1) {
+    coordinator_client.emplace(master.host, master.port, token, kCoordinatorCallTimeoutMs);
+    coordinator_store.emplace(*coordinator_client);
+    agent.store = &*coordinator_store;
+  }
   // In-memory snapshots exist to be restarted from: only with restarts, and
   // on one node (elastic/snapshots.h).
   const std::optional<elastic::SnapshotArea> snapshots =
@@ -522,10 +546,12 @@ int run_launch(const LaunchOptions& o) {
       std::fflush(stderr);
     }
     exit_status = supervisor.run(blocked.child_mask());
-    if (o.nnodes > 1) {
+    // An agent that lost the coordinator would wait out the store's
+    // timeout to say it is done, to nobody.
+    if (o.nnodes > 1 && !supervisor.lost_coordinator()) {
       try {
         store.set(done_key(o.node_rank), std::to_string(exit_status));
-        if (o.node_rank == 0) wait_for_other_nodes(store, o);
+        if (o.node_rank == 0) wait_for_other_nodes(store, o, supervisor.lost_node());
       } catch (const Error& e) {
         fmt::print(stderr, "brigade launch: {}\n", e.what());
       }

@@ -27,8 +27,11 @@
 // worker gets BRIGADE_GENERATION and BRIGADE_HEARTBEAT_FD too), a `brigade
 // train` from the newest checkpoint; otherwise the launcher exits 1 naming
 // the failure. SIGINT, SIGTERM and SIGHUP are forwarded to the workers and
-// never restart them. On a multi-node job the other nodes' launchers stop
-// their workers too (restarts need one node for now).
+// never restart them. On a multi-node job the agents follow the coordinator
+// (elastic/coordinator.h) through the store: a failure on any node stops
+// every node's workers, and a restart starts them all again as one new
+// generation (every node must be given the same --max-restarts); a node
+// that stops answering ends the job, named.
 #pragma once
 
 #include <cstdint>

@@ -7,7 +7,6 @@
 #include <tuple>
 
 #include "brigade/ckpt/checkpoint.h"
-#include "brigade/comm/tcp_store.h"
 #include "brigade/core/clock.h"
 #include "brigade/core/config.h"
 #include "brigade/core/error.h"
@@ -21,13 +20,7 @@ namespace {
 // The longest sigtimedwait sleeps before the loop looks around again: the
 // watchdog's resolution.
 constexpr int64_t kTickMs = 100;
-// How often a multi-node agent looks for a failure on another node.
-constexpr int64_t kPeerCheckMs = 500;
 constexpr int64_t kNsPerMs = 1'000'000;
-
-// The store key the agents of one job share; a generation prefix will come
-// with restarts across nodes.
-const std::string kFailureKey = "brigade/launch/failure";
 
 std::string plural(int n, const char* noun) {
   return fmt::format("{} {}{}", n, noun, n == 1 ? "" : "s");
@@ -71,11 +64,12 @@ ElasticConfig ElasticConfig::from_config(Config& config) {
 }
 
 Agent::Agent(AgentOptions options) : options_(std::move(options)) {
-  if (options_.nnodes > 1 && options_.max_restarts > 0) {
-    throw_error(
-        "restarts across {} nodes need the elastic coordinator, which this version does not "
-        "have: restarts work on one node",
-        options_.nnodes);
+  if (options_.store != nullptr) {
+    CoordinatorOptions c;
+    c.nnodes = options_.nnodes;
+    c.node_rank = options_.node_rank;
+    c.max_restarts = options_.max_restarts;
+    coordinator_.emplace(*options_.store, c, now_ns());
   }
 }
 
@@ -95,6 +89,7 @@ int Agent::run(const sigset_t& child_mask) {
       outcome = supervise(group, table);
     }
     end_generation(table);
+    if (coordinator_) outcome = settle_generation(outcome);
     if (outcome == Outcome::kFailed && will_restart_) {
       ++restarts_;
       ++generation_;
@@ -146,7 +141,6 @@ Program Agent::program_for_generation() const {
 
 Agent::Outcome Agent::supervise(WorkerGroup& group, const HeartbeatTable& table) {
   const sigset_t watched = watched_signals();
-  int64_t next_peer_check_ns = now_ns() + kPeerCheckMs * kNsPerMs;
   while (group.running() > 0) {
     const int64_t wait_ms = group.ms_until_kill(kTickMs);
     const timespec tick{static_cast<time_t>(wait_ms / 1000),
@@ -160,8 +154,8 @@ Agent::Outcome Agent::supervise(WorkerGroup& group, const HeartbeatTable& table)
         will_restart_ = false;
         stopped_count_ = group.running();
         group.stop(sig, options_.signal_grace_ms);
-        publish_failure(fmt::format("the launcher of node {} received {}", options_.node_rank,
-                                    signal_name(sig)));
+        report_end(fmt::format("the launcher of node {} received {}", options_.node_rank,
+                               signal_name(sig)));
       }
     }
     for (const WorkerExit& ended : by_likely_cause(group.reap(), table)) {
@@ -186,13 +180,7 @@ Agent::Outcome Agent::supervise(WorkerGroup& group, const HeartbeatTable& table)
     if (!group.stopping()) check_watchdog(group, table);
     if (generation_ > 0) check_recovery(table);
     publish_status(group, table);
-    if (options_.nnodes > 1 && !group.stopping() && now_ns() >= next_peer_check_ns) {
-      if (failure_on_other_node()) {
-        stopped_count_ = group.running();
-        group.stop(SIGTERM, options_.failure_grace_ms);
-      }
-      next_peer_check_ns = now_ns() + kPeerCheckMs * kNsPerMs;
-    }
+    if (coordinator_) follow_job(coordinator_->poll(now_ns()), &group);
   }
   if (received_signal_ != 0) return Outcome::kSignalled;
   if (failure_) return Outcome::kFailed;
@@ -266,10 +254,20 @@ void Agent::on_failure(WorkerGroup& group, const HeartbeatTable& table, Incident
     group.stop(SIGKILL, 0);
   } else {
     group.stop(SIGTERM, options_.failure_grace_ms);
-    publish_failure(incident.what);
   }
   failure_ = incident;
-  incidents_.push_back(std::move(incident));
+  if (!coordinator_) {
+    incidents_.push_back(std::move(incident));
+    return;
+  }
+  // Across nodes the job's incident is the coordinator's pick among every
+  // node's reports (record_job_incident).
+  if (failing_seen_ns_ == 0) failing_seen_ns_ = now_ns();
+  try {
+    coordinator_->report_failure(std::move(incident));
+  } catch (const Error& e) {
+    std::fprintf(stderr, "brigade launch: could not tell the coordinator: %s\n", e.what());
+  }
 }
 
 void Agent::check_recovery(const HeartbeatTable& table) {
@@ -307,7 +305,8 @@ void Agent::end_generation(const HeartbeatTable& table) {
 }
 
 void Agent::write_incidents(bool final) {
-  if (run_dir_.empty()) return;
+  // Across nodes node 0's agent writes them all: it hears of every node's.
+  if (run_dir_.empty() || options_.node_rank != 0) return;
   const fs::path path = fs::path(run_dir_) / "incidents.jsonl";
   try {
     for (Incident& i : incidents_) {
@@ -344,7 +343,7 @@ int Agent::finish(Outcome outcome, int stopped) {
   write_incidents(/*final=*/true);
   // The snapshots go with the agent; the newest state must not.
   if (outcome != Outcome::kSucceeded) keep_newest_snapshot();
-  if (options_.brigade_train && !run_dir_.empty()) {
+  if (options_.brigade_train && !run_dir_.empty() && options_.node_rank == 0) {
     const RunSummary summary = summarize(incidents_, generations_, restarts_, start_ns_, now_ns());
     std::fprintf(stderr, "brigade launch: %s\n", summary.line().c_str());
     try {
@@ -374,23 +373,13 @@ int Agent::finish(Outcome outcome, int stopped) {
   return 1;
 }
 
-void Agent::publish_failure(const std::string& what) {
-  if (options_.store == nullptr) return;
+void Agent::report_end(const std::string& why) {
+  if (!coordinator_) return;
   try {
-    options_.store->set(kFailureKey, what);
+    coordinator_->report_end(why);
   } catch (const Error& e) {
     std::fprintf(stderr, "brigade launch: could not tell the other nodes: %s\n", e.what());
   }
-}
-
-bool Agent::failure_on_other_node() {
-  try {
-    if (!options_.store->check({kFailureKey})) return false;
-    remote_failure_ = options_.store->get(kFailureKey);
-  } catch (const Error& e) {
-    remote_failure_ = e.what();
-  }
-  return true;
 }
 
 }  // namespace brigade::elastic

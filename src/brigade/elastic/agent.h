@@ -29,10 +29,20 @@
 // heartbeat slot) is published every tick for the launcher's /metrics
 // endpoint (diag/metrics_server.h), which reads it from its own thread.
 //
-// Across nodes (a store given) the agents share failures through the store:
-// the first failure anywhere stops every node's workers. Restarts across
-// nodes need a coordinator that opens generations for all nodes at once,
-// which this agent does not have yet: a multi-node job is given no restarts.
+// Across nodes (a coordinator store given) the agents follow one job
+// through the coordinator (elastic/coordinator.h), which they poll every
+// tick: each agent beats, reports its node's first failure, and stops its
+// workers as soon as a failure is reported anywhere (SIGKILL when a restart
+// follows); once every node's workers are gone, node 0's agent opens
+// generation g+1 for all nodes at once while restarts are left
+// (max_restarts counts the job's restarts, not one node's), and every
+// agent starts its workers again in place, at the same world size, from the
+// run directory's newest checkpoint. In-memory snapshots stay one node only
+// (elastic/snapshots.h), so a multi-node job has none. A node whose agent
+// stops beating (dead, or cut off the network) ends the job within about
+// 2 s, naming the node: nothing can take its place yet. Node 0's agent
+// writes incidents.jsonl and the summary for the whole job: it learns every
+// node's incident through the store, and one writer keeps the file whole.
 #pragma once
 
 #include <cstdint>
@@ -41,6 +51,7 @@
 #include <string>
 #include <vector>
 
+#include "brigade/elastic/coordinator.h"
 #include "brigade/elastic/heartbeat.h"
 #include "brigade/elastic/incidents.h"
 #include "brigade/elastic/snapshots.h"
@@ -49,7 +60,6 @@
 
 namespace brigade {
 class Config;
-class TcpStore;
 }  // namespace brigade
 
 namespace brigade::elastic {
@@ -89,8 +99,9 @@ struct AgentOptions {
   // After the user's signal: longer, since the workers may be saving.
   int64_t signal_grace_ms = 30'000;
   WatchdogOptions watchdog;
-  // Multi-node: where the nodes' agents post and look for failures. Null on one node.
-  TcpStore* store = nullptr;
+  // Multi-node: the store the job's coordinator keeps its state in
+  // (elastic/coordinator.h). Null on one node.
+  CoordinatorStore* store = nullptr;
 };
 
 // What the agent saw at its last look (every 100 ms or sooner), for the
@@ -124,6 +135,11 @@ class Agent {
   int restarts() const { return restarts_; }
   // Safe to call from any thread while run() runs.
   AgentStatus status() const;
+  // After run(), multi-node: the node whose loss ended the job (-1: none),
+  // and whether this agent lost the coordinator itself (its store no
+  // longer answers in time, so the launcher should not wait on it).
+  int lost_node() const { return lost_node_; }
+  bool lost_coordinator() const { return lost_coordinator_; }
 
  private:
   enum class Outcome { kSucceeded, kFailed, kSignalled, kRemoteFailure };
@@ -138,8 +154,13 @@ class Agent {
   // On the way out after a failure: a snapshot newer than every checkpoint
   // becomes a checkpoint, so the user can resume from it.
   void keep_newest_snapshot() const;
-  void publish_failure(const std::string& what);
-  bool failure_on_other_node();
+  // Multi-node: acts on where the job stands (stops `group`, if any, for a
+  // failure anywhere or the job's end), and after a generation waits for
+  // the coordinator's decision: kFailed with will_restart_ to restart.
+  void follow_job(const JobView& view, WorkerGroup* group);
+  Outcome settle_generation(Outcome outcome);
+  void record_job_incident(const JobView& view);
+  void report_end(const std::string& why);
   void write_incidents(bool final);
   int finish(Outcome outcome, int stopped);
 
@@ -156,6 +177,11 @@ class Agent {
   int received_signal_ = 0;
   std::string remote_failure_;
   int stopped_count_ = 0;
+  std::optional<Coordinator> coordinator_;
+  // When this agent first saw the current generation failing.
+  int64_t failing_seen_ns_ = 0;
+  int lost_node_ = -1;
+  bool lost_coordinator_ = false;
   mutable std::mutex status_mutex_;
   AgentStatus status_;
 };

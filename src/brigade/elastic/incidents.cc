@@ -24,6 +24,7 @@ std::optional<int64_t> Incident::steps_lost() const {
 nlohmann::json Incident::to_json() const {
   nlohmann::json j = {{"kind", kind},
                       {"rank", rank},
+                      {"node", node},
                       {"pid", pid},
                       {"generation", generation},
                       {"what", what},

@@ -21,8 +21,9 @@
 namespace brigade::elastic {
 
 struct Incident {
-  std::string kind;  // "crash" or "hang"
+  std::string kind;  // "crash", "hang" or "node_lost"
   int rank = 0;
+  int node = 0;  // the node of the worker (or the node that was lost)
   int64_t pid = 0;
   std::optional<int> signal;     // the signal that ended a crashed worker
   std::optional<int> exit_code;  // or its non-zero exit status

@@ -1,0 +1,389 @@
+#include "brigade/elastic/coordinator.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <tuple>
+
+#include "brigade/comm/tcp_store.h"
+#include "brigade/core/error.h"
+
+namespace brigade::elastic {
+namespace {
+
+constexpr int64_t kNsPerMs = 1'000'000;
+
+// A value under brigade/coord/ that no agent of this job would write: only
+// a holder of the token can have written it, and it is refused rather than
+// taken for a decision. Unlike a lost store, the store still answers.
+class MalformedValue : public Error {
+ public:
+  MalformedValue(const std::string& key, const std::string& value, const std::string& expected)
+      : Error(fmt::format(
+            "the coordinator key '{}' holds '{}', not {}: refusing it (only this job's agents "
+            "write under brigade/coord/; another process holding the job's token wrote it)",
+            key, value.size() > 80 ? value.substr(0, 80) + "..." : value, expected)) {}
+};
+
+std::string beat_key(int node) {
+  return coordinator_key(fmt::format("agent/{}/beat", node));
+}
+std::string reports_key(int64_t g) {
+  return coordinator_key(fmt::format("gen/{}/reports", g));
+}
+std::string failure_key(int64_t g, int node) {
+  return coordinator_key(fmt::format("gen/{}/failure/{}", g, node));
+}
+std::string stopped_key(int64_t g, int node) {
+  return coordinator_key(fmt::format("gen/{}/stopped/{}", g, node));
+}
+std::string cause_key(int64_t g) {
+  return coordinator_key(fmt::format("gen/{}/cause", g));
+}
+std::string open_key(int64_t g) {
+  return coordinator_key(fmt::format("gen/{}/open", g));
+}
+const std::string& end_key() {
+  static const std::string key = coordinator_key("end");
+  return key;
+}
+
+int64_t parse_count(const std::string& key, const std::string& value) {
+  char* end = nullptr;
+  errno = 0;
+  const long long n = std::strtoll(value.c_str(), &end, 10);
+  if (value.empty() || *end != '\0' || errno != 0 || n < 0) {
+    throw MalformedValue(key, value, "a non-negative decimal number");
+  }
+  return n;
+}
+
+nlohmann::json parse_object(const std::string& key, const std::string& value,
+                            const char* expected) {
+  nlohmann::json j = nlohmann::json::parse(value, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) throw MalformedValue(key, value, expected);
+  return j;
+}
+
+// A failure report as it travels between agents. Times are per node, so
+// only the detection delay travels: the reader places it on its own clock.
+nlohmann::json report_json(const Incident& i) {
+  nlohmann::json j = {{"kind", i.kind},
+                      {"rank", i.rank},
+                      {"node", i.node},
+                      {"pid", i.pid},
+                      {"what", i.what},
+                      {"injected", i.injected},
+                      {"detected_after_ms", i.detected_after_ms()},
+                      {"last_step", i.last_step},
+                      {"mean_step_ms", i.mean_step_ms}};
+  if (i.signal) j["signal"] = *i.signal;
+  if (i.exit_code) j["exit_code"] = *i.exit_code;
+  return j;
+}
+
+Incident parse_report(const std::string& key, const nlohmann::json& j, int64_t now_ns) {
+  const char* expected = "a failure report (a JSON object of kind, rank, node, what, ...)";
+  auto fail = [&]() -> Incident { throw MalformedValue(key, j.dump(), expected); };
+  if (!j.is_object()) return fail();
+  const auto has = [&](const char* name, auto check) {
+    return j.contains(name) && check(j.at(name));
+  };
+  const auto is_int = [](const nlohmann::json& v) { return v.is_number_integer(); };
+  const auto is_num = [](const nlohmann::json& v) { return v.is_number(); };
+  if (!has("kind", [](const nlohmann::json& v) { return v.is_string(); }) ||
+      !has("what", [](const nlohmann::json& v) { return v.is_string(); }) ||
+      !has("injected", [](const nlohmann::json& v) { return v.is_boolean(); }) ||
+      !has("rank", is_int) || !has("node", is_int) || !has("pid", is_int) ||
+      !has("last_step", is_int) || !has("detected_after_ms", is_num) ||
+      !has("mean_step_ms", is_num)) {
+    return fail();
+  }
+  const std::string kind = j.at("kind");
+  const double detected_after_ms = j.at("detected_after_ms");
+  if ((kind != "crash" && kind != "hang") || !(detected_after_ms >= 0)) return fail();
+  if ((j.contains("signal") && !j.at("signal").is_number_integer()) ||
+      (j.contains("exit_code") && !j.at("exit_code").is_number_integer())) {
+    return fail();
+  }
+  Incident i;
+  i.kind = kind;
+  i.what = j.at("what");
+  i.injected = j.at("injected");
+  i.rank = j.at("rank");
+  i.node = j.at("node");
+  i.pid = j.at("pid");
+  i.last_step = j.at("last_step");
+  i.mean_step_ms = j.at("mean_step_ms");
+  if (j.contains("signal")) i.signal = j.at("signal").get<int>();
+  if (j.contains("exit_code")) i.exit_code = j.at("exit_code").get<int>();
+  i.detected_ns = now_ns;
+  i.fault_ns = now_ns - static_cast<int64_t>(detected_after_ms * 1e6);
+  return i;
+}
+
+}  // namespace
+
+std::string coordinator_key(const std::string& suffix) {
+  return "brigade/coord/" + suffix;
+}
+
+void TcpCoordinatorStore::set(const std::string& key, const std::string& value) {
+  store_.set(key, value);
+}
+
+std::optional<std::string> TcpCoordinatorStore::try_get(const std::string& key) {
+  // Keys are never deleted, so one present at check() is there for get().
+  if (!store_.check({key})) return std::nullopt;
+  return store_.get(key);
+}
+
+int64_t TcpCoordinatorStore::add(const std::string& key, int64_t delta) {
+  return store_.add(key, delta);
+}
+
+std::string TcpCoordinatorStore::address() const {
+  return store_.address();
+}
+
+Coordinator::Coordinator(CoordinatorStore& store, CoordinatorOptions options, int64_t now_ns)
+    : store_(store),
+      options_(options),
+      last_beat_(static_cast<size_t>(options.nnodes), -1),
+      beat_changed_ns_(static_cast<size_t>(options.nnodes), now_ns) {
+  store_.add(beat_key(options_.node_rank), 1);
+  next_beat_ns_ = now_ns + options_.beat_interval_ms * kNsPerMs;
+}
+
+void Coordinator::report_failure(Incident incident) {
+  if (reported_failure_) return;
+  reported_failure_ = true;
+  incident.node = options_.node_rank;
+  // The report first, then the count the others poll: a count they see
+  // always has its report readable.
+  store_.set(failure_key(generation_, options_.node_rank), report_json(incident).dump());
+  store_.add(reports_key(generation_), 1);
+}
+
+void Coordinator::report_end(const std::string& why) {
+  end_job({{"kind", "signal"}, {"what", why}, {"node", options_.node_rank}});
+}
+
+void Coordinator::report_stopped(bool succeeded) {
+  if (reported_stopped_) return;
+  reported_stopped_ = true;
+  store_.set(stopped_key(generation_, options_.node_rank), succeeded ? "ok" : "failed");
+}
+
+void Coordinator::end_job(const nlohmann::json& end) {
+  // The first end wins: the store has no compare-and-set, but add() hands
+  // out 1 once.
+  if (store_.add(coordinator_key("end/claims"), 1) == 1) store_.set(end_key(), end.dump());
+}
+
+JobView Coordinator::poll(int64_t now_ns) {
+  try {
+    if (now_ns >= next_beat_ns_) {
+      store_.add(beat_key(options_.node_rank), 1);
+      next_beat_ns_ = now_ns + options_.beat_interval_ms * kNsPerMs;
+    }
+    if (const auto end = store_.try_get(end_key())) return ended_view(*end);
+    JobView state = read_state();
+    // Nodes that are done stop beating: success needs no watching.
+    if (state.state == JobView::State::kSucceeded) return state;
+    if (const auto decided = leader() ? lead(now_ns) : watch_leader(now_ns)) return *decided;
+    return state;
+  } catch (const MalformedValue& e) {
+    JobView v;
+    v.state = JobView::State::kEnded;
+    v.why = e.what();
+    return v;
+  } catch (const Error& e) {
+    JobView v;
+    v.state = JobView::State::kEnded;
+    v.lost_coordinator = !leader();
+    v.why = fmt::format("lost contact with the coordinator's store at {}: {}", store_.address(),
+                        e.what());
+    return v;
+  }
+}
+
+JobView Coordinator::read_state() {
+  JobView v;
+  const std::string reports = reports_key(generation_);
+  const auto count = store_.try_get(reports);
+  if (count && parse_count(reports, *count) > 0) {
+    const std::string open = open_key(generation_ + 1);
+    if (const auto next = store_.try_get(open)) {
+      if (*next != std::to_string(generation_ + 1)) {
+        throw MalformedValue(open, *next, fmt::format("generation {}", generation_ + 1));
+      }
+      const std::string cause = cause_key(generation_);
+      const auto text = store_.try_get(cause);
+      if (!text) throw MalformedValue(open, *next, "an open generation (its cause is missing)");
+      v.state = JobView::State::kRestart;
+      v.cause = parse_report(cause, parse_object(cause, *text, "a failure report"), 0);
+      next_open_ = true;
+      return v;
+    }
+    v.state = JobView::State::kFailing;
+    v.will_restart = generation_ < options_.max_restarts;
+    return v;
+  }
+  if (reported_stopped_) {
+    for (int n = 0; n < options_.nnodes; ++n) {
+      const std::string key = stopped_key(generation_, n);
+      const auto stopped = store_.try_get(key);
+      if (!stopped) return v;
+      if (*stopped != "ok" && *stopped != "failed") {
+        throw MalformedValue(key, *stopped, "'ok' or 'failed'");
+      }
+      // A node whose workers failed reports the failure before it says so.
+      if (*stopped != "ok") return v;
+    }
+    v.state = JobView::State::kSucceeded;
+  }
+  return v;
+}
+
+bool Coordinator::beat_moved(int node, int64_t now_ns) {
+  const std::string key = beat_key(node);
+  const auto value = store_.try_get(key);
+  if (!value) return false;  // not registered yet: counts as silent
+  const int64_t beat = parse_count(key, *value);
+  if (beat == last_beat_[node]) return false;
+  last_beat_[node] = beat;
+  beat_changed_ns_[node] = now_ns;
+  return true;
+}
+
+std::optional<JobView> Coordinator::lead(int64_t now_ns) {
+  const int64_t timeout_ns = options_.agent_timeout_ms * kNsPerMs;
+  for (int n = 1; n < options_.nnodes; ++n) {
+    if (beat_moved(n, now_ns) || now_ns - beat_changed_ns_[n] <= timeout_ns) continue;
+    const double silent_s = (now_ns - beat_changed_ns_[n]) * 1e-9;
+    Incident lost;
+    lost.kind = "node_lost";
+    lost.node = n;
+    lost.rank = -1;
+    lost.generation = generation_;
+    lost.what = fmt::format(
+        "node {} is lost: its agent sent no heartbeat for {:.1f} s (the agent died, or the node "
+        "lost its network); with no standby node the job cannot go on at the same world size, "
+        "so it ends (continuing on fewer nodes is not supported yet)",
+        n, silent_s);
+    end_job({{"kind", "node_lost"},
+             {"node", n},
+             {"what", lost.what},
+             {"silent_ms", (now_ns - beat_changed_ns_[n]) * 1e-6}});
+    return ended_view(store_.try_get(end_key()).value_or("{}"));
+  }
+  const std::string reports = reports_key(generation_);
+  const auto count = store_.try_get(reports);
+  if (!count || parse_count(reports, *count) == 0) return std::nullopt;
+  if (store_.try_get(open_key(generation_ + 1))) return std::nullopt;
+  for (int n = 0; n < options_.nnodes; ++n) {
+    if (!store_.try_get(stopped_key(generation_, n))) return std::nullopt;
+  }
+  // Every node's workers of this generation are gone: decide.
+  const std::optional<Incident> cause = choose_cause();
+  if (!cause) {
+    throw MalformedValue(reports, *count, "a count of reports that exist (none does)");
+  }
+  nlohmann::json report = report_json(*cause);
+  if (generation_ < options_.max_restarts) {
+    store_.set(cause_key(generation_), report.dump());
+    store_.set(open_key(generation_ + 1), std::to_string(generation_ + 1));
+    return std::nullopt;  // read_state() sees it on the next poll, as everyone does
+  }
+  end_job({{"kind", "failure"},
+           {"node", cause->node},
+           {"what", options_.max_restarts == 0
+                        ? cause->what
+                        : fmt::format("{} (no restart left: {} used)", cause->what, generation_)},
+           {"cause", report}});
+  return ended_view(store_.try_get(end_key()).value_or("{}"));
+}
+
+std::optional<Incident> Coordinator::choose_cause() {
+  std::optional<Incident> best;
+  // The likeliest cause first: an injected fault, a worker killed by a
+  // signal, a hang, then an error exit (most often a peer's death seen
+  // through a collective); then by node.
+  auto rank_of = [](const Incident& i) {
+    return std::make_tuple(!i.injected, !i.signal.has_value(), i.kind != "hang", i.node);
+  };
+  for (int n = 0; n < options_.nnodes; ++n) {
+    const std::string key = failure_key(generation_, n);
+    const auto text = store_.try_get(key);
+    if (!text) continue;
+    Incident i = parse_report(key, parse_object(key, *text, "a failure report"), 0);
+    if (i.node != n) throw MalformedValue(key, *text, fmt::format("a report of node {}", n));
+    if (!best || rank_of(i) < rank_of(*best)) best = std::move(i);
+  }
+  return best;
+}
+
+std::optional<JobView> Coordinator::watch_leader(int64_t now_ns) {
+  if (beat_moved(0, now_ns) ||
+      now_ns - beat_changed_ns_[0] <= options_.agent_timeout_ms * kNsPerMs) {
+    return std::nullopt;
+  }
+  JobView v;
+  v.state = JobView::State::kEnded;
+  v.lost_coordinator = true;
+  v.why = fmt::format(
+      "lost the coordinator: node 0's agent sent no heartbeat through the store at {} for {:.1f} "
+      "s",
+      store_.address(), (now_ns - beat_changed_ns_[0]) * 1e-9);
+  return v;
+}
+
+JobView Coordinator::ended_view(const std::string& value) {
+  const std::string& key = end_key();
+  const char* expected = "the end of the job (a JSON object of kind, what, node)";
+  const nlohmann::json j = parse_object(key, value, expected);
+  if (!j.contains("what") || !j.at("what").is_string() || !j.contains("kind") ||
+      !j.at("kind").is_string() || !j.contains("node") || !j.at("node").is_number_integer()) {
+    throw MalformedValue(key, value, expected);
+  }
+  JobView v;
+  v.state = JobView::State::kEnded;
+  v.why = j.at("what");
+  const int node = j.at("node");
+  if (j.at("kind") == "node_lost") {
+    if (node < 0 || node >= options_.nnodes) throw MalformedValue(key, value, expected);
+    v.lost_node = node;
+    Incident lost;
+    lost.kind = "node_lost";
+    lost.node = node;
+    lost.rank = -1;
+    lost.what = v.why;
+    lost.generation = generation_;
+    lost.detected_ns = 0;  // placed on the reader's clock by the agent
+    if (j.contains("silent_ms") && j.at("silent_ms").is_number()) {
+      lost.fault_ns = -static_cast<int64_t>(j.at("silent_ms").get<double>() * 1e6);
+    }
+    v.cause = lost;
+  } else if (j.contains("cause")) {
+    v.cause = parse_report(key, j.at("cause"), 0);
+  }
+  return v;
+}
+
+void Coordinator::enter_next_generation() {
+  if (!next_open_) {
+    throw_error(
+        "the coordinator has not opened generation {}: an agent joins the next generation only "
+        "after the job's failure in generation {} stopped it",
+        generation_ + 1, generation_);
+  }
+  ++generation_;
+  reported_failure_ = false;
+  reported_stopped_ = false;
+  next_open_ = false;
+}
+
+}  // namespace brigade::elastic

@@ -1,0 +1,170 @@
+// The coordinator: one job's membership and generations across nodes.
+//
+// Every node's agent (elastic/agent.h) holds a Coordinator over the job's
+// rendezvous store and calls poll() every tick (100 ms). All of its state
+// lives in the store, under "brigade/coord/", so that any agent can read
+// where the job stands and a store with leases (etcd) can later hold the
+// same keys behind the same small CoordinatorStore interface:
+//   agent/<node>/beat             a counter each agent adds to every 200 ms
+//   gen/<g>/reports               how many nodes reported a failure in g
+//   gen/<g>/failure/<node>        that node's failure report (JSON)
+//   gen/<g>/stopped/<node>        "ok" or "failed": every worker of the node's
+//                                 generation g has exited and been reaped
+//   gen/<g>/cause                 the report the job's incident is made of
+//   gen/<g+1>/open                "<g+1>": generation g+1 may start
+//   end                           why the job ends (JSON), once and for all
+// Node 0's agent also leads: it watches every agent's beat and decides.
+//   - A failure reported anywhere in g stops every node's workers (each
+//     agent sees reports > 0 on its next poll). Once every node has said its
+//     workers of g are gone, the leader picks the likeliest cause among the
+//     reports (an injected fault, then a worker killed by a signal, then a
+//     hang, then an error exit, which is most often a peer's death seen
+//     through a collective), and opens g+1 for all nodes at once while
+//     restarts are left (g < max_restarts: restarts are counted across the
+//     job, never per node), else ends the job with that cause.
+//   - An agent whose beat has not moved for agent_timeout_ms (2 s: its
+//     agent died, hangs, or its node lost its network) ends the job naming
+//     the node: with no standby node the job cannot go on at the same world
+//     size. Continuing on fewer nodes, standby nodes and rejoining are a
+//     later increment.
+//   - The other agents watch the leader's beat the same way, and treat a
+//     store that no longer answers (each call is bounded by the store
+//     client's timeout) as the end of the job.
+// No agent or worker of generation g can join g+1: the leader opens g+1
+// only after every node reported g's workers reaped, and the workers of g
+// key their store entries and shm segments by BRIGADE_GENERATION
+// (comm/world.h), so a straggler of g meets nobody of g+1.
+// Values are checked as they are read: a malformed one (only a holder of
+// the job's token can write at all) ends the job with an Error naming the
+// key, never taken for a decision.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "brigade/elastic/incidents.h"
+
+namespace brigade {
+class TcpStore;
+}  // namespace brigade
+
+namespace brigade::elastic {
+
+// What the coordinator needs of a key-value store: all of it atomic per key.
+class CoordinatorStore {
+ public:
+  virtual ~CoordinatorStore() = default;
+  virtual void set(const std::string& key, const std::string& value) = 0;
+  // The value, or nullopt when the key does not exist; never waits for it.
+  virtual std::optional<std::string> try_get(const std::string& key) = 0;
+  // Adds delta to the decimal counter under key (absent: 0); returns the sum.
+  virtual int64_t add(const std::string& key, int64_t delta) = 0;
+  // "host:port" or the like, for messages.
+  virtual std::string address() const = 0;
+};
+
+// The built-in backend: comm/tcp_store.h, whose every call presents the
+// job's token (the connection is refused without it).
+class TcpCoordinatorStore : public CoordinatorStore {
+ public:
+  explicit TcpCoordinatorStore(TcpStore& store) : store_(store) {}
+  void set(const std::string& key, const std::string& value) override;
+  std::optional<std::string> try_get(const std::string& key) override;
+  int64_t add(const std::string& key, int64_t delta) override;
+  std::string address() const override;
+
+ private:
+  TcpStore& store_;
+};
+
+struct CoordinatorOptions {
+  int nnodes = 1;
+  int node_rank = 0;
+  int max_restarts = 0;
+  int64_t beat_interval_ms = 200;
+  // Two seconds without a beat: a loaded machine's agent still beats ten
+  // times over, and a lost node is named within the 3 s the issue allows.
+  int64_t agent_timeout_ms = 2'000;
+};
+
+// Where the job stands for this agent's generation.
+struct JobView {
+  enum class State {
+    kRunning,    // nothing reported
+    kFailing,    // a failure was reported: stop the workers, report stopped()
+    kRestart,    // generation + 1 is open: enter() it and start the workers
+    kSucceeded,  // every node's workers of this generation exited 0
+    kEnded,      // the job ends: `why`
+  };
+  State state = State::kRunning;
+  // kFailing: whether the leader will open the next generation (restarts left).
+  bool will_restart = false;
+  // kRestart and kEnded (but for a signal): the job's incident. Its
+  // detected_ns is 0 and its fault_ns that much earlier: the reader places
+  // both on its own clock (nodes' clocks are not compared).
+  std::optional<Incident> cause;
+  std::string why;
+  // kEnded for a lost node: its rank; -1 otherwise.
+  int lost_node = -1;
+  // kEnded because this agent lost the store or the leader.
+  bool lost_coordinator = false;
+};
+
+class Coordinator {
+ public:
+  // Registers this node's agent (its first beat). Throws Error if the store
+  // cannot be reached.
+  Coordinator(CoordinatorStore& store, CoordinatorOptions options, int64_t now_ns);
+
+  int64_t generation() const { return generation_; }
+  bool leader() const { return options_.node_rank == 0; }
+
+  // This node's first failure in the current generation (later ones are
+  // consequences); `incident.node` is set here.
+  void report_failure(Incident incident);
+  // Ends the job now, with no restart (a launcher received a signal).
+  void report_end(const std::string& why);
+  // Every worker of this node's current generation has exited and been
+  // reaped; all of them exited 0 when `succeeded`.
+  void report_stopped(bool succeeded);
+
+  // Beats, leads (node 0), and says where the job stands, at time now_ns
+  // (core/clock.h's clock; only differences are used, never compared across
+  // nodes). Store errors and malformed values come back as kEnded with the
+  // error in `why`: the agent must stop its workers either way.
+  JobView poll(int64_t now_ns);
+
+  // Moves to the generation the last poll() said is open. Throws Error if
+  // none is (an agent that did not take part in the previous generation
+  // never joins the next).
+  void enter_next_generation();
+
+ private:
+  JobView read_state();
+  // Node 0: checks the agents' beats and turns reports into decisions.
+  std::optional<JobView> lead(int64_t now_ns);
+  // The leader's beat, seen from the other nodes.
+  std::optional<JobView> watch_leader(int64_t now_ns);
+  bool beat_moved(int node, int64_t now_ns);
+  std::optional<Incident> choose_cause();
+  void end_job(const nlohmann::json& end);
+  JobView ended_view(const std::string& value);
+
+  CoordinatorStore& store_;
+  CoordinatorOptions options_;
+  int64_t generation_ = 0;
+  int64_t next_beat_ns_ = 0;
+  bool reported_failure_ = false;
+  bool reported_stopped_ = false;
+  bool next_open_ = false;
+  // Per node: the last beat value seen and when it changed (this agent's clock).
+  std::vector<int64_t> last_beat_;
+  std::vector<int64_t> beat_changed_ns_;
+};
+
+// Key names, for the agent's messages and the tests.
+std::string coordinator_key(const std::string& suffix);
+
+}  // namespace brigade::elastic

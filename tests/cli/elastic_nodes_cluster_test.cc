@@ -1,0 +1,219 @@
+// Restarts across nodes on network-namespace nodes (scripts/fake_cluster.sh):
+// 2 nodes x 2 workers `brigade launch ... -- train` of the tiny model with a
+// checkpoint every step. A worker of node 1 killed, or stopped with SIGSTOP,
+// by an injected fault: both nodes stop, the coordinator opens generation 1
+// for both, and the job ends bit-identical to a run without faults. Node 1's
+// network cut: node 0 names the node within 3 s of its last heartbeat and
+// ends the job, long before any collective timeout. Needs root; skipped
+// otherwise. Every launcher is stopped by pid, and the cluster is brought
+// down whatever happens.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "testing/fake_cluster.h"
+#include "testing/run_brigade.h"
+#include "testing/temp_dir.h"
+
+namespace brigade {
+namespace {
+namespace fs = std::filesystem;
+using testing::Cluster;
+using testing::ClusterResult;
+using namespace std::chrono_literals;
+
+// A collective timeout far above the detection bounds, far below the test's:
+// a failure the agents missed would surface as a late crash instead.
+constexpr char kTraining[] = R"(
+[train]
+micro_batch = 2
+steps = 8
+seed = 5
+checkpoint_every = 1
+[optim]
+lr = 3e-3
+min_lr = 3e-3
+[data]
+synthetic = true
+[parallel]
+dp = 4
+timeout_s = 30
+)";
+
+std::vector<nlohmann::json> read_jsonl(const fs::path& path) {
+  std::vector<nlohmann::json> lines;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) lines.push_back(nlohmann::json::parse(line));
+  return lines;
+}
+
+class ElasticNodesCluster : public ::testing::Test {
+ protected:
+  // Brings up a 2-node cluster of its own name and subnet.
+  void up(const std::string& name, const std::string& net) {
+    cluster_.emplace(name, net, dir_.path());
+    const ClusterResult r = cluster_->script({"up", "2"});
+    ASSERT_EQ(r.status, 0) << r.output;
+    config_ = dir_.path() / "config.toml";
+    std::ofstream(config_) << testing::kTinyModelToml << kTraining;
+  }
+
+  std::vector<std::string> launch(int node, const std::string& run, std::vector<std::string> train,
+                                  int port) {
+    std::vector<std::string> args = {testing::kBrigade,
+                                     "launch",
+                                     "--nproc-per-node",
+                                     "2",
+                                     "--nnodes",
+                                     "2",
+                                     "--node-rank",
+                                     std::to_string(node),
+                                     "--rdzv",
+                                     cluster_->address(0) + ":" + std::to_string(port),
+                                     "--rdzv-token",
+                                     "elastic-nodes-test",
+                                     "--rdzv-timeout-s",
+                                     "60",
+                                     "--max-restarts",
+                                     "2",
+                                     "--",
+                                     "train",
+                                     config_.string(),
+                                     "--set",
+                                     "train.run_dir=\"" + (dir_.path() / run).string() + "\""};
+    args.insert(args.end(), train.begin(), train.end());
+    return args;
+  }
+
+  // Runs both nodes' launchers to the end; node 0's output first.
+  std::pair<ClusterResult, ClusterResult> run_job(const std::string& run,
+                                                  const std::vector<std::string>& train, int port) {
+    const fs::path log0 = dir_.path() / (run + ".node0.log");
+    const fs::path log1 = dir_.path() / (run + ".node1.log");
+    const pid_t node1 = cluster_->start_on(1, launch(1, run, train, port), log1);
+    const pid_t node0 = cluster_->start_on(0, launch(0, run, train, port), log0);
+    ClusterResult r0 = testing::finish(node0, log0, 180s);
+    ClusterResult r1 = testing::finish(node1, log1, 180s);
+    return {r0, r1};
+  }
+
+  std::string hash(const std::string& run) {
+    const auto r = testing::run_brigade({"ckpt", "hash", (dir_.path() / run).string()});
+    EXPECT_EQ(r.status, 0) << r.err;
+    return r.out;
+  }
+
+  // The final parameters of the same job without faults (once per binary).
+  std::string reference_hash() {
+    static std::string reference;
+    if (reference.empty()) {
+      const auto [r0, r1] = run_job("reference", {}, 29531);
+      EXPECT_EQ(r0.status, 0) << r0.output << "\nnode 1:\n" << r1.output;
+      EXPECT_EQ(r1.status, 0) << r1.output;
+      reference = hash("reference");
+    }
+    return reference;
+  }
+
+  // A fault injected on rank 3 (node 1) after step 4: recovered on both
+  // nodes by themselves, and bit-identical to the run without faults.
+  void expect_recovers(const std::string& fault, const char* kind, double detect_bound_ms) {
+    const std::string reference = reference_hash();
+    const auto [r0, r1] = run_job("faulty", {"--inject", fault}, 29532);
+    ASSERT_EQ(r0.status, 0) << r0.output << "\nnode 1:\n" << r1.output;
+    ASSERT_EQ(r1.status, 0) << r1.output << "\nnode 0:\n" << r0.output;
+    EXPECT_NE(r0.output.find("brigade launch: node 1: worker rank 3 (local 1, node 1"),
+              std::string::npos)
+        << r0.output;
+    EXPECT_NE(r0.output.find("restarting the workers as generation 1 (restart 1 of 2)"),
+              std::string::npos)
+        << r0.output;
+    EXPECT_NE(r1.output.find("restarting the workers as generation 1 (restart 1 of 2)"),
+              std::string::npos)
+        << r1.output;
+    EXPECT_EQ(hash("faulty"), reference);
+    // Node 0 writes the job's incidents: node 1's, with its detection time.
+    const auto lines = read_jsonl(dir_.path() / "faulty" / "incidents.jsonl");
+    ASSERT_EQ(lines.size(), 2u);
+    const nlohmann::json& incident = lines[0];
+    EXPECT_EQ(incident.at("kind"), kind) << incident;
+    EXPECT_EQ(incident.at("node"), 1) << incident;
+    EXPECT_EQ(incident.at("rank"), 3) << incident;
+    EXPECT_EQ(incident.at("injected"), true) << incident;
+    EXPECT_EQ(incident.at("generation"), 0) << incident;
+    EXPECT_LE(incident.at("detected_after_ms").get<double>(), detect_bound_ms) << incident;
+    EXPECT_FALSE(incident.at("recovered_after_ms").is_null()) << incident;
+    EXPECT_EQ(lines[1].at("kind"), "summary");
+    EXPECT_EQ(lines[1].at("restarts"), 1);
+    EXPECT_FALSE(fs::exists(dir_.path() / "faulty" / "incidents.node1.jsonl"));
+  }
+
+  testing::TempDir dir_{"brigade_elastic_nodes"};
+  std::optional<Cluster> cluster_;  // destroyed (brought down) before dir_
+  fs::path config_;
+};
+
+TEST_F(ElasticNodesCluster, AWorkerKilledOnNodeOneRestartsBothNodesBitIdentical) {
+  SKIP_WITHOUT_FAKE_CLUSTER();
+  up("brgek", "10.88.11");
+  expect_recovers("kill:rank=3:step=4", "crash", 1'000);
+}
+
+TEST_F(ElasticNodesCluster, AWorkerStoppedOnNodeOneRestartsBothNodesBitIdentical) {
+  SKIP_WITHOUT_FAKE_CLUSTER();
+  up("brges", "10.88.12");
+  // The watchdog's 2 s of silence, plus a loaded machine's margin.
+  expect_recovers("stop:rank=3:step=4", "hang", 4'000);
+}
+
+// Node 1's cable pulled mid-training: node 0 ends the job naming node 1
+// within 3 s of its last heartbeat (no 30 s collective timeout, no 60 s
+// rendezvous timeout), and node 1 gives up on its own.
+TEST_F(ElasticNodesCluster, ANodeCutOffTheNetworkIsNamedAndEndsTheJob) {
+  SKIP_WITHOUT_FAKE_CLUSTER();
+  up("brgec", "10.88.13");
+  const std::vector<std::string> train = {"--set", "train.steps=100000"};
+  const fs::path log0 = dir_.path() / "cut.node0.log", log1 = dir_.path() / "cut.node1.log";
+  const pid_t node1 = cluster_->start_on(1, launch(1, "cut", train, 29533), log1);
+  const pid_t node0 = cluster_->start_on(0, launch(0, "cut", train, 29533), log0);
+  // Training, with checkpoints: both nodes' workers are in collectives.
+  const fs::path second = dir_.path() / "cut" / "checkpoints" / "step_00000002";
+  const auto deadline = std::chrono::steady_clock::now() + 120s;
+  while (!fs::exists(second) && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(10ms);
+  }
+  ASSERT_TRUE(fs::exists(second)) << testing::read_all(log0) << testing::read_all(log1);
+  ASSERT_EQ(cluster_->script({"cut", "1"}).status, 0);
+  const auto cut_at = std::chrono::steady_clock::now();
+  const ClusterResult r0 = testing::finish(node0, log0, 60s);
+  const double node0_ended_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - cut_at).count();
+  const ClusterResult r1 = testing::finish(node1, log1, 60s);
+  EXPECT_EQ(r0.status, 1) << r0.output;
+  EXPECT_NE(r0.output.find("node 1 is lost: its agent sent no heartbeat for"), std::string::npos)
+      << r0.output;
+  EXPECT_NE(r0.output.find("with no standby node the job cannot go on at the same world size"),
+            std::string::npos)
+      << r0.output;
+  // Detection (2 s of silence), then the workers' 5 s grace: far below any
+  // timeout, with room for a loaded machine.
+  EXPECT_LT(node0_ended_s, 20.0) << r0.output;
+  EXPECT_NE(r1.status, 0) << r1.output;
+  EXPECT_NE(r1.output.find("lost contact with the coordinator"), std::string::npos) << r1.output;
+  const auto lines = read_jsonl(dir_.path() / "cut" / "incidents.jsonl");
+  ASSERT_EQ(lines.size(), 2u);
+  EXPECT_EQ(lines[0].at("kind"), "node_lost") << lines[0];
+  EXPECT_EQ(lines[0].at("node"), 1) << lines[0];
+  EXPECT_GE(lines[0].at("detected_after_ms").get<double>(), 2'000.0) << lines[0];
+  EXPECT_LE(lines[0].at("detected_after_ms").get<double>(), 3'000.0) << lines[0];
+}
+
+}  // namespace
+}  // namespace brigade

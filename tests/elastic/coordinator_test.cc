@@ -1,0 +1,294 @@
+// The coordinator's decisions (elastic/coordinator.h), with every node's
+// agent a Coordinator over its own client of one real TcpStore, and time
+// passed in by the test: no sleep decides anything. The agents end to end,
+// on network-namespace nodes, run in tests/cli/elastic_nodes_cluster_test.cc.
+#include "brigade/elastic/coordinator.h"
+
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "brigade/comm/tcp_store.h"
+#include "brigade/core/error.h"
+
+namespace brigade::elastic {
+namespace {
+
+constexpr int64_t kMs = 1'000'000;
+constexpr char kToken[] = "coordinator-test-token";
+using State = JobView::State;
+
+// One node's agent: its own store connection, as in `brigade launch`.
+struct Node {
+  Node(uint16_t port, int nnodes, int rank, int max_restarts, int64_t now,
+       int64_t call_timeout_ms = 5'000)
+      : client("127.0.0.1", port, kToken, call_timeout_ms), store(client) {
+    CoordinatorOptions o;
+    o.nnodes = nnodes;
+    o.node_rank = rank;
+    o.max_restarts = max_restarts;
+    coordinator = std::make_unique<Coordinator>(store, o, now);
+  }
+  TcpStore client;
+  TcpCoordinatorStore store;
+  std::unique_ptr<Coordinator> coordinator;
+};
+
+Incident crash(int rank, bool injected, bool signalled) {
+  Incident i;
+  i.kind = "crash";
+  i.rank = rank;
+  i.pid = 1000 + rank;
+  i.injected = injected;
+  if (signalled) {
+    i.signal = 9;
+  } else {
+    i.exit_code = 1;
+  }
+  i.what = "worker rank " + std::to_string(rank) + (signalled ? " was killed" : " exited 1");
+  i.fault_ns = 100 * kMs;
+  i.detected_ns = 130 * kMs;  // detected after 30 ms
+  i.last_step = 4;
+  return i;
+}
+
+class CoordinatorTest : public ::testing::Test {
+ protected:
+  std::unique_ptr<Node> node(int rank, int nnodes = 2, int max_restarts = 3, int64_t now = 0) {
+    return std::make_unique<Node>(server_.port(), nnodes, rank, max_restarts, now);
+  }
+  TcpStoreServer server_{"127.0.0.1", 0, kToken};
+};
+
+TEST_F(CoordinatorTest, AFailureAnywhereStopsEveryNodeAndAllRestartTogether) {
+  auto n0 = node(0), n1 = node(1);
+  int64_t t = 50 * kMs;
+  EXPECT_EQ(n0->coordinator->poll(t).state, State::kRunning);
+  EXPECT_EQ(n1->coordinator->poll(t).state, State::kRunning);
+
+  n1->coordinator->report_failure(crash(3, /*injected=*/true, /*signalled=*/true));
+  for (auto* n : {n0.get(), n1.get()}) {
+    const JobView v = n->coordinator->poll(t += 100 * kMs);
+    EXPECT_EQ(v.state, State::kFailing);
+    EXPECT_TRUE(v.will_restart);
+  }
+  // Node 1's workers are gone, node 0's still run: nothing opens yet, so no
+  // worker of generation 0 can meet one of generation 1.
+  n1->coordinator->report_stopped(false);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(n0->coordinator->poll(t += 100 * kMs).state, State::kFailing);
+    EXPECT_EQ(n1->coordinator->poll(t).state, State::kFailing);
+  }
+  EXPECT_THROW(n1->coordinator->enter_next_generation(), Error);
+  n0->coordinator->report_stopped(false);
+  n0->coordinator->poll(t += 100 * kMs);  // the leader decides
+  for (auto* n : {n0.get(), n1.get()}) {
+    const JobView v = n->coordinator->poll(t += 100 * kMs);
+    ASSERT_EQ(v.state, State::kRestart);
+    ASSERT_TRUE(v.cause);
+    EXPECT_EQ(v.cause->node, 1);
+    EXPECT_EQ(v.cause->rank, 3);
+    EXPECT_EQ(v.cause->signal, 9);
+    EXPECT_EQ(v.cause->last_step, 4);
+    EXPECT_NEAR((v.cause->detected_ns - v.cause->fault_ns) * 1e-6, 30.0, 0.01);
+    n->coordinator->enter_next_generation();
+    EXPECT_EQ(n->coordinator->generation(), 1);
+  }
+  // Generation 1 starts clean: generation 0's failure is behind it.
+  EXPECT_EQ(n0->coordinator->poll(t += 100 * kMs).state, State::kRunning);
+  EXPECT_EQ(n1->coordinator->poll(t).state, State::kRunning);
+}
+
+TEST_F(CoordinatorTest, TheLikeliestCauseAmongTheNodesReportsIsTheIncident) {
+  auto n0 = node(0), n1 = node(1);
+  // Node 0's worker saw its peer die through a collective and exited 1,
+  // and said so first; node 1's worker was killed by a signal.
+  n0->coordinator->report_failure(crash(0, false, false));
+  n1->coordinator->report_failure(crash(2, false, true));
+  n0->coordinator->report_stopped(false);
+  n1->coordinator->report_stopped(false);
+  n0->coordinator->poll(kMs);
+  const JobView v = n1->coordinator->poll(2 * kMs);
+  ASSERT_EQ(v.state, State::kRestart);
+  EXPECT_EQ(v.cause->node, 1);
+  EXPECT_EQ(v.cause->rank, 2);
+}
+
+TEST_F(CoordinatorTest, RestartsAreCountedForTheWholeJobAndBounded) {
+  auto n0 = node(0, 2, /*max_restarts=*/1), n1 = node(1, 2, 1);
+  int64_t t = 0;
+  auto fail_generation = [&](Node& failing) {
+    failing.coordinator->report_failure(crash(1, true, true));
+    n0->coordinator->report_stopped(false);
+    n1->coordinator->report_stopped(false);
+    n0->coordinator->poll(t += 100 * kMs);
+    n1->coordinator->poll(t);
+    t += 100 * kMs;
+    const JobView v0 = n0->coordinator->poll(t);
+    return std::make_pair(v0, n1->coordinator->poll(t));
+  };
+  auto [first0, first1] = fail_generation(*n0);
+  ASSERT_EQ(first0.state, State::kRestart);
+  ASSERT_EQ(first1.state, State::kRestart);
+  n0->coordinator->enter_next_generation();
+  n1->coordinator->enter_next_generation();
+  EXPECT_FALSE(n1->coordinator->poll(t += 100 * kMs).will_restart);
+  // The second failure is on the other node: the restart it would need is
+  // the job's second.
+  auto [second0, second1] = fail_generation(*n1);
+  for (const JobView& v : {second0, second1}) {
+    ASSERT_EQ(v.state, State::kEnded);
+    EXPECT_NE(v.why.find("no restart left: 1 used"), std::string::npos) << v.why;
+    ASSERT_TRUE(v.cause);
+    EXPECT_EQ(v.cause->node, 1);
+    EXPECT_EQ(v.lost_node, -1);
+  }
+}
+
+TEST_F(CoordinatorTest, SuccessNeedsEveryNodesWorkersDone) {
+  auto n0 = node(0), n1 = node(1);
+  n0->coordinator->report_stopped(true);
+  EXPECT_EQ(n0->coordinator->poll(kMs).state, State::kRunning);
+  n1->coordinator->report_stopped(true);
+  EXPECT_EQ(n1->coordinator->poll(2 * kMs).state, State::kSucceeded);
+  EXPECT_EQ(n0->coordinator->poll(3 * kMs).state, State::kSucceeded);
+}
+
+// Node 1's agent beats every poll until t = 1 s, then falls silent (dead,
+// or cut off): node 0 names it after 2 s, not before, and the node that is
+// still there hears of the end.
+TEST_F(CoordinatorTest, ASilentAgentEndsTheJobNamingItsNodeAfterTwoSeconds) {
+  auto n0 = node(0, 3), n1 = node(1, 3), n2 = node(2, 3);
+  int64_t t = 0;
+  for (; t <= 1'000 * kMs; t += 100 * kMs) {
+    n1->coordinator->poll(t);
+    n2->coordinator->poll(t);
+    EXPECT_EQ(n0->coordinator->poll(t).state, State::kRunning) << t / kMs;
+  }
+  // The last beat node 0 saw was at 1000 ms.
+  for (; t <= 3'000 * kMs; t += 100 * kMs) {
+    n2->coordinator->poll(t);
+    EXPECT_EQ(n0->coordinator->poll(t).state, State::kRunning) << t / kMs;
+  }
+  n2->coordinator->poll(t);
+  const JobView v = n0->coordinator->poll(t);  // 3100 ms: silent for 2.1 s
+  ASSERT_EQ(v.state, State::kEnded);
+  EXPECT_EQ(v.lost_node, 1);
+  EXPECT_FALSE(v.lost_coordinator);
+  EXPECT_NE(v.why.find("node 1 is lost: its agent sent no heartbeat for 2.1 s"), std::string::npos)
+      << v.why;
+  ASSERT_TRUE(v.cause);
+  EXPECT_EQ(v.cause->kind, "node_lost");
+  EXPECT_EQ(v.cause->node, 1);
+  EXPECT_NEAR((v.cause->detected_ns - v.cause->fault_ns) * 1e-6, 2'100.0, 0.01);
+  const JobView other = n2->coordinator->poll(t + 100 * kMs);
+  EXPECT_EQ(other.state, State::kEnded);
+  EXPECT_EQ(other.lost_node, 1);
+}
+
+TEST_F(CoordinatorTest, TheOtherNodesNoticeASilentLeader) {
+  auto n0 = node(0), n1 = node(1);
+  n0->coordinator->poll(0);
+  int64_t t = 0;
+  for (; t <= 2'000 * kMs; t += 100 * kMs) {
+    EXPECT_EQ(n1->coordinator->poll(t).state, State::kRunning) << t / kMs;
+  }
+  const JobView v = n1->coordinator->poll(t);
+  ASSERT_EQ(v.state, State::kEnded);
+  EXPECT_TRUE(v.lost_coordinator);
+  EXPECT_NE(v.why.find("lost the coordinator: node 0's agent sent no heartbeat"), std::string::npos)
+      << v.why;
+}
+
+TEST_F(CoordinatorTest, AStoreThatNoLongerAnswersEndsTheJobForTheAgent) {
+  Node n1(server_.port(), 2, 1, 3, 0, /*call_timeout_ms=*/300);
+  EXPECT_EQ(n1.coordinator->poll(kMs).state, State::kRunning);
+  server_.stop();
+  const JobView v = n1.coordinator->poll(2 * kMs);
+  ASSERT_EQ(v.state, State::kEnded);
+  EXPECT_TRUE(v.lost_coordinator);
+  EXPECT_NE(v.why.find("lost contact with the coordinator's store at 127.0.0.1:"),
+            std::string::npos)
+      << v.why;
+}
+
+TEST_F(CoordinatorTest, ALaunchersSignalEndsTheJobEverywhereWithoutARestart) {
+  auto n0 = node(0), n1 = node(1);
+  n1->coordinator->report_end("the launcher of node 1 received SIGINT");
+  for (auto* n : {n0.get(), n1.get()}) {
+    const JobView v = n->coordinator->poll(kMs);
+    ASSERT_EQ(v.state, State::kEnded);
+    EXPECT_EQ(v.why, "the launcher of node 1 received SIGINT");
+    EXPECT_FALSE(v.cause);
+  }
+  // The first end stays the end.
+  n0->coordinator->report_end("later");
+  EXPECT_EQ(n1->coordinator->poll(2 * kMs).why, "the launcher of node 1 received SIGINT");
+}
+
+// A holder of the token writes what no agent would: refused with the key
+// named, never taken for a decision.
+TEST_F(CoordinatorTest, MalformedValuesFromATokenHolderAreRefusedNamingTheKey) {
+  struct Case {
+    std::string key, value, expect;
+  };
+  const std::vector<Case> cases = {
+      {"brigade/coord/agent/1/beat", "lots", "not a non-negative decimal number"},
+      {"brigade/coord/gen/0/reports", "-1", "not a non-negative decimal number"},
+      {"brigade/coord/end", "[1, 2]", "not the end of the job"},
+      {"brigade/coord/end", R"({"kind": "node_lost", "node": 7, "what": "x"})",
+       "not the end of the job"},
+  };
+  for (const Case& c : cases) {
+    TcpStoreServer server("127.0.0.1", 0, kToken);
+    TcpStore stranger("127.0.0.1", server.port(), kToken, 5'000);
+    Node n0(server.port(), 2, 0, 3, 0);
+    Node n1(server.port(), 2, 1, 3, 0);
+    stranger.set(c.key, c.value);
+    const JobView v = n0.coordinator->poll(kMs);
+    ASSERT_EQ(v.state, State::kEnded) << c.key;
+    EXPECT_FALSE(v.lost_coordinator);
+    EXPECT_NE(v.why.find("the coordinator key '" + c.key + "' holds"), std::string::npos) << v.why;
+    EXPECT_NE(v.why.find(c.expect), std::string::npos) << v.why;
+    EXPECT_NE(v.why.find("refusing it"), std::string::npos) << v.why;
+  }
+}
+
+TEST_F(CoordinatorTest, AMalformedReportOrGenerationIsNeverActedOn) {
+  TcpStore stranger("127.0.0.1", server_.port(), kToken, 5'000);
+  auto n0 = node(0), n1 = node(1);
+  // A report whose kind no agent writes, counted as if real.
+  stranger.set("brigade/coord/gen/0/failure/1",
+               R"({"kind": "reboot", "rank": 1, "node": 1, "pid": 5, "what": "x",
+                   "injected": false, "detected_after_ms": 1, "last_step": 0,
+                   "mean_step_ms": 0})");
+  stranger.add("brigade/coord/gen/0/reports", 1);
+  n0->coordinator->report_stopped(false);
+  n1->coordinator->report_stopped(false);
+  const JobView v = n0->coordinator->poll(kMs);
+  ASSERT_EQ(v.state, State::kEnded);
+  EXPECT_NE(v.why.find("'brigade/coord/gen/0/failure/1' holds"), std::string::npos) << v.why;
+  EXPECT_NE(v.why.find("not a failure report"), std::string::npos) << v.why;
+
+  // An open generation that is not the next one.
+  TcpStoreServer server("127.0.0.1", 0, kToken);
+  TcpStore other("127.0.0.1", server.port(), kToken, 5'000);
+  Node m1(server.port(), 2, 1, 3, 0);
+  m1.coordinator->report_failure(crash(2, false, true));
+  other.set("brigade/coord/gen/1/open", "7");
+  const JobView w = m1.coordinator->poll(kMs);
+  ASSERT_EQ(w.state, State::kEnded);
+  EXPECT_NE(w.why.find("'brigade/coord/gen/1/open' holds '7', not generation 1"), std::string::npos)
+      << w.why;
+  EXPECT_THROW(m1.coordinator->enter_next_generation(), Error);
+}
+
+// Only the job's token opens the store the coordinator lives in.
+TEST_F(CoordinatorTest, AClientWithoutTheTokenCannotReachTheCoordinatorsKeys) {
+  EXPECT_THROW(TcpStore("127.0.0.1", server_.port(), "not-the-token", 1'000), Error);
+}
+
+}  // namespace
+}  // namespace brigade::elastic
