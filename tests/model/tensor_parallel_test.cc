@@ -1,8 +1,10 @@
 // Megatron's split of the blocks against the unsplit model: tp threads, each
 // a Gpt over its shards (ParamLayout(config, rank, tp)) joined by an
-// in-process TensorParallel, must give the unsplit model's loss and, put
-// back together, its gradients; replicated tensors' gradients must agree
-// bit for bit across the ranks. The layout's boxes and the sharded
+// in-process TensorParallel, must give the unsplit model's loss, logits and,
+// put back together, its gradients; replicated tensors' gradients must
+// agree bit for bit across the ranks. The vocabulary (13, or 5) is one tp
+// does not divide, so wte's padding rows are exercised: their gradients
+// must stay exactly zero. The layout's boxes and the sharded
 // initialisation are checked against the whole model's.
 #include <gtest/gtest.h>
 
@@ -118,9 +120,10 @@ struct WholeModel {
 };
 
 struct SplitResult {
-  std::vector<float> losses;       // per rank
-  std::vector<FloatBuffer> grads;  // per rank, local layouts
-  std::vector<float> eval_losses;  // forward_loss per rank
+  std::vector<float> losses;               // per rank
+  std::vector<FloatBuffer> grads;          // per rank, local layouts
+  std::vector<float> eval_losses;          // forward_loss per rank
+  std::vector<std::vector<float>> logits;  // forward_logits per rank, (B,T,V)
 };
 
 // Two micro-batches of forward_backward (accumulating), then forward_loss, on tp threads.
@@ -129,6 +132,7 @@ SplitResult run_split(const WholeModel& whole, int tp) {
   result.losses.assign(static_cast<size_t>(tp), 0.0f);
   result.eval_losses.assign(static_cast<size_t>(tp), 0.0f);
   result.grads.resize(static_cast<size_t>(tp));
+  result.logits.resize(static_cast<size_t>(tp));
   ThreadGroup group(tp);
   std::vector<std::thread> threads;
   for (int r = 0; r < tp; ++r) {
@@ -145,6 +149,9 @@ SplitResult run_split(const WholeModel& whole, int tp) {
           model.forward_backward(whole.inputs.data(), whole.targets.data(), whole.b, t, scale);
       result.eval_losses[static_cast<size_t>(r)] =
           model.forward_loss(whole.inputs.data(), whole.targets.data(), whole.b, t);
+      std::vector<float>& logits = result.logits[static_cast<size_t>(r)];
+      logits.assign(static_cast<size_t>(whole.b * t * whole.cfg.vocab_size), 0.0f);
+      model.forward_logits(whole.inputs.data(), whole.b, t, logits.data());
       result.grads[static_cast<size_t>(r)] = std::move(grads);
     });
   }
@@ -165,11 +172,25 @@ void expect_split_matches_whole(const GptConfig& config, int tp) {
   const float loss =
       model.forward_backward(whole.inputs.data(), whole.targets.data(), whole.b, t, scale);
 
+  std::vector<float> logits(static_cast<size_t>(whole.b * t * config.vocab_size));
+  model.forward_logits(whole.inputs.data(), whole.b, t, logits.data());
+
   const SplitResult split = run_split(whole, tp);
   for (int r = 0; r < tp; ++r) {
     EXPECT_NEAR(split.losses[static_cast<size_t>(r)], loss, 1e-6 * std::fabs(loss)) << "rank " << r;
     EXPECT_NEAR(split.eval_losses[static_cast<size_t>(r)], loss, 1e-6 * std::fabs(loss))
         << "rank " << r;
+    for (size_t i = 0; i < logits.size(); ++i) {
+      ASSERT_NEAR(split.logits[static_cast<size_t>(r)][i], logits[i], 1e-5)
+          << "rank " << r << " logit " << i;
+    }
+    // wte's padding rows (a vocabulary tp does not divide) get no gradient.
+    const ParamLayout local(config, r, tp);
+    const float* g = split.grads[static_cast<size_t>(r)].data();
+    for (int64_t i = local.vocab_valid() * config.n_embd; i < local.vocab_rows() * config.n_embd;
+         ++i) {
+      ASSERT_EQ(g[local.wte() + i], 0.0f) << "rank " << r << ": wte padding element " << i;
+    }
   }
   // Every rank's gradients, put in their global places.
   std::vector<FloatBuffer> assembled;
@@ -217,6 +238,14 @@ TEST(TensorParallelGpt, FourRanksMatchTheWholeModel) {
   expect_split_matches_whole(four_head_config(), 4);
 }
 
+TEST(TensorParallelGpt, AVocabularyShorterThanTheRanksLeavesOneRankOnlyPadding) {
+  GptConfig c = four_head_config();
+  c.vocab_size = 5;  // tp 4: rows 0-1, 2-3, 4 (+1 padding), none (2 padding)
+  ASSERT_EQ(ParamLayout(c, 3, 4).vocab_valid(), 0);
+  expect_split_matches_whole(c, 4);
+  expect_split_matches_whole(c, 2);
+}
+
 TEST(TensorParallelGpt, FullRecomputeMatchesTheWholeModel) {
   GptConfig c = four_head_config();
   c.recompute = Recompute::kFull;
@@ -259,6 +288,18 @@ TEST(TensorParallelLayout, ShardsTileEveryTensorOnce) {
   EXPECT_EQ(proj->shape, (std::vector<int64_t>{64, 32}));
   EXPECT_EQ(proj->part_offsets, (std::vector<int64_t>{64}));
   EXPECT_TRUE(rank1.find("h.0.mlp.c_proj.bias")->replicated());
+  // Vocabulary-parallel wte: 13 rows over 4 ranks are 4 each, the last rank
+  // holding token 12 and three padding rows, which no run covers.
+  const ParamLayout last(c, 3, 4);
+  const ParamInfo* wte = last.find("wte.weight");
+  EXPECT_EQ(wte->shape, (std::vector<int64_t>{4, 32}));
+  EXPECT_EQ(wte->global_shape, (std::vector<int64_t>{13, 32}));
+  EXPECT_EQ(wte->part_offsets, (std::vector<int64_t>{12}));
+  EXPECT_EQ(last.vocab_begin(), 12);
+  EXPECT_EQ(last.vocab_valid(), 1);
+  int64_t covered_elements = 0;
+  wte->for_each_run([&](int64_t, int64_t, int64_t count) { covered_elements += count; });
+  EXPECT_EQ(covered_elements, 32);
 }
 
 TEST(TensorParallelLayout, ShardedInitialisationIsTheWholeModelsPart) {

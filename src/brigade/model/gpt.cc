@@ -2,8 +2,10 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "brigade/core/error.h"
@@ -122,7 +124,9 @@ void carve(Carver& cv, Ws& ws, const GptConfig& cfg, int64_t tp, int64_t b, int6
   ws.c4_b = cv.take(n * 4 * cl);
   ws.dresid = cv.take(n * c);
   ws.attention_scratch = cv.take(cpu::attention_scratch_floats(t, omp_get_max_threads()));
-  ws.lm_head_scratch = cv.take(cpu::lm_head_scratch_floats(n, cfg.vocab_size));
+  // Vocabulary-parallel: this rank's rows of the vocabulary, ceil(V/tp).
+  const int64_t vl = (cfg.vocab_size + tp - 1) / tp;
+  ws.lm_head_scratch = cv.take(cpu::lm_head_scratch_floats(n, vl));
 }
 
 // An id outside [0, vocab) would read or write outside the embedding table.
@@ -216,7 +220,7 @@ void Gpt::forward_trunk(const int32_t* inputs, int64_t b, int64_t t) {
   // ln_f), so that range is acquired before block l runs and kept for its own turn.
   acquire(embeddings_range());
   acquire(block_range(0));
-  cpu::embedding_forward(ws.resid[0], inputs, p + layout_.wte(), p + layout_.wpe(), b, t, c);
+  embed(inputs, b, t);
   const BlockOffsets& first = layout_.block(0);
   cpu::layernorm_forward(stash(0).ln1, stash(0).ln1_mean, stash(0).ln1_rstd, ws.resid[0],
                          p + first.ln_1_w, p + first.ln_1_b, n, c);
@@ -301,6 +305,7 @@ float Gpt::forward_backward(const int32_t* inputs, const int32_t* targets, int64
   prefetch(block_range(config_.n_layer - 1));
   cpu::lm_head_loss(head);
   release(wte_range());
+  tp_sum(ws.c_a, n * c);  // vocabulary-parallel: each rank's columns' share of dL/d(ln_f)
 
   std::memset(ws.dresid, 0, sizeof(float) * n * c);
   cpu::layernorm_backward(ws.dresid, g + layout_.ln_f_w(), g + layout_.ln_f_b(), ws.c_a,
@@ -323,9 +328,78 @@ float Gpt::forward_backward(const int32_t* inputs, const int32_t* targets, int64
     release(block_range(l));
     if (grad_ready_) grad_ready_(layout_.block(l).ln_1_w);
   }
-  cpu::embedding_backward(g + layout_.wte(), g + layout_.wpe(), ws.dresid, inputs, b, t, c);
+  if (tp_size() == 1) {
+    cpu::embedding_backward(g + layout_.wte(), g + layout_.wpe(), ws.dresid, inputs, b, t, c);
+  } else {
+    // Every rank has the whole dL/d(embedding output): its rows of wte take
+    // their tokens' share, and wpe (replicated) the same sum everywhere.
+    cpu::token_embedding_backward(g + layout_.wte(), ws.dresid, inputs, layout_.vocab_begin(),
+                                  layout_.vocab_valid(), n, c);
+    cpu::position_embedding_backward(g + layout_.wpe(), ws.dresid, b, t, c);
+  }
   if (grad_ready_) grad_ready_(0);
   return mean_loss(n);
+}
+
+void Gpt::embed(const int32_t* inputs, int64_t b, int64_t t) {
+  Workspace& ws = *ws_;
+  const float* p = params_;
+  const int64_t n = b * t, c = config_.n_embd;
+  if (tp_size() == 1) {
+    cpu::embedding_forward(ws.resid[0], inputs, p + layout_.wte(), p + layout_.wpe(), b, t, c);
+    return;
+  }
+  // Vocabulary-parallel: each rank looks up the tokens it holds (zero rows
+  // for the others); the sum over the group is the whole lookup.
+  cpu::token_embedding_forward(ws.resid[0], inputs, p + layout_.wte(), layout_.vocab_begin(),
+                               layout_.vocab_valid(), n, c);
+  tp_->all_reduce_sum(ws.resid[0], n * c);
+  cpu::position_embedding_add(ws.resid[0], p + layout_.wpe(), 0, n, t, c);
+}
+
+void Gpt::combine_head_stats(float* stats, int64_t rows) const {
+  // Every rank's (max, sum-exp, target logit) per row, gathered; each rank
+  // combines them in rank order, so all get bit-identical results. One
+  // gather of 3 floats a row replaces an all-reduce of the max and then
+  // one of the sums.
+  const int tp = tp_size();
+  std::vector<float> all(static_cast<size_t>(3 * rows * tp));
+  tp_->all_gather(stats, all.data(), 3 * rows);
+  for (int64_t r = 0; r < rows; ++r) {
+    float mx = -std::numeric_limits<float>::infinity();
+    for (int k = 0; k < tp; ++k) mx = std::max(mx, all[static_cast<size_t>((k * rows + r) * 3)]);
+    float sum = 0.0f, target = 0.0f;
+    for (int k = 0; k < tp; ++k) {
+      const float* st = all.data() + (k * rows + r) * 3;
+      if (st[1] > 0.0f) sum += st[1] * std::exp(st[0] - mx);
+      target += st[2];
+    }
+    stats[3 * r] = mx;
+    stats[3 * r + 1] = sum;
+    stats[3 * r + 2] = target;
+  }
+}
+
+void Gpt::head_logits(const float* x, int64_t rows, float* logits) const {
+  const int64_t c = config_.n_embd, v = config_.vocab_size;
+  if (tp_size() == 1) {
+    cpu::lm_head_logits(logits, x, params_ + layout_.wte(), rows, c, v);
+    return;
+  }
+  // Each rank's columns, gathered and put side by side, padding left out.
+  const int64_t vl = layout_.vocab_rows();
+  const int tp = tp_size();
+  std::vector<float> mine(static_cast<size_t>(rows * vl));
+  std::vector<float> all(static_cast<size_t>(rows * vl * tp));
+  cpu::lm_head_logits(mine.data(), x, params_ + layout_.wte(), rows, c, vl);
+  tp_->all_gather(mine.data(), all.data(), rows * vl);
+  for (int k = 0; k < tp; ++k) {
+    const int64_t begin = k * vl, count = std::clamp<int64_t>(v - begin, 0, vl);
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* src = all.data() + (k * rows + r) * vl;
+      std::copy(src, src + count, logits + r * v + begin);
+    }
+  }
 }
 
 cpu::LmHeadLossArgs Gpt::lm_head_args(const int32_t* targets, int64_t n) const {
@@ -338,6 +412,12 @@ cpu::LmHeadLossArgs Gpt::lm_head_args(const int32_t* targets, int64_t n) const {
   head.v = config_.vocab_size;
   head.losses = ws_->losses;
   head.scratch = ws_->lm_head_scratch;
+  if (tp_size() > 1) {
+    head.v = layout_.vocab_rows();
+    head.v_real = layout_.vocab_valid();
+    head.vocab_begin = layout_.vocab_begin();
+    head.combine = [this](float* stats, int64_t rows) { combine_head_stats(stats, rows); };
+  }
   return head;
 }
 
@@ -360,8 +440,7 @@ float Gpt::forward_loss(const int32_t* inputs, const int32_t* targets, int64_t b
 void Gpt::forward_logits(const int32_t* inputs, int64_t b, int64_t t, float* logits) {
   forward_trunk(inputs, b, t);
   acquire(wte_range());
-  cpu::lm_head_logits(logits, ws_->lnf, params_ + layout_.wte(), b * t, config_.n_embd,
-                      config_.vocab_size);
+  head_logits(ws_->lnf, b * t, logits);
   release(wte_range());
   end_forward_only();
 }
@@ -371,8 +450,7 @@ void Gpt::forward_last_logits(const int32_t* inputs, int64_t b, int64_t t, float
   acquire(wte_range());
   const int64_t c = config_.n_embd;
   for (int64_t row = 0; row < b; ++row) {
-    cpu::lm_head_logits(logits + row * config_.vocab_size, ws_->lnf + (row * t + t - 1) * c,
-                        params_ + layout_.wte(), 1, c, config_.vocab_size);
+    head_logits(ws_->lnf + (row * t + t - 1) * c, 1, logits + row * config_.vocab_size);
   }
   release(wte_range());
   end_forward_only();

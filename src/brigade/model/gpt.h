@@ -14,9 +14,15 @@
 // mlp.c_proj are row-parallel (each rank's partial product of all C
 // outputs, summed by one all-reduce in forward, the bias added once). In
 // backward the column-parallel layers' input gradients are partial sums:
-// one all-reduce each. So two all-reduces of (N,C) per block each way. The
-// embeddings, LayerNorms and LM head run replicated on every tp rank, on
-// bit-identical inputs, so their gradients agree without communication.
+// one all-reduce each. So two all-reduces of (N,C) per block each way.
+// The tied embedding / LM head is vocabulary-parallel: each rank looks up
+// the tokens in its rows of wte (one all-reduce of the (N,C) embedding) and
+// computes its columns of the logits, chunk by chunk; per row the max, the
+// sum-exp and the target logit are combined over the group (one all-gather
+// of 3 floats a row per chunk), and the head's input gradient is summed
+// (one all-reduce). wpe, the LayerNorms and ln_f run replicated on every tp
+// rank, on bit-identical inputs, so their gradients agree without
+// communication.
 #pragma once
 
 #include <cstdint>
@@ -106,6 +112,12 @@ class Gpt {
   const Stash& stash(int64_t layer) const;
   // The LM head's arguments for the forward pass just run (no gradients).
   cpu::LmHeadLossArgs lm_head_args(const int32_t* targets, int64_t n) const;
+  // The token + position embedding of `inputs` into resid[0].
+  void embed(const int32_t* inputs, int64_t b, int64_t t);
+  // The LM head's combine under vocabulary parallelism (lm_head_loss.h).
+  void combine_head_stats(float* stats, int64_t rows) const;
+  // logits (rows,V) of x (rows,C), the whole vocabulary (gathered under tp).
+  void head_logits(const float* x, int64_t rows, float* logits) const;
   // Mean of the per-row losses the LM head just wrote.
   float mean_loss(int64_t n) const;
 
