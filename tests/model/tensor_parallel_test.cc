@@ -4,7 +4,10 @@
 // put back together, its gradients; replicated tensors' gradients must
 // agree bit for bit across the ranks. The vocabulary (13, or 5) is one tp
 // does not divide, so wte's padding rows are exercised: their gradients
-// must stay exactly zero. The layout's boxes and the sharded
+// must stay exactly zero. Sequence parallelism (LayerNorms and residuals
+// split by token rows) must give the same, its LayerNorm gradients summed
+// over the ranks bit-identical everywhere; selective recompute must give
+// exactly what keeping everything gives. The layout's boxes and the sharded
 // initialisation are checked against the whole model's.
 #include <gtest/gtest.h>
 
@@ -127,7 +130,7 @@ struct SplitResult {
 };
 
 // Two micro-batches of forward_backward (accumulating), then forward_loss, on tp threads.
-SplitResult run_split(const WholeModel& whole, int tp) {
+SplitResult run_split(const WholeModel& whole, int tp, bool sequence_parallel) {
   SplitResult result;
   result.losses.assign(static_cast<size_t>(tp), 0.0f);
   result.eval_losses.assign(static_cast<size_t>(tp), 0.0f);
@@ -142,6 +145,7 @@ SplitResult run_split(const WholeModel& whole, int tp) {
       FloatBuffer params(local.size()), grads(local.size());
       global_to_local(local, whole.layout, whole.params.data(), params.data());
       Gpt model(whole.cfg, params.data(), grads.data(), &handle);
+      model.set_sequence_parallel(sequence_parallel);
       const int64_t t = whole.cfg.block_size;
       const float scale = 1.0f / static_cast<float>(whole.b * t);
       model.forward_backward(whole.inputs.data(), whole.targets.data(), whole.b, t, scale);
@@ -159,7 +163,7 @@ SplitResult run_split(const WholeModel& whole, int tp) {
   return result;
 }
 
-void expect_split_matches_whole(const GptConfig& config, int tp) {
+void expect_split_matches_whole(const GptConfig& config, int tp, bool sequence_parallel = false) {
   set_num_threads(1);
   WholeModel whole(config);
   const int64_t t = config.block_size;
@@ -175,7 +179,7 @@ void expect_split_matches_whole(const GptConfig& config, int tp) {
   std::vector<float> logits(static_cast<size_t>(whole.b * t * config.vocab_size));
   model.forward_logits(whole.inputs.data(), whole.b, t, logits.data());
 
-  const SplitResult split = run_split(whole, tp);
+  const SplitResult split = run_split(whole, tp, sequence_parallel);
   for (int r = 0; r < tp; ++r) {
     EXPECT_NEAR(split.losses[static_cast<size_t>(r)], loss, 1e-6 * std::fabs(loss)) << "rank " << r;
     EXPECT_NEAR(split.eval_losses[static_cast<size_t>(r)], loss, 1e-6 * std::fabs(loss))
@@ -250,6 +254,93 @@ TEST(TensorParallelGpt, FullRecomputeMatchesTheWholeModel) {
   GptConfig c = four_head_config();
   c.recompute = Recompute::kFull;
   expect_split_matches_whole(c, 2);
+}
+
+TEST(SequenceParallelGpt, TwoRanksMatchTheWholeModel) {
+  expect_split_matches_whole(four_head_config(), 2, true);
+}
+
+TEST(SequenceParallelGpt, FourRanksMatchTheWholeModel) {
+  expect_split_matches_whole(four_head_config(), 4, true);
+}
+
+TEST(SequenceParallelGpt, WithFullAndSelectiveRecomputeMatchesTheWholeModel) {
+  GptConfig c = four_head_config();
+  c.recompute = Recompute::kFull;
+  expect_split_matches_whole(c, 2, true);
+  c.recompute = Recompute::kSelective;
+  expect_split_matches_whole(c, 4, true);
+}
+
+TEST(SequenceParallelGpt, HoldsATpthOfTheRowActivations) {
+  // The tensors split by rows (LayerNorm in/outputs, residuals) shrink by
+  // tp; the column-split ones do already under plain tensor parallelism.
+  const GptConfig c = four_head_config();
+  ThreadGroup group(2);
+  ThreadRank handle(group, 0);
+  const ParamLayout local(c, 0, 2);
+  FloatBuffer params(local.size()), grads(local.size());
+  Gpt model(c, params.data(), grads.data(), &handle);
+  const int64_t b = 2, t = c.block_size, n = b * t, e = c.n_embd;
+  const int64_t plain = model.activation_bytes(b, t);
+  model.set_sequence_parallel(true);
+  const int64_t split = model.activation_bytes(b, t);
+  // Per block ln1, resid_mid, ln2 (rows,C) and 4 statistics (rows); the
+  // L+1 block inputs, ln_f's output (rows,C) and 2 statistics; dresid
+  // (rows,C): rows N, or N/2 under sp, which adds a gathered (N,C), a shard
+  // (N/2,C) and 4C of LayerNorm gradients. Each piece is padded to 16 floats.
+  const auto r16 = [](int64_t floats) { return (floats + 15) / 16 * 16; };
+  const auto row_floats = [&](int64_t rows) {
+    return c.n_layer * (3 * r16(rows * e) + 4 * r16(rows)) + (c.n_layer + 1) * r16(rows * e) +
+           r16(rows * e) + 2 * r16(rows) + r16(rows * e);
+  };
+  const int64_t added = r16(n * e) + r16(n / 2 * e) + r16(4 * e);
+  EXPECT_EQ(plain - split,
+            static_cast<int64_t>(sizeof(float)) * (row_floats(n) - row_floats(n / 2) - added));
+  try {
+    std::vector<int32_t> tokens(static_cast<size_t>(b * 7), 1);
+    model.forward_loss(tokens.data(), tokens.data(), b, 7);
+    FAIL() << "a sequence of 7 was split over 2 ranks";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("sequence length 7 is not a multiple of 2"),
+              std::string::npos)
+        << e.what();
+  }
+  GptConfig odd = c;
+  odd.block_size = 10;
+  EXPECT_THROW(odd.validate_sequence_parallel(4), Error);
+  EXPECT_NO_THROW(odd.validate_sequence_parallel(2));
+}
+
+TEST(SelectiveRecompute, GivesExactlyWhatKeepingEverythingGives) {
+  set_num_threads(1);
+  GptConfig c = four_head_config();
+  WholeModel whole(c);
+  const int64_t t = c.block_size;
+  const auto run = [&](Recompute recompute, std::vector<float>& losses) {
+    GptConfig cfg = c;
+    cfg.recompute = recompute;
+    FloatBuffer params(whole.layout.size()), grads(whole.layout.size());
+    std::copy(whole.params.data(), whole.params.data() + whole.layout.size(), params.data());
+    Gpt model(cfg, params.data(), grads.data());
+    for (int i = 0; i < 2; ++i) {
+      losses.push_back(
+          model.forward_backward(whole.inputs.data(), whole.targets.data(), whole.b, t, 0.01f));
+    }
+    return std::make_pair(std::move(grads), model.activation_bytes(whole.b, t));
+  };
+  std::vector<float> kept_losses, selective_losses;
+  const auto [kept, kept_bytes] = run(Recompute::kNone, kept_losses);
+  const auto [selective, selective_bytes] = run(Recompute::kSelective, selective_losses);
+  EXPECT_EQ(kept_losses, selective_losses);
+  for (int64_t i = 0; i < whole.layout.size(); ++i) {
+    ASSERT_EQ(kept.data()[i], selective.data()[i]) << "gradient element " << i;
+  }
+  // One attention output (N,C) and lse (B,H,T) kept instead of one per block.
+  const auto r16 = [](int64_t floats) { return (floats + 15) / 16 * 16; };
+  const int64_t per_block = r16(whole.b * t * c.n_embd) + r16(whole.b * c.n_head * t);
+  EXPECT_EQ(kept_bytes - selective_bytes,
+            static_cast<int64_t>(sizeof(float)) * (c.n_layer - 1) * per_block);
 }
 
 TEST(TensorParallelLayout, ShardsTileEveryTensorOnce) {
