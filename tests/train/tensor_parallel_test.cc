@@ -26,6 +26,7 @@
 #include "brigade/core/config.h"
 #include "brigade/core/error.h"
 #include "brigade/parallel/mesh.h"
+#include "brigade/parallel/tensor_parallel_group.h"
 #include "brigade/train/trainer.h"
 #include "testing/forked_ranks.h"
 #include "testing/temp_dir.h"
@@ -135,6 +136,15 @@ void train_forked(const Layout& layout, int64_t grad_accum, const fs::path& dir,
     TrainOptions options = options_for(layout, grad_accum, dir / "run");
     options.resume = resume.string();
     Trainer trainer(model, options, TrainerGroups{world.get(), dp.get(), tp.get()});
+    if (layout.sequence_parallel) {
+      // The trainer's model really splits the rows: fewer activation bytes
+      // than the same tp split without sequence parallelism.
+      TensorParallelGroup handle(*tp);
+      const Gpt plain(model, nullptr, nullptr, &handle);
+      testing::require(
+          trainer.memory().activations < plain.activation_bytes(kMicroBatch, model.block_size),
+          "sequence parallelism did not shrink the activations");
+    }
     std::ofstream losses;
     if (rank == 0) losses.open(dir / "losses.txt");
     while (trainer.step() < until) {
