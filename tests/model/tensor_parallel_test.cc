@@ -312,6 +312,49 @@ TEST(SequenceParallelGpt, HoldsATpthOfTheRowActivations) {
   EXPECT_NO_THROW(odd.validate_sequence_parallel(2));
 }
 
+// Korthikanti et al. 2022 (their Table 2) count one layer's activations as
+// sbh(34 + 5as/h) bytes (fp16, dropout masks, the (s,s) softmax kept),
+// sbh(10 + 24/t + 5as/(ht)) under tensor parallelism and sbh/t(34 + 5as/h)
+// with sequence parallelism too. This model keeps fp32, has no dropout and
+// never stores the softmax (fused attention keeps a log-sum-exp per row,
+// the a*s*b term below), so per layer in floats it keeps
+//   ln1, resid_mid, ln2, the block input (sbh each, split by rows under sp),
+//   4 LayerNorm statistics (sb, split by rows under sp),
+//   qkv 3sbh/t, the attention output sbh/t, c_fc's output 4sbh/t, lse asb/t:
+// no sp: 4sbh + 8sbh/t + 4sb + asb/t (the 4sbh stays whole, as their 10sbh
+// does); sp: (12sbh + 4sb + asb)/t, all of it divided by t, as theirs is.
+// Selective recompute drops the attention output and lse: sbh/t + asb/t.
+TEST(ActivationMemory, PerLayerBytesFollowTheFormulas) {
+  const int64_t s = 16, b = 4, h = 64, a = 4;
+  for (const int t : {1, 2, 4}) {
+    for (const bool sp : {false, true}) {
+      for (const Recompute recompute : {Recompute::kNone, Recompute::kSelective}) {
+        if (sp && t == 1) continue;
+        const auto bytes = [&](int64_t layers) {
+          GptConfig c;
+          c.n_layer = layers;
+          c.n_head = a;
+          c.n_embd = h;
+          c.block_size = s;
+          c.vocab_size = 64;
+          c.recompute = recompute;
+          ThreadGroup group(t);
+          ThreadRank handle(group, 0);
+          Gpt model(c, nullptr, nullptr, t > 1 ? &handle : nullptr);
+          model.set_sequence_parallel(sp);
+          return model.activation_bytes(b, s);
+        };
+        const int64_t per_layer = bytes(3) - bytes(2);
+        int64_t floats = sp ? (12 * s * b * h + 4 * s * b + a * s * b) / t
+                            : 4 * s * b * h + 8 * s * b * h / t + 4 * s * b + a * s * b / t;
+        if (recompute == Recompute::kSelective) floats -= (s * b * h + a * s * b) / t;
+        EXPECT_EQ(per_layer, 4 * floats)
+            << "t " << t << " sp " << sp << " recompute " << recompute_name(recompute);
+      }
+    }
+  }
+}
+
 TEST(SelectiveRecompute, GivesExactlyWhatKeepingEverythingGives) {
   set_num_threads(1);
   GptConfig c = four_head_config();
