@@ -2,8 +2,9 @@
 // runs a dp 2 x tp 2 mesh, says so, reports the tensor-parallel
 // communication per step, and saves a global checkpoint that one process
 // resumes and saves again with the same `ckpt hash`. Shapes tp cannot
-// split, and an --nproc tp does not divide, are refused by the launcher with
-// one line naming the numbers, before any worker starts.
+// split, an --nproc tp does not divide, and sequence parallelism over a
+// block_size tp does not divide, are refused by the launcher with one line
+// naming the numbers, before any worker starts.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -129,6 +130,16 @@ TEST(TrainTensorParallel, HeadsThatTpDoesNotDivideAreRefusedBeforeStarting) {
       run_brigade({"train", "--nproc", "4", write_config(dir.path()).string(), "--set",
                    "parallel.tp=4", "--set", "train.run_dir=\"" + run.string() + "\""});
   expect_refused_before_starting(result, "parallel.tp = 4 does not divide model.n_head = 2", run);
+}
+
+TEST(TrainTensorParallel, SequenceParallelismOverASequenceTpDoesNotDivideIsRefusedBeforeStarting) {
+  testing::TempDir dir("brigade_train_tp");
+  const fs::path run = dir.path() / "run";
+  const auto result =
+      run_brigade({"train", "--nproc", "2", write_config(dir.path()).string(), "--set",
+                   "parallel.tp=2", "--set", "parallel.sequence_parallel=true", "--set",
+                   "model.block_size=15", "--set", "train.run_dir=\"" + run.string() + "\""});
+  expect_refused_before_starting(result, "model.block_size = 15 is not a multiple of 2", run);
 }
 
 }  // namespace

@@ -101,7 +101,7 @@ struct RunCut {
 
 // A box of a rank's tensor, as boxes of the global tensor: cut where the
 // rank's runs along split_dim end (c_attn's q, k, v), each run shifted to
-// where it lies globally.
+// where it lies globally, padding left out.
 std::vector<RunCut> global_cuts(const ParamInfo& p, const TensorBox& box) {
   if (p.replicated()) return {{box, box}};
   const auto d = static_cast<size_t>(p.split_dim);
@@ -110,7 +110,9 @@ std::vector<RunCut> global_cuts(const ParamInfo& p, const TensorBox& box) {
   for (size_t part = 0; part < p.part_offsets.size(); ++part) {
     const int64_t run_begin = static_cast<int64_t>(part) * run;
     const int64_t x0 = std::max(box.offsets[d], run_begin);
-    const int64_t x1 = std::min(box.offsets[d] + box.sizes[d], run_begin + run);
+    // Padding rows past the global tensor's end (a vocabulary tp does not
+    // divide) are never written.
+    const int64_t x1 = std::min(box.offsets[d] + box.sizes[d], run_begin + p.run_extent(part));
     if (x0 >= x1) continue;
     RunCut cut{box, box};
     cut.local.offsets[d] = x0;

@@ -253,6 +253,9 @@ bool launched_worker() {
         nproc, tp, tp < 1 ? 1 : tp * ((nproc + tp - 1) / tp));
   }
   GptConfig::from_config(config).validate_tensor_parallel(tp);
+  if (config.get_bool("parallel.sequence_parallel", false)) {
+    GptConfig::from_config(config).validate_sequence_parallel(tp);
+  }
   const int configured_dp = static_cast<int>(config.get_int("parallel.dp", nproc / tp));
   if (configured_dp != nproc / tp) {
     throw_error(
@@ -349,6 +352,7 @@ void run_train(const std::string& config_path, const std::vector<std::string>& o
 
   // Checked before connecting or allocating anything.
   model.validate_tensor_parallel(options.parallel.tp);
+  if (options.parallel.sequence_parallel) model.validate_sequence_parallel(options.parallel.tp);
   const JoinedGroups groups = join_groups(model, options);
   Communicator* const group = groups.world.get();
   // Ranks agree on when to stop, or one would wait for the others forever,

@@ -2,8 +2,10 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "brigade/core/error.h"
@@ -19,18 +21,19 @@ namespace brigade {
 
 // Activations one block keeps for its backward pass.
 // Cl = C/tp and Hl = H/tp: this tensor-parallel rank's columns and heads
-// (C and H without tensor parallelism).
+// (C and H without tensor parallelism). Nr: the token rows held here, N,
+// or N/tp under sequence parallelism (this rank's run of the B*T rows).
 struct Gpt::Stash {
-  float* ln1;        // (N,C)  ln_1 output, input of c_attn
-  float* ln1_mean;   // (N)
-  float* ln1_rstd;   // (N)
+  float* ln1;        // (Nr,C) ln_1 output, input of c_attn (gathered first under sp)
+  float* ln1_mean;   // (Nr)
+  float* ln1_rstd;   // (Nr)
   float* qkv;        // (N,3Cl) this rank's heads of q, then of k, then of v
   float* attn;       // (N,Cl) attention output, input of attn.c_proj
   float* lse;        // (B,Hl,T)
-  float* resid_mid;  // (N,C)  x + attn.c_proj(...), input of ln_2
-  float* ln2;        // (N,C)
-  float* ln2_mean;   // (N)
-  float* ln2_rstd;   // (N)
+  float* resid_mid;  // (Nr,C) x + attn.c_proj(...), input of ln_2
+  float* ln2;        // (Nr,C)
+  float* ln2_mean;   // (Nr)
+  float* ln2_rstd;   // (Nr)
   float* fc_pre;     // (N,4Cl) c_fc output before GELU
 };
 
@@ -38,20 +41,27 @@ struct Gpt::Workspace {
   int64_t b = 0, t = 0;
   int threads = 0;
   // With Recompute::kNone one stash per block; with kFull a single stash
-  // that every block overwrites in turn.
+  // that every block overwrites in turn; with kSelective one per block,
+  // but all share one attn and lse, which backward recomputes from qkv.
   std::vector<Stash> stashes;
-  std::vector<float*> resid;  // L+1 of (N,C): resid[l] is block l's input
-  float* lnf;                 // (N,C)
-  float* lnf_mean;            // (N)
-  float* lnf_rstd;            // (N)
+  std::vector<float*> resid;  // L+1 of (Nr,C): resid[l] is block l's input
+  float* lnf;                 // (Nr,C)
+  float* lnf_mean;            // (Nr)
+  float* lnf_rstd;            // (Nr)
   float* losses;              // (N)
   // Scratch, live only inside one layer's forward or backward.
-  float* c_a;                // (N,C)
-  float* c_b;                // (N,C)
-  float* c3;                 // (N,3Cl)
-  float* c4_a;               // (N,4Cl)
-  float* c4_b;               // (N,4Cl)
-  float* dresid;             // (N,C)
+  float* c_a;     // (N,C)
+  float* c_b;     // (N,C)
+  float* c3;      // (N,3Cl)
+  float* c4_a;    // (N,4Cl)
+  float* c4_b;    // (N,4Cl)
+  float* dresid;  // (Nr,C)
+  // Sequence parallelism only (else empty): a gathered (N,C) tensor, a
+  // reduce-scattered (Nr,C) one, and this micro-batch's LayerNorm
+  // gradients before their sum over the tp group (4C).
+  float* full;
+  float* shard;
+  float* ln_grads;
   float* attention_scratch;  // attention_scratch_floats(T, threads)
   float* lm_head_scratch;    // lm_head_scratch_floats(N, V)
 };
@@ -91,38 +101,48 @@ class Carver {
   int64_t used_ = 0;
 };
 
+// sp: sequence parallelism (then tp > 1 and tp divides t).
 template <typename Ws, typename StashT>
-void carve(Carver& cv, Ws& ws, const GptConfig& cfg, int64_t tp, int64_t b, int64_t t) {
+void carve(Carver& cv, Ws& ws, const GptConfig& cfg, int64_t tp, bool sp, int64_t b, int64_t t) {
   const int64_t n = b * t, c = cfg.n_embd, cl = c / tp;
+  const int64_t nr = sp ? n / tp : n;
   const int64_t num_stashes = cfg.recompute == Recompute::kFull ? 1 : cfg.n_layer;
+  const bool selective = cfg.recompute == Recompute::kSelective;
+  float* shared_attn = selective ? cv.take(n * cl) : nullptr;
+  float* shared_lse = selective ? cv.take(b * (cfg.n_head / tp) * t) : nullptr;
   ws.stashes.assign(num_stashes, StashT{});
   for (StashT& s : ws.stashes) {
-    s.ln1 = cv.take(n * c);
-    s.ln1_mean = cv.take(n);
-    s.ln1_rstd = cv.take(n);
+    s.ln1 = cv.take(nr * c);
+    s.ln1_mean = cv.take(nr);
+    s.ln1_rstd = cv.take(nr);
     s.qkv = cv.take(n * 3 * cl);
-    s.attn = cv.take(n * cl);
-    s.lse = cv.take(b * (cfg.n_head / tp) * t);
-    s.resid_mid = cv.take(n * c);
-    s.ln2 = cv.take(n * c);
-    s.ln2_mean = cv.take(n);
-    s.ln2_rstd = cv.take(n);
+    s.attn = selective ? shared_attn : cv.take(n * cl);
+    s.lse = selective ? shared_lse : cv.take(b * (cfg.n_head / tp) * t);
+    s.resid_mid = cv.take(nr * c);
+    s.ln2 = cv.take(nr * c);
+    s.ln2_mean = cv.take(nr);
+    s.ln2_rstd = cv.take(nr);
     s.fc_pre = cv.take(n * 4 * cl);
   }
   ws.resid.assign(cfg.n_layer + 1, nullptr);
-  for (float*& r : ws.resid) r = cv.take(n * c);
-  ws.lnf = cv.take(n * c);
-  ws.lnf_mean = cv.take(n);
-  ws.lnf_rstd = cv.take(n);
+  for (float*& r : ws.resid) r = cv.take(nr * c);
+  ws.lnf = cv.take(nr * c);
+  ws.lnf_mean = cv.take(nr);
+  ws.lnf_rstd = cv.take(nr);
   ws.losses = cv.take(n);
   ws.c_a = cv.take(n * c);
   ws.c_b = cv.take(n * c);
   ws.c3 = cv.take(n * 3 * cl);
   ws.c4_a = cv.take(n * 4 * cl);
   ws.c4_b = cv.take(n * 4 * cl);
-  ws.dresid = cv.take(n * c);
+  ws.dresid = cv.take(nr * c);
+  ws.full = cv.take(sp ? n * c : 0);
+  ws.shard = cv.take(sp ? nr * c : 0);
+  ws.ln_grads = cv.take(sp ? 4 * c : 0);
   ws.attention_scratch = cv.take(cpu::attention_scratch_floats(t, omp_get_max_threads()));
-  ws.lm_head_scratch = cv.take(cpu::lm_head_scratch_floats(n, cfg.vocab_size));
+  // Vocabulary-parallel: this rank's rows of the vocabulary, ceil(V/tp).
+  const int64_t vl = (cfg.vocab_size + tp - 1) / tp;
+  ws.lm_head_scratch = cv.take(cpu::lm_head_scratch_floats(n, vl));
 }
 
 // An id outside [0, vocab) would read or write outside the embedding table.
@@ -140,7 +160,7 @@ void check_token_ids(const int32_t* ids, int64_t n, int64_t vocab, const char* w
 int64_t Gpt::activation_bytes(int64_t b, int64_t t) const {
   Workspace ws;
   Carver cv(nullptr);
-  carve<Workspace, Stash>(cv, ws, config_, tp_size(), b, t);
+  carve<Workspace, Stash>(cv, ws, config_, tp_size(), sp_, b, t);
   return cv.used() * static_cast<int64_t>(sizeof(float));
 }
 
@@ -148,46 +168,88 @@ void Gpt::ensure_workspace(int64_t b, int64_t t) {
   if (t > config_.block_size) {
     throw_error("sequence length {} exceeds the model's block_size {}", t, config_.block_size);
   }
+  if (sp_ && t % tp_size() != 0) {
+    throw_error(
+        "sequence parallelism splits each sequence over the {} tp ranks, but the sequence "
+        "length {} is not a multiple of {}: use a length divisible by parallel.tp or set "
+        "parallel.sequence_parallel = false",
+        tp_size(), t, tp_size());
+  }
   // The attention scratch is sized per thread, so a new thread count re-carves.
   if (ws_ && ws_->b == b && ws_->t == t && ws_->threads == omp_get_max_threads()) return;
   ws_.reset(new Workspace);
   Carver sizer(nullptr);
-  carve<Workspace, Stash>(sizer, *ws_, config_, tp_size(), b, t);
+  carve<Workspace, Stash>(sizer, *ws_, config_, tp_size(), sp_, b, t);
   if (arena_.size() < sizer.used()) arena_ = FloatBuffer(sizer.used());
   Carver cv(arena_.data());
-  carve<Workspace, Stash>(cv, *ws_, config_, tp_size(), b, t);
+  carve<Workspace, Stash>(cv, *ws_, config_, tp_size(), sp_, b, t);
   ws_->b = b;
   ws_->t = t;
   ws_->threads = omp_get_max_threads();
 }
 
-void Gpt::block_forward(int64_t layer, const Stash& s, const float* resid_in, float* mlp_out,
-                        int64_t b, int64_t t) {
+void Gpt::set_sequence_parallel(bool on) {
+  sp_ = on && tp_size() > 1;
+  ws_.reset();
+}
+
+const float* Gpt::gather_rows(const float* mine, int64_t n) const {
+  if (!sp_) return mine;
+  tp_->all_gather(mine, ws_->full, n / tp_size() * config_.n_embd);
+  return ws_->full;
+}
+
+const float* Gpt::sum_rows(float* partial, int64_t n) const {
+  if (!sp_) {
+    tp_sum(partial, n * config_.n_embd);
+    return partial;
+  }
+  tp_->reduce_scatter_sum(partial, ws_->shard, n / tp_size() * config_.n_embd);
+  return ws_->shard;
+}
+
+void Gpt::sum_norm_grads(int64_t count, std::initializer_list<int64_t> offsets) {
+  // Each rank's share (its rows') of the LayerNorm gradients, summed over
+  // the group, joins the gradient buffer, the same on every rank.
+  tp_->all_reduce_sum(ws_->ln_grads, count);
+  const int64_t c = config_.n_embd;
+  int64_t k = 0;
+  for (const int64_t offset : offsets) {
+    float* g = grads_ + offset;
+    const float* add = ws_->ln_grads + k * c;
+    for (int64_t i = 0; i < c; ++i) g[i] += add[i];
+    ++k;
+  }
+}
+
+const float* Gpt::block_forward(int64_t layer, const Stash& s, const float* resid_in, int64_t b,
+                                int64_t t) {
   const BlockOffsets& o = layout_.block(layer);
   const float* p = params_;
-  const int64_t n = b * t, c = config_.n_embd, cl = c / tp_size();
+  const int64_t n = b * t, c = config_.n_embd, cl = c / tp_size(), nr = rows_here(n);
   const int64_t hl = config_.n_head / tp_size();
   // A row-parallel layer's bias joins the sum once: on tp rank 0.
   const bool adds_row_bias = tp_ == nullptr || tp_->rank() == 0;
   Workspace& ws = *ws_;
-  // qkv (N,3Cl) = ln1 @ c_attn.weight (C,3Cl) + bias: column-parallel.
-  cpu::linear_forward(s.qkv, s.ln1, p + o.c_attn_w, p + o.c_attn_b, n, c, 3 * cl);
+  // qkv (N,3Cl) = ln1 @ c_attn.weight (C,3Cl) + bias: column-parallel, on
+  // all N rows (gathered from the tp ranks under sequence parallelism).
+  cpu::linear_forward(s.qkv, gather_rows(s.ln1, n), p + o.c_attn_w, p + o.c_attn_b, n, c, 3 * cl);
   // Hl heads of C/H each: the same head size as the unsplit model.
   cpu::attention_forward(s.attn, s.lse, s.qkv, b, t, cl, hl, ws.attention_scratch);
   // c_a (N,C) = sum over tp of attn (N,Cl) @ attn.c_proj.weight (Cl,C), + bias: row-parallel.
   cpu::linear_forward(ws.c_a, s.attn, p + o.attn_proj_w,
                       adds_row_bias ? p + o.attn_proj_b : nullptr, n, cl, c);
-  tp_sum(ws.c_a, n * c);
-  // resid_mid = resid_in + c_a;  ln2 = LayerNorm(resid_mid)
-  cpu::residual_layernorm_forward(s.resid_mid, s.ln2, s.ln2_mean, s.ln2_rstd, resid_in, ws.c_a,
-                                  p + o.ln_2_w, p + o.ln_2_b, n, c);
+  const float* attn_out = sum_rows(ws.c_a, n);  // (Nr,C)
+  // resid_mid = resid_in + attn_out;  ln2 = LayerNorm(resid_mid)
+  cpu::residual_layernorm_forward(s.resid_mid, s.ln2, s.ln2_mean, s.ln2_rstd, resid_in, attn_out,
+                                  p + o.ln_2_w, p + o.ln_2_b, nr, c);
   // fc_pre (N,4Cl) = ln2 @ c_fc.weight (C,4Cl) + bias;  c4_a = gelu(fc_pre)
-  cpu::linear_forward(s.fc_pre, s.ln2, p + o.c_fc_w, p + o.c_fc_b, n, c, 4 * cl);
+  cpu::linear_forward(s.fc_pre, gather_rows(s.ln2, n), p + o.c_fc_w, p + o.c_fc_b, n, c, 4 * cl);
   cpu::gelu_forward(ws.c4_a, s.fc_pre, n * 4 * cl);
-  // mlp_out (N,C) = sum over tp of c4_a (N,4Cl) @ mlp.c_proj.weight (4Cl,C), + bias
-  cpu::linear_forward(mlp_out, ws.c4_a, p + o.mlp_proj_w,
-                      adds_row_bias ? p + o.mlp_proj_b : nullptr, n, 4 * cl, c);
-  tp_sum(mlp_out, n * c);
+  // c_b (N,C) = sum over tp of c4_a (N,4Cl) @ mlp.c_proj.weight (4Cl,C), + bias
+  cpu::linear_forward(ws.c_b, ws.c4_a, p + o.mlp_proj_w, adds_row_bias ? p + o.mlp_proj_b : nullptr,
+                      n, 4 * cl, c);
+  return sum_rows(ws.c_b, n);
 }
 
 Gpt::Range Gpt::embeddings_range() const {
@@ -209,17 +271,17 @@ void Gpt::forward_trunk(const int32_t* inputs, int64_t b, int64_t t) {
   ensure_workspace(b, t);
   Workspace& ws = *ws_;
   const float* p = params_;
-  const int64_t n = b * t, c = config_.n_embd, v = config_.vocab_size;
+  const int64_t n = b * t, c = config_.n_embd, v = config_.vocab_size, nr = rows_here(n);
   check_token_ids(inputs, n, v, "token");
   // Residency (ZeRO 3): each step holds what it reads and fetches the next
   // block meanwhile. Block l's closing LayerNorm belongs to block l+1 (or
   // ln_f), so that range is acquired before block l runs and kept for its own turn.
   acquire(embeddings_range());
   acquire(block_range(0));
-  cpu::embedding_forward(ws.resid[0], inputs, p + layout_.wte(), p + layout_.wpe(), b, t, c);
+  embed(inputs, b, t);
   const BlockOffsets& first = layout_.block(0);
   cpu::layernorm_forward(stash(0).ln1, stash(0).ln1_mean, stash(0).ln1_rstd, ws.resid[0],
-                         p + first.ln_1_w, p + first.ln_1_b, n, c);
+                         p + first.ln_1_w, p + first.ln_1_b, nr, c);
   release(embeddings_range());
   for (int64_t l = 0; l < config_.n_layer; ++l) {
     const Stash& s = stash(l);
@@ -231,16 +293,16 @@ void Gpt::forward_trunk(const int32_t* inputs, int64_t b, int64_t t) {
     } else if (l + 2 < config_.n_layer) {
       prefetch(block_range(l + 2));
     }
-    block_forward(l, s, ws.resid[l], ws.c_b, b, t);
+    const float* mlp_out = block_forward(l, s, ws.resid[l], b, t);
     // The block's closing residual add is fused with the next LayerNorm:
     // resid[l+1] = resid_mid + mlp_out, then ln_1 of block l+1 (or ln_f).
     const Stash& next_stash = stash(last ? l : l + 1);
     const BlockOffsets* nb = last ? nullptr : &layout_.block(l + 1);
     cpu::residual_layernorm_forward(ws.resid[l + 1], last ? ws.lnf : next_stash.ln1,
                                     last ? ws.lnf_mean : next_stash.ln1_mean,
-                                    last ? ws.lnf_rstd : next_stash.ln1_rstd, s.resid_mid, ws.c_b,
+                                    last ? ws.lnf_rstd : next_stash.ln1_rstd, s.resid_mid, mlp_out,
                                     p + (last ? layout_.ln_f_w() : nb->ln_1_w),
-                                    p + (last ? layout_.ln_f_b() : nb->ln_1_b), n, c);
+                                    p + (last ? layout_.ln_f_b() : nb->ln_1_b), nr, c);
     release(block_range(l));
   }
   // ln_f stays acquired: its backward (or end_forward_only) releases it.
@@ -255,32 +317,48 @@ void Gpt::block_backward(int64_t layer, const Stash& s, const float* resid_in, f
   const BlockOffsets& o = layout_.block(layer);
   const float* p = params_;
   float* g = grads_;
-  const int64_t n = b * t, c = config_.n_embd, cl = c / tp_size();
+  const int64_t n = b * t, c = config_.n_embd, cl = c / tp_size(), nr = rows_here(n);
   const int64_t hl = config_.n_head / tp_size();
   Workspace& ws = *ws_;
-  // dresid holds dL/d(block output), the same on every tp rank. The MLP
-  // branch, last op first. The row-parallel bias gradient is whole here, as
-  // on one process, so every tp rank's copy gets the same gradient.
+  // Under sequence parallelism each rank's LayerNorm gradients cover its
+  // rows only: they collect in ln_grads (ln_1 w, b, ln_2 w, b) and are
+  // summed over the group at the end.
+  if (sp_) std::memset(ws.ln_grads, 0, sizeof(float) * 4 * c);
+  float* dln1_w = sp_ ? ws.ln_grads : g + o.ln_1_w;
+  float* dln1_b = sp_ ? ws.ln_grads + c : g + o.ln_1_b;
+  float* dln2_w = sp_ ? ws.ln_grads + 2 * c : g + o.ln_2_w;
+  float* dln2_b = sp_ ? ws.ln_grads + 3 * c : g + o.ln_2_b;
+  // dresid holds dL/d(block output) for the rows here, the same on every tp
+  // rank without sequence parallelism. The MLP branch, last op first, on all
+  // N rows (gathered under sequence parallelism: the backward of the
+  // forward's reduce-scatter). The row-parallel bias gradient is then whole
+  // here, as on one process, so every tp rank's copy gets the same gradient.
   cpu::gelu_forward(ws.c4_a, s.fc_pre, n * 4 * cl);  // recomputed: cheaper than storing
-  cpu::linear_backward(ws.c4_b, g + o.mlp_proj_w, g + o.mlp_proj_b, dresid, ws.c4_a,
+  cpu::linear_backward(ws.c4_b, g + o.mlp_proj_w, g + o.mlp_proj_b, gather_rows(dresid, n), ws.c4_a,
                        p + o.mlp_proj_w, n, 4 * cl, c, /*accumulate_din=*/false);
   cpu::gelu_backward(ws.c4_b, ws.c4_b, s.fc_pre, n * 4 * cl);
-  cpu::linear_backward(ws.c_a, g + o.c_fc_w, g + o.c_fc_b, ws.c4_b, s.ln2, p + o.c_fc_w, n, c,
-                       4 * cl, false);
-  tp_sum(ws.c_a, n * c);  // dL/d(ln2): each rank had its columns' share
+  cpu::linear_backward(ws.c_a, g + o.c_fc_w, g + o.c_fc_b, ws.c4_b, gather_rows(s.ln2, n),
+                       p + o.c_fc_w, n, c, 4 * cl, false);
+  // dL/d(ln2): each rank had its columns' share; summed (or reduce-scattered).
+  const float* dln2 = sum_rows(ws.c_a, n);
   // dresid += ln_2 backward: now dL/d(resid_mid).
-  cpu::layernorm_backward(dresid, g + o.ln_2_w, g + o.ln_2_b, ws.c_a, s.resid_mid, s.ln2_mean,
-                          s.ln2_rstd, p + o.ln_2_w, n, c);
-  // The attention branch.
-  cpu::linear_backward(ws.c_a, g + o.attn_proj_w, g + o.attn_proj_b, dresid, s.attn,
+  cpu::layernorm_backward(dresid, dln2_w, dln2_b, dln2, s.resid_mid, s.ln2_mean, s.ln2_rstd,
+                          p + o.ln_2_w, nr, c);
+  // The attention branch. Selective recompute kept q, k, v but not the
+  // attention output: rebuild it (and lse) from them.
+  if (config_.recompute == Recompute::kSelective) {
+    cpu::attention_forward(s.attn, s.lse, s.qkv, b, t, cl, hl, ws.attention_scratch);
+  }
+  cpu::linear_backward(ws.c_a, g + o.attn_proj_w, g + o.attn_proj_b, gather_rows(dresid, n), s.attn,
                        p + o.attn_proj_w, n, cl, c, false);
   cpu::attention_backward(ws.c3, ws.c_a, s.qkv, s.attn, s.lse, b, t, cl, hl, ws.attention_scratch);
-  cpu::linear_backward(ws.c_a, g + o.c_attn_w, g + o.c_attn_b, ws.c3, s.ln1, p + o.c_attn_w, n, c,
-                       3 * cl, false);
-  tp_sum(ws.c_a, n * c);  // dL/d(ln1)
+  cpu::linear_backward(ws.c_a, g + o.c_attn_w, g + o.c_attn_b, ws.c3, gather_rows(s.ln1, n),
+                       p + o.c_attn_w, n, c, 3 * cl, false);
+  const float* dln1 = sum_rows(ws.c_a, n);  // dL/d(ln1)
   // dresid += ln_1 backward: now dL/d(block input).
-  cpu::layernorm_backward(dresid, g + o.ln_1_w, g + o.ln_1_b, ws.c_a, resid_in, s.ln1_mean,
-                          s.ln1_rstd, p + o.ln_1_w, n, c);
+  cpu::layernorm_backward(dresid, dln1_w, dln1_b, dln1, resid_in, s.ln1_mean, s.ln1_rstd,
+                          p + o.ln_1_w, nr, c);
+  if (sp_) sum_norm_grads(4 * c, {o.ln_1_w, o.ln_1_b, o.ln_2_w, o.ln_2_b});
 }
 
 float Gpt::forward_backward(const int32_t* inputs, const int32_t* targets, int64_t b, int64_t t,
@@ -291,9 +369,9 @@ float Gpt::forward_backward(const int32_t* inputs, const int32_t* targets, int64
   Workspace& ws = *ws_;
   const float* p = params_;
   float* g = grads_;
-  const int64_t n = b * t, c = config_.n_embd;
+  const int64_t n = b * t, c = config_.n_embd, nr = rows_here(n);
 
-  cpu::LmHeadLossArgs head = lm_head_args(targets, n);
+  cpu::LmHeadLossArgs head = lm_head_args(gather_rows(ws.lnf, n), targets, n);
   head.dx = ws.c_a;
   head.dwte = g + layout_.wte();
   head.loss_scale = loss_scale;
@@ -301,11 +379,17 @@ float Gpt::forward_backward(const int32_t* inputs, const int32_t* targets, int64
   prefetch(block_range(config_.n_layer - 1));
   cpu::lm_head_loss(head);
   release(wte_range());
+  // Vocabulary-parallel: each rank's columns' share of dL/d(ln_f), summed
+  // (reduce-scattered to the rows here under sequence parallelism).
+  const float* dlnf = sum_rows(ws.c_a, n);
 
-  std::memset(ws.dresid, 0, sizeof(float) * n * c);
-  cpu::layernorm_backward(ws.dresid, g + layout_.ln_f_w(), g + layout_.ln_f_b(), ws.c_a,
+  std::memset(ws.dresid, 0, sizeof(float) * nr * c);
+  if (sp_) std::memset(ws.ln_grads, 0, sizeof(float) * 2 * c);
+  cpu::layernorm_backward(ws.dresid, sp_ ? ws.ln_grads : g + layout_.ln_f_w(),
+                          sp_ ? ws.ln_grads + c : g + layout_.ln_f_b(), dlnf,
                           ws.resid[config_.n_layer], ws.lnf_mean, ws.lnf_rstd, p + layout_.ln_f_w(),
-                          n, c);
+                          nr, c);
+  if (sp_) sum_norm_grads(2 * c, {layout_.ln_f_w(), layout_.ln_f_b()});
   release(ln_f_range());
   if (grad_ready_) grad_ready_(layout_.ln_f_w());
   for (int64_t l = config_.n_layer - 1; l >= 0; --l) {
@@ -316,21 +400,98 @@ float Gpt::forward_backward(const int32_t* inputs, const int32_t* targets, int64
       // Rebuild this block's stash from its saved input: ln_1, then the rest.
       const BlockOffsets& o = layout_.block(l);
       cpu::layernorm_forward(s.ln1, s.ln1_mean, s.ln1_rstd, ws.resid[l], p + o.ln_1_w, p + o.ln_1_b,
-                             n, c);
-      block_forward(l, s, ws.resid[l], ws.c_b, b, t);
+                             nr, c);
+      block_forward(l, s, ws.resid[l], b, t);
     }
     block_backward(l, s, ws.resid[l], ws.dresid, b, t);
     release(block_range(l));
     if (grad_ready_) grad_ready_(layout_.block(l).ln_1_w);
   }
-  cpu::embedding_backward(g + layout_.wte(), g + layout_.wpe(), ws.dresid, inputs, b, t, c);
+  if (tp_size() == 1) {
+    cpu::embedding_backward(g + layout_.wte(), g + layout_.wpe(), ws.dresid, inputs, b, t, c);
+  } else {
+    // Every rank has (or gathers) the whole dL/d(embedding output): its rows
+    // of wte take their tokens' share, and wpe (replicated) the same sum everywhere.
+    const float* dembed = gather_rows(ws.dresid, n);
+    cpu::token_embedding_backward(g + layout_.wte(), dembed, inputs, layout_.vocab_begin(),
+                                  layout_.vocab_valid(), n, c);
+    cpu::position_embedding_backward(g + layout_.wpe(), dembed, b, t, c);
+  }
   if (grad_ready_) grad_ready_(0);
   return mean_loss(n);
 }
 
-cpu::LmHeadLossArgs Gpt::lm_head_args(const int32_t* targets, int64_t n) const {
+void Gpt::embed(const int32_t* inputs, int64_t b, int64_t t) {
+  Workspace& ws = *ws_;
+  const float* p = params_;
+  const int64_t n = b * t, c = config_.n_embd;
+  if (tp_size() == 1) {
+    cpu::embedding_forward(ws.resid[0], inputs, p + layout_.wte(), p + layout_.wpe(), b, t, c);
+    return;
+  }
+  // Vocabulary-parallel: each rank looks up the tokens it holds (zero rows
+  // for the others); the sum over the group is the whole lookup (this
+  // rank's rows of it under sequence parallelism), then the positions.
+  float* lookup = sp_ ? ws.c_a : ws.resid[0];
+  cpu::token_embedding_forward(lookup, inputs, p + layout_.wte(), layout_.vocab_begin(),
+                               layout_.vocab_valid(), n, c);
+  const int64_t nr = rows_here(n);
+  if (sp_) {
+    tp_->reduce_scatter_sum(lookup, ws.resid[0], nr * c);
+  } else {
+    tp_->all_reduce_sum(lookup, n * c);
+  }
+  cpu::position_embedding_add(ws.resid[0], p + layout_.wpe(), sp_ ? tp_->rank() * nr : 0, nr, t, c);
+}
+
+void Gpt::combine_head_stats(float* stats, int64_t rows) const {
+  // Every rank's (max, sum-exp, target logit) per row, gathered; each rank
+  // combines them in rank order, so all get bit-identical results. One
+  // gather of 3 floats a row replaces an all-reduce of the max and then
+  // one of the sums.
+  const int tp = tp_size();
+  std::vector<float> all(static_cast<size_t>(3 * rows * tp));
+  tp_->all_gather(stats, all.data(), 3 * rows);
+  for (int64_t r = 0; r < rows; ++r) {
+    float mx = -std::numeric_limits<float>::infinity();
+    for (int k = 0; k < tp; ++k) mx = std::max(mx, all[static_cast<size_t>((k * rows + r) * 3)]);
+    float sum = 0.0f, target = 0.0f;
+    for (int k = 0; k < tp; ++k) {
+      const float* st = all.data() + (k * rows + r) * 3;
+      if (st[1] > 0.0f) sum += st[1] * std::exp(st[0] - mx);
+      target += st[2];
+    }
+    stats[3 * r] = mx;
+    stats[3 * r + 1] = sum;
+    stats[3 * r + 2] = target;
+  }
+}
+
+void Gpt::head_logits(const float* x, int64_t rows, float* logits) const {
+  const int64_t c = config_.n_embd, v = config_.vocab_size;
+  if (tp_size() == 1) {
+    cpu::lm_head_logits(logits, x, params_ + layout_.wte(), rows, c, v);
+    return;
+  }
+  // Each rank's columns, gathered and put side by side, padding left out.
+  const int64_t vl = layout_.vocab_rows();
+  const int tp = tp_size();
+  std::vector<float> mine(static_cast<size_t>(rows * vl));
+  std::vector<float> all(static_cast<size_t>(rows * vl * tp));
+  cpu::lm_head_logits(mine.data(), x, params_ + layout_.wte(), rows, c, vl);
+  tp_->all_gather(mine.data(), all.data(), rows * vl);
+  for (int k = 0; k < tp; ++k) {
+    const int64_t begin = k * vl, count = std::clamp<int64_t>(v - begin, 0, vl);
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* src = all.data() + (k * rows + r) * vl;
+      std::copy(src, src + count, logits + r * v + begin);
+    }
+  }
+}
+
+cpu::LmHeadLossArgs Gpt::lm_head_args(const float* x, const int32_t* targets, int64_t n) const {
   cpu::LmHeadLossArgs head;
-  head.x = ws_->lnf;
+  head.x = x;
   head.wte = params_ + layout_.wte();
   head.targets = targets;
   head.n = n;
@@ -338,6 +499,12 @@ cpu::LmHeadLossArgs Gpt::lm_head_args(const int32_t* targets, int64_t n) const {
   head.v = config_.vocab_size;
   head.losses = ws_->losses;
   head.scratch = ws_->lm_head_scratch;
+  if (tp_size() > 1) {
+    head.v = layout_.vocab_rows();
+    head.v_real = layout_.vocab_valid();
+    head.vocab_begin = layout_.vocab_begin();
+    head.combine = [this](float* stats, int64_t rows) { combine_head_stats(stats, rows); };
+  }
   return head;
 }
 
@@ -351,7 +518,7 @@ float Gpt::forward_loss(const int32_t* inputs, const int32_t* targets, int64_t b
   check_token_ids(targets, b * t, config_.vocab_size, "target");
   forward_trunk(inputs, b, t);
   acquire(wte_range());
-  cpu::lm_head_loss(lm_head_args(targets, b * t));
+  cpu::lm_head_loss(lm_head_args(gather_rows(ws_->lnf, b * t), targets, b * t));
   release(wte_range());
   end_forward_only();
   return mean_loss(b * t);
@@ -360,8 +527,7 @@ float Gpt::forward_loss(const int32_t* inputs, const int32_t* targets, int64_t b
 void Gpt::forward_logits(const int32_t* inputs, int64_t b, int64_t t, float* logits) {
   forward_trunk(inputs, b, t);
   acquire(wte_range());
-  cpu::lm_head_logits(logits, ws_->lnf, params_ + layout_.wte(), b * t, config_.n_embd,
-                      config_.vocab_size);
+  head_logits(gather_rows(ws_->lnf, b * t), b * t, logits);
   release(wte_range());
   end_forward_only();
 }
@@ -370,9 +536,9 @@ void Gpt::forward_last_logits(const int32_t* inputs, int64_t b, int64_t t, float
   forward_trunk(inputs, b, t);
   acquire(wte_range());
   const int64_t c = config_.n_embd;
+  const float* x = gather_rows(ws_->lnf, b * t);
   for (int64_t row = 0; row < b; ++row) {
-    cpu::lm_head_logits(logits + row * config_.vocab_size, ws_->lnf + (row * t + t - 1) * c,
-                        params_ + layout_.wte(), 1, c, config_.vocab_size);
+    head_logits(x + (row * t + t - 1) * c, 1, logits + row * config_.vocab_size);
   }
   release(wte_range());
   end_forward_only();

@@ -14,13 +14,20 @@
 // mlp.c_proj are row-parallel (each rank's partial product of all C
 // outputs, summed by one all-reduce in forward, the bias added once). In
 // backward the column-parallel layers' input gradients are partial sums:
-// one all-reduce each. So two all-reduces of (N,C) per block each way. The
-// embeddings, LayerNorms and LM head run replicated on every tp rank, on
-// bit-identical inputs, so their gradients agree without communication.
+// one all-reduce each. So two all-reduces of (N,C) per block each way.
+// The tied embedding / LM head is vocabulary-parallel: each rank looks up
+// the tokens in its rows of wte (one all-reduce of the (N,C) embedding) and
+// computes its columns of the logits, chunk by chunk; per row the max, the
+// sum-exp and the target logit are combined over the group (one all-gather
+// of 3 floats a row per chunk), and the head's input gradient is summed
+// (one all-reduce). wpe, the LayerNorms and ln_f run replicated on every tp
+// rank, on bit-identical inputs, so their gradients agree without
+// communication.
 #pragma once
 
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 
 #include "brigade/core/aligned_buffer.h"
 #include "brigade/model/gpt_config.h"
@@ -91,6 +98,20 @@ class Gpt {
 
   int tp_size() const { return tp_ ? tp_->size() : 1; }
 
+  // Sequence parallelism (Korthikanti et al. 2022; off by default, and
+  // without effect when tp_size() is 1): the LayerNorms, residual adds and
+  // the embedding output hold N/tp of the B*T token rows on each tp rank
+  // (rank r the r-th run of them: for B = 1 a run of the sequence). Each
+  // block's all-reduces become an all-gather of the LayerNorm output before
+  // the column-parallel product and a reduce-scatter after the row-parallel
+  // one; backward the mirror image, the LayerNorm outputs gathered again
+  // rather than stored whole. The LayerNorm gradients are then partial per
+  // rank: each block sums them over the group (4C floats) before they are
+  // final, so they stay replicated. The sequence length must be a multiple
+  // of tp_size(). Call before a pass: it drops the activation workspace.
+  void set_sequence_parallel(bool on);
+  bool sequence_parallel() const { return sp_; }
+
  private:
   struct Stash;      // one block's saved activations
   struct Workspace;  // all activation memory for one (B,T)
@@ -99,13 +120,21 @@ class Gpt {
   // Embedding and all blocks; leaves ln_f's output in the workspace.
   void forward_trunk(const int32_t* inputs, int64_t b, int64_t t);
   // Block `layer`'s forward from its residual input, up to the MLP output.
-  void block_forward(int64_t layer, const Stash& s, const float* resid_in, float* mlp_out,
-                     int64_t b, int64_t t);
+  // Returns the MLP's output rows here (a workspace buffer).
+  const float* block_forward(int64_t layer, const Stash& s, const float* resid_in, int64_t b,
+                             int64_t t);
   void block_backward(int64_t layer, const Stash& s, const float* resid_in, float* dresid,
                       int64_t b, int64_t t);
   const Stash& stash(int64_t layer) const;
   // The LM head's arguments for the forward pass just run (no gradients).
-  cpu::LmHeadLossArgs lm_head_args(const int32_t* targets, int64_t n) const;
+  // x: ln_f's output, all N rows.
+  cpu::LmHeadLossArgs lm_head_args(const float* x, const int32_t* targets, int64_t n) const;
+  // The token + position embedding of `inputs` into resid[0].
+  void embed(const int32_t* inputs, int64_t b, int64_t t);
+  // The LM head's combine under vocabulary parallelism (lm_head_loss.h).
+  void combine_head_stats(float* stats, int64_t rows) const;
+  // logits (rows,V) of x (rows,C), the whole vocabulary (gathered under tp).
+  void head_logits(const float* x, int64_t rows, float* logits) const;
   // Mean of the per-row losses the LM head just wrote.
   float mean_loss(int64_t n) const;
 
@@ -116,6 +145,18 @@ class Gpt {
   GradReadyHook grad_ready_;
   ParamResidency* residency_ = nullptr;
   TensorParallel* tp_ = nullptr;  // null when the blocks are whole here
+  bool sp_ = false;
+  // Token rows held here of a pass's n.
+  int64_t rows_here(int64_t n) const { return sp_ ? n / tp_size() : n; }
+  // The (N,C) tensor whose rows here are `mine`: mine itself, or under
+  // sequence parallelism gathered from the group into the workspace.
+  const float* gather_rows(const float* mine, int64_t n) const;
+  // The rows here of the sum over the group of `partial` (N,C): summed in
+  // place, or under sequence parallelism reduce-scattered to the workspace.
+  const float* sum_rows(float* partial, int64_t n) const;
+  // Sequence parallelism: sums the workspace's LayerNorm gradients (count
+  // floats, C per tensor) over the group and adds them at `offsets`.
+  void sum_norm_grads(int64_t count, std::initializer_list<int64_t> offsets);
   // Megatron's two collectives: sums a row-parallel output (forward) or a
   // column-parallel input gradient (backward), (N,C), over the tp group.
   void tp_sum(float* data, int64_t count) const {

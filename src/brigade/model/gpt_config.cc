@@ -9,7 +9,15 @@
 namespace brigade {
 
 const char* recompute_name(Recompute r) {
-  return r == Recompute::kFull ? "full" : "none";
+  switch (r) {
+    case Recompute::kFull:
+      return "full";
+    case Recompute::kSelective:
+      return "selective";
+    case Recompute::kNone:
+      break;
+  }
+  return "none";
 }
 
 GptConfig GptConfig::from_config(Config& config) {
@@ -24,8 +32,11 @@ GptConfig GptConfig::from_config(Config& config) {
     c.recompute = Recompute::kNone;
   } else if (recompute == "full") {
     c.recompute = Recompute::kFull;
+  } else if (recompute == "selective") {
+    c.recompute = Recompute::kSelective;
   } else {
-    throw_error("model.recompute must be \"none\" or \"full\", got \"{}\"", recompute);
+    throw_error("model.recompute must be \"none\", \"selective\" or \"full\", got \"{}\"",
+                recompute);
   }
   c.validate();
   return c;
@@ -64,6 +75,16 @@ void GptConfig::validate_tensor_parallel(int tp) const {
   need("model.n_head", n_head);
   need("model.n_embd", n_embd);
   need("4 * model.n_embd", 4 * n_embd);
+}
+
+void GptConfig::validate_sequence_parallel(int tp) const {
+  if (tp > 1 && block_size % tp != 0) {
+    throw_error(
+        "parallel.sequence_parallel splits each sequence over parallel.tp = {} ranks, but "
+        "model.block_size = {} is not a multiple of {}: choose a block_size that tp divides "
+        "(e.g. {}) or set parallel.sequence_parallel = false",
+        tp, block_size, tp, (block_size + tp - 1) / tp * tp);
+  }
 }
 
 nlohmann::json GptConfig::to_json() const {

@@ -13,6 +13,13 @@ class Config;
 enum class Recompute {
   kNone,  // keep every block's activations: fastest, most memory
   kFull,  // keep only each block's input; rerun the block's forward in backward
+  // Keep all but what attention redoes cheaply. The fused attention never
+  // stores its (T,T) softmax (it keeps a log-sum-exp per row and rebuilds
+  // the probabilities from q and k in backward, as FlashAttention does),
+  // so Korthikanti et al.'s 5as^2b is already gone; selective also drops
+  // the attention output (N,C/tp per block) and recomputes it, and lse,
+  // from the kept q, k, v: one more attention forward per block.
+  kSelective,
 };
 
 struct GptConfig {
@@ -33,6 +40,9 @@ struct GptConfig {
   // n_head (whole heads per rank), hence n_embd and 4 * n_embd. Throws Error
   // naming the numbers and the fix.
   void validate_tensor_parallel(int tp) const;
+  // Whether sequence parallelism can split every sequence over tp ranks:
+  // tp must divide block_size. Throws Error naming the numbers and the fix.
+  void validate_sequence_parallel(int tp) const;
 
   // The five shape numbers, as stored in checkpoint metadata.
   nlohmann::json to_json() const;

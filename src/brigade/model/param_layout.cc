@@ -19,10 +19,11 @@ int64_t ParamLayout::add(std::string name, std::vector<int64_t> shape, ParamKind
   info.kind = kind;
   if (tp_size_ > 1 && split_dim >= 0) {
     // Run p of the global dimension is [p*G/parts, (p+1)*G/parts); this
-    // rank owns the tp_rank-th 1/tp of each run.
+    // rank owns the tp_rank-th 1/tp of each run, rounded up (only the
+    // vocabulary may not divide: its last rows are then padding).
     const auto d = static_cast<size_t>(split_dim);
     const int64_t global_run = shape[d] / parts;
-    const int64_t run = global_run / tp_size_;
+    const int64_t run = (global_run + tp_size_ - 1) / tp_size_;
     info.split_dim = split_dim;
     for (int64_t p = 0; p < parts; ++p)
       info.part_offsets.push_back(p * global_run + tp_rank_ * run);
@@ -43,7 +44,12 @@ ParamLayout::ParamLayout(const GptConfig& cfg, int tp_rank, int tp_size)
   BRIGADE_CHECK(tp_rank >= 0 && tp_rank < tp_size, "tp rank out of range");
   cfg.validate_tensor_parallel(tp_size);
   const int64_t c = cfg.n_embd;
-  add("wte.weight", {cfg.vocab_size, c}, ParamKind::kTokenEmbedding);
+  // Vocabulary-parallel: this rank's rows of the tied embedding / LM head.
+  add("wte.weight", {cfg.vocab_size, c}, ParamKind::kTokenEmbedding, 0);
+  const ParamInfo& wte = params_.back();
+  vocab_rows_ = wte.shape[0];
+  vocab_begin_ = wte.replicated() ? 0 : wte.part_offsets[0];
+  vocab_valid_ = wte.replicated() ? vocab_rows_ : wte.run_extent(0);
   add("wpe.weight", {cfg.block_size, c}, ParamKind::kPositionEmbedding);
   for (int64_t i = 0; i < cfg.n_layer; ++i) {
     const std::string p = fmt::format("h.{}.", i);
@@ -66,6 +72,14 @@ ParamLayout::ParamLayout(const GptConfig& cfg, int tp_rank, int tp_size)
   }
   ln_f_w_ = add("ln_f.weight", {c}, ParamKind::kNorm);
   ln_f_b_ = add("ln_f.bias", {c}, ParamKind::kNorm);
+}
+
+int64_t ParamInfo::run_extent(size_t part) const {
+  const auto d = static_cast<size_t>(split_dim);
+  const auto parts = static_cast<int64_t>(part_offsets.size());
+  const int64_t run = shape[d] / parts;
+  const int64_t global_run_end = (static_cast<int64_t>(part) + 1) * (global_shape[d] / parts);
+  return std::clamp<int64_t>(global_run_end - part_offsets[part], 0, run);
 }
 
 const ParamInfo* ParamLayout::find(const std::string& name) const {

@@ -9,10 +9,20 @@
 // Under tensor parallelism (tp ranks) a rank's layout holds its shards only
 // (Megatron's split): attn.c_attn and mlp.c_fc are cut by output columns,
 // their biases alike (column-parallel); attn.c_proj.weight and
-// mlp.c_proj.weight by input rows (row-parallel); everything else (the
-// embeddings, LayerNorms, the row-parallel biases, ln_f) is replicated. The
-// order and names stay, so every tp rank's buffer has the same size and the
-// same tensor boundaries, and buckets and ZeRO slices line up across them.
+// mlp.c_proj.weight by input rows (row-parallel); wte, the tied embedding
+// and LM head, by vocabulary rows (vocabulary-parallel); everything else
+// (wpe, LayerNorms, the row-parallel biases, ln_f) is replicated. The order
+// and names stay, so every tp rank's buffer has the same size and the same
+// tensor boundaries, and buckets and ZeRO slices line up across them.
+//
+// A vocabulary that tp does not divide is padded to the next multiple of
+// tp: every rank holds ceil(V/tp) rows, the last rows of the last rank(s)
+// are padding. Only to a multiple of tp, not of 64*tp as Megatron-LM does
+// for its GPU GEMM tiles: these CPU GEMMs run any row count at the same
+// speed, and each padding row costs a logit column per token. Padding rows
+// are no part of the global tensor (for_each_run skips them, so
+// checkpoints hold the true V rows); they stay zero, and the model masks
+// their logits, so they change neither the loss nor any gradient.
 #pragma once
 
 #include <cstdint>
@@ -42,12 +52,17 @@ struct ParamInfo {
   // the whole tensor (replicated on every tp rank). Otherwise, along
   // split_dim the local tensor is part_offsets.size() equal runs, and run p
   // starts at global index part_offsets[p]; the other dimensions are whole.
+  // Indices of a run past the end of the global tensor are padding (the
+  // vocabulary-parallel wte's last rows): run_extent says how many are real.
   // (c_attn has three runs, this rank's heads of q, of k and of v, since
   // Hugging Face stores q, k, v side by side in one (C,3C) matrix.)
   int split_dim = -1;
   std::vector<int64_t> part_offsets;
 
   bool replicated() const { return split_dim < 0; }
+  // Indices of run `part` along split_dim that exist in the global tensor
+  // (the run's length, less padding; 0 for a run all padding).
+  int64_t run_extent(size_t part) const;
   // Calls fn(local, global, count) for runs that together cover the tensor
   // once: elements [local, local+count) of this rank's row-major tensor are
   // elements [global, global+count) of the row-major global tensor.
@@ -82,6 +97,12 @@ class ParamLayout {
   int64_t ln_f_b() const { return ln_f_b_; }
   int tp_rank() const { return tp_rank_; }
   int tp_size() const { return tp_size_; }
+  // This rank's rows of wte: global token ids [vocab_begin, vocab_begin +
+  // vocab_valid) are local rows [0, vocab_valid); rows [vocab_valid,
+  // vocab_rows) are padding.
+  int64_t vocab_begin() const { return vocab_begin_; }
+  int64_t vocab_rows() const { return vocab_rows_; }
+  int64_t vocab_valid() const { return vocab_valid_; }
 
  private:
   // split_dim < 0: replicated; else cut along split_dim into `parts` runs
@@ -95,6 +116,7 @@ class ParamLayout {
   int64_t num_params_ = 0;
   int64_t ln_f_w_ = 0, ln_f_b_ = 0;
   int tp_rank_ = 0, tp_size_ = 1;
+  int64_t vocab_begin_ = 0, vocab_rows_ = 0, vocab_valid_ = 0;
 };
 
 // Copies a rank's tensors (`local`, laid out by local_layout) into their
@@ -123,8 +145,10 @@ void ParamInfo::for_each_run(Fn&& fn) const {
   const int64_t run = local_dim / static_cast<int64_t>(part_offsets.size());
   for (int64_t o = 0; o < outer; ++o) {
     for (size_t p = 0; p < part_offsets.size(); ++p) {
+      const int64_t extent = run_extent(p);
+      if (extent == 0) continue;
       fn((o * local_dim + static_cast<int64_t>(p) * run) * inner,
-         (o * global_dim + part_offsets[p]) * inner, run * inner);
+         (o * global_dim + part_offsets[p]) * inner, extent * inner);
     }
   }
 }

@@ -50,6 +50,8 @@ TrainOptions TrainOptions::from_config(Config& config) {
   }
   o.parallel.dp = mesh.dp;
   o.parallel.tp = mesh.tp;
+  o.parallel.sequence_parallel =
+      config.get_bool("parallel.sequence_parallel", o.parallel.sequence_parallel);
   o.parallel.zero = static_cast<int>(config.get_int("parallel.zero", o.parallel.zero));
   o.parallel.bucket_mb = config.get_double("parallel.bucket_mb", o.parallel.bucket_mb);
   o.parallel.backend = config.get_string("parallel.backend", o.parallel.backend);

@@ -30,12 +30,13 @@ struct DataOptions {
 };
 
 struct ParallelOptions {
-  int dp = 1;                    // data-parallel ranks (pipeline parallelism comes later)
-  int tp = 1;                    // tensor-parallel ranks: each block's matrices split tp ways
-  int zero = 0;                  // ZeRO stage: 0 none, 1 optimizer state, 2 + gradients sharded
-  double bucket_mb = 25.0;       // gradient bucket size, MB (1e6 bytes)
-  std::string backend = "auto";  // comm backend: auto, shm, gloo, hierarchical
-  int64_t timeout_s = 300;       // bound on every collective
+  int dp = 1;                      // data-parallel ranks (pipeline parallelism comes later)
+  int tp = 1;                      // tensor-parallel ranks: each block's matrices split tp ways
+  bool sequence_parallel = false;  // also split LayerNorms/residuals by token rows (gpt.h)
+  int zero = 0;                    // ZeRO stage: 0 none, 1 optimizer state, 2 + gradients sharded
+  double bucket_mb = 25.0;         // gradient bucket size, MB (1e6 bytes)
+  std::string backend = "auto";    // comm backend: auto, shm, gloo, hierarchical
+  int64_t timeout_s = 300;         // bound on every collective
 };
 
 struct TrainOptions {

@@ -106,6 +106,7 @@ Trainer::Trainer(const GptConfig& model, const TrainOptions& options, const Trai
         tp, tp, dp * tp, dp * tp, tp);
   }
   model.validate_tensor_parallel(tp);
+  if (options_.parallel.sequence_parallel) model.validate_sequence_parallel(tp);
   if (world_ == nullptr) world_ = dp_group_;
   // Find the checkpoint first: a bad --resume should fail before any work.
   std::optional<ResolvedCheckpoint> resume;
@@ -132,6 +133,7 @@ Trainer::Trainer(const GptConfig& model, const TrainOptions& options, const Trai
   }
   allocate_buffers(plan_->padded_size());
   model_ = std::make_unique<Gpt>(model, params_.data(), grads_.data(), tp_.get());
+  model_->set_sequence_parallel(options_.parallel.sequence_parallel);
   // Every rank draws the same weights from the seed (its shards of them by
   // their global indices): no broadcast needed.
   init_gpt2_weights(layout, model.n_layer, options_.seed, params_.data());

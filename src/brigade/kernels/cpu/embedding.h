@@ -14,4 +14,20 @@ void embedding_forward(float* out, const int32_t* tokens, const float* wte, cons
 void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
                         int64_t b, int64_t t, int64_t c);
 
+// Vocabulary-parallel pieces (the tp ranks each hold rows [vocab_begin,
+// vocab_begin + vocab_rows) of wte; summed over the ranks, the token parts
+// make the whole lookup, and the position part is added once, afterwards).
+// out (N,C) = wte[tokens[i] - vocab_begin] for a token held here, else 0.
+void token_embedding_forward(float* out, const int32_t* tokens, const float* wte,
+                             int64_t vocab_begin, int64_t vocab_rows, int64_t n, int64_t c);
+// dwte (vocab_rows,C) += dout rows of the tokens held here.
+void token_embedding_backward(float* dwte, const float* dout, const int32_t* tokens,
+                              int64_t vocab_begin, int64_t vocab_rows, int64_t n, int64_t c);
+// Rows [row0, row0 + n) of a (B,T,C) tensor, at positions (row0 + i) % t:
+// out (n,C) += wpe at each row's position.
+void position_embedding_add(float* out, const float* wpe, int64_t row0, int64_t n, int64_t t,
+                            int64_t c);
+// dwpe (T,C) += the sum over the batch of dout (B,T,C).
+void position_embedding_backward(float* dwpe, const float* dout, int64_t b, int64_t t, int64_t c);
+
 }  // namespace brigade::cpu

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <limits>
 #include <memory>
+#include <vector>
 
 #include "brigade/core/error.h"
 #include "brigade/kernels/cpu/fast_exp.h"
@@ -48,6 +49,8 @@ BRIGADE_ISA_NAMESPACE(brigade::cpu) {
 void lm_head_loss(const LmHeadLossArgs& a) {
   const bool want_grads = a.dx != nullptr;
   BRIGADE_CHECK(want_grads == (a.dwte != nullptr), "dx and dwte go together");
+  const int64_t v_real = a.v_real >= 0 ? a.v_real : a.v;
+  BRIGADE_CHECK(v_real <= a.v, "lm_head_loss: v_real {} exceeds v {}", v_real, a.v);
   const int64_t chunk = a.chunk_rows > 0 ? std::min(a.n, a.chunk_rows) : chunk_rows(a.n, a.v);
   BRIGADE_CHECK(a.scratch == nullptr || chunk <= chunk_rows(a.n, a.v),
                 "lm_head_loss: chunk_rows {} is larger than the scratch holds", a.chunk_rows);
@@ -57,27 +60,61 @@ void lm_head_loss(const LmHeadLossArgs& a) {
     owned.reset(new float[static_cast<size_t>(chunk * a.v)]);
     logits = owned.get();
   }
+  // The target's column here, or -1 when another rank holds it.
+  const auto local_target = [&](int64_t row) -> int64_t {
+    const int64_t j = static_cast<int64_t>(a.targets[row]) - a.vocab_begin;
+    return j >= 0 && j < v_real ? j : -1;
+  };
+  // Row r's (max, sum of exp(logit - max)) over the real columns here.
+  const auto row_stats = [&](const float* lr, float& mx, float& sum) {
+    mx = -std::numeric_limits<float>::infinity();
+#pragma omp simd reduction(max : mx)
+    for (int64_t j = 0; j < v_real; ++j) mx = std::max(mx, lr[j]);
+    sum = 0.0f;
+    if (v_real == 0) return;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t j = 0; j < v_real; ++j) sum += fast_exp(lr[j] - mx);
+  };
+  // The loss, and dlogits in place of the logits, given the row's lse and
+  // target logit over the whole vocabulary.
+  const auto finish_row = [&](float* lr, int64_t row, float lse, float target_logit) {
+    a.losses[row] = lse - target_logit;
+    if (!want_grads) return;
+    const float s = a.loss_scale;
+#pragma omp simd
+    for (int64_t j = 0; j < v_real; ++j) lr[j] = fast_exp(lr[j] - lse) * s;
+    std::fill(lr + v_real, lr + a.v, 0.0f);  // padding: no gradient
+    const int64_t target = local_target(row);
+    if (target >= 0) lr[target] -= s;
+  };
+  std::vector<float> stats;
   for (int64_t r0 = 0; r0 < a.n; r0 += chunk) {
     const int64_t rows = std::min(chunk, a.n - r0);
     const float* xc = a.x + r0 * a.c;
     lm_head_logits(logits, xc, a.wte, rows, a.c, a.v);
+    if (!a.combine) {
+      // The whole vocabulary is here: one pass per row while it is in cache.
 #pragma omp parallel for schedule(static) if (worth_threading(rows * a.v))
-    for (int64_t r = 0; r < rows; ++r) {
-      float* lr = logits + r * a.v;
-      const int32_t target = a.targets[r0 + r];
-      float mx = -std::numeric_limits<float>::infinity();
-#pragma omp simd reduction(max : mx)
-      for (int64_t j = 0; j < a.v; ++j) mx = std::max(mx, lr[j]);
-      float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-      for (int64_t j = 0; j < a.v; ++j) sum += fast_exp(lr[j] - mx);
-      const float lse = mx + std::log(sum);
-      a.losses[r0 + r] = lse - lr[target];
-      if (want_grads) {
-        const float s = a.loss_scale;
-#pragma omp simd
-        for (int64_t j = 0; j < a.v; ++j) lr[j] = fast_exp(lr[j] - lse) * s;
-        lr[target] -= s;
+      for (int64_t r = 0; r < rows; ++r) {
+        float* lr = logits + r * a.v;
+        float mx, sum;
+        row_stats(lr, mx, sum);
+        finish_row(lr, r0 + r, mx + std::log(sum), lr[local_target(r0 + r)]);
+      }
+    } else {
+      stats.resize(static_cast<size_t>(3 * rows));
+#pragma omp parallel for schedule(static) if (worth_threading(rows * a.v))
+      for (int64_t r = 0; r < rows; ++r) {
+        float* st = stats.data() + 3 * r;
+        row_stats(logits + r * a.v, st[0], st[1]);
+        const int64_t target = local_target(r0 + r);
+        st[2] = target >= 0 ? logits[r * a.v + target] : 0.0f;
+      }
+      a.combine(stats.data(), rows);
+#pragma omp parallel for schedule(static) if (worth_threading(rows * a.v))
+      for (int64_t r = 0; r < rows; ++r) {
+        const float* st = stats.data() + 3 * r;
+        finish_row(logits + r * a.v, r0 + r, st[0] + std::log(st[1]), st[2]);
       }
     }
     if (!want_grads) continue;

@@ -7,16 +7,26 @@
 // and, when gradients are wanted, straight away:
 //   dlogits = (softmax(logits) - onehot(target)) * loss_scale
 //   dx (rows,C) = dlogits @ wte;   dwte (V,C) += dlogits^T @ x
+//
+// Vocabulary-parallel (Megatron-LM's parallel cross-entropy): wte may be
+// this rank's rows [vocab_begin, vocab_begin + v) of the whole embedding,
+// the last of them padding. Each chunk's logits are then this rank's
+// columns only; per row the kernel takes the max, the sum of exp(logit -
+// max) and the target's logit over its real columns, and `combine` turns
+// them into the whole vocabulary's (over the tp group) before the loss and
+// dlogits are formed. dx is then this rank's share of the input gradient,
+// to be summed over the group; dwte is exactly this rank's rows' gradient.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 
 namespace brigade::cpu {
 
 struct LmHeadLossArgs {
   const float* x = nullptr;          // (N,C) final LayerNorm output
   const float* wte = nullptr;        // (V,C) token embedding, tied LM head
-  const int32_t* targets = nullptr;  // (N) next-token ids
+  const int32_t* targets = nullptr;  // (N) next-token ids (global)
   int64_t n = 0, c = 0, v = 0;
   float* losses = nullptr;  // (N) per-row loss, out
   // Gradients: both null for evaluation. loss_scale is d(total loss)/d(row
@@ -31,6 +41,18 @@ struct LmHeadLossArgs {
   // small so that chunk boundaries are crossed; it must not exceed the
   // default when `scratch` is given.
   int64_t chunk_rows = 0;
+  // Vocabulary-parallel: wte's row j is token vocab_begin + j; rows
+  // [v_real, v) are padding: their logits are left out of the softmax and
+  // their dwte rows get nothing (a rank may hold only padding: v_real 0).
+  // v_real < 0 means v.
+  int64_t vocab_begin = 0;
+  int64_t v_real = -1;
+  // Called once per chunk, on every tp rank alike, with (rows,3) floats per
+  // row: (max, sum of exp(logit - max), target logit) over this rank's
+  // columns (-inf, 0, 0 for a rank with none; target logit 0 when the
+  // target is not here). It must leave the same over the whole vocabulary.
+  // Empty: wte is the whole vocabulary.
+  std::function<void(float* stats, int64_t rows)> combine = {};
 };
 
 int64_t lm_head_scratch_floats(int64_t n, int64_t v);
