@@ -10,11 +10,14 @@
 
 #include <cerrno>
 #include <chrono>
+#include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
 
 #include "brigade/comm/communicator.h"
+#include "brigade/comm/flight_recorder.h"
 #include "brigade/comm/world.h"
 #include "brigade/core/clock.h"
 #include "brigade/core/error.h"
@@ -144,6 +147,23 @@ TEST(FaultInjection, SpecsParseAndBelongToOneGeneration) {
   EXPECT_TRUE(parse_faults("").empty());
 }
 
+TEST(FaultInjection, SkipMismatchAndSlowParseAndBelongToOneGeneration) {
+  const auto faults =
+      parse_faults("skip:rank=1:step=3,mismatch:rank=2:step=4:gen=1,slow:rank=3:factor=2");
+  ASSERT_EQ(faults.size(), 3u);
+  EXPECT_EQ(faults[0].kind, InjectedFault::Kind::kSkip);
+  EXPECT_EQ(faults[1].kind, InjectedFault::Kind::kMismatch);
+  EXPECT_EQ(faults[2].kind, InjectedFault::Kind::kSlow);
+  EXPECT_EQ(fault_after_step(faults, 1, 0, 3), &faults[0]);
+  EXPECT_EQ(fault_after_step(faults, 2, 1, 4), &faults[1]);
+  EXPECT_EQ(fault_after_step(faults, 2, 0, 4), nullptr) << "a restart must not re-inject";
+  // A slow rank is slow in every step of its generation, never a one-off fault.
+  EXPECT_EQ(fault_after_step(faults, 3, 0, 0), nullptr);
+  EXPECT_EQ(slow_factor(faults, 3, 0), 2);
+  EXPECT_EQ(slow_factor(faults, 3, 1), 1);
+  EXPECT_EQ(slow_factor(faults, 1, 0), 1);
+}
+
 TEST(FaultInjection, MalformedSpecsAreNamed) {
   auto error_of = [](const std::string& spec) {
     try {
@@ -161,6 +181,38 @@ TEST(FaultInjection, MalformedSpecsAreNamed) {
   EXPECT_NE(error_of("kill:rank=1:step=2:when=3").find("unknown or repeated key 'when'"),
             std::string::npos);
   EXPECT_NE(error_of("kill:rank=1:step=2,").find("unknown kind ''"), std::string::npos);
+  EXPECT_NE(error_of("slow:rank=1").find("needs rank= and factor="), std::string::npos);
+  EXPECT_NE(error_of("slow:rank=1:factor=0").find("factor= (1 or more)"), std::string::npos);
+  EXPECT_NE(error_of("slow:rank=1:step=2:factor=2").find("unknown or repeated key 'step'"),
+            std::string::npos);
+  EXPECT_NE(error_of("skip:rank=1:factor=2").find("unknown or repeated key 'factor'"),
+            std::string::npos);
+}
+
+// The agent's request for evidence is answered by the heartbeat thread
+// alone: the flight recorder lands in RUN_DIR/incidents/<N>/ and the slot
+// says so, while the worker's own thread does nothing.
+TEST(Heartbeat, ADumpRequestIsAnsweredWithTheFlightRecorderInTheIncidentsDirectory) {
+  testing::TempDir run("brigade_dump_request");
+  HeartbeatTable table(1, 0);
+  WorkerHeartbeat worker(::dup(table.fd()), 0, 0);
+  FlightRecorder& recorder = FlightRecorder::global();
+  const auto group = recorder.add_group({"dumptest", 0, 2, {7, 8}});
+  recorder.scheduled(group, RecordKind::kCollective, 0, "shm", "all_reduce(count 1, f64, max)", 8,
+                     true);
+  worker.started(0, run.path().string());
+  table.request_dump(0, 4);
+  const int64_t deadline = now_ns() + 30'000 * kMs;
+  while (table.read(0).dump_done != 4 && now_ns() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_EQ(table.read(0).dump_done, 4);
+  const auto dump = run.path() / "incidents" / "4" / "flight_recorder_rank7_dumptest.json";
+  ASSERT_TRUE(std::filesystem::exists(dump));
+  std::ifstream in(dump);
+  const nlohmann::json j = nlohmann::json::parse(in);
+  EXPECT_EQ(j.at("records").at(0).at("state"), "started");
+  recorder.close_group(group);
 }
 
 TEST(Incidents, EttrCountsOnlyTheStepsTheResultKeeps) {
