@@ -69,6 +69,9 @@ inline std::string root_cause_trial(const std::filesystem::path& config,
   }
   if (kind == "kill" || kind == "stop") {
     EXPECT_NE(line.find("after step " + std::to_string(step)), std::string::npos) << line;
+    // The survivors' flight recorders, asked for before they were killed,
+    // say where they waited.
+    EXPECT_NE(line.find("; 3 ranks were waiting for it there"), std::string::npos) << line;
   }
   // One incident line, not a wall of them.
   EXPECT_EQ(r.err.find("brigade launch: incident", at + 1), std::string::npos) << r.err;

@@ -23,6 +23,7 @@
 #include "brigade/core/error.h"
 #include "brigade/elastic/fault_injection.h"
 #include "brigade/elastic/heartbeat.h"
+#include "brigade/elastic/incident_evidence.h"
 #include "brigade/elastic/incidents.h"
 #include "brigade/elastic/watchdog.h"
 #include "brigade/elastic/worker_group.h"
@@ -213,6 +214,53 @@ TEST(Heartbeat, ADumpRequestIsAnsweredWithTheFlightRecorderInTheIncidentsDirecto
   const nlohmann::json j = nlohmann::json::parse(in);
   EXPECT_EQ(j.at("records").at(0).at("state"), "started");
   recorder.close_group(group);
+}
+
+// A worker that died of a communication error left its dump in the run
+// directory: it is this incident's evidence only if it is that process's.
+TEST(IncidentEvidence, ExitDumpsAreCopiedOnlyForTheWorkersOwnPid) {
+  testing::TempDir run("brigade_exit_dumps");
+  const auto incident = incident_dir(run.path(), 2);
+  std::filesystem::create_directories(incident);
+  std::ofstream(run.path() / "flight_recorder_rank1_world.json") << R"({"pid": 41, "records": []})";
+  std::ofstream(run.path() / "flight_recorder_rank1_tp0.json") << R"({"pid": 40, "records": []})";
+  std::ofstream(run.path() / "flight_recorder_rank2_world.json") << R"({"pid": 41, "records": []})";
+  std::ofstream(run.path() / "flight_recorder_rank1_dp0.json") << "{\"pid\": 4";  // half-written
+  EXPECT_TRUE(copy_exit_dumps(run.path(), incident, 1, 41));
+  EXPECT_TRUE(std::filesystem::exists(incident / "flight_recorder_rank1_world.json"));
+  EXPECT_FALSE(std::filesystem::exists(incident / "flight_recorder_rank1_tp0.json"));
+  EXPECT_FALSE(std::filesystem::exists(incident / "flight_recorder_rank2_world.json"));
+  EXPECT_FALSE(std::filesystem::exists(incident / "flight_recorder_rank1_dp0.json"));
+  EXPECT_FALSE(copy_exit_dumps(run.path(), incident, 3, 41));
+  EXPECT_EQ(incident, run.path() / "incidents" / "2");
+}
+
+TEST(IncidentEvidence, TheAgentsViewGivesAgesAtDetection) {
+  Incident incident;
+  incident.kind = "hang";
+  incident.rank = 1;
+  incident.what = "worker rank 1 sent no heartbeat";
+  WorkerView stopped;
+  stopped.rank = 1;
+  stopped.local_rank = 1;
+  stopped.running = true;
+  stopped.progress.beat_ns = 1'000 * kMs;
+  stopped.progress.step_ns = 900 * kMs;
+  stopped.progress.step = 7;
+  WorkerView crashed;
+  crashed.rank = 2;
+  crashed.running = false;
+  crashed.signal = SIGKILL;
+  const nlohmann::json view = agent_view(incident, 5, 0, 4, 3'100 * kMs, {stopped, crashed});
+  EXPECT_EQ(view.at("incident"), 5);
+  EXPECT_EQ(view.at("detected").at("rank"), 1);
+  const nlohmann::json& w = view.at("workers").at(0);
+  EXPECT_DOUBLE_EQ(w.at("beat_age_ms").get<double>(), 2'100.0);
+  EXPECT_DOUBLE_EQ(w.at("step_age_ms").get<double>(), 2'200.0);
+  EXPECT_EQ(w.at("step"), 7);
+  EXPECT_TRUE(w.at("exit_code").is_null());
+  EXPECT_TRUE(view.at("workers").at(1).at("beat_age_ms").is_null()) << "never beat";
+  EXPECT_EQ(view.at("workers").at(1).at("signal"), SIGKILL);
 }
 
 TEST(Incidents, EttrCountsOnlyTheStepsTheResultKeeps) {
