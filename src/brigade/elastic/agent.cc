@@ -1,7 +1,6 @@
 #include "brigade/elastic/agent.h"
 
 #include <sys/wait.h>
-#include <time.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -12,7 +11,6 @@
 #include "brigade/core/clock.h"
 #include "brigade/core/config.h"
 #include "brigade/core/error.h"
-#include "brigade/core/files.h"
 #include "brigade/elastic/fault_injection.h"
 #include "brigade/elastic/heartbeat.h"
 #include "brigade/elastic/incident_evidence.h"
@@ -282,83 +280,14 @@ void Agent::on_failure(WorkerGroup& group, const HeartbeatTable& table, Incident
 void Agent::gather_evidence(const WorkerGroup& group, const HeartbeatTable& table,
                             Incident& incident) {
   if (run_dir_.empty()) return;  // not `brigade train`: no flight recorder to ask
-  const int64_t began = now_ns();
-  int64_t number = static_cast<int64_t>(incidents_.size()) + 1;
-  std::error_code ec;
-  // A resumed run's earlier incidents keep their evidence.
-  while (fs::exists(incident_dir(run_dir_, number), ec)) ++number;
-  const fs::path dir = incident_dir(run_dir_, number);
-  fs::create_directories(dir, ec);
-  if (ec) {
-    std::fprintf(stderr, "brigade launch: no evidence for incident %lld: cannot create %s: %s\n",
-                 static_cast<long long>(number), dir.c_str(), ec.message().c_str());
-    return;
-  }
-  // The views as at detection (the ages are the evidence, not the wait).
-  std::vector<WorkerView> views;
-  for (const Worker& w : group.workers()) {
-    WorkerView v;
-    v.rank = w.rank;
-    v.local_rank = w.local_rank;
-    v.pid = w.pid;
-    v.running = w.running;
-    v.progress = table.read(w.local_rank);
-    views.push_back(std::move(v));
-  }
-  // Only those that can answer are asked: a stopped worker would cost the
-  // whole wait.
-  std::vector<const WorkerView*> asked;
-  for (const WorkerView& v : views) {
-    if (v.running && v.progress.beat_ns > 0 &&
-        began - v.progress.beat_ns < kAnswerableBeatMs * kNsPerMs) {
-      table.request_dump(v.local_rank, number);
-      asked.push_back(&v);
-    }
-  }
-  // Done when each asked worker answered or has exited (a peer of the dead
-  // one may be failing on its own): waitid without reaping, which stays the
-  // supervision loop's.
-  auto exited = [](int64_t pid, siginfo_t* info) {
-    *info = siginfo_t{};
-    return ::waitid(P_PID, static_cast<id_t>(pid), info, WEXITED | WNOHANG | WNOWAIT) == 0 &&
-           info->si_pid == static_cast<pid_t>(pid);
-  };
-  const int64_t deadline = began + kEvidenceWaitMs * kNsPerMs;
-  for (;;) {
-    const bool all = std::all_of(asked.begin(), asked.end(), [&](const WorkerView* v) {
-      siginfo_t info;
-      return table.read(v->local_rank).dump_done >= number || exited(v->pid, &info);
-    });
-    if (all || now_ns() >= deadline) break;
-    const timespec poll{0, 2 * kNsPerMs};
-    ::nanosleep(&poll, nullptr);
-  }
-  for (WorkerView& v : views) {
-    if (const auto it = exits_.find(v.rank); it != exits_.end()) {
-      if (WIFSIGNALED(it->second)) v.signal = WTERMSIG(it->second);
-      if (WIFEXITED(it->second)) v.exit_code = WEXITSTATUS(it->second);
-    } else if (siginfo_t info; v.running && exited(v.pid, &info)) {
-      // Ended since the loop last reaped.
-      v.running = false;
-      if (info.si_code == CLD_EXITED) {
-        v.exit_code = info.si_status;
-      } else {
-        v.signal = info.si_status;
-      }
-    }
-    v.dumped = table.read(v.local_rank).dump_done >= number ||
-               copy_exit_dumps(run_dir_, dir, v.rank, v.pid);
-  }
-  incident.evidence_ms = (now_ns() - began) * 1e-6;
+  const fs::path dir =
+      keep_evidence(group, table, exits_, run_dir_, options_.node_rank, options_.nproc_per_node,
+                    static_cast<int64_t>(incidents_.size()) + 1, incident);
+  if (dir.empty() || !options_.diagnose) return;
   try {
-    write_file_atomic(dir / kAgentViewFile, agent_view(incident, number, options_.node_rank,
-                                                       options_.nproc_per_node, began, views)
-                                                    .dump(1) +
-                                                "\n");
-    if (options_.diagnose) incident.cause = options_.diagnose(dir);
+    incident.cause = options_.diagnose(dir);
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "brigade launch: incident %lld: %s\n", static_cast<long long>(number),
-                 e.what());
+    std::fprintf(stderr, "brigade launch: no root cause for %s: %s\n", dir.c_str(), e.what());
   }
   if (!incident.cause.empty()) {
     std::fprintf(stderr, "brigade launch: %s\n", incident.cause.c_str());

@@ -21,12 +21,14 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <vector>
 
 #include "brigade/elastic/heartbeat.h"
 #include "brigade/elastic/incidents.h"
+#include "brigade/elastic/worker_group.h"
 
 namespace brigade::elastic {
 
@@ -59,5 +61,18 @@ nlohmann::json agent_view(const Incident& incident, int64_t number, int node, in
 // missing or unreadable dump is missing evidence, not a second failure.
 bool copy_exit_dumps(const std::filesystem::path& run_dir, const std::filesystem::path& dir,
                      int rank, int64_t pid);
+
+// At a failure, before the generation is killed: creates the incident's
+// directory (the first free number from `first_number` on: a resumed run's
+// earlier incidents keep theirs), asks the live workers for their dumps and
+// waits for them (bounded, see above), copies the exited workers' dumps, and
+// writes agent.json with the workers as at the call (`exits`: the wait
+// status of those already reaped, by rank). Sets incident.evidence_ms.
+// Returns the directory, or empty (said on stderr) if it could not be
+// written: missing evidence must not stop the recovery.
+std::filesystem::path keep_evidence(const WorkerGroup& group, const HeartbeatTable& table,
+                                    const std::map<int, int>& exits,
+                                    const std::filesystem::path& run_dir, int node,
+                                    int nproc_per_node, int64_t first_number, Incident& incident);
 
 }  // namespace brigade::elastic
