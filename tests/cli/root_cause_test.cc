@@ -47,6 +47,17 @@ TEST_P(RootCauseEndToEnd, TheLineNamesTheInjectedRankAndKind) {
   EXPECT_EQ(offline.out, line + "\n");
 }
 
+// A slow rank is behind at every collective; the stopped one is still the
+// one named.
+TEST_F(RootCauseEndToEnd, ASlowRankIsNotBlamedForAHang) {
+  std::random_device seed;
+  std::mt19937 random(seed());
+  const int stopped = std::uniform_int_distribution<int>(0, 3)(random);
+  const int slow = (stopped + std::uniform_int_distribution<int>(1, 3)(random)) % 4;
+  testing::root_cause_trial(config(), dir_.path() / "run", "stop", stopped, 3,
+                            "slow:rank=" + std::to_string(slow) + ":factor=4");
+}
+
 INSTANTIATE_TEST_SUITE_P(Kinds, RootCauseEndToEnd,
                          ::testing::Values("kill", "stop", "skip", "mismatch"));
 

@@ -46,11 +46,12 @@ inline std::string expected_phrase(const std::string& kind) {
 }
 
 // Runs the trial in `run_dir` and checks it; returns the incident's cause.
+// `also` adds faults that must not be blamed (a slow rank).
 inline std::string root_cause_trial(const std::filesystem::path& config,
                                     const std::filesystem::path& run_dir, const std::string& kind,
-                                    int rank, int step) {
-  const std::string inject =
-      kind + ":rank=" + std::to_string(rank) + ":step=" + std::to_string(step);
+                                    int rank, int step, const std::string& also = "") {
+  const std::string inject = kind + ":rank=" + std::to_string(rank) +
+                             ":step=" + std::to_string(step) + (also.empty() ? "" : "," + also);
   SCOPED_TRACE(inject);
   const Output r = run_brigade({"train", "--nproc", "4", config.string(), "--set",
                                 "train.run_dir=\"" + run_dir.string() + "\"", "--inject", inject},
