@@ -16,7 +16,6 @@
 // numbers reach the agent's /metrics endpoint the same way (diag/prometheus.h).
 #include <unistd.h>
 
-#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <csignal>
@@ -398,9 +397,8 @@ void run_train(const std::string& config_path, const std::vector<std::string>& o
       const StepMetrics m = trainer.train_step();
       if (slow_factor > 1) {
         // An injected straggler: its compute takes factor times as long.
-        const double compute_ms = std::max(0.0, m.step_ms - m.exposed_comm_ms);
         std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(
-            compute_ms * static_cast<double>(slow_factor - 1)));
+            m.compute_ms * static_cast<double>(slow_factor - 1)));
       }
       // Every rank's peak RSS, for rank 0's metrics (ZeRO's saving shows per rank).
       std::vector<double> rss(group ? group->size() : 1);
