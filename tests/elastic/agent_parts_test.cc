@@ -10,16 +10,20 @@
 
 #include <cerrno>
 #include <chrono>
+#include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
 
 #include "brigade/comm/communicator.h"
+#include "brigade/comm/flight_recorder.h"
 #include "brigade/comm/world.h"
 #include "brigade/core/clock.h"
 #include "brigade/core/error.h"
 #include "brigade/elastic/fault_injection.h"
 #include "brigade/elastic/heartbeat.h"
+#include "brigade/elastic/incident_evidence.h"
 #include "brigade/elastic/incidents.h"
 #include "brigade/elastic/watchdog.h"
 #include "brigade/elastic/worker_group.h"
@@ -144,6 +148,23 @@ TEST(FaultInjection, SpecsParseAndBelongToOneGeneration) {
   EXPECT_TRUE(parse_faults("").empty());
 }
 
+TEST(FaultInjection, SkipMismatchAndSlowParseAndBelongToOneGeneration) {
+  const auto faults =
+      parse_faults("skip:rank=1:step=3,mismatch:rank=2:step=4:gen=1,slow:rank=3:factor=2");
+  ASSERT_EQ(faults.size(), 3u);
+  EXPECT_EQ(faults[0].kind, InjectedFault::Kind::kSkip);
+  EXPECT_EQ(faults[1].kind, InjectedFault::Kind::kMismatch);
+  EXPECT_EQ(faults[2].kind, InjectedFault::Kind::kSlow);
+  EXPECT_EQ(fault_after_step(faults, 1, 0, 3), &faults[0]);
+  EXPECT_EQ(fault_after_step(faults, 2, 1, 4), &faults[1]);
+  EXPECT_EQ(fault_after_step(faults, 2, 0, 4), nullptr) << "a restart must not re-inject";
+  // A slow rank is slow in every step of its generation, never a one-off fault.
+  EXPECT_EQ(fault_after_step(faults, 3, 0, 0), nullptr);
+  EXPECT_EQ(slow_factor(faults, 3, 0), 2);
+  EXPECT_EQ(slow_factor(faults, 3, 1), 1);
+  EXPECT_EQ(slow_factor(faults, 1, 0), 1);
+}
+
 TEST(FaultInjection, MalformedSpecsAreNamed) {
   auto error_of = [](const std::string& spec) {
     try {
@@ -161,6 +182,85 @@ TEST(FaultInjection, MalformedSpecsAreNamed) {
   EXPECT_NE(error_of("kill:rank=1:step=2:when=3").find("unknown or repeated key 'when'"),
             std::string::npos);
   EXPECT_NE(error_of("kill:rank=1:step=2,").find("unknown kind ''"), std::string::npos);
+  EXPECT_NE(error_of("slow:rank=1").find("needs rank= and factor="), std::string::npos);
+  EXPECT_NE(error_of("slow:rank=1:factor=0").find("factor= (1 or more)"), std::string::npos);
+  EXPECT_NE(error_of("slow:rank=1:step=2:factor=2").find("unknown or repeated key 'step'"),
+            std::string::npos);
+  EXPECT_NE(error_of("skip:rank=1:factor=2").find("unknown or repeated key 'factor'"),
+            std::string::npos);
+}
+
+// The agent's request for evidence is answered by the heartbeat thread
+// alone: the flight recorder lands in RUN_DIR/incidents/<N>/ and the slot
+// says so, while the worker's own thread does nothing.
+TEST(Heartbeat, ADumpRequestIsAnsweredWithTheFlightRecorderInTheIncidentsDirectory) {
+  testing::TempDir run("brigade_dump_request");
+  HeartbeatTable table(1, 0);
+  WorkerHeartbeat worker(::dup(table.fd()), 0, 0);
+  FlightRecorder& recorder = FlightRecorder::global();
+  const auto group = recorder.add_group({"dumptest", 0, 2, {7, 8}});
+  recorder.scheduled(group, RecordKind::kCollective, 0, "shm", "all_reduce(count 1, f64, max)", 8,
+                     true);
+  worker.started(0, run.path().string());
+  table.request_dump(0, 4);
+  const int64_t deadline = now_ns() + 30'000 * kMs;
+  while (table.read(0).dump_done != 4 && now_ns() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_EQ(table.read(0).dump_done, 4);
+  const auto dump = run.path() / "incidents" / "4" / "flight_recorder_rank7_dumptest.json";
+  ASSERT_TRUE(std::filesystem::exists(dump));
+  std::ifstream in(dump);
+  const nlohmann::json j = nlohmann::json::parse(in);
+  EXPECT_EQ(j.at("records").at(0).at("state"), "started");
+  recorder.close_group(group);
+}
+
+// A worker that died of a communication error left its dump in the run
+// directory: it is this incident's evidence only if it is that process's.
+TEST(IncidentEvidence, ExitDumpsAreCopiedOnlyForTheWorkersOwnPid) {
+  testing::TempDir run("brigade_exit_dumps");
+  const auto incident = incident_dir(run.path(), 2);
+  std::filesystem::create_directories(incident);
+  std::ofstream(run.path() / "flight_recorder_rank1_world.json") << R"({"pid": 41, "records": []})";
+  std::ofstream(run.path() / "flight_recorder_rank1_tp0.json") << R"({"pid": 40, "records": []})";
+  std::ofstream(run.path() / "flight_recorder_rank2_world.json") << R"({"pid": 41, "records": []})";
+  std::ofstream(run.path() / "flight_recorder_rank1_dp0.json") << "{\"pid\": 4";  // half-written
+  EXPECT_TRUE(copy_exit_dumps(run.path(), incident, 1, 41));
+  EXPECT_TRUE(std::filesystem::exists(incident / "flight_recorder_rank1_world.json"));
+  EXPECT_FALSE(std::filesystem::exists(incident / "flight_recorder_rank1_tp0.json"));
+  EXPECT_FALSE(std::filesystem::exists(incident / "flight_recorder_rank2_world.json"));
+  EXPECT_FALSE(std::filesystem::exists(incident / "flight_recorder_rank1_dp0.json"));
+  EXPECT_FALSE(copy_exit_dumps(run.path(), incident, 3, 41));
+  EXPECT_EQ(incident, run.path() / "incidents" / "2");
+}
+
+TEST(IncidentEvidence, TheAgentsViewGivesAgesAtDetection) {
+  Incident incident;
+  incident.kind = "hang";
+  incident.rank = 1;
+  incident.what = "worker rank 1 sent no heartbeat";
+  WorkerView stopped;
+  stopped.rank = 1;
+  stopped.local_rank = 1;
+  stopped.running = true;
+  stopped.progress.beat_ns = 1'000 * kMs;
+  stopped.progress.step_ns = 900 * kMs;
+  stopped.progress.step = 7;
+  WorkerView crashed;
+  crashed.rank = 2;
+  crashed.running = false;
+  crashed.signal = SIGKILL;
+  const nlohmann::json view = agent_view(incident, 5, 0, 4, 3'100 * kMs, {stopped, crashed});
+  EXPECT_EQ(view.at("incident"), 5);
+  EXPECT_EQ(view.at("detected").at("rank"), 1);
+  const nlohmann::json& w = view.at("workers").at(0);
+  EXPECT_DOUBLE_EQ(w.at("beat_age_ms").get<double>(), 2'100.0);
+  EXPECT_DOUBLE_EQ(w.at("step_age_ms").get<double>(), 2'200.0);
+  EXPECT_EQ(w.at("step"), 7);
+  EXPECT_TRUE(w.at("exit_code").is_null());
+  EXPECT_TRUE(view.at("workers").at(1).at("beat_age_ms").is_null()) << "never beat";
+  EXPECT_EQ(view.at("workers").at(1).at("signal"), SIGKILL);
 }
 
 TEST(Incidents, EttrCountsOnlyTheStepsTheResultKeeps) {

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -26,6 +27,8 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <thread>
+#include <utility>
 
 #include "brigade/ckpt/checkpoint.h"
 #include "brigade/cli/commands.h"
@@ -357,11 +360,21 @@ void run_train(const std::string& config_path, const std::vector<std::string>& o
   Communicator* const group = groups.world.get();
   // Ranks agree on when to stop, or one would wait for the others forever,
   // and on the signal that stops them (the exit status), whichever rank got it.
+  // An injected skip or mismatch (elastic/fault_injection.h) acts on the
+  // next agreement: left out, or called with a count of 2.
+  const elastic::InjectedFault* collective_fault = nullptr;
   auto agreed_stop_signal = [&] {
-    double value = g_stop_signal.load();
-    if (group) group->all_reduce(&value, 1, DType::kF64, ReduceOp::kMax)->wait();
-    return static_cast<int>(value);
+    double value[2] = {static_cast<double>(g_stop_signal.load()), 0.0};
+    const elastic::InjectedFault* fault = std::exchange(collective_fault, nullptr);
+    const bool skip = fault != nullptr && fault->kind == elastic::InjectedFault::Kind::kSkip;
+    const bool mismatch =
+        fault != nullptr && fault->kind == elastic::InjectedFault::Kind::kMismatch;
+    if (group && !skip) {
+      group->all_reduce(value, mismatch ? 2 : 1, DType::kF64, ReduceOp::kMax)->wait();
+    }
+    return static_cast<int>(value[0]);
   };
+  const int64_t slow_factor = elastic::slow_factor(faults, world_rank, generation);
   Trainer trainer(model, options, groups.view());
   if (heartbeat) heartbeat->started(trainer.step(), options.run_dir);
   std::signal(SIGINT, request_stop);
@@ -386,6 +399,11 @@ void run_train(const std::string& config_path, const std::vector<std::string>& o
   try {
     while (trainer.step() < options.steps && (stop_signal = agreed_stop_signal()) == 0) {
       const StepMetrics m = trainer.train_step();
+      if (slow_factor > 1) {
+        // An injected straggler: its compute takes factor times as long.
+        std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(
+            m.compute_ms * static_cast<double>(slow_factor - 1)));
+      }
       // Every rank's peak RSS, for rank 0's metrics (ZeRO's saving shows per rank).
       std::vector<double> rss(group ? group->size() : 1);
       double mine = static_cast<double>(peak_rss_bytes());
@@ -415,6 +433,10 @@ void run_train(const std::string& config_path, const std::vector<std::string>& o
       // After the step and the previous save's commit, before the next save.
       if (const auto* fault = elastic::fault_after_step(faults, world_rank, generation, done)) {
         elastic::raise_fault(*fault, heartbeat.get());
+        if (fault->kind == elastic::InjectedFault::Kind::kSkip ||
+            fault->kind == elastic::InjectedFault::Kind::kMismatch) {
+          collective_fault = fault;
+        }
       }
       // Copied now, written while the next step runs.
       if (trainer.snapshots_enabled() && done % options.snapshot_every == 0 &&
@@ -482,8 +504,8 @@ void add_train_command(CLI::App& app) {
                   "newest checkpoint up to N times (sets elastic.max_restarts, default 3)")
       ->check(CLI::Range(0, 1000));
   cmd->add_option("--inject", *inject,
-                  "Faults to raise, for tests: kill:rank=R:step=S[:gen=G] or stop:..., comma "
-                  "separated (sets elastic.inject)");
+                  "Faults to raise, for tests: kill:rank=R:step=S[:gen=G], stop:..., skip:..., "
+                  "mismatch:... or slow:rank=R:factor=F, comma separated (sets elastic.inject)");
   cmd->add_option("--metrics", *metrics,
                   "With --nproc: where the launcher serves /metrics for Prometheus, HOST:PORT "
                   "(port 0 picks a free one and prints it) or off (sets diag.metrics, default "

@@ -33,5 +33,6 @@ void add_launch_command(CLI::App& app);
 void add_ckpt_command(CLI::App& app);
 void add_plan_command(CLI::App& app);
 void add_report_command(CLI::App& app);
+void add_diagnose_command(CLI::App& app);
 
 }  // namespace brigade::cli

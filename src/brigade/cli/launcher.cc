@@ -24,6 +24,7 @@
 #include "brigade/core/signals.h"
 #include "brigade/diag/metrics_server.h"
 #include "brigade/diag/prometheus.h"
+#include "brigade/diag/root_cause.h"
 #include "brigade/elastic/agent.h"
 #include "brigade/elastic/snapshots.h"
 #include "brigade/elastic/worker_group.h"
@@ -517,6 +518,7 @@ int run_launch(const LaunchOptions& o) {
     coordinator_store.emplace(*coordinator_client);
     agent.store = &*coordinator_store;
   }
+  agent.diagnose = [](const std::filesystem::path& dir) { return diag::diagnose_incident(dir); };
   // In-memory snapshots exist to be restarted from: only with restarts, and
   // on one node (elastic/snapshots.h).
   const std::optional<elastic::SnapshotArea> snapshots =

@@ -21,6 +21,7 @@ int main(int argc, char** argv) {
   brigade::cli::add_ckpt_command(app);
   brigade::cli::add_plan_command(app);
   brigade::cli::add_report_command(app);
+  brigade::cli::add_diagnose_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -205,6 +205,11 @@ void FlightRecorder::dump(const std::filesystem::path& path, GroupId group) cons
 std::vector<std::filesystem::path> FlightRecorder::dump_to_run_dir() const {
   const char* dir = std::getenv("BRIGADE_FLIGHT_RECORDER_DIR");
   if (dir == nullptr || *dir == '\0') return {};
+  return dump_to_dir(dir);
+}
+
+std::vector<std::filesystem::path> FlightRecorder::dump_to_dir(
+    const std::filesystem::path& dir) const {
   // Render under the lock, write after it: recording must not wait on disks.
   std::vector<std::pair<std::filesystem::path, std::string>> files;
   {
@@ -218,7 +223,7 @@ std::vector<std::filesystem::path> FlightRecorder::dump_to_run_dir() const {
       if (!groups_[g].open && recorded.count(g) == 0) continue;
       std::string name = file_name_locked(g);
       if (!taken.insert(name).second) continue;
-      files.emplace_back(std::filesystem::path(dir) / name, to_json_locked(g).dump(1) + "\n");
+      files.emplace_back(dir / name, to_json_locked(g).dump(1) + "\n");
     }
   }
   // Threads that fail together (a dead peer breaks several groups at once)
@@ -226,6 +231,7 @@ std::vector<std::filesystem::path> FlightRecorder::dump_to_run_dir() const {
   // their temporary files (named by pid) would interleave.
   std::lock_guard<std::mutex> writing(dump_mutex_);
   std::vector<std::filesystem::path> written;
+  if (!files.empty()) std::filesystem::create_directories(dir);
   for (const auto& [path, text] : files) {
     write_file_atomic(path, text);
     written.push_back(path);

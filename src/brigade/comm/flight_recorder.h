@@ -113,6 +113,9 @@ class FlightRecorder {
   // written, or none. Called on every communication error, so the evidence of
   // all the process's groups survives it.
   std::vector<std::filesystem::path> dump_to_run_dir() const;
+  // The same files under `dir` (created if missing): where the agent asks
+  // for them at an incident (elastic/heartbeat.h), whatever the variable says.
+  std::vector<std::filesystem::path> dump_to_dir(const std::filesystem::path& dir) const;
 
  private:
   struct Group {

@@ -12,6 +12,7 @@
 #include "brigade/core/error.h"
 #include "brigade/elastic/fault_injection.h"
 #include "brigade/elastic/heartbeat.h"
+#include "brigade/elastic/incident_evidence.h"
 
 namespace brigade::elastic {
 namespace fs = std::filesystem;
@@ -81,6 +82,7 @@ int Agent::run(const sigset_t& child_mask) {
     env.set("BRIGADE_GENERATION", std::to_string(generation_));
     env.set("BRIGADE_HEARTBEAT_FD", std::to_string(table.fd()));
     failure_.reset();
+    exits_.clear();
     will_restart_ = false;
     Outcome outcome;
     {
@@ -158,7 +160,9 @@ Agent::Outcome Agent::supervise(WorkerGroup& group, const HeartbeatTable& table)
                                signal_name(sig)));
       }
     }
-    for (const WorkerExit& ended : by_likely_cause(group.reap(), table)) {
+    const std::vector<WorkerExit> exits = by_likely_cause(group.reap(), table);
+    for (const WorkerExit& ended : exits) exits_[ended.worker.rank] = ended.wait_status;
+    for (const WorkerExit& ended : exits) {
       if (!ended.failed() || group.stopping()) continue;
       const WorkerProgress p = table.read(ended.worker.local_rank);
       Incident incident;
@@ -247,6 +251,7 @@ void Agent::on_failure(WorkerGroup& group, const HeartbeatTable& table, Incident
   if (start_step >= 0 && incident.last_step > start_step) {
     incident.mean_step_ms = train_ns * 1e-6 / static_cast<double>(incident.last_step - start_step);
   }
+  gather_evidence(group, table, incident);
   will_restart_ = restarts_ < options_.max_restarts && received_signal_ == 0;
   // A hung worker still runs, but it is the failure, not one of the others.
   stopped_count_ = group.running() - (incident.kind == "hang" ? 1 : 0);
@@ -267,6 +272,24 @@ void Agent::on_failure(WorkerGroup& group, const HeartbeatTable& table, Incident
     coordinator_->report_failure(std::move(incident));
   } catch (const Error& e) {
     std::fprintf(stderr, "brigade launch: could not tell the coordinator: %s\n", e.what());
+  }
+}
+
+void Agent::gather_evidence(const WorkerGroup& group, const HeartbeatTable& table,
+                            Incident& incident) {
+  if (run_dir_.empty()) return;  // not `brigade train`: no flight recorder to ask
+  const fs::path dir =
+      keep_evidence(group, table, exits_, run_dir_, options_.node_rank, options_.nproc_per_node,
+                    static_cast<int64_t>(incidents_.size()) + 1, incident);
+  if (dir.empty() || !options_.diagnose) return;
+  try {
+    incident.cause = options_.diagnose(dir);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "brigade launch: no root cause for %s: %s\n", dir.c_str(), e.what());
+  }
+  if (!incident.cause.empty()) {
+    std::fprintf(stderr, "brigade launch: %s\n", incident.cause.c_str());
+    std::fflush(stderr);
   }
 }
 

@@ -9,7 +9,11 @@
 //     once (SIGCHLD wakes it);
 //   - a hang by the progress watchdog (elastic/watchdog.h): no heartbeat for
 //     2 s, or no step for the step timeout.
-// On a failure, while restarts are left (max_restarts), it SIGKILLs every
+// On a failure it first gathers the evidence (elastic/incident_evidence.h:
+// the live workers' flight recorders and every worker's heartbeat, in
+// RUN_DIR/incidents/<N>/, a bounded wait) and has the launcher's diagnose
+// hook name the root cause from it. Then, while restarts are left
+// (max_restarts), it SIGKILLs every
 // worker of the generation at once, waits for each, records an Incident and
 // starts generation g+1: the survivors' state is disposable (the restart
 // resumes from the newest complete snapshot or checkpoint, and both survive
@@ -46,6 +50,9 @@
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -102,6 +109,10 @@ struct AgentOptions {
   // Multi-node: the store the job's coordinator keeps its state in
   // (elastic/coordinator.h). Null on one node.
   CoordinatorStore* store = nullptr;
+  // Names an incident's root cause from its evidence directory, one line
+  // (the launcher passes diag/root_cause.h's, a layer above); empty: none.
+  // Its line goes to stderr and into the incident's `cause`.
+  std::function<std::string(const std::filesystem::path&)> diagnose;
 };
 
 // What the agent saw at its last look (every 100 ms or sooner), for the
@@ -146,6 +157,7 @@ class Agent {
   Outcome supervise(WorkerGroup& group, const HeartbeatTable& table);
   void on_failure(WorkerGroup& group, const HeartbeatTable& table, Incident incident);
   void check_watchdog(WorkerGroup& group, const HeartbeatTable& table);
+  void gather_evidence(const WorkerGroup& group, const HeartbeatTable& table, Incident& incident);
   void check_recovery(const HeartbeatTable& table);
   void publish_status(const WorkerGroup& group, const HeartbeatTable& table);
   void end_generation(const HeartbeatTable& table);
@@ -173,6 +185,8 @@ class Agent {
   std::vector<GenerationRecord> generations_;
   // The generation now running failed (the first failure wins).
   std::optional<Incident> failure_;
+  // How this generation's ended workers ended (wait status), by rank.
+  std::map<int, int> exits_;
   bool will_restart_ = false;
   int received_signal_ = 0;
   std::string remote_failure_;

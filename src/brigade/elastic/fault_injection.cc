@@ -13,8 +13,9 @@ namespace brigade::elastic {
 namespace {
 
 constexpr const char* kForm =
-    "KIND:rank=R:step=S[:gen=G] with KIND kill or stop, several separated by commas (for "
-    "example kill:rank=1:step=5,stop:rank=2:step=8)";
+    "KIND:rank=R:step=S[:gen=G] with KIND kill, stop, skip or mismatch, or "
+    "slow:rank=R:factor=F[:gen=G], several separated by commas (for example "
+    "kill:rank=1:step=5,stop:rank=2:step=8,slow:rank=3:factor=2)";
 
 std::vector<std::string_view> split(std::string_view text, char separator) {
   std::vector<std::string_view> parts;
@@ -45,11 +46,20 @@ InjectedFault parse_one(std::string_view text) {
     fault.kind = InjectedFault::Kind::kKill;
   } else if (fields[0] == "stop") {
     fault.kind = InjectedFault::Kind::kStop;
+  } else if (fields[0] == "skip") {
+    fault.kind = InjectedFault::Kind::kSkip;
+  } else if (fields[0] == "mismatch") {
+    fault.kind = InjectedFault::Kind::kMismatch;
+  } else if (fields[0] == "slow") {
+    fault.kind = InjectedFault::Kind::kSlow;
   } else {
-    throw_error("fault '{}': unknown kind '{}' (this build injects kill and stop); the form is {}",
-                text, fields[0], kForm);
+    throw_error(
+        "fault '{}': unknown kind '{}' (this build injects kill, stop, skip, mismatch and slow); "
+        "the form is {}",
+        text, fields[0], kForm);
   }
-  bool has_rank = false, has_step = false;
+  const bool slow = fault.kind == InjectedFault::Kind::kSlow;
+  bool has_rank = false, has_step = false, has_factor = false;
   for (size_t i = 1; i < fields.size(); ++i) {
     const size_t eq = fields[i].find('=');
     const std::string_view key = fields[i].substr(0, eq);
@@ -60,7 +70,10 @@ InjectedFault parse_one(std::string_view text) {
     if (key == "rank" && !has_rank) {
       fault.rank = static_cast<int>(value);
       has_rank = true;
-    } else if (key == "step" && !has_step) {
+    } else if (key == "factor" && slow && !has_factor) {
+      fault.factor = value;
+      has_factor = true;
+    } else if (key == "step" && !slow && !has_step) {
       fault.step = value;
       has_step = true;
     } else if (key == "gen") {
@@ -68,6 +81,12 @@ InjectedFault parse_one(std::string_view text) {
     } else {
       throw_error("fault '{}': unknown or repeated key '{}'; the form is {}", text, key, kForm);
     }
+  }
+  if (slow) {
+    if (!has_rank || !has_factor || fault.factor < 1) {
+      throw_error("fault '{}' needs rank= and factor= (1 or more); the form is {}", text, kForm);
+    }
+    return fault;
   }
   if (!has_rank || !has_step || fault.step < 1) {
     throw_error("fault '{}' needs rank= and step= (a step from 1 on); the form is {}", text, kForm);
@@ -87,12 +106,33 @@ std::vector<InjectedFault> parse_faults(std::string_view spec) {
 const InjectedFault* fault_after_step(const std::vector<InjectedFault>& faults, int rank,
                                       int64_t generation, int64_t step) {
   for (const InjectedFault& f : faults) {
-    if (f.rank == rank && f.generation == generation && f.step == step) return &f;
+    if (f.kind != InjectedFault::Kind::kSlow && f.rank == rank && f.generation == generation &&
+        f.step == step) {
+      return &f;
+    }
   }
   return nullptr;
 }
 
+int64_t slow_factor(const std::vector<InjectedFault>& faults, int rank, int64_t generation) {
+  for (const InjectedFault& f : faults) {
+    if (f.kind == InjectedFault::Kind::kSlow && f.rank == rank && f.generation == generation) {
+      return f.factor;
+    }
+  }
+  return 1;
+}
+
 void raise_fault(const InjectedFault& fault, WorkerHeartbeat* heartbeat) {
+  if (fault.kind == InjectedFault::Kind::kSkip || fault.kind == InjectedFault::Kind::kMismatch) {
+    // Not stamped: the agent learns of it as of any bug, from its symptoms.
+    std::fprintf(
+        stderr, "brigade train: injecting a %s on rank %d after step %lld (generation %lld)\n",
+        fault.kind == InjectedFault::Kind::kSkip ? "skipped collective" : "mismatched collective",
+        fault.rank, static_cast<long long>(fault.step), static_cast<long long>(fault.generation));
+    std::fflush(nullptr);
+    return;
+  }
   const bool kill = fault.kind == InjectedFault::Kind::kKill;
   std::fprintf(stderr, "brigade train: injecting %s on rank %d after step %lld (generation %lld)\n",
                kill ? "SIGKILL" : "SIGSTOP", fault.rank, static_cast<long long>(fault.step),

@@ -2,6 +2,15 @@
 //
 //   kill:rank=1:step=5          rank 1 SIGKILLs itself right after step 5
 //   stop:rank=2:step=8:gen=1    rank 2 SIGSTOPs itself after step 8, in generation 1
+//   skip:rank=1:step=5          rank 1 leaves out the next collective after step 5
+//                               (the loop's stop agreement on the world group)
+//   mismatch:rank=1:step=5      rank 1 calls that collective with another count
+//   slow:rank=2:factor=3        rank 2 takes 3x its compute time in every step
+//
+// skip and mismatch are the bugs diag/root_cause.h tells apart: a rank that
+// did not call a collective its group called, and one that called it with
+// another shape. They act on the training loop's own collective, so the model
+// code stays as it is; what follows is the communicator's to detect.
 //
 // Several are separated by commas. A fault belongs to one generation (0
 // unless gen= says), so the restarted job does not raise it again. The
@@ -19,21 +28,28 @@ namespace brigade::elastic {
 class WorkerHeartbeat;
 
 struct InjectedFault {
-  enum class Kind { kKill, kStop } kind = Kind::kKill;
+  enum class Kind { kKill, kStop, kSkip, kMismatch, kSlow } kind = Kind::kKill;
   int rank = 0;
-  int64_t step = 0;  // after this step completes (counted from 1)
+  int64_t step = 0;  // after this step completes (counted from 1); slow: none
   int64_t generation = 0;
+  int64_t factor = 1;  // slow: this many times the compute time
 };
 
 // Throws Error naming the malformed part and the expected form.
 std::vector<InjectedFault> parse_faults(std::string_view spec);
 
-// The fault planned for `rank` right after `step` in `generation`, or null.
+// The kill, stop, skip or mismatch planned for `rank` right after `step` in
+// `generation`, or null.
 const InjectedFault* fault_after_step(const std::vector<InjectedFault>& faults, int rank,
                                       int64_t generation, int64_t step);
 
-// Says so on stderr, stamps the heartbeat (if any) and raises the fault on
-// this process. Returns only after a stop, once continued.
+// The slow fault's factor for `rank` in `generation`: 1 when none.
+int64_t slow_factor(const std::vector<InjectedFault>& faults, int rank, int64_t generation);
+
+// Says so on stderr, stamps the heartbeat (if any) and raises a kill or stop
+// on this process. Returns only after a stop, once continued. A skip or
+// mismatch is the caller's to carry out (it owns the collective); this only
+// says so.
 void raise_fault(const InjectedFault& fault, WorkerHeartbeat* heartbeat);
 
 }  // namespace brigade::elastic

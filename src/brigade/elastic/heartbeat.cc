@@ -8,14 +8,17 @@
 #include <cerrno>
 #include <charconv>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <new>
 #include <string_view>
 
+#include "brigade/comm/flight_recorder.h"
 #include "brigade/core/clock.h"
 #include "brigade/core/error.h"
+#include "brigade/elastic/incidents.h"
 
 namespace brigade::elastic {
 namespace {
@@ -97,11 +100,21 @@ WorkerProgress HeartbeatTable::read(int local_rank) const {
   p.stats.tokens_per_s = slot->tokens_per_s.load();
   p.stats.mfu = slot->mfu.load();
   p.stats.comm_wait_fraction = slot->comm_wait_fraction.load();
+  p.dump_done = slot->dump_done.load();
   const int64_t run_dir_bytes = slot->run_dir_bytes.load(std::memory_order_acquire);
   if (run_dir_bytes > 0 && run_dir_bytes <= static_cast<int64_t>(kMaxRunDirBytes)) {
     p.run_dir.assign(slot->run_dir, static_cast<size_t>(run_dir_bytes));
   }
   return p;
+}
+
+void HeartbeatTable::request_dump(int local_rank, int64_t incident) const {
+  if (local_rank < 0 || local_rank >= slots_) {
+    throw_error("heartbeat slot {} is not in a table of {}", local_rank, slots_);
+  }
+  auto* slot =
+      reinterpret_cast<HeartbeatSlot*>(reinterpret_cast<char*>(table_) + kSlotStride * local_rank);
+  slot->dump_request.store(incident);
 }
 
 std::unique_ptr<WorkerHeartbeat> WorkerHeartbeat::from_environment() {
@@ -151,13 +164,38 @@ WorkerHeartbeat::~WorkerHeartbeat() {
 
 void WorkerHeartbeat::beat_loop() {
   std::unique_lock<std::mutex> lock(mutex_);
+  int64_t next_beat_ns = 0;
   while (!stop_) {
-    slot_->beat_ns.store(now_ns());
-    wake_.wait_for(lock, std::chrono::milliseconds(kHeartbeatIntervalMs), [this] { return stop_; });
+    const int64_t now = now_ns();
+    if (now >= next_beat_ns) {
+      slot_->beat_ns.store(now);
+      next_beat_ns = now + kHeartbeatIntervalMs * 1'000'000;
+    }
+    if (slot_->dump_request.load() > slot_->dump_done.load()) answer_dump_request();
+    wake_.wait_for(lock, std::chrono::milliseconds(kDumpPollMs), [this] { return stop_; });
   }
 }
 
+void WorkerHeartbeat::answer_dump_request() {
+  const int64_t incident = slot_->dump_request.load();
+  // Before started() there is no run directory and nothing recorded yet:
+  // answered all the same, so the agent does not wait for it.
+  if (slot_->start_step.load() >= 0 && !run_dir_.empty()) {
+    try {
+      FlightRecorder::global().dump_to_dir(incident_dir(run_dir_, incident));
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "brigade train: flight recorder for incident %lld not written: %s\n",
+                   static_cast<long long>(incident), e.what());
+    }
+  }
+  slot_->dump_done.store(incident);
+}
+
 void WorkerHeartbeat::started(int64_t step, const std::string& run_dir) {
+  {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    run_dir_ = run_dir;
+  }
   const size_t bytes = std::min(run_dir.size(), kMaxRunDirBytes);
   std::memcpy(slot_->run_dir, run_dir.data(), bytes);
   slot_->run_dir_bytes.store(run_dir.size() <= kMaxRunDirBytes ? static_cast<int64_t>(bytes) : 0,

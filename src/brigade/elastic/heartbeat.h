@@ -21,6 +21,14 @@
 // (loss, tokens/s, MFU, communication wait, step time) that the agent's
 // /metrics endpoint serves (diag/prometheus.h). The agent treats every value
 // as untrusted input: a worker bug must not crash it.
+//
+// At an incident the agent asks the live workers for their evidence through
+// the slot before it kills them: it sets dump_request to the incident's
+// number, and the heartbeat thread (which runs while training is stuck in a
+// collective) writes the process's flight recorder to
+// RUN_DIR/incidents/<number>/ (elastic/incident_evidence.h) and then sets
+// dump_done to the same number. The thread looks every kDumpPollMs, so the
+// agent's wait for the evidence stays a small part of the recovery.
 #pragma once
 
 #include <atomic>
@@ -36,6 +44,8 @@ namespace brigade::elastic {
 
 // How often a worker's heartbeat thread stamps its slot.
 inline constexpr int64_t kHeartbeatIntervalMs = 100;
+// How often the heartbeat thread looks for the agent's dump request.
+inline constexpr int64_t kDumpPollMs = 10;
 inline constexpr size_t kMaxRunDirBytes = 1024;
 
 struct HeartbeatSlot {
@@ -57,6 +67,10 @@ struct HeartbeatSlot {
   std::atomic<double> tokens_per_s;
   std::atomic<double> mfu;  // only the rank that measures it (rank 0)
   std::atomic<double> comm_wait_fraction;
+  // The agent's request for evidence (an incident number, from 1) and the
+  // worker's answer once written; 0: none.
+  std::atomic<int64_t> dump_request;
+  std::atomic<int64_t> dump_done;
 };
 static_assert(std::atomic<int64_t>::is_always_lock_free, "slots are shared between processes");
 static_assert(std::atomic<double>::is_always_lock_free, "slots are shared between processes");
@@ -84,6 +98,7 @@ struct WorkerProgress {
   std::string run_dir;       // empty until the worker said
   int64_t last_step_ns = 0;  // the last step's duration; 0 before the first
   StepStats stats;
+  int64_t dump_done = 0;  // the last incident whose evidence this worker wrote
 };
 
 // The agent's side: one table per generation.
@@ -99,6 +114,8 @@ class HeartbeatTable {
   int fd() const { return fd_; }
   int slots() const { return slots_; }
   WorkerProgress read(int local_rank) const;
+  // Asks the worker to write its flight recorder for `incident` (see above).
+  void request_dump(int local_rank, int64_t incident) const;
 
  private:
   int fd_ = -1;
@@ -132,12 +149,14 @@ class WorkerHeartbeat {
 
  private:
   void beat_loop();
+  void answer_dump_request();
 
   int64_t generation_ = 0;
   void* mapping_ = nullptr;
   size_t mapping_bytes_ = 0;
   HeartbeatSlot* slot_ = nullptr;
   bool first_step_done_ = false;
+  std::string run_dir_;  // as started() said; written before start_step, read by the thread
   std::mutex mutex_;
   std::condition_variable wake_;
   bool stop_ = false;

@@ -39,7 +39,13 @@ nlohmann::json Incident::to_json() const {
       resumed_from_step ? nlohmann::json(*resumed_from_step) : nlohmann::json(nullptr);
   const auto lost = steps_lost();
   j["steps_lost"] = lost ? nlohmann::json(*lost) : nlohmann::json(nullptr);
+  j["cause"] = cause.empty() ? nlohmann::json(nullptr) : nlohmann::json(cause);
+  j["evidence_ms"] = evidence_ms;
   return j;
+}
+
+std::filesystem::path incident_dir(const std::filesystem::path& run_dir, int64_t number) {
+  return run_dir / "incidents" / std::to_string(number);
 }
 
 nlohmann::json RunSummary::to_json() const {

@@ -21,7 +21,7 @@
 namespace brigade::elastic {
 
 struct Incident {
-  std::string kind;  // "crash", "hang" or "node_lost"
+  std::string kind;  // "crash", "hang" or "node_lost", as the agents saw it
   int rank = 0;
   int node = 0;  // the node of the worker (or the node that was lost)
   int64_t pid = 0;
@@ -40,6 +40,10 @@ struct Incident {
   // its first step completed.
   std::optional<int64_t> resumed_from_step;
   std::optional<int64_t> recovered_ns;
+  // The root cause from the evidence (diag/root_cause.h's line), and how long
+  // gathering the evidence delayed the restart.
+  std::string cause;
+  double evidence_ms = 0;
   bool written = false;
 
   double detected_after_ms() const { return (detected_ns - fault_ns) * 1e-6; }
@@ -71,6 +75,10 @@ struct RunSummary {
 RunSummary summarize(const std::vector<Incident>& incidents,
                      const std::vector<GenerationRecord>& generations, int restarts,
                      int64_t start_ns, int64_t end_ns);
+
+// Where the evidence of incident `number` (from 1) goes:
+// RUN_DIR/incidents/<number>/ (elastic/incident_evidence.h).
+std::filesystem::path incident_dir(const std::filesystem::path& run_dir, int64_t number);
 
 // Appends one JSON line to `path` (creating it). Throws Error if it cannot.
 void append_json_line(const std::filesystem::path& path, const nlohmann::json& line);

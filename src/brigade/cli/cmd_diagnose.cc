@@ -1,0 +1,36 @@
+// brigade diagnose RUN_DIR: the root cause of each incident of a run, from
+// the evidence its agent saved in RUN_DIR/incidents/<N>/ (diag/root_cause.h),
+// one line each, as the launcher printed them.
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "brigade/cli/commands.h"
+#include "brigade/core/error.h"
+#include "brigade/diag/root_cause.h"
+
+namespace brigade::cli {
+
+void add_diagnose_command(CLI::App& app) {
+  auto run_dir = std::make_shared<std::string>();
+  CLI::App* cmd = app.add_subcommand(
+      "diagnose",
+      "Name the root cause of each incident of a run (the rank, the kind: crash, hang, skip, "
+      "mismatch, and the collective) from the evidence in RUN_DIR/incidents/");
+  cmd->add_option("run_dir", *run_dir, "The run directory (train.run_dir)")->required();
+  cmd->callback([run_dir] {
+    int unreadable = 0;
+    for (const auto& dir : diag::incident_dirs(*run_dir)) {
+      try {
+        std::printf("%s\n", diag::find_root_cause(diag::read_incident(dir)).line.c_str());
+      } catch (const Error& e) {
+        ++unreadable;
+        std::fprintf(stderr, "brigade diagnose: %s\n", e.what());
+      }
+    }
+    std::fflush(stdout);
+    if (unreadable > 0) throw ExitStatus{1};
+  });
+}
+
+}  // namespace brigade::cli

@@ -1,0 +1,154 @@
+#include "brigade/elastic/incident_evidence.h"
+
+#include <fmt/format.h>
+#include <sys/wait.h>
+#include <time.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <system_error>
+
+#include "brigade/core/clock.h"
+#include "brigade/core/files.h"
+
+namespace brigade::elastic {
+namespace fs = std::filesystem;
+namespace {
+constexpr int64_t kNsPerMs = 1'000'000;
+}  // namespace
+
+nlohmann::json agent_view(const Incident& incident, int64_t number, int node, int nproc_per_node,
+                          int64_t taken_ns, const std::vector<WorkerView>& workers) {
+  auto age_ms = [&](int64_t t) {
+    return t == 0 ? nlohmann::json(nullptr) : nlohmann::json((taken_ns - t) * 1e-6);
+  };
+  nlohmann::json list = nlohmann::json::array();
+  for (const WorkerView& w : workers) {
+    const WorkerProgress& p = w.progress;
+    list.push_back({{"rank", w.rank},
+                    {"local_rank", w.local_rank},
+                    {"node", node},
+                    {"pid", w.pid},
+                    {"running", w.running},
+                    {"exit_code", w.exit_code ? nlohmann::json(*w.exit_code) : nullptr},
+                    {"signal", w.signal ? nlohmann::json(*w.signal) : nullptr},
+                    {"dumped", w.dumped},
+                    {"beat_age_ms", age_ms(p.beat_ns)},
+                    {"step", p.step},
+                    {"start_step", p.start_step},
+                    {"step_age_ms", age_ms(p.step_ns)},
+                    {"last_step_ms", p.last_step_ns * 1e-6}});
+  }
+  return {{"incident", number},
+          {"node", node},
+          {"nproc_per_node", nproc_per_node},
+          {"detected", incident.to_json()},
+          {"workers", std::move(list)}};
+}
+
+bool copy_exit_dumps(const fs::path& run_dir, const fs::path& dir, int rank, int64_t pid) {
+  const std::string prefix = fmt::format("flight_recorder_rank{}_", rank);
+  bool copied = false;
+  std::error_code ec;
+  for (fs::directory_iterator it(run_dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (!name.starts_with(prefix) || !name.ends_with(".json")) continue;
+    try {
+      std::ifstream in(it->path());
+      const nlohmann::json dump = nlohmann::json::parse(in);
+      if (dump.value("pid", int64_t{-1}) != pid) continue;
+    } catch (const std::exception&) {
+      continue;  // half-written or not ours
+    }
+    std::error_code copy_ec;
+    fs::copy_file(it->path(), dir / name, fs::copy_options::overwrite_existing, copy_ec);
+    copied = copied || !copy_ec;
+  }
+  return copied;
+}
+
+fs::path keep_evidence(const WorkerGroup& group, const HeartbeatTable& table,
+                       const std::map<int, int>& exits, const fs::path& run_dir, int node,
+                       int nproc_per_node, int64_t first_number, Incident& incident) {
+  const int64_t began = now_ns();
+  int64_t number = first_number;
+  std::error_code ec;
+  // A resumed run's earlier incidents keep their evidence.
+  while (fs::exists(incident_dir(run_dir, number), ec)) ++number;
+  const fs::path dir = incident_dir(run_dir, number);
+  fs::create_directories(dir, ec);
+  if (ec) {
+    std::fprintf(stderr, "brigade launch: no evidence for incident %lld: cannot create %s: %s\n",
+                 static_cast<long long>(number), dir.c_str(), ec.message().c_str());
+    return {};
+  }
+  // The views as at detection (the ages are the evidence, not the wait).
+  std::vector<WorkerView> views;
+  for (const Worker& w : group.workers()) {
+    WorkerView v;
+    v.rank = w.rank;
+    v.local_rank = w.local_rank;
+    v.pid = w.pid;
+    v.running = w.running;
+    v.progress = table.read(w.local_rank);
+    views.push_back(std::move(v));
+  }
+  // Only those that can answer are asked: a stopped worker would cost the
+  // whole wait.
+  std::vector<const WorkerView*> asked;
+  for (const WorkerView& v : views) {
+    if (v.running && v.progress.beat_ns > 0 &&
+        began - v.progress.beat_ns < kAnswerableBeatMs * kNsPerMs) {
+      table.request_dump(v.local_rank, number);
+      asked.push_back(&v);
+    }
+  }
+  // Done when each asked worker answered or has exited (a peer of the dead
+  // one may be failing on its own): waitid without reaping, which stays the
+  // supervision loop's.
+  auto exited = [](int64_t pid, siginfo_t* info) {
+    *info = siginfo_t{};
+    return ::waitid(P_PID, static_cast<id_t>(pid), info, WEXITED | WNOHANG | WNOWAIT) == 0 &&
+           info->si_pid == static_cast<pid_t>(pid);
+  };
+  const int64_t deadline = began + kEvidenceWaitMs * kNsPerMs;
+  for (;;) {
+    const bool all = std::all_of(asked.begin(), asked.end(), [&](const WorkerView* v) {
+      siginfo_t info;
+      return table.read(v->local_rank).dump_done >= number || exited(v->pid, &info);
+    });
+    if (all || now_ns() >= deadline) break;
+    const timespec poll{0, 2 * kNsPerMs};
+    ::nanosleep(&poll, nullptr);
+  }
+  for (WorkerView& v : views) {
+    if (const auto it = exits.find(v.rank); it != exits.end()) {
+      if (WIFSIGNALED(it->second)) v.signal = WTERMSIG(it->second);
+      if (WIFEXITED(it->second)) v.exit_code = WEXITSTATUS(it->second);
+    } else if (siginfo_t info; v.running && exited(v.pid, &info)) {
+      // Ended since the loop last reaped.
+      v.running = false;
+      if (info.si_code == CLD_EXITED) {
+        v.exit_code = info.si_status;
+      } else {
+        v.signal = info.si_status;
+      }
+    }
+    v.dumped = table.read(v.local_rank).dump_done >= number ||
+               copy_exit_dumps(run_dir, dir, v.rank, v.pid);
+  }
+  incident.evidence_ms = (now_ns() - began) * 1e-6;
+  try {
+    write_file_atomic(
+        dir / kAgentViewFile,
+        agent_view(incident, number, node, nproc_per_node, began, views).dump(1) + "\n");
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "brigade launch: incident %lld: %s\n", static_cast<long long>(number),
+                 e.what());
+    return {};
+  }
+  return dir;
+}
+
+}  // namespace brigade::elastic

@@ -1,0 +1,78 @@
+// What the agent leaves in RUN_DIR/incidents/<N>/ when a generation fails,
+// before it kills the survivors, for diag/root_cause.h to read (at once,
+// through the launcher's hook, and later with `brigade diagnose RUN_DIR`):
+//
+//   agent.json   the agent's view: the incident as it detected it, and for
+//                every worker of the node its rank, pid, whether it still
+//                ran, how it ended (exit code or signal), and its heartbeat
+//                slot at that moment (heartbeat and step ages, step, last
+//                step time);
+//   flight_recorder_rank<R>_<group>.json  every live worker's flight
+//                recorder (comm/flight_recorder.h), written by the worker on
+//                the agent's request (elastic/heartbeat.h); for a worker that
+//                had already exited, the dump it left in the run directory
+//                on its communication error, if it is this process's.
+//
+// A worker that is stopped or frozen cannot answer; the agent asks only
+// workers whose heartbeat is fresh and waits at most kEvidenceWaitMs for
+// them, then kills the generation as before: the evidence costs the restart
+// one poll of the heartbeat thread and one write of a few JSON files.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <vector>
+
+#include "brigade/elastic/heartbeat.h"
+#include "brigade/elastic/incidents.h"
+#include "brigade/elastic/worker_group.h"
+
+namespace brigade::elastic {
+
+inline constexpr char kAgentViewFile[] = "agent.json";
+// The longest the agent waits for the live workers' dumps.
+inline constexpr int64_t kEvidenceWaitMs = 1'000;
+// A worker whose last heartbeat is older than this is not asked (stopped or
+// frozen: it could not answer); ten missed beats.
+inline constexpr int64_t kAnswerableBeatMs = 1'000;
+
+struct WorkerView {
+  int rank = 0;
+  int local_rank = 0;
+  int64_t pid = 0;
+  bool running = false;
+  std::optional<int> exit_code;  // ended: its status, or the signal that ended it
+  std::optional<int> signal;
+  bool dumped = false;  // its flight recorder is in the incident's directory
+  WorkerProgress progress;
+};
+
+// agent.json's content; `taken_ns` is when the views were read (the
+// heartbeats' clock), from which the ages are computed.
+nlohmann::json agent_view(const Incident& incident, int64_t number, int node, int nproc_per_node,
+                          int64_t taken_ns, const std::vector<WorkerView>& workers);
+
+// Copies flight_recorder_rank<rank>_*.json from `run_dir` to `dir` where the
+// file's pid is `pid` (an older generation's, or another run's, is not this
+// incident's evidence). Returns whether any was copied. Never throws: a
+// missing or unreadable dump is missing evidence, not a second failure.
+bool copy_exit_dumps(const std::filesystem::path& run_dir, const std::filesystem::path& dir,
+                     int rank, int64_t pid);
+
+// At a failure, before the generation is killed: creates the incident's
+// directory (the first free number from `first_number` on: a resumed run's
+// earlier incidents keep theirs), asks the live workers for their dumps and
+// waits for them (bounded, see above), copies the exited workers' dumps, and
+// writes agent.json with the workers as at the call (`exits`: the wait
+// status of those already reaped, by rank). Sets incident.evidence_ms.
+// Returns the directory, or empty (said on stderr) if it could not be
+// written: missing evidence must not stop the recovery.
+std::filesystem::path keep_evidence(const WorkerGroup& group, const HeartbeatTable& table,
+                                    const std::map<int, int>& exits,
+                                    const std::filesystem::path& run_dir, int node,
+                                    int nproc_per_node, int64_t first_number, Incident& incident);
+
+}  // namespace brigade::elastic

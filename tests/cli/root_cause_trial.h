@@ -1,0 +1,90 @@
+// One root-cause trial through the real binary: a `brigade train --nproc 4`
+// on the tiny model with one injected fault (kill, stop, skip or mismatch) on
+// `rank` after `step`; the launcher must print one incident line naming that
+// rank and the fault's kind, write it as the incident's `cause`, and recover.
+// Shared by root_cause_test.cc (one trial per kind) and
+// root_cause_chaos_test.cc (many, at random).
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "testing/run_brigade.h"
+
+namespace brigade::testing {
+
+// A snapshot every step: a restart loses at most a step or two. The
+// collective timeout is far below the test's own and far above the hang
+// detection (2 s), so a hang the agent missed fails the trial.
+inline constexpr char kRootCauseTraining[] = R"(
+[train]
+micro_batch = 2
+steps = 8
+seed = 5
+snapshot_every = 1
+[optim]
+lr = 3e-3
+min_lr = 3e-3
+[data]
+synthetic = true
+[parallel]
+timeout_s = 20
+)";
+
+// What the line must say for each injected kind.
+inline std::string expected_phrase(const std::string& kind) {
+  if (kind == "kill") return "crashed (killed by SIGKILL)";
+  if (kind == "stop") return "stopped responding";
+  if (kind == "skip") return "skipped all_reduce";
+  return "with another shape";  // mismatch; "(a mismatch)" follows
+}
+
+// Runs the trial in `run_dir` and checks it; returns the incident's cause.
+// `also` adds faults that must not be blamed (a slow rank).
+inline std::string root_cause_trial(const std::filesystem::path& config,
+                                    const std::filesystem::path& run_dir, const std::string& kind,
+                                    int rank, int step, const std::string& also = "") {
+  const std::string inject = kind + ":rank=" + std::to_string(rank) +
+                             ":step=" + std::to_string(step) + (also.empty() ? "" : "," + also);
+  SCOPED_TRACE(inject);
+  const Output r = run_brigade({"train", "--nproc", "4", config.string(), "--set",
+                                "train.run_dir=\"" + run_dir.string() + "\"", "--inject", inject},
+                               std::chrono::seconds(300));
+  EXPECT_EQ(r.status, 0) << r.err;
+  const std::string head =
+      "brigade launch: incident 1: rank " + std::to_string(rank) + " (node 0) ";
+  const size_t at = r.err.find(head);
+  EXPECT_NE(at, std::string::npos) << r.err;
+  if (at == std::string::npos) return "";
+  const std::string line =
+      r.err.substr(at + 16, r.err.find('\n', at) - at - 16);  // without "brigade launch: "
+  EXPECT_NE(line.find(expected_phrase(kind)), std::string::npos) << line;
+  if (kind == "mismatch") {
+    EXPECT_NE(line.find("(a mismatch)"), std::string::npos) << line;
+  }
+  if (kind == "kill" || kind == "stop") {
+    EXPECT_NE(line.find("after step " + std::to_string(step)), std::string::npos) << line;
+    // The survivors' flight recorders, asked for before they were killed,
+    // say where they waited.
+    EXPECT_NE(line.find("; 3 ranks were waiting for it there"), std::string::npos) << line;
+  }
+  // One incident line, not a wall of them.
+  EXPECT_EQ(r.err.find("brigade launch: incident", at + 1), std::string::npos) << r.err;
+  std::ifstream in(run_dir / "incidents.jsonl");
+  std::string first;
+  std::getline(in, first);
+  const nlohmann::json incident = nlohmann::json::parse(first);
+  EXPECT_EQ(incident.at("cause"), line) << incident;
+  EXPECT_LT(incident.at("evidence_ms").get<double>(), 1'100.0) << incident;
+  std::printf("[ cause    ] %s (evidence %.0f ms)\n", line.c_str(),
+              incident.at("evidence_ms").get<double>());
+  return line;
+}
+
+}  // namespace brigade::testing

@@ -1,0 +1,281 @@
+// The root-cause analysis on hand-built evidence: each kind (crash, hang,
+// skip, mismatch, a stuck rank) named with its rank, node, step and
+// collective; a slow rank never blamed while another sign explains the
+// incident; the evidence files read back as the agent writes them; clear
+// errors for a directory without evidence. The whole path, from an injected
+// fault to the launcher's line, runs in tests/cli/root_cause_test.cc.
+#include "brigade/diag/root_cause.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "brigade/core/error.h"
+#include "testing/temp_dir.h"
+
+namespace brigade::diag {
+namespace {
+namespace fs = std::filesystem;
+
+constexpr char kStop[] = "shm all_reduce(count 1, f64, max)";
+constexpr char kGrads[] = "shm all_reduce(count 28032, f32, sum)";
+constexpr char kRss[] = "shm all_gather(count 1 per rank, f64)";
+
+// Four ranks of one node that ran `steps` steps of the loop's three
+// collectives on the world group, all completed, each at step `steps`.
+IncidentEvidence healthy(int steps) {
+  IncidentEvidence e;
+  e.number = 3;
+  e.detected_what = "worker rank 0 (local 0, node 0) exited with status 1";
+  e.detected_rank = 0;
+  for (int r = 0; r < 4; ++r) {
+    RankEvidence rank;
+    rank.rank = r;
+    rank.node = 0;
+    rank.beat_age_ms = 50;
+    rank.step = steps;
+    GroupDump world{"world", {0, 1, 2, 3}, {}};
+    uint64_t seq = 0;
+    for (int s = 0; s < steps; ++s) {
+      for (const char* op : {kStop, kGrads, kRss})
+        world.collectives.push_back({seq++, op, "completed"});
+    }
+    rank.groups.push_back(world);
+    e.ranks.push_back(rank);
+  }
+  return e;
+}
+
+GroupDump& world(IncidentEvidence& e, int rank) {
+  return e.ranks[static_cast<size_t>(rank)].groups[0];
+}
+
+// Rank `rank` enters `op` and waits in it.
+void waits_in(IncidentEvidence& e, int rank, const char* op, const char* state = "started") {
+  GroupDump& g = world(e, rank);
+  g.collectives.push_back({g.collectives.back().seq + 1, op, state});
+}
+
+TEST(RootCause, ACrashedRankIsNamedWithTheCollectiveTheOthersWaitIn) {
+  IncidentEvidence e = healthy(5);
+  e.ranks[2].running = false;
+  e.ranks[2].signal = 9;
+  e.ranks[2].groups.clear();  // killed: no dump
+  for (int r : {0, 1, 3}) waits_in(e, r, kStop);
+  const RootCause c = find_root_cause(e);
+  EXPECT_EQ(c.kind, "crash");
+  EXPECT_EQ(c.rank, 2);
+  EXPECT_EQ(c.seq, 15u);
+  EXPECT_EQ(c.waiting, 3);
+  EXPECT_EQ(c.line,
+            "incident 3: rank 2 (node 0) crashed (killed by SIGKILL) after step 5, before "
+            "all_reduce #15 of group world; 3 ranks were waiting for it there");
+}
+
+TEST(RootCause, ASilentRankStoppedRespondingAndTheSlowOneIsNotBlamed) {
+  IncidentEvidence e = healthy(5);
+  // Rank 1 stopped before its step's first collective; rank 3 is slow: also
+  // behind, but beating.
+  e.ranks[1].beat_age_ms = 2100;
+  e.ranks[1].groups.clear();
+  e.ranks[3].step = 4;
+  world(e, 3).collectives.resize(13);
+  for (int r : {0, 2}) waits_in(e, r, kStop);
+  const RootCause c = find_root_cause(e);
+  EXPECT_EQ(c.kind, "hang");
+  EXPECT_EQ(c.rank, 1);
+  EXPECT_EQ(c.line,
+            "incident 3: rank 1 (node 0) stopped responding after step 5, before all_reduce #15 "
+            "of group world; 2 ranks were waiting for it there");
+}
+
+TEST(RootCause, ASlowRankIsNotBlamedForACrashElsewhere) {
+  IncidentEvidence e = healthy(5);
+  e.ranks[0].running = false;
+  e.ranks[0].exit_code = 1;
+  e.detected_rank = 0;
+  e.ranks[3].running = false;
+  e.ranks[3].signal = 11;
+  e.ranks[3].groups.clear();
+  e.ranks[1].step = 4;  // slow, behind everyone
+  world(e, 1).collectives.resize(12);
+  waits_in(e, 2, kStop);
+  waits_in(e, 0, kStop, "failed");
+  const RootCause c = find_root_cause(e);
+  EXPECT_EQ(c.kind, "crash");
+  EXPECT_EQ(c.rank, 3) << "a signal of its own outweighs the agent's first exit";
+  EXPECT_NE(c.line.find("killed by SIGSEGV"), std::string::npos) << c.line;
+}
+
+TEST(RootCause, ACallWithAnotherCountIsAMismatch) {
+  IncidentEvidence e = healthy(5);
+  for (int r : {0, 1, 2}) waits_in(e, r, kStop, "failed");
+  waits_in(e, 3, "shm all_reduce(count 2, f64, max)", "failed");
+  for (auto& r : e.ranks) {
+    r.running = false;
+    r.exit_code = 1;
+  }
+  const RootCause c = find_root_cause(e);
+  EXPECT_EQ(c.kind, "mismatch");
+  EXPECT_EQ(c.rank, 3);
+  EXPECT_EQ(c.seq, 15u);
+  EXPECT_EQ(c.line,
+            "incident 3: rank 3 (node 0) called all_reduce #15 of group world with another shape "
+            "after step 5 (a mismatch): all_reduce(count 2, f64, max) where 3 ranks called "
+            "all_reduce(count 1, f64, max)");
+}
+
+TEST(RootCause, RunningTheGroupsNextCollectiveInsteadIsASkip) {
+  IncidentEvidence e = healthy(5);
+  for (int r : {0, 2, 3}) waits_in(e, r, kStop, "failed");
+  waits_in(e, 1, kGrads, "failed");
+  const RootCause c = find_root_cause(e);
+  EXPECT_EQ(c.kind, "skip");
+  EXPECT_EQ(c.rank, 1);
+  EXPECT_EQ(c.line,
+            "incident 3: rank 1 (node 0) skipped all_reduce #15 of group world after step 5: it "
+            "ran the group's next collective, all_reduce(count 28032, f32, sum), in its place; 3 "
+            "ranks ran all_reduce(count 1, f64, max)");
+}
+
+TEST(RootCause, WithTwoRanksTheHistoryTellsWhichOneSkipped) {
+  IncidentEvidence e = healthy(5);
+  e.ranks.resize(2);
+  for (auto& r : e.ranks) r.groups[0].members = {0, 1};
+  waits_in(e, 0, kGrads, "failed");
+  waits_in(e, 1, kStop, "failed");
+  const RootCause c = find_root_cause(e);
+  EXPECT_EQ(c.kind, "skip");
+  EXPECT_EQ(c.rank, 0);
+}
+
+TEST(RootCause, ARankBehindThatMovedOnSkippedAndOneThatDidNotIsStuck) {
+  IncidentEvidence e = healthy(5);
+  for (int r : {0, 1, 3}) waits_in(e, r, kStop);
+  // Rank 2 never entered #15 and waits in another group's collective.
+  e.ranks[2].groups.push_back({"tp0", {2, 3}, {{0, kRss, "started"}}});
+  RootCause c = find_root_cause(e);
+  EXPECT_EQ(c.kind, "skip");
+  EXPECT_EQ(c.rank, 2);
+  EXPECT_NE(c.line.find("skipped all_reduce #15 of group world after step 5 and went on; 3 ranks "
+                        "were waiting for it there"),
+            std::string::npos)
+      << c.line;
+  e.ranks[2].groups.pop_back();
+  c = find_root_cause(e);
+  EXPECT_EQ(c.kind, "hang");
+  EXPECT_EQ(c.rank, 2);
+  EXPECT_NE(c.line.find("stopped making progress after step 5, before all_reduce #15"),
+            std::string::npos)
+      << c.line;
+}
+
+TEST(RootCause, NoSignIsSaidAsSuch) {
+  const RootCause c = find_root_cause(healthy(2));
+  EXPECT_EQ(c.kind, "unknown");
+  EXPECT_EQ(c.line,
+            "incident 3: no root cause in the evidence; the agent saw: worker rank 0 (local 0, "
+            "node 0) exited with status 1");
+}
+
+// The files, as elastic/incident_evidence.h and comm/flight_recorder.h write them.
+void write_evidence(const fs::path& dir, const IncidentEvidence& e) {
+  fs::create_directories(dir);
+  nlohmann::json workers = nlohmann::json::array();
+  for (const RankEvidence& r : e.ranks) {
+    workers.push_back({{"rank", r.rank},
+                       {"local_rank", r.rank},
+                       {"node", r.node},
+                       {"pid", 100 + r.rank},
+                       {"running", r.running},
+                       {"exit_code", r.exit_code ? nlohmann::json(*r.exit_code) : nullptr},
+                       {"signal", r.signal ? nlohmann::json(*r.signal) : nullptr},
+                       {"dumped", !r.groups.empty()},
+                       {"beat_age_ms", *r.beat_age_ms},
+                       {"step", r.step},
+                       {"start_step", 0},
+                       {"step_age_ms", 10.0},
+                       {"last_step_ms", 5.0}});
+    for (const GroupDump& g : r.groups) {
+      nlohmann::json records = nlohmann::json::array();
+      for (const CollectiveRecord& c : g.collectives) {
+        records.push_back(
+            {{"kind", "collective"}, {"seq", c.seq}, {"op", c.op}, {"state", c.state}});
+      }
+      records.push_back({{"kind", "p2p"}, {"seq", 0}, {"op", "shm send"}, {"state", "started"}});
+      std::ofstream(dir /
+                    ("flight_recorder_rank" + std::to_string(r.rank) + "_" + g.name + ".json"))
+          << nlohmann::json{{"world_rank", r.rank},
+                            {"pid", 100 + r.rank},
+                            {"group",
+                             {{"name", g.name},
+                              {"rank", r.rank},
+                              {"size", 4},
+                              {"members", g.members}}},
+                            {"records", records}}
+                 .dump(1);
+    }
+  }
+  std::ofstream(dir / "agent.json") << nlohmann::json{
+      {"incident", e.number},
+      {"node", 0},
+      {"nproc_per_node", 4},
+      {"detected", {{"rank", e.detected_rank}, {"what", e.detected_what}, {"kind", "crash"}}},
+      {"workers", workers}}.dump(1);
+}
+
+TEST(RootCause, TheEvidenceFilesReadBackToTheSameCause) {
+  testing::TempDir run("brigade_root_cause");
+  IncidentEvidence e = healthy(5);
+  e.ranks[2].beat_age_ms = 2500;
+  e.ranks[2].groups.clear();
+  for (int r : {0, 1, 3}) waits_in(e, r, kStop);
+  write_evidence(run.path() / "incidents" / "3", e);
+  const auto dirs = incident_dirs(run.path());
+  ASSERT_EQ(dirs.size(), 1u);
+  const IncidentEvidence read = read_incident(dirs[0]);
+  EXPECT_EQ(read.ranks.size(), 4u);
+  EXPECT_EQ(read.ranks[0].groups.at(0).collectives.size(), 16u)
+      << "p2p records are not collectives";
+  const RootCause expected = find_root_cause(e);
+  EXPECT_EQ(find_root_cause(read).line, expected.line);
+  EXPECT_EQ(diagnose_incident(dirs[0]), expected.line);
+  std::ifstream cause(dirs[0] / "cause.txt");
+  std::string line;
+  std::getline(cause, line);
+  EXPECT_EQ(line, expected.line);
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+TEST(RootCause, ADirectoryWithoutEvidenceIsAClearError) {
+  testing::TempDir run("brigade_root_cause");
+  EXPECT_NE(error_of([&] { incident_dirs(run.path() / "nope"); }).find("is not a directory"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { incident_dirs(run.path()); }).find("holds no incident evidence"),
+            std::string::npos);
+  fs::create_directories(run.path() / "incidents" / "1");
+  EXPECT_NE(error_of([&] {
+              read_incident(run.path() / "incidents" / "1");
+            }).find("agent.json is missing"),
+            std::string::npos);
+  std::ofstream(run.path() / "incidents" / "1" / "agent.json") << "{\"incident\": 1}";
+  EXPECT_NE(error_of([&] {
+              read_incident(run.path() / "incidents" / "1");
+            }).find("lacks what the agent writes"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace brigade::diag
