@@ -40,11 +40,12 @@ struct Gpt::Workspace {
   // With Recompute::kNone one stash per block; with kFull a single stash
   // that every block overwrites in turn.
   std::vector<Stash> stashes;
-  std::vector<float*> resid;  // L+1 of (N,C): resid[l] is block l's input
-  float* lnf;                 // (N,C)
-  float* lnf_mean;            // (N)
-  float* lnf_rstd;            // (N)
-  float* losses;              // (N)
+  std::vector<float*> resid;    // L+1 of (N,C): resid[l] is block first+l's input
+  std::vector<int32_t> tokens;  // (B,T): the inputs, kept for a part's embedding backward
+  float* lnf;                   // (N,C)
+  float* lnf_mean;              // (N)
+  float* lnf_rstd;              // (N)
+  float* losses;                // (N)
   // Scratch, live only inside one layer's forward or backward.
   float* c_a;                // (N,C)
   float* c_b;                // (N,C)
@@ -60,9 +61,10 @@ void Gpt::WorkspaceDeleter::operator()(Workspace* w) const {
   delete w;
 }
 
-Gpt::Gpt(const GptConfig& config, float* params, float* grads, TensorParallel* tp)
+Gpt::Gpt(const GptConfig& config, float* params, float* grads, TensorParallel* tp,
+         LayerRange layers)
     : config_(config),
-      layout_(config, tp ? tp->rank() : 0, tp ? tp->size() : 1),
+      layout_(config, tp ? tp->rank() : 0, tp ? tp->size() : 1, layers),
       params_(params),
       grads_(grads),
       tp_(tp) {
@@ -70,7 +72,13 @@ Gpt::Gpt(const GptConfig& config, float* params, float* grads, TensorParallel* t
 }
 
 const Gpt::Stash& Gpt::stash(int64_t layer) const {
-  return config_.recompute == Recompute::kFull ? ws_->stashes[0] : ws_->stashes[layer];
+  return config_.recompute == Recompute::kFull
+             ? ws_->stashes[0]
+             : ws_->stashes[static_cast<size_t>(layer - layout_.first_layer())];
+}
+
+float* Gpt::resid(int64_t layer) const {
+  return ws_->resid[static_cast<size_t>(layer - layout_.first_layer())];
 }
 
 namespace {
@@ -92,9 +100,10 @@ class Carver {
 };
 
 template <typename Ws, typename StashT>
-void carve(Carver& cv, Ws& ws, const GptConfig& cfg, int64_t tp, int64_t b, int64_t t) {
+void carve(Carver& cv, Ws& ws, const GptConfig& cfg, int64_t tp, int64_t layers, int64_t b,
+           int64_t t) {
   const int64_t n = b * t, c = cfg.n_embd, cl = c / tp;
-  const int64_t num_stashes = cfg.recompute == Recompute::kFull ? 1 : cfg.n_layer;
+  const int64_t num_stashes = cfg.recompute == Recompute::kFull ? 1 : layers;
   ws.stashes.assign(num_stashes, StashT{});
   for (StashT& s : ws.stashes) {
     s.ln1 = cv.take(n * c);
@@ -109,7 +118,7 @@ void carve(Carver& cv, Ws& ws, const GptConfig& cfg, int64_t tp, int64_t b, int6
     s.ln2_rstd = cv.take(n);
     s.fc_pre = cv.take(n * 4 * cl);
   }
-  ws.resid.assign(cfg.n_layer + 1, nullptr);
+  ws.resid.assign(static_cast<size_t>(layers + 1), nullptr);
   for (float*& r : ws.resid) r = cv.take(n * c);
   ws.lnf = cv.take(n * c);
   ws.lnf_mean = cv.take(n);
@@ -140,7 +149,7 @@ void check_token_ids(const int32_t* ids, int64_t n, int64_t vocab, const char* w
 int64_t Gpt::activation_bytes(int64_t b, int64_t t) const {
   Workspace ws;
   Carver cv(nullptr);
-  carve<Workspace, Stash>(cv, ws, config_, tp_size(), b, t);
+  carve<Workspace, Stash>(cv, ws, config_, tp_size(), num_layers(), b, t);
   return cv.used() * static_cast<int64_t>(sizeof(float));
 }
 
@@ -148,14 +157,18 @@ void Gpt::ensure_workspace(int64_t b, int64_t t) {
   if (t > config_.block_size) {
     throw_error("sequence length {} exceeds the model's block_size {}", t, config_.block_size);
   }
+  if (slots_.size() <= slot_) slots_.resize(slot_ + 1);
+  Slot& slot = slots_[slot_];
+  ws_ = slot.ws.get();
   // The attention scratch is sized per thread, so a new thread count re-carves.
   if (ws_ && ws_->b == b && ws_->t == t && ws_->threads == omp_get_max_threads()) return;
-  ws_.reset(new Workspace);
+  slot.ws.reset(new Workspace);
+  ws_ = slot.ws.get();
   Carver sizer(nullptr);
-  carve<Workspace, Stash>(sizer, *ws_, config_, tp_size(), b, t);
-  if (arena_.size() < sizer.used()) arena_ = FloatBuffer(sizer.used());
-  Carver cv(arena_.data());
-  carve<Workspace, Stash>(cv, *ws_, config_, tp_size(), b, t);
+  carve<Workspace, Stash>(sizer, *ws_, config_, tp_size(), num_layers(), b, t);
+  if (slot.arena.size() < sizer.used()) slot.arena = FloatBuffer(sizer.used());
+  Carver cv(slot.arena.data());
+  carve<Workspace, Stash>(cv, *ws_, config_, tp_size(), num_layers(), b, t);
   ws_->b = b;
   ws_->t = t;
   ws_->threads = omp_get_max_threads();
@@ -194,49 +207,65 @@ Gpt::Range Gpt::embeddings_range() const {
   return {layout_.wte(), layout_.block(0).ln_1_w};
 }
 Gpt::Range Gpt::wte_range() const {
-  return {layout_.wte(), layout_.wpe()};
+  return {layout_.wte(), layout_.params()[1].offset};  // wte is first wherever it is
 }
 Gpt::Range Gpt::block_range(int64_t layer) const {
-  const int64_t end =
-      layer + 1 < config_.n_layer ? layout_.block(layer + 1).ln_1_w : layout_.ln_f_w();
+  const int64_t end = layer + 1 < layout_.end_layer() ? layout_.block(layer + 1).ln_1_w
+                      : layout_.has_head()            ? layout_.ln_f_w()
+                                                      : layout_.size();
   return {layout_.block(layer).ln_1_w, end};
 }
 Gpt::Range Gpt::ln_f_range() const {
   return {layout_.ln_f_w(), layout_.size()};
 }
 
-void Gpt::forward_trunk(const int32_t* inputs, int64_t b, int64_t t) {
+void Gpt::forward_trunk(const int32_t* inputs, const float* resid_in, int64_t b, int64_t t) {
   ensure_workspace(b, t);
   Workspace& ws = *ws_;
   const float* p = params_;
   const int64_t n = b * t, c = config_.n_embd, v = config_.vocab_size;
-  check_token_ids(inputs, n, v, "token");
+  const int64_t first = layout_.first_layer(), end = layout_.end_layer();
+  const bool head = layout_.has_head();
   // Residency (ZeRO 3): each step holds what it reads and fetches the next
   // block meanwhile. Block l's closing LayerNorm belongs to block l+1 (or
   // ln_f), so that range is acquired before block l runs and kept for its own turn.
-  acquire(embeddings_range());
-  acquire(block_range(0));
-  cpu::embedding_forward(ws.resid[0], inputs, p + layout_.wte(), p + layout_.wpe(), b, t, c);
-  const BlockOffsets& first = layout_.block(0);
-  cpu::layernorm_forward(stash(0).ln1, stash(0).ln1_mean, stash(0).ln1_rstd, ws.resid[0],
-                         p + first.ln_1_w, p + first.ln_1_b, n, c);
-  release(embeddings_range());
-  for (int64_t l = 0; l < config_.n_layer; ++l) {
+  if (layout_.has_embeddings()) {
+    check_token_ids(inputs, n, v, "token");
+    acquire(embeddings_range());
+    acquire(block_range(first));
+    cpu::embedding_forward(resid(first), inputs, p + layout_.wte(), p + layout_.wpe(), b, t, c);
+  } else {
+    acquire(block_range(first));
+    std::memcpy(resid(first), resid_in, sizeof(float) * n * c);
+  }
+  const BlockOffsets& first_block = layout_.block(first);
+  cpu::layernorm_forward(stash(first).ln1, stash(first).ln1_mean, stash(first).ln1_rstd,
+                         resid(first), p + first_block.ln_1_w, p + first_block.ln_1_b, n, c);
+  if (layout_.has_embeddings()) release(embeddings_range());
+  for (int64_t l = first; l < end; ++l) {
     const Stash& s = stash(l);
-    const bool last = l + 1 == config_.n_layer;
-    const Range next = last ? ln_f_range() : block_range(l + 1);
-    acquire(next);
-    if (last) {
+    const bool last = l + 1 == end;
+    if (!last) {
+      acquire(block_range(l + 1));
+      if (l + 2 < end) prefetch(block_range(l + 2));
+    } else if (head) {
+      acquire(ln_f_range());
       prefetch(wte_range());  // the LM head's
-    } else if (l + 2 < config_.n_layer) {
-      prefetch(block_range(l + 2));
     }
-    block_forward(l, s, ws.resid[l], ws.c_b, b, t);
+    block_forward(l, s, resid(l), ws.c_b, b, t);
+    if (last && !head) {
+      // The part's output stream; the next part's first block normalises it.
+      float* out = resid(l + 1);
+#pragma omp parallel for schedule(static) if (n * c >= (1 << 16))
+      for (int64_t i = 0; i < n * c; ++i) out[i] = s.resid_mid[i] + ws.c_b[i];
+      release(block_range(l));
+      break;
+    }
     // The block's closing residual add is fused with the next LayerNorm:
     // resid[l+1] = resid_mid + mlp_out, then ln_1 of block l+1 (or ln_f).
     const Stash& next_stash = stash(last ? l : l + 1);
     const BlockOffsets* nb = last ? nullptr : &layout_.block(l + 1);
-    cpu::residual_layernorm_forward(ws.resid[l + 1], last ? ws.lnf : next_stash.ln1,
+    cpu::residual_layernorm_forward(resid(l + 1), last ? ws.lnf : next_stash.ln1,
                                     last ? ws.lnf_mean : next_stash.ln1_mean,
                                     last ? ws.lnf_rstd : next_stash.ln1_rstd, s.resid_mid, ws.c_b,
                                     p + (last ? layout_.ln_f_w() : nb->ln_1_w),
@@ -286,46 +315,90 @@ void Gpt::block_backward(int64_t layer, const Stash& s, const float* resid_in, f
 float Gpt::forward_backward(const int32_t* inputs, const int32_t* targets, int64_t b, int64_t t,
                             float loss_scale) {
   BRIGADE_CHECK(grads_ != nullptr, "forward_backward needs a gradient buffer");
+  BRIGADE_CHECK(layout_.whole(), "forward_backward runs the whole model; a part runs part_forward");
   check_token_ids(targets, b * t, config_.vocab_size, "target");
-  forward_trunk(inputs, b, t);
+  forward_trunk(inputs, nullptr, b, t);
+  head_loss_backward(targets, loss_scale);
+  backward_trunk(inputs, /*from_head=*/true);
+  return mean_loss(b * t);
+}
+
+void Gpt::head_loss_backward(const int32_t* targets, float loss_scale) {
+  Workspace& ws = *ws_;
+  cpu::LmHeadLossArgs head = lm_head_args(targets, ws.b * ws.t);
+  head.dx = ws.c_a;
+  head.dwte = grads_ + layout_.wte();
+  head.loss_scale = loss_scale;
+  acquire(wte_range());
+  prefetch(block_range(layout_.end_layer() - 1));
+  cpu::lm_head_loss(head);
+  release(wte_range());
+}
+
+void Gpt::backward_trunk(const int32_t* inputs, bool from_head) {
   Workspace& ws = *ws_;
   const float* p = params_;
   float* g = grads_;
-  const int64_t n = b * t, c = config_.n_embd;
-
-  cpu::LmHeadLossArgs head = lm_head_args(targets, n);
-  head.dx = ws.c_a;
-  head.dwte = g + layout_.wte();
-  head.loss_scale = loss_scale;
-  acquire(wte_range());
-  prefetch(block_range(config_.n_layer - 1));
-  cpu::lm_head_loss(head);
-  release(wte_range());
-
-  std::memset(ws.dresid, 0, sizeof(float) * n * c);
-  cpu::layernorm_backward(ws.dresid, g + layout_.ln_f_w(), g + layout_.ln_f_b(), ws.c_a,
-                          ws.resid[config_.n_layer], ws.lnf_mean, ws.lnf_rstd, p + layout_.ln_f_w(),
-                          n, c);
-  release(ln_f_range());
-  if (grad_ready_) grad_ready_(layout_.ln_f_w());
-  for (int64_t l = config_.n_layer - 1; l >= 0; --l) {
+  const int64_t b = ws.b, t = ws.t, n = b * t, c = config_.n_embd;
+  const int64_t first = layout_.first_layer(), end = layout_.end_layer();
+  if (from_head) {
+    std::memset(ws.dresid, 0, sizeof(float) * n * c);
+    cpu::layernorm_backward(ws.dresid, g + layout_.ln_f_w(), g + layout_.ln_f_b(), ws.c_a,
+                            resid(end), ws.lnf_mean, ws.lnf_rstd, p + layout_.ln_f_w(), n, c);
+    release(ln_f_range());
+    if (grad_ready_) grad_ready_(layout_.ln_f_w());
+  }
+  for (int64_t l = end - 1; l >= first; --l) {
     const Stash& s = stash(l);
     acquire(block_range(l));
-    if (l > 0) prefetch(block_range(l - 1));
+    if (l > first) prefetch(block_range(l - 1));
     if (config_.recompute == Recompute::kFull) {
       // Rebuild this block's stash from its saved input: ln_1, then the rest.
       const BlockOffsets& o = layout_.block(l);
-      cpu::layernorm_forward(s.ln1, s.ln1_mean, s.ln1_rstd, ws.resid[l], p + o.ln_1_w, p + o.ln_1_b,
-                             n, c);
-      block_forward(l, s, ws.resid[l], ws.c_b, b, t);
+      cpu::layernorm_forward(s.ln1, s.ln1_mean, s.ln1_rstd, resid(l), p + o.ln_1_w, p + o.ln_1_b, n,
+                             c);
+      block_forward(l, s, resid(l), ws.c_b, b, t);
     }
-    block_backward(l, s, ws.resid[l], ws.dresid, b, t);
+    block_backward(l, s, resid(l), ws.dresid, b, t);
     release(block_range(l));
     if (grad_ready_) grad_ready_(layout_.block(l).ln_1_w);
   }
-  cpu::embedding_backward(g + layout_.wte(), g + layout_.wpe(), ws.dresid, inputs, b, t, c);
+  if (layout_.has_embeddings()) {
+    cpu::embedding_backward(g + layout_.wte(), g + layout_.wpe(), ws.dresid, inputs, b, t, c);
+  }
   if (grad_ready_) grad_ready_(0);
-  return mean_loss(n);
+}
+
+float Gpt::part_forward(int64_t slot, const int32_t* inputs, const float* resid_in,
+                        const int32_t* targets, float loss_scale, float* resid_out, int64_t b,
+                        int64_t t) {
+  BRIGADE_CHECK(grads_ != nullptr && slot >= 0, "part_forward needs a gradient buffer");
+  const int64_t n = b * t, c = config_.n_embd;
+  if (layout_.has_head()) check_token_ids(targets, n, config_.vocab_size, "target");
+  slot_ = static_cast<size_t>(slot);
+  forward_trunk(inputs, resid_in, b, t);
+  if (layout_.has_embeddings()) ws_->tokens.assign(inputs, inputs + n);
+  float loss = 0.0f;
+  if (layout_.has_head()) {
+    head_loss_backward(targets, loss_scale);
+    loss = mean_loss(n);
+  } else {
+    std::memcpy(resid_out, resid(layout_.end_layer()), sizeof(float) * n * c);
+  }
+  slot_ = 0;
+  return loss;
+}
+
+void Gpt::part_backward(int64_t slot, const float* dresid_out, float* dresid_in) {
+  BRIGADE_CHECK(slot >= 0 && static_cast<size_t>(slot) < slots_.size() && slots_[slot].ws,
+                "part_backward of slot {} before its part_forward", slot);
+  slot_ = static_cast<size_t>(slot);
+  ws_ = slots_[slot_].ws.get();
+  const int64_t n = ws_->b * ws_->t, c = config_.n_embd;
+  if (!layout_.has_head()) std::memcpy(ws_->dresid, dresid_out, sizeof(float) * n * c);
+  backward_trunk(ws_->tokens.data(), layout_.has_head());
+  if (!layout_.has_embeddings()) std::memcpy(dresid_in, ws_->dresid, sizeof(float) * n * c);
+  slot_ = 0;
 }
 
 cpu::LmHeadLossArgs Gpt::lm_head_args(const int32_t* targets, int64_t n) const {
@@ -348,8 +421,9 @@ float Gpt::mean_loss(int64_t n) const {
 }
 
 float Gpt::forward_loss(const int32_t* inputs, const int32_t* targets, int64_t b, int64_t t) {
+  BRIGADE_CHECK(layout_.whole(), "forward_loss runs the whole model");
   check_token_ids(targets, b * t, config_.vocab_size, "target");
-  forward_trunk(inputs, b, t);
+  forward_trunk(inputs, nullptr, b, t);
   acquire(wte_range());
   cpu::lm_head_loss(lm_head_args(targets, b * t));
   release(wte_range());
@@ -358,7 +432,8 @@ float Gpt::forward_loss(const int32_t* inputs, const int32_t* targets, int64_t b
 }
 
 void Gpt::forward_logits(const int32_t* inputs, int64_t b, int64_t t, float* logits) {
-  forward_trunk(inputs, b, t);
+  BRIGADE_CHECK(layout_.whole(), "forward_logits runs the whole model");
+  forward_trunk(inputs, nullptr, b, t);
   acquire(wte_range());
   cpu::lm_head_logits(logits, ws_->lnf, params_ + layout_.wte(), b * t, config_.n_embd,
                       config_.vocab_size);
@@ -367,7 +442,8 @@ void Gpt::forward_logits(const int32_t* inputs, int64_t b, int64_t t, float* log
 }
 
 void Gpt::forward_last_logits(const int32_t* inputs, int64_t b, int64_t t, float* logits) {
-  forward_trunk(inputs, b, t);
+  BRIGADE_CHECK(layout_.whole(), "forward_last_logits runs the whole model");
+  forward_trunk(inputs, nullptr, b, t);
   acquire(wte_range());
   const int64_t c = config_.n_embd;
   for (int64_t row = 0; row < b; ++row) {
@@ -382,8 +458,16 @@ void init_gpt2_weights(const ParamLayout& layout, int64_t n_layer, uint64_t seed
   const float residual_std = 0.02f / std::sqrt(2.0f * static_cast<float>(n_layer));
   const uint64_t init_key = Philox::key(seed, RngPurpose::kWeightInit);
   const auto& infos = layout.params();
-  for (size_t k = 0; k < infos.size(); ++k) {
-    const ParamInfo& info = infos[k];
+  // A part's tensors draw as the whole model's: by their index there (wte,
+  // wpe, then the blocks' tensors in order, then ln_f).
+  const auto leading = static_cast<size_t>((layout.wte() >= 0) + (layout.wpe() >= 0));
+  constexpr size_t per_block = sizeof(BlockOffsets) / sizeof(int64_t);  // tensors per block
+  for (size_t local_k = 0; local_k < infos.size(); ++local_k) {
+    const ParamInfo& info = infos[local_k];
+    const uint64_t k =
+        local_k < leading
+            ? (info.name == "wte.weight" ? 0 : 1)
+            : 2 + per_block * static_cast<size_t>(layout.first_layer()) + (local_k - leading);
     float* dst = params + info.offset;
     if (info.kind == ParamKind::kBias || info.kind == ParamKind::kNorm) {
       const bool is_norm_weight = info.kind == ParamKind::kNorm && info.name.ends_with(".weight");

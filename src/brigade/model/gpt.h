@@ -21,6 +21,8 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
+#include <vector>
 
 #include "brigade/core/aligned_buffer.h"
 #include "brigade/model/gpt_config.h"
@@ -53,7 +55,10 @@ class Gpt {
   // tensor-parallel group this rank splits the blocks with (null, or size
   // 1: the whole model here); it must outlive the model, and the layout is
   // then this rank's shards (ParamLayout(config, tp->rank(), tp->size())).
-  Gpt(const GptConfig& config, float* params, float* grads, TensorParallel* tp = nullptr);
+  // layers: the blocks this model holds (a part of the model: see
+  // part_forward); the default is all of them.
+  Gpt(const GptConfig& config, float* params, float* grads, TensorParallel* tp = nullptr,
+      LayerRange layers = {});
 
   const GptConfig& config() const { return config_; }
   const ParamLayout& layout() const { return layout_; }
@@ -65,6 +70,24 @@ class Gpt {
   // the gradient of the global mean loss. Returns this micro-batch's mean loss.
   float forward_backward(const int32_t* inputs, const int32_t* targets, int64_t b, int64_t t,
                          float loss_scale);
+
+  // A part of the model (layout().first_layer() to end_layer()), one
+  // micro-batch at a time, with several micro-batches between their forward
+  // and their backward: each keeps its activations in its own `slot`
+  // (0, 1, ...; slots are allocated on first use and reused). The part
+  // reads the residual stream (B,T,C) from resid_in, or embeds `inputs`
+  // when it has the embeddings (it keeps them for the embedding's
+  // backward); it writes its output stream to resid_out, or, when it has
+  // the LM head, computes the loss of `targets` and its gradient (scaled
+  // as in forward_backward) and returns the mean loss (0 otherwise).
+  // part_backward then takes dL/d(output stream) (unused with the head) and
+  // writes dL/d(input stream) to dresid_in (unused with the embeddings),
+  // adding the parameters' gradients to grads. The whole model is the part
+  // with both ends, and forward then backward of one slot is forward_backward.
+  float part_forward(int64_t slot, const int32_t* inputs, const float* resid_in,
+                     const int32_t* targets, float loss_scale, float* resid_out, int64_t b,
+                     int64_t t);
+  void part_backward(int64_t slot, const float* dresid_out, float* dresid_in);
 
   // Called during backward as gradients become final: every gradient at a
   // flat offset >= ready_from has been fully written for this micro-batch.
@@ -95,9 +118,18 @@ class Gpt {
   struct Stash;      // one block's saved activations
   struct Workspace;  // all activation memory for one (B,T)
 
+  // The current slot's workspace for (B,T), allocated if need be.
   void ensure_workspace(int64_t b, int64_t t);
-  // Embedding and all blocks; leaves ln_f's output in the workspace.
-  void forward_trunk(const int32_t* inputs, int64_t b, int64_t t);
+  // Embedding (or the stream from resid_in) and this part's blocks; leaves
+  // ln_f's output (with the head) or the output stream in the workspace.
+  void forward_trunk(const int32_t* inputs, const float* resid_in, int64_t b, int64_t t);
+  // The head after forward_trunk: loss and its gradient (into c_a), dwte.
+  void head_loss_backward(const int32_t* targets, float loss_scale);
+  // ln_f's backward from c_a into dresid, then the blocks last to first,
+  // then the embedding's with `inputs` (with the embeddings).
+  void backward_trunk(const int32_t* inputs, bool from_head);
+  float* resid(int64_t layer) const;  // the input of block `layer` (or of ln_f)
+  int64_t num_layers() const { return layout_.end_layer() - layout_.first_layer(); }
   // Block `layer`'s forward from its residual input, up to the MLP output.
   void block_forward(int64_t layer, const Stash& s, const float* resid_in, float* mlp_out,
                      int64_t b, int64_t t);
@@ -141,11 +173,16 @@ class Gpt {
   }
   // Releases what forward_trunk left acquired (ln_f), for passes without backward.
   void end_forward_only();
-  FloatBuffer arena_;
   struct WorkspaceDeleter {
     void operator()(Workspace* w) const;
   };
-  std::unique_ptr<Workspace, WorkspaceDeleter> ws_;
+  struct Slot {
+    FloatBuffer arena;
+    std::unique_ptr<Workspace, WorkspaceDeleter> ws;
+  };
+  std::vector<Slot> slots_;  // one micro-batch's activations each
+  size_t slot_ = 0;          // the one the passes use now
+  Workspace* ws_ = nullptr;  // slots_[slot_]'s, once allocated
 };
 
 // GPT-2 initialisation: N(0, 0.02) for matrices and embeddings, residual
