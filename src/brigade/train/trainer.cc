@@ -97,6 +97,9 @@ Trainer::Trainer(const GptConfig& model, const TrainOptions& options, const Trai
   const int dp = options_.parallel.dp;
   const int tp = options_.parallel.tp;
   const int pp = options_.parallel.pp;
+  // The pipeline's shape first: it is the config's to fix, whatever the groups.
+  check_pipeline_shape(options_.pipeline_shape());
+  const std::vector<LayerRange> stages = split_stages(model, pp, options_.parallel.stage_layers);
   if (dp > 1 && (dp_group_ == nullptr || dp_group_->size() != dp)) {
     throw_error(
         "parallel.dp = {} needs {} worker processes: start them with `brigade train --nproc {} "
@@ -118,10 +121,8 @@ Trainer::Trainer(const GptConfig& model, const TrainOptions& options, const Trai
         pp, pp, dp * tp * pp, dp * tp * pp, pp);
   }
   model.validate_tensor_parallel(tp);
-  check_pipeline_shape(options_.pipeline_shape());
   const int stage = pp > 1 ? pp_group_->rank() : 0;
-  const LayerRange layers =
-      split_stages(model, pp, options_.parallel.stage_layers)[static_cast<size_t>(stage)];
+  const LayerRange layers = stages[static_cast<size_t>(stage)];
   if (world_ == nullptr) world_ = dp_group_;
   // Find the checkpoint first: a bad --resume should fail before any work.
   std::optional<ResolvedCheckpoint> resume;
