@@ -1,5 +1,6 @@
 // A model cut into parts (pipeline stages, model/gpt.h part_forward): run
-// one after another on the same micro-batches, with several in flight, the
+// one after another on the same micro-batches, several in flight in reused
+// activation slots, the
 // parts give the whole model's losses and gradients (the tied wte's two
 // gradients summed), and each part draws exactly its tensors of the whole
 // model's initialisation.
@@ -75,20 +76,26 @@ TEST(GptPart, TwoPartsMatchTheWholeModel) {
   global_to_local(lb, whole, params.data(), pb.data());
   Gpt a(cfg, pa.data(), ga.data(), nullptr, {0, 1});
   Gpt part_b(cfg, pb.data(), gb.data(), nullptr, {1, 3});
-  // Every forward first (GPipe's order), each micro-batch in its own slot.
+  // 1F1B's order on the first of two stages, F0 F1 B0 F2 B1 B2: two slots,
+  // micro-batch m in slot m % 2, so slot 0 is reused.
   std::vector<std::vector<float>> streams(micro, std::vector<float>(static_cast<size_t>(n * c)));
-  std::vector<float> losses;
-  for (int64_t m = 0; m < micro; ++m) {
-    EXPECT_EQ(a.part_forward(m, inputs[m].data(), nullptr, nullptr, scale, streams[m].data(), b, t),
-              0.0f);
-    losses.push_back(part_b.part_forward(m, nullptr, streams[m].data(), targets[m].data(), scale,
-                                         nullptr, b, t));
-  }
-  std::vector<float> dstream(static_cast<size_t>(n * c));
-  for (int64_t m = 0; m < micro; ++m) {
-    part_b.part_backward(m, nullptr, dstream.data());
-    a.part_backward(m, dstream.data(), nullptr);
-  }
+  std::vector<float> losses(micro), dstream(static_cast<size_t>(n * c));
+  const auto forward = [&](int64_t m) {
+    EXPECT_EQ(
+        a.part_forward(m % 2, inputs[m].data(), nullptr, nullptr, scale, streams[m].data(), b, t),
+        0.0f);
+    losses[m] =
+        part_b.part_forward(0, nullptr, streams[m].data(), targets[m].data(), scale, nullptr, b, t);
+    part_b.part_backward(0, nullptr, dstream.data());
+    streams[m] = dstream;  // now the gradient of micro-batch m's stream
+  };
+  const auto backward = [&](int64_t m) { a.part_backward(m % 2, streams[m].data(), nullptr); };
+  forward(0);
+  forward(1);
+  backward(0);
+  forward(2);
+  backward(1);
+  backward(2);
   for (int64_t m = 0; m < micro; ++m) {
     EXPECT_NEAR(losses[m], want_losses[m], 1e-6 * want_losses[m]) << "micro-batch " << m;
   }

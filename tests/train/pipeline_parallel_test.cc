@@ -159,6 +159,11 @@ void train_forked(const Layout& layout, int64_t grad_accum, const fs::path& dir,
       // Every stage waits at least for its first input or gradient.
       testing::require(layout.pp == 1 || m.bubble_ms > 0,
                        "step {}: stage {} reported no pipeline bubble", m.step, trainer.pp_stage());
+      // The schedule ran: 1F1B keeps p - stage micro-batches alive, GPipe all.
+      const int64_t live = layout.schedule == "gpipe" ? grad_accum : layout.pp - trainer.pp_stage();
+      testing::require(m.live_microbatches == live,
+                       "step {}: stage {} kept {} micro-batches alive, the {} schedule {}", m.step,
+                       trainer.pp_stage(), m.live_microbatches, layout.schedule, live);
       if (rank == 0) losses << fmt::format("{} {:.9e}\n", m.step, m.loss);
     }
     trainer.save_checkpoint();

@@ -47,6 +47,9 @@ struct PipelineStepStats {
   double loss_sum = 0;  // the micro-batches' mean losses, summed (last stage only; else 0)
   // Milliseconds this stage waited for a peer's activation or gradient.
   double bubble_ms = 0;
+  // Most micro-batches whose forward had run and whose backward had not:
+  // the activations this stage kept at once (GPipe m; 1F1B p - stage).
+  int64_t peak_live = 0;
 };
 
 class PipelineStage {

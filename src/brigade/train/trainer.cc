@@ -339,6 +339,7 @@ StepMetrics Trainer::train_step() {
   StepMetrics m;
   m.step = step_;
   m.bubble_ms = pipeline.bubble_ms;
+  m.live_microbatches = pipeline.peak_live;
   if (grad_sync_) {
     m.exposed_comm_ms = grad_sync_->finish();
     m.backward_end_ms = grad_sync_->backward_end_ms();

@@ -82,6 +82,8 @@ struct StepMetrics {
   // activation or gradient (its bubble; part of compute_ms, not of the
   // exposed communication).
   double bubble_ms = 0.0;
+  // The most micro-batches whose activations this rank kept at once.
+  int64_t live_microbatches = 0;
 };
 
 // Bytes one rank holds for training state, by kind.
