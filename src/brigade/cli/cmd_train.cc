@@ -287,7 +287,7 @@ bool launched_worker() {
   const int tp = tp_only * pp;
   if (tp_only < 1 || pp < 1 || nproc % tp != 0) {
     throw_error(
-        "--nproc {} is not a multiple of parallel.tp * parallel.pp = {} * {}: a dp x tp x pp "
+        "--nproc {} is not a multiple of parallel.tp = {} times parallel.pp = {}: a dp x tp x pp "
         "mesh needs dp * tp * pp workers; use an --nproc that tp * pp divides, e.g. {}",
         nproc, tp_only, pp, tp < 1 ? 1 : tp * ((nproc + tp - 1) / tp));
   }
