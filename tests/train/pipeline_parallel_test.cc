@@ -301,6 +301,45 @@ TEST_F(PipelineParallelTraining, DeadStageIsAnErrorOnTheOther) {
   EXPECT_LT(testing::ms_since(started), 60000.0);
 }
 
+// Validation through the pipeline (every stage runs the windows; the last
+// computes the loss and every stage returns it) equals one process's, after
+// a step of training.
+TEST_F(PipelineParallelTraining, EvaluationThroughThePipelineMatchesOneProcess) {
+  GptConfig model = model_config();
+  model.vocab_size = 256;  // the byte tokenizer's
+  const fs::path data = temp_.path() / "data";
+  const auto evaluate = [&](const Layout& layout, const std::string& name) {
+    const std::string prefix = fmt::format("/brigade-pp-test-{}-eval-{}", ::getpid(), name);
+    const auto pids = testing::fork_ranks(layout.pp, [&](int rank) {
+      const Groups groups = join(layout, rank, prefix, 20000);
+      TrainOptions options = options_for(layout, kGradAccum, temp_.path() / name);
+      options.data.synthetic = false;
+      options.data.source = BRIGADE_SOURCE_DIR "/data/tinyshakespeare.txt";
+      options.data.dir = data.string();
+      options.eval_windows = 5;  // batches of micro_batch windows, the last one partial
+      Trainer trainer(model, options, groups.view());
+      trainer.train_step();
+      const double loss = trainer.evaluate();
+      std::ofstream(temp_.path() / fmt::format("{}_rank{}.txt", name, rank))
+          << fmt::format("{:.9e}\n", loss);
+    });
+    const auto codes = testing::reap_all(pids, std::chrono::seconds(120));
+    for (size_t r = 0; r < codes.size(); ++r) ASSERT_EQ(codes[r], 0) << name << " rank " << r;
+  };
+  evaluate({}, "one");  // prepares the data first
+  evaluate({.pp = 2}, "pp2");
+  const auto read = [&](const std::string& file) {
+    double v = 0;
+    std::ifstream(temp_.path() / file) >> v;
+    return v;
+  };
+  const double want = read("one_rank0.txt");
+  EXPECT_GT(want, 0.0);
+  for (const char* file : {"pp2_rank0.txt", "pp2_rank1.txt"}) {
+    EXPECT_NEAR(read(file), want, 1e-5 * want) << file;
+  }
+}
+
 TEST(PipelineParallelTrainer, RefusesBadShapesWithTheFix) {
   const auto message = [](const Layout& layout, int64_t grad_accum) -> std::string {
     try {
