@@ -111,5 +111,54 @@ TEST(GptPart, TwoPartsMatchTheWholeModel) {
   EXPECT_LE(worst, 1e-5f * largest);
 }
 
+// ZB-H1's split: every input half first (in the order the gradients flow),
+// the weight halves afterwards in the reverse order: the same gradients.
+TEST(GptPart, SplitBackwardMatchesTheWholeModel) {
+  const GptConfig cfg = tiny_config();
+  const int64_t b = 2, t = cfg.block_size, n = b * t, c = cfg.n_embd, micro = 3;
+  const float scale = 1.0f / static_cast<float>(micro * n);
+  const ParamLayout whole(cfg);
+  std::vector<float> params(static_cast<size_t>(whole.size())), grads(params.size(), 0.0f);
+  init_gpt2_weights(whole, cfg.n_layer, 9, params.data());
+  Gpt model(cfg, params.data(), grads.data());
+  std::vector<std::vector<int32_t>> inputs, targets;
+  for (int64_t m = 0; m < micro; ++m) {
+    inputs.push_back(tokens(cfg, n, 2 * m));
+    targets.push_back(tokens(cfg, n, 2 * m + 1));
+    model.forward_backward(inputs.back().data(), targets.back().data(), b, t, scale);
+  }
+  const ParamLayout la(cfg, 0, 1, {0, 2}), lb(cfg, 0, 1, {2, 3});
+  std::vector<float> pa(static_cast<size_t>(la.size())), pb(static_cast<size_t>(lb.size()));
+  std::vector<float> ga(pa.size(), 0.0f), gb(pb.size(), 0.0f);
+  global_to_local(la, whole, params.data(), pa.data());
+  global_to_local(lb, whole, params.data(), pb.data());
+  Gpt a(cfg, pa.data(), ga.data(), nullptr, {0, 2});
+  Gpt part_b(cfg, pb.data(), gb.data(), nullptr, {2, 3});
+  std::vector<float> stream(static_cast<size_t>(n * c)), dstream(stream.size());
+  int64_t ready_calls = 0;
+  a.set_grad_ready_hook([&](int64_t) { ++ready_calls; });
+  for (int64_t m = 0; m < micro; ++m) {
+    a.part_forward(m, inputs[m].data(), nullptr, nullptr, scale, stream.data(), b, t);
+    part_b.part_forward(m, nullptr, stream.data(), targets[m].data(), scale, nullptr, b, t);
+    part_b.part_backward_input(m, nullptr, dstream.data());
+    a.part_backward_input(m, dstream.data(), nullptr);
+  }
+  EXPECT_EQ(ready_calls, 0) << "the input half reported gradients as final";
+  for (int64_t m = micro - 1; m >= 0; --m) {
+    part_b.part_backward_weight(m);
+    a.part_backward_weight(m);
+  }
+  EXPECT_EQ(ready_calls, micro * 3) << "two blocks and the embeddings, per weight half";
+  std::vector<float> got(grads.size(), 0.0f), from_b(grads.size(), 0.0f);
+  local_to_global(la, whole, ga.data(), got.data());
+  local_to_global(lb, whole, gb.data(), from_b.data());
+  for (size_t i = 0; i < got.size(); ++i) got[i] += from_b[i];
+  float largest = 0, worst = 0;
+  for (const float g : grads) largest = std::max(largest, std::abs(g));
+  for (size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::abs(got[i] - grads[i]));
+  EXPECT_GT(largest, 0.0f);
+  EXPECT_LE(worst, 1e-5f * largest);
+}
+
 }  // namespace
 }  // namespace brigade

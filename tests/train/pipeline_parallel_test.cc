@@ -1,6 +1,6 @@
 // Pipeline parallelism against a single process: forked ranks over the shm
 // backend, grouped as parallel/mesh.h says (stages outermost), running
-// GPipe or 1F1B on one global batch must give the single process's loss at
+// GPipe, 1F1B or ZB-H1 on one global batch must give the single process's loss at
 // every step and, through the checkpoint they save (loaded whole by one
 // process), its parameters. Checkpoints are global: one saved at pp 2
 // continues at pp 1 and one saved at pp 1 at pp 2 as the uninterrupted run
@@ -26,6 +26,7 @@
 #include "brigade/core/config.h"
 #include "brigade/core/error.h"
 #include "brigade/parallel/mesh.h"
+#include "brigade/schedule/simulate.h"
 #include "brigade/train/trainer.h"
 #include "testing/forked_ranks.h"
 #include "testing/temp_dir.h"
@@ -139,6 +140,16 @@ Groups join(const Layout& layout, int rank, const std::string& prefix, int64_t t
   return g;
 }
 
+int64_t live_microbatches(const Layout& layout, int64_t grad_accum, int stage) {
+  schedule::Shape shape;
+  shape.kind = schedule::parse_kind(layout.schedule);
+  shape.stages = layout.pp;
+  shape.microbatches = grad_accum;
+  const schedule::Simulation sim =
+      schedule::simulate(schedule::all_stage_instructions(shape), schedule::Costs{}, false);
+  return sim.stages[static_cast<size_t>(stage)].peak_live;
+}
+
 // Trains a layout from `resume` (or from scratch) until step `until`, then
 // saves; rank 0 writes each step's loss to <dir>/losses.txt. The
 // checkpoint is <dir>/run/checkpoints/step_<until>.
@@ -159,8 +170,9 @@ void train_forked(const Layout& layout, int64_t grad_accum, const fs::path& dir,
       // Every stage waits at least for its first input or gradient.
       testing::require(layout.pp == 1 || m.bubble_ms > 0,
                        "step {}: stage {} reported no pipeline bubble", m.step, trainer.pp_stage());
-      // The schedule ran: 1F1B keeps p - stage micro-batches alive, GPipe all.
-      const int64_t live = layout.schedule == "gpipe" ? grad_accum : layout.pp - trainer.pp_stage();
+      // The schedule ran: it kept as many micro-batches alive as its list
+      // says (GPipe all, 1F1B p - stage, ZB-H1 until each weight half).
+      const int64_t live = live_microbatches(layout, grad_accum, trainer.pp_stage());
       testing::require(m.live_microbatches == live,
                        "step {}: stage {} kept {} micro-batches alive, the {} schedule {}", m.step,
                        trainer.pp_stage(), m.live_microbatches, layout.schedule, live);
@@ -237,6 +249,16 @@ TEST_F(PipelineParallelTraining, Pp2GpipeMatchesOneProcess) {
 TEST_F(PipelineParallelTraining, Pp2OneFOneBMatchesOneProcess) {
   const Layout layout{.pp = 2, .schedule = "1f1b"};
   expect_same_training(reference(1), run(layout), kSteps, layout.name());
+}
+
+TEST_F(PipelineParallelTraining, Pp2ZbH1MatchesOneProcess) {
+  const Layout layout{.pp = 2, .schedule = "zb-h1"};
+  expect_same_training(reference(1), run(layout), kSteps, layout.name());
+}
+
+TEST_F(PipelineParallelTraining, Dp2Pp2ZbH1WithZero1MatchesOneProcess) {
+  const Layout layout{.dp = 2, .pp = 2, .zero = 1, .schedule = "zb-h1"};
+  expect_same_training(reference(2), run(layout), kSteps, layout.name());
 }
 
 TEST_F(PipelineParallelTraining, Pp4OneFOneBWithGivenStagesMatchesOneProcess) {
@@ -354,7 +376,8 @@ TEST(PipelineParallelTrainer, RefusesBadShapesWithTheFix) {
   EXPECT_NE(message({.pp = 2, .stage_layers = {2, 2}}, 4).find("summing to n_layer = 5"),
             std::string::npos);
   EXPECT_NE(message({.pp = 4}, 2).find("set train.grad_accum >= 4"), std::string::npos);
-  EXPECT_NE(message({.pp = 2, .schedule = "zb-h1"}, 4).find("not executed yet"), std::string::npos);
+  EXPECT_NE(message({.pp = 2, .schedule = "interleaved"}, 4).find("not executed yet"),
+            std::string::npos);
 }
 
 }  // namespace

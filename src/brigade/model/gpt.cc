@@ -11,6 +11,7 @@
 #include "brigade/kernels/cpu/attention.h"
 #include "brigade/kernels/cpu/embedding.h"
 #include "brigade/kernels/cpu/gelu.h"
+#include "brigade/kernels/cpu/gemm.h"
 #include "brigade/kernels/cpu/layernorm.h"
 #include "brigade/kernels/cpu/linear.h"
 #include "brigade/kernels/cpu/lm_head_loss.h"
@@ -280,36 +281,64 @@ void Gpt::end_forward_only() {
 }
 
 void Gpt::block_backward(int64_t layer, const Stash& s, const float* resid_in, float* dresid,
-                         int64_t b, int64_t t) {
+                         int64_t b, int64_t t, const Deferred* keep) {
   const BlockOffsets& o = layout_.block(layer);
   const float* p = params_;
   float* g = grads_;
   const int64_t n = b * t, c = config_.n_embd, cl = c / tp_size();
   const int64_t hl = config_.n_head / tp_size();
   Workspace& ws = *ws_;
+  // Input gradient only when the weight half comes later: dout is kept.
+  const auto linear_bwd = [&](float* din, float* dw, float* db, const float* dout, const float* in,
+                              const float* w, int64_t k, int64_t o, float* kept) {
+    if (kept == nullptr) {
+      cpu::linear_backward(din, dw, db, dout, in, w, n, k, o, /*accumulate_din=*/false);
+      return;
+    }
+    std::memcpy(kept, dout, sizeof(float) * n * o);
+    cpu::gemm(false, true, n, k, o, 1.0f, dout, o, w, o, 0.0f, din, k);
+  };
   // dresid holds dL/d(block output), the same on every tp rank. The MLP
   // branch, last op first. The row-parallel bias gradient is whole here, as
   // on one process, so every tp rank's copy gets the same gradient.
-  cpu::gelu_forward(ws.c4_a, s.fc_pre, n * 4 * cl);  // recomputed: cheaper than storing
-  cpu::linear_backward(ws.c4_b, g + o.mlp_proj_w, g + o.mlp_proj_b, dresid, ws.c4_a,
-                       p + o.mlp_proj_w, n, 4 * cl, c, /*accumulate_din=*/false);
+  if (keep == nullptr) cpu::gelu_forward(ws.c4_a, s.fc_pre, n * 4 * cl);  // cheaper than storing
+  linear_bwd(ws.c4_b, g + o.mlp_proj_w, g + o.mlp_proj_b, dresid, ws.c4_a, p + o.mlp_proj_w, 4 * cl,
+             c, keep ? keep->mlp_proj : nullptr);
   cpu::gelu_backward(ws.c4_b, ws.c4_b, s.fc_pre, n * 4 * cl);
-  cpu::linear_backward(ws.c_a, g + o.c_fc_w, g + o.c_fc_b, ws.c4_b, s.ln2, p + o.c_fc_w, n, c,
-                       4 * cl, false);
+  linear_bwd(ws.c_a, g + o.c_fc_w, g + o.c_fc_b, ws.c4_b, s.ln2, p + o.c_fc_w, c, 4 * cl,
+             keep ? keep->c_fc : nullptr);
   tp_sum(ws.c_a, n * c);  // dL/d(ln2): each rank had its columns' share
   // dresid += ln_2 backward: now dL/d(resid_mid).
   cpu::layernorm_backward(dresid, g + o.ln_2_w, g + o.ln_2_b, ws.c_a, s.resid_mid, s.ln2_mean,
                           s.ln2_rstd, p + o.ln_2_w, n, c);
   // The attention branch.
-  cpu::linear_backward(ws.c_a, g + o.attn_proj_w, g + o.attn_proj_b, dresid, s.attn,
-                       p + o.attn_proj_w, n, cl, c, false);
+  linear_bwd(ws.c_a, g + o.attn_proj_w, g + o.attn_proj_b, dresid, s.attn, p + o.attn_proj_w, cl, c,
+             keep ? keep->attn_proj : nullptr);
   cpu::attention_backward(ws.c3, ws.c_a, s.qkv, s.attn, s.lse, b, t, cl, hl, ws.attention_scratch);
-  cpu::linear_backward(ws.c_a, g + o.c_attn_w, g + o.c_attn_b, ws.c3, s.ln1, p + o.c_attn_w, n, c,
-                       3 * cl, false);
+  linear_bwd(ws.c_a, g + o.c_attn_w, g + o.c_attn_b, ws.c3, s.ln1, p + o.c_attn_w, c, 3 * cl,
+             keep ? keep->c_attn : nullptr);
   tp_sum(ws.c_a, n * c);  // dL/d(ln1)
   // dresid += ln_1 backward: now dL/d(block input).
   cpu::layernorm_backward(dresid, g + o.ln_1_w, g + o.ln_1_b, ws.c_a, resid_in, s.ln1_mean,
                           s.ln1_rstd, p + o.ln_1_w, n, c);
+}
+
+void Gpt::block_weight_backward(int64_t layer, const Stash& s, const Deferred& kept, int64_t b,
+                                int64_t t) {
+  const BlockOffsets& o = layout_.block(layer);
+  float* g = grads_;
+  const int64_t n = b * t, c = config_.n_embd, cl = c / tp_size();
+  // What linear_backward adds, from the kept output gradients.
+  const auto weight_grad = [&](float* dw, float* db, const float* dout, const float* in, int64_t k,
+                               int64_t o_features) {
+    cpu::gemm(true, false, k, o_features, n, 1.0f, in, k, dout, o_features, 1.0f, dw, o_features);
+    cpu::add_column_sums(db, dout, n, o_features);
+  };
+  cpu::gelu_forward(ws_->c4_a, s.fc_pre, n * 4 * cl);
+  weight_grad(g + o.mlp_proj_w, g + o.mlp_proj_b, kept.mlp_proj, ws_->c4_a, 4 * cl, c);
+  weight_grad(g + o.c_fc_w, g + o.c_fc_b, kept.c_fc, s.ln2, c, 4 * cl);
+  weight_grad(g + o.attn_proj_w, g + o.attn_proj_b, kept.attn_proj, s.attn, cl, c);
+  weight_grad(g + o.c_attn_w, g + o.c_attn_b, kept.c_attn, s.ln1, c, 3 * cl);
 }
 
 float Gpt::forward_backward(const int32_t* inputs, const int32_t* targets, int64_t b, int64_t t,
@@ -335,8 +364,10 @@ void Gpt::head_loss_backward(const int32_t* targets, float loss_scale) {
   release(wte_range());
 }
 
-void Gpt::backward_trunk(const int32_t* inputs, bool from_head) {
+void Gpt::backward_trunk(const int32_t* inputs, bool from_head, bool defer) {
   Workspace& ws = *ws_;
+  // Whether this pass reports gradients: the weight half does when deferred.
+  const bool report = !defer && grad_ready_;
   const float* p = params_;
   float* g = grads_;
   const int64_t b = ws.b, t = ws.t, n = b * t, c = config_.n_embd;
@@ -346,7 +377,21 @@ void Gpt::backward_trunk(const int32_t* inputs, bool from_head) {
     cpu::layernorm_backward(ws.dresid, g + layout_.ln_f_w(), g + layout_.ln_f_b(), ws.c_a,
                             resid(end), ws.lnf_mean, ws.lnf_rstd, p + layout_.ln_f_w(), n, c);
     release(ln_f_range());
-    if (grad_ready_) grad_ready_(layout_.ln_f_w());
+    if (report) grad_ready_(layout_.ln_f_w());
+  }
+  Slot& slot = slots_[slot_];
+  if (defer) {
+    BRIGADE_CHECK(config_.recompute != Recompute::kFull, "a split backward needs every stash");
+    const int64_t cl = c / tp_size(), per_block = n * (2 * c + 7 * cl);
+    if (slot.deferred_arena.size() < per_block * num_layers()) {
+      slot.deferred_arena = FloatBuffer(per_block * num_layers());
+    }
+    slot.deferred.clear();
+    for (int64_t l = 0; l < num_layers(); ++l) {
+      float* base = slot.deferred_arena.data() + l * per_block;
+      slot.deferred.push_back(
+          {base, base + n * c, base + n * (c + 4 * cl), base + n * (2 * c + 4 * cl)});
+    }
   }
   for (int64_t l = end - 1; l >= first; --l) {
     const Stash& s = stash(l);
@@ -359,10 +404,12 @@ void Gpt::backward_trunk(const int32_t* inputs, bool from_head) {
                              c);
       block_forward(l, s, resid(l), ws.c_b, b, t);
     }
-    block_backward(l, s, resid(l), ws.dresid, b, t);
+    block_backward(l, s, resid(l), ws.dresid, b, t,
+                   defer ? &slot.deferred[static_cast<size_t>(l - first)] : nullptr);
     release(block_range(l));
-    if (grad_ready_) grad_ready_(layout_.block(l).ln_1_w);
+    if (report) grad_ready_(layout_.block(l).ln_1_w);
   }
+  if (defer) return;  // the embedding's gradient is the weight half's
   if (layout_.has_embeddings()) {
     cpu::embedding_backward(g + layout_.wte(), g + layout_.wpe(), ws.dresid, inputs, b, t, c);
   }
@@ -389,11 +436,43 @@ float Gpt::part_forward(int64_t slot, const int32_t* inputs, const float* resid_
   return loss;
 }
 
-void Gpt::part_backward(int64_t slot, const float* dresid_out, float* dresid_in) {
+void Gpt::select_slot(int64_t slot) {
   BRIGADE_CHECK(slot >= 0 && static_cast<size_t>(slot) < slots_.size() && slots_[slot].ws,
-                "part_backward of slot {} before its part_forward", slot);
+                "a backward of slot {} before its part_forward", slot);
   slot_ = static_cast<size_t>(slot);
   ws_ = slots_[slot_].ws.get();
+}
+
+void Gpt::part_backward_input(int64_t slot, const float* dresid_out, float* dresid_in) {
+  select_slot(slot);
+  const int64_t n = ws_->b * ws_->t, c = config_.n_embd;
+  if (!layout_.has_head()) std::memcpy(ws_->dresid, dresid_out, sizeof(float) * n * c);
+  backward_trunk(ws_->tokens.data(), layout_.has_head(), /*defer=*/true);
+  if (!layout_.has_embeddings()) std::memcpy(dresid_in, ws_->dresid, sizeof(float) * n * c);
+  slot_ = 0;
+}
+
+void Gpt::part_backward_weight(int64_t slot) {
+  select_slot(slot);
+  Slot& s = slots_[slot_];
+  BRIGADE_CHECK(!s.deferred.empty(), "part_backward_weight of slot {} before its input half", slot);
+  const int64_t b = ws_->b, t = ws_->t, first = layout_.first_layer();
+  if (grad_ready_ && layout_.has_head()) grad_ready_(layout_.ln_f_w());
+  for (int64_t l = layout_.end_layer() - 1; l >= first; --l) {
+    block_weight_backward(l, stash(l), s.deferred[static_cast<size_t>(l - first)], b, t);
+    if (grad_ready_) grad_ready_(layout_.block(l).ln_1_w);
+  }
+  if (layout_.has_embeddings()) {
+    cpu::embedding_backward(grads_ + layout_.wte(), grads_ + layout_.wpe(), ws_->dresid,
+                            ws_->tokens.data(), b, t, config_.n_embd);
+  }
+  if (grad_ready_) grad_ready_(0);
+  s.deferred.clear();
+  slot_ = 0;
+}
+
+void Gpt::part_backward(int64_t slot, const float* dresid_out, float* dresid_in) {
+  select_slot(slot);
   const int64_t n = ws_->b * ws_->t, c = config_.n_embd;
   if (!layout_.has_head()) std::memcpy(ws_->dresid, dresid_out, sizeof(float) * n * c);
   backward_trunk(ws_->tokens.data(), layout_.has_head());

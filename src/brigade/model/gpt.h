@@ -88,6 +88,15 @@ class Gpt {
                      const int32_t* targets, float loss_scale, float* resid_out, int64_t b,
                      int64_t t);
   void part_backward(int64_t slot, const float* dresid_out, float* dresid_in);
+  // ZB-H1's split of part_backward (Qi et al. 2024): the input half
+  // computes dresid_in, the gradient the previous stage waits for (and the
+  // LayerNorms' small gradients), and keeps each linear layer's output
+  // gradient in the slot; the weight half, run later, adds the linear
+  // layers' weight and bias gradients and the embedding's. The grad-ready
+  // hook fires in the weight half. Not with recompute = full (the stash is
+  // shared by the blocks).
+  void part_backward_input(int64_t slot, const float* dresid_out, float* dresid_in);
+  void part_backward_weight(int64_t slot);
 
   // Called during backward as gradients become final: every gradient at a
   // flat offset >= ready_from has been fully written for this micro-batch.
@@ -127,14 +136,24 @@ class Gpt {
   void head_loss_backward(const int32_t* targets, float loss_scale);
   // ln_f's backward from c_a into dresid, then the blocks last to first,
   // then the embedding's with `inputs` (with the embeddings).
-  void backward_trunk(const int32_t* inputs, bool from_head);
+  // With `defer`, the input half only (part_backward_input).
+  void backward_trunk(const int32_t* inputs, bool from_head, bool defer = false);
+  void select_slot(int64_t slot);     // an allocated one, for a backward
   float* resid(int64_t layer) const;  // the input of block `layer` (or of ln_f)
   int64_t num_layers() const { return layout_.end_layer() - layout_.first_layer(); }
   // Block `layer`'s forward from its residual input, up to the MLP output.
   void block_forward(int64_t layer, const Stash& s, const float* resid_in, float* mlp_out,
                      int64_t b, int64_t t);
+  // One block's linear layers' output gradients, kept by a split backward.
+  struct Deferred {
+    float *mlp_proj, *c_fc, *attn_proj, *c_attn;  // (N,C) (N,4Cl) (N,C) (N,3Cl)
+  };
+  // With `keep`, only the input gradients: the linear layers' output
+  // gradients go to *keep for block_weight_backward.
   void block_backward(int64_t layer, const Stash& s, const float* resid_in, float* dresid,
-                      int64_t b, int64_t t);
+                      int64_t b, int64_t t, const Deferred* keep = nullptr);
+  void block_weight_backward(int64_t layer, const Stash& s, const Deferred& kept, int64_t b,
+                             int64_t t);
   const Stash& stash(int64_t layer) const;
   // The LM head's arguments for the forward pass just run (no gradients).
   cpu::LmHeadLossArgs lm_head_args(const int32_t* targets, int64_t n) const;
@@ -179,6 +198,8 @@ class Gpt {
   struct Slot {
     FloatBuffer arena;
     std::unique_ptr<Workspace, WorkspaceDeleter> ws;
+    FloatBuffer deferred_arena;      // a split backward's kept gradients
+    std::vector<Deferred> deferred;  // one per block of the part
   };
   std::vector<Slot> slots_;  // one micro-batch's activations each
   size_t slot_ = 0;          // the one the passes use now

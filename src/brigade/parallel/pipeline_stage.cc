@@ -86,13 +86,13 @@ std::vector<LayerRange> split_stages(const GptConfig& model, int stages,
 }
 
 void check_pipeline_shape(const schedule::Shape& shape) {
-  schedule::check(shape);
-  if (shape.kind == schedule::Kind::kInterleaved || shape.kind == schedule::Kind::kZbH1) {
+  if (shape.kind == schedule::Kind::kInterleaved) {
     throw_error(
         "parallel.schedule = \"{}\" is planned (brigade plan simulates it) but not executed "
-        "yet: use \"gpipe\" or \"1f1b\"",
+        "yet: use \"gpipe\", \"1f1b\" or \"zb-h1\"",
         schedule::kind_name(shape.kind));
   }
+  schedule::check(shape);
   if (shape.stages > 1 && shape.microbatches < shape.stages) {
     throw_error(
         "train.grad_accum = {} micro-batches cannot fill a pipeline of parallel.pp = {} stages: "
@@ -129,6 +129,12 @@ PipelineStage::PipelineStage(Communicator* group, Gpt& model, const schedule::Sh
   }
   BRIGADE_CHECK(model.layout().has_embeddings() == first() && model.layout().has_head() == last(),
                 "stage {}'s model part does not match its place in the pipeline", stage_);
+  if (shape.kind == schedule::Kind::kZbH1 && model.config().recompute == Recompute::kFull) {
+    throw_error(
+        "parallel.schedule = \"zb-h1\" defers weight gradients, which needs every block's "
+        "activations, but model.recompute = \"full\" keeps one block's: use schedule \"1f1b\" or "
+        "recompute \"none\"");
+  }
   list_ = schedule::stage_instructions(shape, stage_);
   const auto m = static_cast<size_t>(shape.microbatches);
   act_in_.resize(m);
@@ -179,7 +185,7 @@ PipelineStepStats PipelineStage::run(const Fill& fill, const int32_t* inputs,
   // The index of the last backward: data-parallel reduction rides on it.
   size_t last_backward = list_.size();
   for (size_t i = 0; i < list_.size(); ++i) {
-    if (list_[i].op == Op::kBackward) last_backward = i;
+    if (list_[i].op == Op::kBackward || list_[i].op == Op::kBackwardWeight) last_backward = i;
   }
   // Activation slots of the model: one per micro-batch in flight, reused.
   std::vector<int64_t> slot_of(static_cast<size_t>(shape_.microbatches), -1);
@@ -222,6 +228,8 @@ PipelineStepStats PipelineStage::run(const Fill& fill, const int32_t* inputs,
         if (free_slots.empty()) free_slots.push_back(slots++);
         slot_of[mb] = free_slots.back();
         free_slots.pop_back();
+        stats.peak_live =
+            std::max(stats.peak_live, slots - static_cast<int64_t>(free_slots.size()));
         if (!last() && act_out_[mb].size() != elements) act_out_[mb] = FloatBuffer(elements);
         stats.loss_sum +=
             model_.part_forward(slot_of[mb], inputs, first() ? nullptr : act_in_[mb].data(),
@@ -242,11 +250,27 @@ PipelineStepStats PipelineStage::run(const Fill& fill, const int32_t* inputs,
         slot_of[mb] = -1;
         break;
       }
+      case Op::kBackwardInput:
+        ++next_compute;
+        post_ahead();
+        if (!first() && grad_out_[mb].size() != elements) grad_out_[mb] = FloatBuffer(elements);
+        model_.part_backward_input(slot_of[mb], last() ? nullptr : grad_in_[mb].data(),
+                                   first() ? nullptr : grad_out_[mb].data());
+        break;
+      case Op::kBackwardWeight: {
+        ++next_compute;
+        post_ahead();
+        if (i == last_backward && before_last_backward) before_last_backward();
+        const bool hooked = i == last_backward && last_backward_hook;
+        if (hooked) model_.set_grad_ready_hook(last_backward_hook);
+        model_.part_backward_weight(slot_of[mb]);
+        if (hooked) model_.set_grad_ready_hook(nullptr);
+        free_slots.push_back(slot_of[mb]);
+        slot_of[mb] = -1;
+        break;
+      }
       case Op::kOptimizerStep:
         break;  // the trainer's, after the gradients are reduced
-      case Op::kBackwardInput:
-      case Op::kBackwardWeight:
-        BRIGADE_CHECK(false, "{} is not executed yet", schedule::to_string(in));
     }
   }
   for (auto& w : sends_) w->wait();

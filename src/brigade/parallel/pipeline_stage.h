@@ -1,7 +1,8 @@
 // Pipeline parallelism: one stage's share of a training step. The model is
 // cut into contiguous block ranges (split_stages); stage s holds range s as
 // a Gpt part (model/gpt.h part_forward) and runs its instruction list from
-// schedule/ (GPipe or 1F1B), passing the residual stream forward and its
+// schedule/ (GPipe, 1F1B or ZB-H1, whose backward is split into the input
+// half and the deferred weight half), passing the residual stream forward and its
 // gradient back over the pipeline group's send/recv.
 //
 // Transfers overlap compute: a send returns at once (the data is copied
@@ -39,8 +40,7 @@ std::vector<LayerRange> split_stages(const GptConfig& model, int stages,
                                      const std::vector<int64_t>& stage_layers = {});
 
 // Throws Error naming the numbers and the fix when this executor cannot run
-// `shape`: interleaved and ZB-H1 (not built yet), fewer micro-batches than
-// stages.
+// `shape`: interleaved (not built yet), fewer micro-batches than stages.
 void check_pipeline_shape(const schedule::Shape& shape);
 
 struct PipelineStepStats {
@@ -48,7 +48,8 @@ struct PipelineStepStats {
   // Milliseconds this stage waited for a peer's activation or gradient.
   double bubble_ms = 0;
   // Most micro-batches whose forward had run and whose backward had not:
-  // the activations this stage kept at once (GPipe m; 1F1B p - stage).
+  // the activations this stage kept at once (GPipe m; 1F1B p - stage;
+  // ZB-H1 until the weight half).
   int64_t peak_live = 0;
 };
 
