@@ -32,10 +32,11 @@ struct DataOptions {
 };
 
 struct ParallelOptions {
-  int dp = 1;                     // data-parallel ranks
-  int tp = 1;                     // tensor-parallel ranks: each block's matrices split tp ways
-  int pp = 1;                     // pipeline stages: contiguous block ranges
-  std::string schedule = "1f1b";  // gpipe or 1f1b (schedule/schedule.h); micro-batches: grad_accum
+  int dp = 1;  // data-parallel ranks
+  int tp = 1;  // tensor-parallel ranks: each block's matrices split tp ways
+  int pp = 1;  // pipeline stages: contiguous block ranges
+  std::string schedule =
+      "1f1b";  // gpipe, 1f1b or zb-h1 (schedule/schedule.h); grad_accum micro-batches
   std::vector<int64_t> stage_layers;  // blocks per stage; empty: balanced by cost
   int zero = 0;                  // ZeRO stage: 0 none, 1 optimizer state, 2 + gradients sharded
   double bucket_mb = 25.0;       // gradient bucket size, MB (1e6 bytes)
