@@ -271,6 +271,23 @@ TEST_F(PipelineParallelTraining, Dp2Pp2WithZero1MatchesOneProcess) {
   expect_same_training(reference(2), run(layout), kSteps, layout.name());
 }
 
+// The 3D mesh: 8 processes, dp 2 x tp 2 x pp 2, ZeRO 1.
+TEST_F(PipelineParallelTraining, Dp2Tp2Pp2MatchesOneProcess) {
+  const Layout layout{.dp = 2, .tp = 2, .pp = 2, .zero = 1, .schedule = "1f1b"};
+  expect_same_training(reference(2), run(layout), kSteps, layout.name());
+}
+
+// Saved at dp 2 x pp 2, continued at pp 4 with the same global batch.
+TEST_F(PipelineParallelTraining, CheckpointFromDp2Pp2ContinuesAtPp4) {
+  constexpr int kHalf = kSteps / 2;
+  const fs::path saved = run({.dp = 2, .pp = 2, .zero = 1}, kHalf, {}, "_saved");
+  const Layout pp4{.pp = 4, .schedule = "gpipe"};
+  const fs::path dir = temp_.path() / "pp4_from_dp2_pp2";
+  fs::create_directories(dir);
+  train_forked(pp4, 2 * kGradAccum, dir, kSteps, checkpoint_of(saved, kHalf));
+  expect_same_training(reference(2), dir, kSteps, "dp 2 x pp 2 continued at pp 4");
+}
+
 TEST_F(PipelineParallelTraining, CheckpointsMoveBetweenPp2AndPp1) {
   constexpr int kHalf = kSteps / 2;
   // Saved at pp 2, continued at pp 1.
