@@ -121,9 +121,9 @@ void AsyncCheckpointWriter::start(Save save, const std::vector<CheckpointPiece>&
 }
 
 void AsyncCheckpointWriter::run(const Save& save) {
-  stats_.bytes = write_checkpoint_shard(save.root, save.step, save.rank,
-                                        ParamLayout(save.config, save.tp_rank, save.tp_size),
-                                        pieces_, save.writing);
+  stats_.bytes = write_checkpoint_shard(
+      save.root, save.step, save.rank,
+      ParamLayout(save.config, save.tp_rank, save.tp_size, save.layers), pieces_, save.writing);
   if (save.rank != 0) return;
   set_state(State::kWaiting);
   const int64_t deadline = now_ns() + commit_timeout_ms_ * 1'000'000;

@@ -47,6 +47,7 @@ class AsyncCheckpointWriter {
     GptConfig config;
     int tp_rank = 0;  // the pieces are ranges of ParamLayout(config, tp_rank, tp_size)
     int tp_size = 1;
+    LayerRange layers;        // and of this pipeline stage's blocks
     CheckpointHeader header;  // used by rank 0
     int64_t keep = 0;         // rank 0 prunes to this many after committing (0: keep all)
     ShardWriting writing;     // an in-memory snapshot's: recycled, no checksums

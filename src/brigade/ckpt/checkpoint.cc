@@ -153,6 +153,7 @@ int64_t write_checkpoint_shard(const fs::path& root, int64_t step, int rank,
       const int64_t end = std::min(piece.end, p.offset + p.numel);
       if (begin >= end) continue;
       if (p.replicated() && layout.tp_rank() != 0) continue;  // tp rank 0 writes it
+      if (p.tied_copy) continue;                              // the first pipeline stage writes wte
       const std::string name = state_tensor_name(piece.kind, p.name);
       // The boxes of a flat range are consecutive runs of it, in order.
       int64_t offset = begin - piece.begin;

@@ -52,6 +52,8 @@
 #include "brigade/kernels/cpu/isa.h"
 #include "brigade/kernels/cpu/sgemm_peak.h"
 #include "brigade/parallel/mesh.h"
+#include "brigade/parallel/pipeline_stage.h"
+#include "brigade/schedule/simulate.h"
 #include "brigade/train/trainer.h"
 
 namespace brigade::cli {
@@ -134,13 +136,15 @@ class RunReport {
     write_file_atomic(run_dir / config_name, config.to_toml() + "\n");
 
     // Every worker has the same cores, so one's peak times the ranks is the job's.
-    const int world = trainer.dp_size() * trainer.tp_size();
+    const int world = trainer.dp_size() * trainer.tp_size() * trainer.pp_size();
     const cpu::MachinePeak peak =
         cpu::machine_peak(num_threads(), cpu::measure_sgemm_peak_gflops());
     peak_gflops_ = peak.gflops * world;
     const std::string ranks = world > 1 ? fmt::format("{} ranks x ", world) : "";
     const std::string mesh =
-        trainer.tp_size() > 1
+        trainer.pp_size() > 1 ? fmt::format("mesh dp {} x tp {} x pp {}", trainer.dp_size(),
+                                            trainer.tp_size(), trainer.pp_size())
+        : trainer.tp_size() > 1
             ? fmt::format("mesh dp {} x tp {}", trainer.dp_size(), trainer.tp_size())
             : fmt::format("dp {}", trainer.dp_size());
     flops_per_step_ = model.train_flops_per_token(model.block_size) *
@@ -158,6 +162,24 @@ class RunReport {
                  options.parallel.zero, num_threads(), memory.params / 1e6, memory.grads / 1e6,
                  memory.optimizer / 1e6, memory.activations / 1e6, cpu::describe_cpu().c_str(),
                  cpu::gemm_backend().c_str(), ranks.c_str(), peak.description.c_str());
+    if (trainer.pp_size() > 1) {
+      // The schedule's own bubble: its lists simulated with equal stages,
+      // backward twice forward, free transfers.
+      const schedule::Shape shape = options.pipeline_shape();
+      const schedule::Simulation sim =
+          schedule::simulate(schedule::all_stage_instructions(shape), schedule::Costs{}, false);
+      std::string stages;
+      for (const LayerRange& r :
+           split_stages(model, trainer.pp_size(), options.parallel.stage_layers)) {
+        stages += fmt::format("{}[{}, {})", stages.empty() ? "" : " ", r.begin, r.end);
+      }
+      std::fprintf(stderr,
+                   "  pipeline: %s over %d stages (blocks %s), %lld micro-batches; theoretical "
+                   "bubble %.1f%% of the step\n",
+                   schedule::kind_name(shape.kind), trainer.pp_size(), stages.c_str(),
+                   static_cast<long long>(shape.microbatches),
+                   100.0 * sim.stages[0].bubble_fraction);
+    }
     if (trainer.step() > 0) {
       std::fprintf(stderr, "resumed at step %lld from %s\n", static_cast<long long>(trainer.step()),
                    options.resume.c_str());
@@ -170,7 +192,8 @@ class RunReport {
   double step(const StepMetrics& m, const std::vector<BucketTiming>& bucket_timings,
               const std::vector<double>& peak_rss_per_rank,
               const std::optional<AsyncCheckpointWriter::Stats>& checkpoint,
-              const std::optional<AsyncCheckpointWriter::Stats>& snapshot, double loop_ms) {
+              const std::optional<AsyncCheckpointWriter::Stats>& snapshot, double loop_ms,
+              const std::vector<double>& bubble_ms_per_stage) {
     const double mfu = flops_per_step_ / (m.step_ms * 1e-3) / (peak_gflops_ * 1e9);
     nlohmann::json line = {{"step", m.step + 1},
                            {"loss", m.loss},
@@ -184,6 +207,7 @@ class RunReport {
                            {"tp_comm_ms", m.tp_comm_ms},
                            {"mfu", mfu},
                            {"peak_rss_bytes", peak_rss_bytes()}};
+    if (bubble_ms_per_stage.size() > 1) line["bubble_ms_per_stage"] = bubble_ms_per_stage;
     if (peak_rss_per_rank.size() > 1) {
       line["peak_rss_bytes_per_rank"] = nlohmann::json::array();
       for (double bytes : peak_rss_per_rank) {
@@ -231,6 +255,18 @@ class RunReport {
   double flops_per_step_ = 0;
 };
 
+// Per pipeline stage, the bubble of its dp 0, tp 0 rank (world ranks are
+// stage-major: parallel/mesh.h).
+std::vector<double> stage_bubbles(const std::vector<double>& per_rank, const Trainer& trainer) {
+  std::vector<double> stages;
+  if (trainer.pp_size() == 1) return stages;
+  const size_t per_stage = per_rank.size() / static_cast<size_t>(trainer.pp_size());
+  for (size_t s = 0; s < static_cast<size_t>(trainer.pp_size()); ++s) {
+    stages.push_back(per_rank[s * per_stage]);
+  }
+  return stages;
+}
+
 // diag.metrics: where the launcher's agent serves /metrics ("off": nowhere).
 std::string metrics_address(Config& config) {
   std::string address = config.get_string("diag.metrics", "127.0.0.1:0");
@@ -248,23 +284,33 @@ bool launched_worker() {
                                  const std::string& resume) {
   Config config = load_config(config_path, overrides);
   // Bad shapes fail here, once, before any worker starts and allocates.
-  const int tp = static_cast<int>(config.get_int("parallel.tp", 1));
-  if (tp < 1 || nproc % tp != 0) {
+  const int tp_only = static_cast<int>(config.get_int("parallel.tp", 1));
+  const int pp = static_cast<int>(config.get_int("parallel.pp", 1));
+  // The model-parallel ranks of one data-parallel replica.
+  const int tp = tp_only * pp;
+  if (tp_only < 1 || pp < 1 || nproc % tp != 0) {
     throw_error(
-        "--nproc {} is not a multiple of parallel.tp = {}: a dp x tp mesh needs dp * tp "
-        "workers; use an --nproc that tp divides, e.g. {}",
-        nproc, tp, tp < 1 ? 1 : tp * ((nproc + tp - 1) / tp));
+        "--nproc {} is not a multiple of parallel.tp = {} times parallel.pp = {}: a dp x tp x pp "
+        "mesh needs dp * tp * pp workers; use an --nproc that tp * pp divides, e.g. {}",
+        nproc, tp_only, pp, tp < 1 ? 1 : tp * ((nproc + tp - 1) / tp));
   }
-  GptConfig::from_config(config).validate_tensor_parallel(tp);
+  {
+    const GptConfig model = GptConfig::from_config(config);
+    model.validate_tensor_parallel(tp_only);
+    Config copy = config;
+    const TrainOptions options = TrainOptions::from_config(copy);  // the schedule's checks
+    split_stages(model, pp, options.parallel.stage_layers);
+  }
   if (config.get_bool("parallel.sequence_parallel", false)) {
-    GptConfig::from_config(config).validate_sequence_parallel(tp);
+    GptConfig::from_config(config).validate_sequence_parallel(tp_only);
   }
   const int configured_dp = static_cast<int>(config.get_int("parallel.dp", nproc / tp));
   if (configured_dp != nproc / tp) {
     throw_error(
-        "--nproc {} but the config sets parallel.dp = {}: the workers are dp * tp = {} * {}; "
-        "drop parallel.dp (--nproc sets it to N / parallel.tp), or make --nproc {}",
-        nproc, configured_dp, configured_dp, tp, configured_dp * tp);
+        "--nproc {} but the config sets parallel.dp = {}: the workers are dp * tp * pp = {} * {} "
+        "* {}; drop parallel.dp (--nproc sets it to N / (parallel.tp * parallel.pp)), or make "
+        "--nproc {}",
+        nproc, configured_dp, configured_dp, tp_only, pp, configured_dp * tp);
   }
   const elastic::ElasticConfig elastic_config = elastic::ElasticConfig::from_config(config);
   LaunchOptions launch;
@@ -291,20 +337,23 @@ bool launched_worker() {
 // flat buffers live in the dp group's shared memory (the zero-copy path of
 // its reductions), and the world carries only saves and small agreements.
 struct JoinedGroups {
-  std::unique_ptr<Communicator> world, dp, tp;
-  TrainerGroups view() const { return {world.get(), tp ? dp.get() : world.get(), tp.get()}; }
+  std::unique_ptr<Communicator> world, dp, tp, pp;
+  TrainerGroups view() const {
+    const bool mesh = tp || pp;
+    return {world.get(), mesh ? dp.get() : world.get(), tp.get(), pp.get()};
+  }
 };
 
 JoinedGroups join_groups(const GptConfig& model, const TrainOptions& options) {
   JoinedGroups groups;
   if (!launched_worker()) return groups;
   const WorldEnvironment world = read_world_environment();
-  const int dp = options.parallel.dp, tp = options.parallel.tp;
-  if (world.world_size != dp * tp) {
+  const int dp = options.parallel.dp, tp = options.parallel.tp, pp = options.parallel.pp;
+  if (world.world_size != dp * tp * pp) {
     throw_error(
-        "this job has {} workers but parallel.dp * parallel.tp = {} * {} = {}: start it with "
-        "`brigade train --nproc {} CONFIG`, or set parallel.dp = {}",
-        world.world_size, dp, tp, dp * tp, dp * tp, world.world_size / tp);
+        "this job has {} workers but parallel.dp * parallel.tp * parallel.pp = {} * {} * {} = {}: "
+        "start it with `brigade train --nproc {} CONFIG`, or set parallel.dp = {}",
+        world.world_size, dp, tp, pp, dp * tp * pp, dp * tp * pp, world.world_size / (tp * pp));
   }
   if (world.world_size == 1) return groups;
   // Every rank's dumps go next to the run's metrics unless the user chose.
@@ -313,19 +362,30 @@ JoinedGroups join_groups(const GptConfig& model, const TrainOptions& options) {
   dump_flight_recorder_on_signal(SIGUSR1, world.world_rank);
   const int64_t timeout_ms = options.parallel.timeout_s * 1000;
   const int64_t shared = shared_bytes_for_training(model);
-  if (tp == 1) {
+  if (tp == 1 && pp == 1) {
     groups.world = connect_world(options.parallel.backend, timeout_ms, shared);
     return groups;
   }
   groups.world = connect_world(options.parallel.backend, timeout_ms);
-  const Mesh mesh({dp, tp, 1}, world.world_size);
+  const Mesh mesh({dp, tp, pp}, world.world_size);
   const MeshCoord me = mesh.coord(world.world_rank);
   if (dp > 1) {
-    groups.dp = connect_group(options.parallel.backend, fmt::format("dp{}", me.tp_rank),
-                              mesh.group(MeshDim::kData, world.world_rank), timeout_ms, shared);
+    groups.dp = connect_group(
+        options.parallel.backend,
+        pp > 1 ? fmt::format("dp{}_{}", me.pp_stage, me.tp_rank) : fmt::format("dp{}", me.tp_rank),
+        mesh.group(MeshDim::kData, world.world_rank), timeout_ms, shared);
   }
-  groups.tp = connect_group(options.parallel.backend, fmt::format("tp{}", me.dp_rank),
-                            mesh.group(MeshDim::kTensor, world.world_rank), timeout_ms);
+  if (tp > 1) {
+    groups.tp = connect_group(
+        options.parallel.backend,
+        pp > 1 ? fmt::format("tp{}_{}", me.pp_stage, me.dp_rank) : fmt::format("tp{}", me.dp_rank),
+        mesh.group(MeshDim::kTensor, world.world_rank), timeout_ms);
+  }
+  if (pp > 1) {
+    groups.pp =
+        connect_group(options.parallel.backend, fmt::format("pp{}_{}", me.dp_rank, me.tp_rank),
+                      mesh.group(MeshDim::kPipeline, world.world_rank), timeout_ms);
+  }
   return groups;
 }
 
@@ -356,6 +416,7 @@ void run_train(const std::string& config_path, const std::vector<std::string>& o
   // Checked before connecting or allocating anything.
   model.validate_tensor_parallel(options.parallel.tp);
   if (options.parallel.sequence_parallel) model.validate_sequence_parallel(options.parallel.tp);
+  split_stages(model, options.parallel.pp, options.parallel.stage_layers);
   const JoinedGroups groups = join_groups(model, options);
   Communicator* const group = groups.world.get();
   // Ranks agree on when to stop, or one would wait for the others forever,
@@ -405,6 +466,12 @@ void run_train(const std::string& config_path, const std::vector<std::string>& o
             m.compute_ms * static_cast<double>(slow_factor - 1)));
       }
       // Every rank's peak RSS, for rank 0's metrics (ZeRO's saving shows per rank).
+      // And every stage's bubble (each rank's; one rank per stage is reported).
+      std::vector<double> bubble(group ? group->size() : 1, m.bubble_ms);
+      if (group && trainer.pp_size() > 1) {
+        double waited = m.bubble_ms;
+        group->all_gather(&waited, bubble.data(), 1, DType::kF64)->wait();
+      }
       std::vector<double> rss(group ? group->size() : 1);
       double mine = static_cast<double>(peak_rss_bytes());
       if (group) {
@@ -423,7 +490,8 @@ void run_train(const std::string& config_path, const std::vector<std::string>& o
       stats.tokens_per_s = m.tokens_per_s;
       stats.comm_wait_fraction = m.exposed_comm_ms / m.step_ms;
       if (report) {
-        stats.mfu = report->step(m, trainer.bucket_timings(), rss, checkpoint, snapshot, loop_ms);
+        stats.mfu = report->step(m, trainer.bucket_timings(), rss, checkpoint, snapshot, loop_ms,
+                                 stage_bubbles(bubble, trainer));
       }
       const int64_t done = trainer.step();
       if (heartbeat) {

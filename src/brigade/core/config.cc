@@ -147,6 +147,21 @@ bool Config::get_bool(std::string_view key, bool fallback) {
   wrong_type(key, "true or false", *node);
 }
 
+std::vector<int64_t> Config::get_int_list(std::string_view key) {
+  const toml::node* node = find(key);
+  if (node == nullptr) return {};
+  std::vector<int64_t> values;
+  if (const toml::array* array = node->as_array()) {
+    for (const toml::node& item : *array) {
+      const auto v = item.value_exact<int64_t>();
+      if (!v) wrong_type(key, "an array of integers", *node);
+      values.push_back(*v);
+    }
+    return values;
+  }
+  wrong_type(key, "an array of integers", *node);
+}
+
 std::string Config::get_string(std::string_view key, std::string fallback) {
   const toml::node* node = find(key);
   if (node == nullptr) return fallback;

@@ -14,6 +14,7 @@
 #include <set>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace brigade {
 
@@ -35,6 +36,8 @@ class Config {
   double get_double(std::string_view key, double fallback);  // integers accepted
   bool get_bool(std::string_view key, bool fallback);
   std::string get_string(std::string_view key, std::string fallback);
+  // An array of integers ([3, 5]); absent: empty.
+  std::vector<int64_t> get_int_list(std::string_view key);
   bool has(std::string_view key) const;
 
   // Throws Error if any key in the document was never read.

@@ -13,6 +13,7 @@
 #include "brigade/kernels/cpu/attention.h"
 #include "brigade/kernels/cpu/embedding.h"
 #include "brigade/kernels/cpu/gelu.h"
+#include "brigade/kernels/cpu/gemm.h"
 #include "brigade/kernels/cpu/layernorm.h"
 #include "brigade/kernels/cpu/linear.h"
 #include "brigade/kernels/cpu/lm_head_loss.h"
@@ -44,11 +45,12 @@ struct Gpt::Workspace {
   // that every block overwrites in turn; with kSelective one per block,
   // but all share one attn and lse, which backward recomputes from qkv.
   std::vector<Stash> stashes;
-  std::vector<float*> resid;  // L+1 of (Nr,C): resid[l] is block l's input
-  float* lnf;                 // (Nr,C)
-  float* lnf_mean;            // (Nr)
-  float* lnf_rstd;            // (Nr)
-  float* losses;              // (N)
+  std::vector<float*> resid;    // L+1 of (Nr,C): resid[l] is block first+l's input
+  std::vector<int32_t> tokens;  // (B,T): the inputs, kept for a part's embedding backward
+  float* lnf;                   // (Nr,C)
+  float* lnf_mean;              // (Nr)
+  float* lnf_rstd;              // (Nr)
+  float* losses;                // (N)
   // Scratch, live only inside one layer's forward or backward.
   float* c_a;     // (N,C)
   float* c_b;     // (N,C)
@@ -70,9 +72,10 @@ void Gpt::WorkspaceDeleter::operator()(Workspace* w) const {
   delete w;
 }
 
-Gpt::Gpt(const GptConfig& config, float* params, float* grads, TensorParallel* tp)
+Gpt::Gpt(const GptConfig& config, float* params, float* grads, TensorParallel* tp,
+         LayerRange layers)
     : config_(config),
-      layout_(config, tp ? tp->rank() : 0, tp ? tp->size() : 1),
+      layout_(config, tp ? tp->rank() : 0, tp ? tp->size() : 1, layers),
       params_(params),
       grads_(grads),
       tp_(tp) {
@@ -80,7 +83,13 @@ Gpt::Gpt(const GptConfig& config, float* params, float* grads, TensorParallel* t
 }
 
 const Gpt::Stash& Gpt::stash(int64_t layer) const {
-  return config_.recompute == Recompute::kFull ? ws_->stashes[0] : ws_->stashes[layer];
+  return config_.recompute == Recompute::kFull
+             ? ws_->stashes[0]
+             : ws_->stashes[static_cast<size_t>(layer - layout_.first_layer())];
+}
+
+float* Gpt::resid(int64_t layer) const {
+  return ws_->resid[static_cast<size_t>(layer - layout_.first_layer())];
 }
 
 namespace {
@@ -101,12 +110,13 @@ class Carver {
   int64_t used_ = 0;
 };
 
-// sp: sequence parallelism (then tp > 1 and tp divides t).
+// sp: sequence parallelism (then tp > 1 and tp divides t). layers: the part's blocks.
 template <typename Ws, typename StashT>
-void carve(Carver& cv, Ws& ws, const GptConfig& cfg, int64_t tp, bool sp, int64_t b, int64_t t) {
+void carve(Carver& cv, Ws& ws, const GptConfig& cfg, int64_t tp, bool sp, int64_t layers, int64_t b,
+           int64_t t) {
   const int64_t n = b * t, c = cfg.n_embd, cl = c / tp;
   const int64_t nr = sp ? n / tp : n;
-  const int64_t num_stashes = cfg.recompute == Recompute::kFull ? 1 : cfg.n_layer;
+  const int64_t num_stashes = cfg.recompute == Recompute::kFull ? 1 : layers;
   const bool selective = cfg.recompute == Recompute::kSelective;
   float* shared_attn = selective ? cv.take(n * cl) : nullptr;
   float* shared_lse = selective ? cv.take(b * (cfg.n_head / tp) * t) : nullptr;
@@ -124,7 +134,7 @@ void carve(Carver& cv, Ws& ws, const GptConfig& cfg, int64_t tp, bool sp, int64_
     s.ln2_rstd = cv.take(nr);
     s.fc_pre = cv.take(n * 4 * cl);
   }
-  ws.resid.assign(cfg.n_layer + 1, nullptr);
+  ws.resid.assign(static_cast<size_t>(layers + 1), nullptr);
   for (float*& r : ws.resid) r = cv.take(nr * c);
   ws.lnf = cv.take(nr * c);
   ws.lnf_mean = cv.take(nr);
@@ -160,7 +170,7 @@ void check_token_ids(const int32_t* ids, int64_t n, int64_t vocab, const char* w
 int64_t Gpt::activation_bytes(int64_t b, int64_t t) const {
   Workspace ws;
   Carver cv(nullptr);
-  carve<Workspace, Stash>(cv, ws, config_, tp_size(), sp_, b, t);
+  carve<Workspace, Stash>(cv, ws, config_, tp_size(), sp_, num_layers(), b, t);
   return cv.used() * static_cast<int64_t>(sizeof(float));
 }
 
@@ -175,14 +185,18 @@ void Gpt::ensure_workspace(int64_t b, int64_t t) {
         "parallel.sequence_parallel = false",
         tp_size(), t, tp_size());
   }
+  if (slots_.size() <= slot_) slots_.resize(slot_ + 1);
+  Slot& slot = slots_[slot_];
+  ws_ = slot.ws.get();
   // The attention scratch is sized per thread, so a new thread count re-carves.
   if (ws_ && ws_->b == b && ws_->t == t && ws_->threads == omp_get_max_threads()) return;
-  ws_.reset(new Workspace);
+  slot.ws.reset(new Workspace);
+  ws_ = slot.ws.get();
   Carver sizer(nullptr);
-  carve<Workspace, Stash>(sizer, *ws_, config_, tp_size(), sp_, b, t);
-  if (arena_.size() < sizer.used()) arena_ = FloatBuffer(sizer.used());
-  Carver cv(arena_.data());
-  carve<Workspace, Stash>(cv, *ws_, config_, tp_size(), sp_, b, t);
+  carve<Workspace, Stash>(sizer, *ws_, config_, tp_size(), sp_, num_layers(), b, t);
+  if (slot.arena.size() < sizer.used()) slot.arena = FloatBuffer(sizer.used());
+  Carver cv(slot.arena.data());
+  carve<Workspace, Stash>(cv, *ws_, config_, tp_size(), sp_, num_layers(), b, t);
   ws_->b = b;
   ws_->t = t;
   ws_->threads = omp_get_max_threads();
@@ -190,7 +204,9 @@ void Gpt::ensure_workspace(int64_t b, int64_t t) {
 
 void Gpt::set_sequence_parallel(bool on) {
   sp_ = on && tp_size() > 1;
-  ws_.reset();
+  slots_.clear();
+  slot_ = 0;
+  ws_ = nullptr;
 }
 
 const float* Gpt::gather_rows(const float* mine, int64_t n) const {
@@ -256,49 +272,65 @@ Gpt::Range Gpt::embeddings_range() const {
   return {layout_.wte(), layout_.block(0).ln_1_w};
 }
 Gpt::Range Gpt::wte_range() const {
-  return {layout_.wte(), layout_.wpe()};
+  return {layout_.wte(), layout_.params()[1].offset};  // wte is first wherever it is
 }
 Gpt::Range Gpt::block_range(int64_t layer) const {
-  const int64_t end =
-      layer + 1 < config_.n_layer ? layout_.block(layer + 1).ln_1_w : layout_.ln_f_w();
+  const int64_t end = layer + 1 < layout_.end_layer() ? layout_.block(layer + 1).ln_1_w
+                      : layout_.has_head()            ? layout_.ln_f_w()
+                                                      : layout_.size();
   return {layout_.block(layer).ln_1_w, end};
 }
 Gpt::Range Gpt::ln_f_range() const {
   return {layout_.ln_f_w(), layout_.size()};
 }
 
-void Gpt::forward_trunk(const int32_t* inputs, int64_t b, int64_t t) {
+void Gpt::forward_trunk(const int32_t* inputs, const float* resid_in, int64_t b, int64_t t) {
   ensure_workspace(b, t);
   Workspace& ws = *ws_;
   const float* p = params_;
   const int64_t n = b * t, c = config_.n_embd, v = config_.vocab_size, nr = rows_here(n);
-  check_token_ids(inputs, n, v, "token");
+  const int64_t first = layout_.first_layer(), end = layout_.end_layer();
+  const bool head = layout_.has_head();
   // Residency (ZeRO 3): each step holds what it reads and fetches the next
   // block meanwhile. Block l's closing LayerNorm belongs to block l+1 (or
   // ln_f), so that range is acquired before block l runs and kept for its own turn.
-  acquire(embeddings_range());
-  acquire(block_range(0));
-  embed(inputs, b, t);
-  const BlockOffsets& first = layout_.block(0);
-  cpu::layernorm_forward(stash(0).ln1, stash(0).ln1_mean, stash(0).ln1_rstd, ws.resid[0],
-                         p + first.ln_1_w, p + first.ln_1_b, nr, c);
-  release(embeddings_range());
-  for (int64_t l = 0; l < config_.n_layer; ++l) {
+  if (layout_.has_embeddings()) {
+    check_token_ids(inputs, n, v, "token");
+    acquire(embeddings_range());
+    acquire(block_range(first));
+    embed(inputs, b, t);
+  } else {
+    acquire(block_range(first));
+    std::memcpy(resid(first), resid_in, sizeof(float) * nr * c);
+  }
+  const BlockOffsets& first_block = layout_.block(first);
+  cpu::layernorm_forward(stash(first).ln1, stash(first).ln1_mean, stash(first).ln1_rstd,
+                         resid(first), p + first_block.ln_1_w, p + first_block.ln_1_b, nr, c);
+  if (layout_.has_embeddings()) release(embeddings_range());
+  for (int64_t l = first; l < end; ++l) {
     const Stash& s = stash(l);
-    const bool last = l + 1 == config_.n_layer;
-    const Range next = last ? ln_f_range() : block_range(l + 1);
-    acquire(next);
-    if (last) {
+    const bool last = l + 1 == end;
+    if (!last) {
+      acquire(block_range(l + 1));
+      if (l + 2 < end) prefetch(block_range(l + 2));
+    } else if (head) {
+      acquire(ln_f_range());
       prefetch(wte_range());  // the LM head's
-    } else if (l + 2 < config_.n_layer) {
-      prefetch(block_range(l + 2));
     }
-    const float* mlp_out = block_forward(l, s, ws.resid[l], b, t);
+    const float* mlp_out = block_forward(l, s, resid(l), b, t);
+    if (last && !head) {
+      // The part's output stream; the next part's first block normalises it.
+      float* out = resid(l + 1);
+#pragma omp parallel for schedule(static) if (nr * c >= (1 << 16))
+      for (int64_t i = 0; i < nr * c; ++i) out[i] = s.resid_mid[i] + mlp_out[i];
+      release(block_range(l));
+      break;
+    }
     // The block's closing residual add is fused with the next LayerNorm:
     // resid[l+1] = resid_mid + mlp_out, then ln_1 of block l+1 (or ln_f).
     const Stash& next_stash = stash(last ? l : l + 1);
     const BlockOffsets* nb = last ? nullptr : &layout_.block(l + 1);
-    cpu::residual_layernorm_forward(ws.resid[l + 1], last ? ws.lnf : next_stash.ln1,
+    cpu::residual_layernorm_forward(resid(l + 1), last ? ws.lnf : next_stash.ln1,
                                     last ? ws.lnf_mean : next_stash.ln1_mean,
                                     last ? ws.lnf_rstd : next_stash.ln1_rstd, s.resid_mid, mlp_out,
                                     p + (last ? layout_.ln_f_w() : nb->ln_1_w),
@@ -313,13 +345,23 @@ void Gpt::end_forward_only() {
 }
 
 void Gpt::block_backward(int64_t layer, const Stash& s, const float* resid_in, float* dresid,
-                         int64_t b, int64_t t) {
+                         int64_t b, int64_t t, const Deferred* keep) {
   const BlockOffsets& o = layout_.block(layer);
   const float* p = params_;
   float* g = grads_;
   const int64_t n = b * t, c = config_.n_embd, cl = c / tp_size(), nr = rows_here(n);
   const int64_t hl = config_.n_head / tp_size();
   Workspace& ws = *ws_;
+  // Input gradient only when the weight half comes later: dout is kept.
+  const auto linear_bwd = [&](float* din, float* dw, float* db, const float* dout, const float* in,
+                              const float* w, int64_t k, int64_t o, float* kept) {
+    if (kept == nullptr) {
+      cpu::linear_backward(din, dw, db, dout, in, w, n, k, o, /*accumulate_din=*/false);
+      return;
+    }
+    std::memcpy(kept, dout, sizeof(float) * n * o);
+    cpu::gemm(false, true, n, k, o, 1.0f, dout, o, w, o, 0.0f, din, k);
+  };
   // Under sequence parallelism each rank's LayerNorm gradients cover its
   // rows only: they collect in ln_grads (ln_1 w, b, ln_2 w, b) and are
   // summed over the group at the end.
@@ -333,12 +375,12 @@ void Gpt::block_backward(int64_t layer, const Stash& s, const float* resid_in, f
   // N rows (gathered under sequence parallelism: the backward of the
   // forward's reduce-scatter). The row-parallel bias gradient is then whole
   // here, as on one process, so every tp rank's copy gets the same gradient.
-  cpu::gelu_forward(ws.c4_a, s.fc_pre, n * 4 * cl);  // recomputed: cheaper than storing
-  cpu::linear_backward(ws.c4_b, g + o.mlp_proj_w, g + o.mlp_proj_b, gather_rows(dresid, n), ws.c4_a,
-                       p + o.mlp_proj_w, n, 4 * cl, c, /*accumulate_din=*/false);
+  if (keep == nullptr) cpu::gelu_forward(ws.c4_a, s.fc_pre, n * 4 * cl);  // cheaper than storing
+  linear_bwd(ws.c4_b, g + o.mlp_proj_w, g + o.mlp_proj_b, gather_rows(dresid, n), ws.c4_a,
+             p + o.mlp_proj_w, 4 * cl, c, keep ? keep->mlp_proj : nullptr);
   cpu::gelu_backward(ws.c4_b, ws.c4_b, s.fc_pre, n * 4 * cl);
-  cpu::linear_backward(ws.c_a, g + o.c_fc_w, g + o.c_fc_b, ws.c4_b, gather_rows(s.ln2, n),
-                       p + o.c_fc_w, n, c, 4 * cl, false);
+  linear_bwd(ws.c_a, g + o.c_fc_w, g + o.c_fc_b, ws.c4_b, keep ? nullptr : gather_rows(s.ln2, n),
+             p + o.c_fc_w, c, 4 * cl, keep ? keep->c_fc : nullptr);
   // dL/d(ln2): each rank had its columns' share; summed (or reduce-scattered).
   const float* dln2 = sum_rows(ws.c_a, n);
   // dresid += ln_2 backward: now dL/d(resid_mid).
@@ -349,11 +391,11 @@ void Gpt::block_backward(int64_t layer, const Stash& s, const float* resid_in, f
   if (config_.recompute == Recompute::kSelective) {
     cpu::attention_forward(s.attn, s.lse, s.qkv, b, t, cl, hl, ws.attention_scratch);
   }
-  cpu::linear_backward(ws.c_a, g + o.attn_proj_w, g + o.attn_proj_b, gather_rows(dresid, n), s.attn,
-                       p + o.attn_proj_w, n, cl, c, false);
+  linear_bwd(ws.c_a, g + o.attn_proj_w, g + o.attn_proj_b, gather_rows(dresid, n), s.attn,
+             p + o.attn_proj_w, cl, c, keep ? keep->attn_proj : nullptr);
   cpu::attention_backward(ws.c3, ws.c_a, s.qkv, s.attn, s.lse, b, t, cl, hl, ws.attention_scratch);
-  cpu::linear_backward(ws.c_a, g + o.c_attn_w, g + o.c_attn_b, ws.c3, gather_rows(s.ln1, n),
-                       p + o.c_attn_w, n, c, 3 * cl, false);
+  linear_bwd(ws.c_a, g + o.c_attn_w, g + o.c_attn_b, ws.c3, keep ? nullptr : gather_rows(s.ln1, n),
+             p + o.c_attn_w, c, 3 * cl, keep ? keep->c_attn : nullptr);
   const float* dln1 = sum_rows(ws.c_a, n);  // dL/d(ln1)
   // dresid += ln_1 backward: now dL/d(block input).
   cpu::layernorm_backward(dresid, dln1_w, dln1_b, dln1, resid_in, s.ln1_mean, s.ln1_rstd,
@@ -361,64 +403,183 @@ void Gpt::block_backward(int64_t layer, const Stash& s, const float* resid_in, f
   if (sp_) sum_norm_grads(4 * c, {o.ln_1_w, o.ln_1_b, o.ln_2_w, o.ln_2_b});
 }
 
+void Gpt::block_weight_backward(int64_t layer, const Stash& s, const Deferred& kept, int64_t b,
+                                int64_t t) {
+  const BlockOffsets& o = layout_.block(layer);
+  float* g = grads_;
+  const int64_t n = b * t, c = config_.n_embd, cl = c / tp_size();
+  // What linear_backward adds, from the kept output gradients.
+  const auto weight_grad = [&](float* dw, float* db, const float* dout, const float* in, int64_t k,
+                               int64_t o_features) {
+    cpu::gemm(true, false, k, o_features, n, 1.0f, in, k, dout, o_features, 1.0f, dw, o_features);
+    cpu::add_column_sums(db, dout, n, o_features);
+  };
+  cpu::gelu_forward(ws_->c4_a, s.fc_pre, n * 4 * cl);
+  weight_grad(g + o.mlp_proj_w, g + o.mlp_proj_b, kept.mlp_proj, ws_->c4_a, 4 * cl, c);
+  weight_grad(g + o.c_fc_w, g + o.c_fc_b, kept.c_fc, gather_rows(s.ln2, n), c, 4 * cl);
+  // Selective recompute: the shared attention output holds another block's by now.
+  if (config_.recompute == Recompute::kSelective) {
+    cpu::attention_forward(s.attn, s.lse, s.qkv, b, t, cl, config_.n_head / tp_size(),
+                           ws_->attention_scratch);
+  }
+  weight_grad(g + o.attn_proj_w, g + o.attn_proj_b, kept.attn_proj, s.attn, cl, c);
+  weight_grad(g + o.c_attn_w, g + o.c_attn_b, kept.c_attn, gather_rows(s.ln1, n), c, 3 * cl);
+}
+
 float Gpt::forward_backward(const int32_t* inputs, const int32_t* targets, int64_t b, int64_t t,
                             float loss_scale) {
   BRIGADE_CHECK(grads_ != nullptr, "forward_backward needs a gradient buffer");
+  BRIGADE_CHECK(layout_.whole(), "forward_backward runs the whole model; a part runs part_forward");
   check_token_ids(targets, b * t, config_.vocab_size, "target");
-  forward_trunk(inputs, b, t);
-  Workspace& ws = *ws_;
-  const float* p = params_;
-  float* g = grads_;
-  const int64_t n = b * t, c = config_.n_embd, nr = rows_here(n);
+  forward_trunk(inputs, nullptr, b, t);
+  head_loss_backward(targets, loss_scale);
+  backward_trunk(inputs, /*from_head=*/true);
+  return mean_loss(b * t);
+}
 
+void Gpt::head_loss_backward(const int32_t* targets, float loss_scale) {
+  Workspace& ws = *ws_;
+  const int64_t n = ws.b * ws.t;
   cpu::LmHeadLossArgs head = lm_head_args(gather_rows(ws.lnf, n), targets, n);
   head.dx = ws.c_a;
-  head.dwte = g + layout_.wte();
+  head.dwte = grads_ + layout_.wte();
   head.loss_scale = loss_scale;
   acquire(wte_range());
-  prefetch(block_range(config_.n_layer - 1));
+  prefetch(block_range(layout_.end_layer() - 1));
   cpu::lm_head_loss(head);
   release(wte_range());
-  // Vocabulary-parallel: each rank's columns' share of dL/d(ln_f), summed
-  // (reduce-scattered to the rows here under sequence parallelism).
-  const float* dlnf = sum_rows(ws.c_a, n);
+}
 
-  std::memset(ws.dresid, 0, sizeof(float) * nr * c);
-  if (sp_) std::memset(ws.ln_grads, 0, sizeof(float) * 2 * c);
-  cpu::layernorm_backward(ws.dresid, sp_ ? ws.ln_grads : g + layout_.ln_f_w(),
-                          sp_ ? ws.ln_grads + c : g + layout_.ln_f_b(), dlnf,
-                          ws.resid[config_.n_layer], ws.lnf_mean, ws.lnf_rstd, p + layout_.ln_f_w(),
-                          nr, c);
-  if (sp_) sum_norm_grads(2 * c, {layout_.ln_f_w(), layout_.ln_f_b()});
-  release(ln_f_range());
-  if (grad_ready_) grad_ready_(layout_.ln_f_w());
-  for (int64_t l = config_.n_layer - 1; l >= 0; --l) {
+void Gpt::backward_trunk(const int32_t* inputs, bool from_head, bool defer) {
+  Workspace& ws = *ws_;
+  // Whether this pass reports gradients: the weight half does when deferred.
+  const bool report = !defer && grad_ready_;
+  const float* p = params_;
+  float* g = grads_;
+  const int64_t b = ws.b, t = ws.t, n = b * t, c = config_.n_embd, nr = rows_here(n);
+  const int64_t first = layout_.first_layer(), end = layout_.end_layer();
+  if (from_head) {
+    // Vocabulary-parallel: each rank's columns' share of dL/d(ln_f), summed
+    // (reduce-scattered to the rows here under sequence parallelism).
+    const float* dlnf = sum_rows(ws.c_a, n);
+    std::memset(ws.dresid, 0, sizeof(float) * nr * c);
+    if (sp_) std::memset(ws.ln_grads, 0, sizeof(float) * 2 * c);
+    cpu::layernorm_backward(ws.dresid, sp_ ? ws.ln_grads : g + layout_.ln_f_w(),
+                            sp_ ? ws.ln_grads + c : g + layout_.ln_f_b(), dlnf, resid(end),
+                            ws.lnf_mean, ws.lnf_rstd, p + layout_.ln_f_w(), nr, c);
+    if (sp_) sum_norm_grads(2 * c, {layout_.ln_f_w(), layout_.ln_f_b()});
+    release(ln_f_range());
+    if (report) grad_ready_(layout_.ln_f_w());
+  }
+  Slot& slot = slots_[slot_];
+  if (defer) {
+    BRIGADE_CHECK(config_.recompute != Recompute::kFull, "a split backward needs every stash");
+    const int64_t cl = c / tp_size(), per_block = n * (2 * c + 7 * cl);
+    if (slot.deferred_arena.size() < per_block * num_layers()) {
+      slot.deferred_arena = FloatBuffer(per_block * num_layers());
+    }
+    slot.deferred.clear();
+    for (int64_t l = 0; l < num_layers(); ++l) {
+      float* base = slot.deferred_arena.data() + l * per_block;
+      slot.deferred.push_back(
+          {base, base + n * c, base + n * (c + 4 * cl), base + n * (2 * c + 4 * cl)});
+    }
+  }
+  for (int64_t l = end - 1; l >= first; --l) {
     const Stash& s = stash(l);
     acquire(block_range(l));
-    if (l > 0) prefetch(block_range(l - 1));
+    if (l > first) prefetch(block_range(l - 1));
     if (config_.recompute == Recompute::kFull) {
       // Rebuild this block's stash from its saved input: ln_1, then the rest.
       const BlockOffsets& o = layout_.block(l);
-      cpu::layernorm_forward(s.ln1, s.ln1_mean, s.ln1_rstd, ws.resid[l], p + o.ln_1_w, p + o.ln_1_b,
+      cpu::layernorm_forward(s.ln1, s.ln1_mean, s.ln1_rstd, resid(l), p + o.ln_1_w, p + o.ln_1_b,
                              nr, c);
-      block_forward(l, s, ws.resid[l], b, t);
+      block_forward(l, s, resid(l), b, t);
     }
-    block_backward(l, s, ws.resid[l], ws.dresid, b, t);
+    block_backward(l, s, resid(l), ws.dresid, b, t,
+                   defer ? &slot.deferred[static_cast<size_t>(l - first)] : nullptr);
     release(block_range(l));
+    if (report) grad_ready_(layout_.block(l).ln_1_w);
+  }
+  if (defer) return;  // the embedding's gradient is the weight half's
+  if (layout_.has_embeddings()) embedding_backward(inputs, b, t);
+  if (grad_ready_) grad_ready_(0);
+}
+
+void Gpt::embedding_backward(const int32_t* inputs, int64_t b, int64_t t) {
+  float* g = grads_;
+  const int64_t n = b * t, c = config_.n_embd;
+  if (tp_size() == 1) {
+    cpu::embedding_backward(g + layout_.wte(), g + layout_.wpe(), ws_->dresid, inputs, b, t, c);
+    return;
+  }
+  // Every rank has (or gathers) the whole dL/d(embedding output): its rows
+  // of wte take their tokens' share, and wpe (replicated) the same sum everywhere.
+  const float* dembed = gather_rows(ws_->dresid, n);
+  cpu::token_embedding_backward(g + layout_.wte(), dembed, inputs, layout_.vocab_begin(),
+                                layout_.vocab_valid(), n, c);
+  cpu::position_embedding_backward(g + layout_.wpe(), dembed, b, t, c);
+}
+
+float Gpt::part_forward(int64_t slot, const int32_t* inputs, const float* resid_in,
+                        const int32_t* targets, float loss_scale, float* resid_out, int64_t b,
+                        int64_t t) {
+  BRIGADE_CHECK(grads_ != nullptr && slot >= 0, "part_forward needs a gradient buffer");
+  const int64_t n = b * t, c = config_.n_embd;
+  if (layout_.has_head()) check_token_ids(targets, n, config_.vocab_size, "target");
+  slot_ = static_cast<size_t>(slot);
+  forward_trunk(inputs, resid_in, b, t);
+  if (layout_.has_embeddings()) ws_->tokens.assign(inputs, inputs + n);
+  float loss = 0.0f;
+  if (layout_.has_head()) {
+    head_loss_backward(targets, loss_scale);
+    loss = mean_loss(n);
+  } else {
+    std::memcpy(resid_out, resid(layout_.end_layer()), sizeof(float) * rows_here(n) * c);
+  }
+  slot_ = 0;
+  return loss;
+}
+
+void Gpt::select_slot(int64_t slot) {
+  BRIGADE_CHECK(slot >= 0 && static_cast<size_t>(slot) < slots_.size() && slots_[slot].ws,
+                "a backward of slot {} before its part_forward", slot);
+  slot_ = static_cast<size_t>(slot);
+  ws_ = slots_[slot_].ws.get();
+}
+
+void Gpt::part_backward_input(int64_t slot, const float* dresid_out, float* dresid_in) {
+  select_slot(slot);
+  const int64_t rows = rows_here(ws_->b * ws_->t), c = config_.n_embd;
+  if (!layout_.has_head()) std::memcpy(ws_->dresid, dresid_out, sizeof(float) * rows * c);
+  backward_trunk(ws_->tokens.data(), layout_.has_head(), /*defer=*/true);
+  if (!layout_.has_embeddings()) std::memcpy(dresid_in, ws_->dresid, sizeof(float) * rows * c);
+  slot_ = 0;
+}
+
+void Gpt::part_backward_weight(int64_t slot) {
+  select_slot(slot);
+  Slot& s = slots_[slot_];
+  BRIGADE_CHECK(!s.deferred.empty(), "part_backward_weight of slot {} before its input half", slot);
+  const int64_t b = ws_->b, t = ws_->t, first = layout_.first_layer();
+  if (grad_ready_ && layout_.has_head()) grad_ready_(layout_.ln_f_w());
+  for (int64_t l = layout_.end_layer() - 1; l >= first; --l) {
+    block_weight_backward(l, stash(l), s.deferred[static_cast<size_t>(l - first)], b, t);
     if (grad_ready_) grad_ready_(layout_.block(l).ln_1_w);
   }
-  if (tp_size() == 1) {
-    cpu::embedding_backward(g + layout_.wte(), g + layout_.wpe(), ws.dresid, inputs, b, t, c);
-  } else {
-    // Every rank has (or gathers) the whole dL/d(embedding output): its rows
-    // of wte take their tokens' share, and wpe (replicated) the same sum everywhere.
-    const float* dembed = gather_rows(ws.dresid, n);
-    cpu::token_embedding_backward(g + layout_.wte(), dembed, inputs, layout_.vocab_begin(),
-                                  layout_.vocab_valid(), n, c);
-    cpu::position_embedding_backward(g + layout_.wpe(), dembed, b, t, c);
-  }
+  if (layout_.has_embeddings()) embedding_backward(ws_->tokens.data(), b, t);
   if (grad_ready_) grad_ready_(0);
-  return mean_loss(n);
+  s.deferred.clear();
+  slot_ = 0;
+}
+
+void Gpt::part_backward(int64_t slot, const float* dresid_out, float* dresid_in) {
+  select_slot(slot);
+  const int64_t rows = rows_here(ws_->b * ws_->t), c = config_.n_embd;
+  if (!layout_.has_head()) std::memcpy(ws_->dresid, dresid_out, sizeof(float) * rows * c);
+  backward_trunk(ws_->tokens.data(), layout_.has_head());
+  if (!layout_.has_embeddings()) std::memcpy(dresid_in, ws_->dresid, sizeof(float) * rows * c);
+  slot_ = 0;
 }
 
 void Gpt::embed(const int32_t* inputs, int64_t b, int64_t t) {
@@ -515,8 +676,9 @@ float Gpt::mean_loss(int64_t n) const {
 }
 
 float Gpt::forward_loss(const int32_t* inputs, const int32_t* targets, int64_t b, int64_t t) {
+  BRIGADE_CHECK(layout_.whole(), "forward_loss runs the whole model");
   check_token_ids(targets, b * t, config_.vocab_size, "target");
-  forward_trunk(inputs, b, t);
+  forward_trunk(inputs, nullptr, b, t);
   acquire(wte_range());
   cpu::lm_head_loss(lm_head_args(gather_rows(ws_->lnf, b * t), targets, b * t));
   release(wte_range());
@@ -525,7 +687,8 @@ float Gpt::forward_loss(const int32_t* inputs, const int32_t* targets, int64_t b
 }
 
 void Gpt::forward_logits(const int32_t* inputs, int64_t b, int64_t t, float* logits) {
-  forward_trunk(inputs, b, t);
+  BRIGADE_CHECK(layout_.whole(), "forward_logits runs the whole model");
+  forward_trunk(inputs, nullptr, b, t);
   acquire(wte_range());
   head_logits(gather_rows(ws_->lnf, b * t), b * t, logits);
   release(wte_range());
@@ -533,7 +696,8 @@ void Gpt::forward_logits(const int32_t* inputs, int64_t b, int64_t t, float* log
 }
 
 void Gpt::forward_last_logits(const int32_t* inputs, int64_t b, int64_t t, float* logits) {
-  forward_trunk(inputs, b, t);
+  BRIGADE_CHECK(layout_.whole(), "forward_last_logits runs the whole model");
+  forward_trunk(inputs, nullptr, b, t);
   acquire(wte_range());
   const int64_t c = config_.n_embd;
   const float* x = gather_rows(ws_->lnf, b * t);
@@ -548,8 +712,16 @@ void init_gpt2_weights(const ParamLayout& layout, int64_t n_layer, uint64_t seed
   const float residual_std = 0.02f / std::sqrt(2.0f * static_cast<float>(n_layer));
   const uint64_t init_key = Philox::key(seed, RngPurpose::kWeightInit);
   const auto& infos = layout.params();
-  for (size_t k = 0; k < infos.size(); ++k) {
-    const ParamInfo& info = infos[k];
+  // A part's tensors draw as the whole model's: by their index there (wte,
+  // wpe, then the blocks' tensors in order, then ln_f).
+  const auto leading = static_cast<size_t>((layout.wte() >= 0) + (layout.wpe() >= 0));
+  constexpr size_t per_block = sizeof(BlockOffsets) / sizeof(int64_t);  // tensors per block
+  for (size_t local_k = 0; local_k < infos.size(); ++local_k) {
+    const ParamInfo& info = infos[local_k];
+    const uint64_t k =
+        local_k < leading
+            ? (info.name == "wte.weight" ? 0 : 1)
+            : 2 + per_block * static_cast<size_t>(layout.first_layer()) + (local_k - leading);
     float* dst = params + info.offset;
     if (info.kind == ParamKind::kBias || info.kind == ParamKind::kNorm) {
       const bool is_norm_weight = info.kind == ParamKind::kNorm && info.name.ends_with(".weight");

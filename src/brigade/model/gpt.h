@@ -28,6 +28,8 @@
 #include <cstdint>
 #include <functional>
 #include <initializer_list>
+#include <memory>
+#include <vector>
 
 #include "brigade/core/aligned_buffer.h"
 #include "brigade/model/gpt_config.h"
@@ -60,7 +62,10 @@ class Gpt {
   // tensor-parallel group this rank splits the blocks with (null, or size
   // 1: the whole model here); it must outlive the model, and the layout is
   // then this rank's shards (ParamLayout(config, tp->rank(), tp->size())).
-  Gpt(const GptConfig& config, float* params, float* grads, TensorParallel* tp = nullptr);
+  // layers: the blocks this model holds (a part of the model: see
+  // part_forward); the default is all of them.
+  Gpt(const GptConfig& config, float* params, float* grads, TensorParallel* tp = nullptr,
+      LayerRange layers = {});
 
   const GptConfig& config() const { return config_; }
   const ParamLayout& layout() const { return layout_; }
@@ -72,6 +77,34 @@ class Gpt {
   // the gradient of the global mean loss. Returns this micro-batch's mean loss.
   float forward_backward(const int32_t* inputs, const int32_t* targets, int64_t b, int64_t t,
                          float loss_scale);
+
+  // A part of the model (layout().first_layer() to end_layer()), one
+  // micro-batch at a time, with several micro-batches between their forward
+  // and their backward: each keeps its activations in its own `slot`
+  // (0, 1, ...; slots are allocated on first use and reused). The part
+  // reads the residual stream (B,T,C) from resid_in, or embeds `inputs`
+  // when it has the embeddings (it keeps them for the embedding's
+  // backward); it writes its output stream to resid_out, or, when it has
+  // the LM head, computes the loss of `targets` and its gradient (scaled
+  // as in forward_backward) and returns the mean loss (0 otherwise).
+  // part_backward then takes dL/d(output stream) (unused with the head) and
+  // writes dL/d(input stream) to dresid_in (unused with the embeddings),
+  // adding the parameters' gradients to grads. The whole model is the part
+  // with both ends, and forward then backward of one slot is forward_backward.
+  // Under sequence parallelism the streams are this tp rank's N/tp rows.
+  float part_forward(int64_t slot, const int32_t* inputs, const float* resid_in,
+                     const int32_t* targets, float loss_scale, float* resid_out, int64_t b,
+                     int64_t t);
+  void part_backward(int64_t slot, const float* dresid_out, float* dresid_in);
+  // ZB-H1's split of part_backward (Qi et al. 2024): the input half
+  // computes dresid_in, the gradient the previous stage waits for (and the
+  // LayerNorms' small gradients), and keeps each linear layer's output
+  // gradient in the slot; the weight half, run later, adds the linear
+  // layers' weight and bias gradients and the embedding's. The grad-ready
+  // hook fires in the weight half. Not with recompute = full (the stash is
+  // shared by the blocks).
+  void part_backward_input(int64_t slot, const float* dresid_out, float* dresid_in);
+  void part_backward_weight(int64_t slot);
 
   // Called during backward as gradients become final: every gradient at a
   // flat offset >= ready_from has been fully written for this micro-batch.
@@ -116,21 +149,42 @@ class Gpt {
   struct Stash;      // one block's saved activations
   struct Workspace;  // all activation memory for one (B,T)
 
+  // The current slot's workspace for (B,T), allocated if need be.
   void ensure_workspace(int64_t b, int64_t t);
-  // Embedding and all blocks; leaves ln_f's output in the workspace.
-  void forward_trunk(const int32_t* inputs, int64_t b, int64_t t);
+  // Embedding (or the stream from resid_in) and this part's blocks; leaves
+  // ln_f's output (with the head) or the output stream in the workspace.
+  void forward_trunk(const int32_t* inputs, const float* resid_in, int64_t b, int64_t t);
+  // The head after forward_trunk: loss and its gradient (into c_a), dwte.
+  void head_loss_backward(const int32_t* targets, float loss_scale);
+  // ln_f's backward from c_a into dresid, then the blocks last to first,
+  // then the embedding's with `inputs` (with the embeddings).
+  // With `defer`, the input half only (part_backward_input).
+  void backward_trunk(const int32_t* inputs, bool from_head, bool defer = false);
+  void select_slot(int64_t slot);     // an allocated one, for a backward
+  float* resid(int64_t layer) const;  // the input of block `layer` (or of ln_f)
+  int64_t num_layers() const { return layout_.end_layer() - layout_.first_layer(); }
   // Block `layer`'s forward from its residual input, up to the MLP output.
   // Returns the MLP's output rows here (a workspace buffer).
   const float* block_forward(int64_t layer, const Stash& s, const float* resid_in, int64_t b,
                              int64_t t);
+  // One block's linear layers' output gradients, kept by a split backward.
+  struct Deferred {
+    float *mlp_proj, *c_fc, *attn_proj, *c_attn;  // (N,C) (N,4Cl) (N,C) (N,3Cl)
+  };
+  // With `keep`, only the input gradients: the linear layers' output
+  // gradients go to *keep for block_weight_backward.
   void block_backward(int64_t layer, const Stash& s, const float* resid_in, float* dresid,
-                      int64_t b, int64_t t);
+                      int64_t b, int64_t t, const Deferred* keep = nullptr);
+  void block_weight_backward(int64_t layer, const Stash& s, const Deferred& kept, int64_t b,
+                             int64_t t);
   const Stash& stash(int64_t layer) const;
   // The LM head's arguments for the forward pass just run (no gradients).
   // x: ln_f's output, all N rows.
   cpu::LmHeadLossArgs lm_head_args(const float* x, const int32_t* targets, int64_t n) const;
   // The token + position embedding of `inputs` into resid[0].
   void embed(const int32_t* inputs, int64_t b, int64_t t);
+  // wte's and wpe's gradients from dresid, dL/d(embedding output).
+  void embedding_backward(const int32_t* inputs, int64_t b, int64_t t);
   // The LM head's combine under vocabulary parallelism (lm_head_loss.h).
   void combine_head_stats(float* stats, int64_t rows) const;
   // logits (rows,V) of x (rows,C), the whole vocabulary (gathered under tp).
@@ -182,11 +236,18 @@ class Gpt {
   }
   // Releases what forward_trunk left acquired (ln_f), for passes without backward.
   void end_forward_only();
-  FloatBuffer arena_;
   struct WorkspaceDeleter {
     void operator()(Workspace* w) const;
   };
-  std::unique_ptr<Workspace, WorkspaceDeleter> ws_;
+  struct Slot {
+    FloatBuffer arena;
+    std::unique_ptr<Workspace, WorkspaceDeleter> ws;
+    FloatBuffer deferred_arena;      // a split backward's kept gradients
+    std::vector<Deferred> deferred;  // one per block of the part
+  };
+  std::vector<Slot> slots_;  // one micro-batch's activations each
+  size_t slot_ = 0;          // the one the passes use now
+  Workspace* ws_ = nullptr;  // slots_[slot_]'s, once allocated
 };
 
 // GPT-2 initialisation: N(0, 0.02) for matrices and embeddings, residual

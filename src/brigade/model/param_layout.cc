@@ -39,19 +39,31 @@ int64_t ParamLayout::add(std::string name, std::vector<int64_t> shape, ParamKind
   return params_.back().offset;
 }
 
-ParamLayout::ParamLayout(const GptConfig& cfg, int tp_rank, int tp_size)
-    : tp_rank_(tp_rank), tp_size_(tp_size) {
+ParamLayout::ParamLayout(const GptConfig& cfg, int tp_rank, int tp_size, LayerRange layers)
+    : first_layer_(layers.begin),
+      end_layer_(layers.end < 0 ? cfg.n_layer : layers.end),
+      n_layer_(cfg.n_layer),
+      tp_rank_(tp_rank),
+      tp_size_(tp_size) {
   BRIGADE_CHECK(tp_rank >= 0 && tp_rank < tp_size, "tp rank out of range");
+  BRIGADE_CHECK(first_layer_ >= 0 && first_layer_ < end_layer_ && end_layer_ <= cfg.n_layer,
+                "layer range [{}, {}) is not a non-empty part of {} layers", first_layer_,
+                end_layer_, cfg.n_layer);
   cfg.validate_tensor_parallel(tp_size);
   const int64_t c = cfg.n_embd;
-  // Vocabulary-parallel: this rank's rows of the tied embedding / LM head.
-  add("wte.weight", {cfg.vocab_size, c}, ParamKind::kTokenEmbedding, 0);
-  const ParamInfo& wte = params_.back();
-  vocab_rows_ = wte.shape[0];
-  vocab_begin_ = wte.replicated() ? 0 : wte.part_offsets[0];
-  vocab_valid_ = wte.replicated() ? vocab_rows_ : wte.run_extent(0);
-  add("wpe.weight", {cfg.block_size, c}, ParamKind::kPositionEmbedding);
-  for (int64_t i = 0; i < cfg.n_layer; ++i) {
+  if (has_embeddings() || has_head()) {
+    // Vocabulary-parallel: this rank's rows of the tied embedding / LM head
+    // (the same rows on the first and the last pipeline stage).
+    wte_ = add("wte.weight", {cfg.vocab_size, c}, ParamKind::kTokenEmbedding, 0);
+    ParamInfo& wte = params_.back();
+    wte.tied_copy = !has_embeddings();
+    vocab_rows_ = wte.shape[0];
+    vocab_begin_ = wte.replicated() ? 0 : wte.part_offsets[0];
+    vocab_valid_ = wte.replicated() ? vocab_rows_ : wte.run_extent(0);
+  }
+  if (has_embeddings())
+    wpe_ = add("wpe.weight", {cfg.block_size, c}, ParamKind::kPositionEmbedding);
+  for (int64_t i = first_layer_; i < end_layer_; ++i) {
     const std::string p = fmt::format("h.{}.", i);
     BlockOffsets b{};
     b.ln_1_w = add(p + "ln_1.weight", {c}, ParamKind::kNorm);
@@ -70,8 +82,10 @@ ParamLayout::ParamLayout(const GptConfig& cfg, int tp_rank, int tp_size)
     b.mlp_proj_b = add(p + "mlp.c_proj.bias", {c}, ParamKind::kBias);
     blocks_.push_back(b);
   }
-  ln_f_w_ = add("ln_f.weight", {c}, ParamKind::kNorm);
-  ln_f_b_ = add("ln_f.bias", {c}, ParamKind::kNorm);
+  if (has_head()) {
+    ln_f_w_ = add("ln_f.weight", {c}, ParamKind::kNorm);
+    ln_f_b_ = add("ln_f.bias", {c}, ParamKind::kNorm);
+  }
 }
 
 int64_t ParamInfo::run_extent(size_t part) const {
@@ -93,11 +107,13 @@ namespace {
 template <typename Copy>
 void for_each_shared_run(const ParamLayout& local_layout, const ParamLayout& global_layout,
                          Copy&& copy) {
-  BRIGADE_CHECK(
-      global_layout.tp_size() == 1 && local_layout.params().size() == global_layout.params().size(),
-      "local_to_global/global_to_local need a tp rank's layout and the whole model's");
-  for (size_t k = 0; k < local_layout.params().size(); ++k) {
-    const ParamInfo& l = local_layout.params()[k];
+  BRIGADE_CHECK(global_layout.tp_size() == 1 && global_layout.whole(),
+                "local_to_global/global_to_local need a rank's layout and the whole model's");
+  // A part's tensors are a run of the whole model's, in the same order.
+  size_t k = 0;
+  for (const ParamInfo& l : local_layout.params()) {
+    while (k < global_layout.params().size() && global_layout.params()[k].name != l.name) ++k;
+    BRIGADE_CHECK(k < global_layout.params().size(), "{} is not in the whole model", l.name);
     const int64_t g = global_layout.params()[k].offset;
     l.for_each_run([&](int64_t local, int64_t global, int64_t count) {
       copy(l.offset + local, g + global, count);

@@ -23,6 +23,12 @@
 // are no part of the global tensor (for_each_run skips them, so
 // checkpoints hold the true V rows); they stay zero, and the model masks
 // their logits, so they change neither the loss nor any gradient.
+//
+// A pipeline stage's layout (a LayerRange) holds only its part of the
+// model, in the same order: wte if the part has the embeddings or the LM
+// head (they share it; under tp both stages hold the same vocabulary rows),
+// wpe with the embeddings, its blocks, ln_f with the head. Names stay
+// global, so checkpoints and loads go by name.
 #pragma once
 
 #include <cstdint>
@@ -58,6 +64,10 @@ struct ParamInfo {
   // Hugging Face stores q, k, v side by side in one (C,3C) matrix.)
   int split_dim = -1;
   std::vector<int64_t> part_offsets;
+  // The LM head's copy of the tied wte in a part without the embeddings
+  // (the last pipeline stage): the embeddings' part owns the tensor, writes
+  // it to checkpoints and counts it in the gradient norm.
+  bool tied_copy = false;
 
   bool replicated() const { return split_dim < 0; }
   // Indices of run `part` along split_dim that exist in the global tensor
@@ -76,12 +86,20 @@ struct BlockOffsets {
   int64_t ln_2_w, ln_2_b, c_fc_w, c_fc_b, mlp_proj_w, mlp_proj_b;
 };
 
+// Blocks [begin, end) of the model (end < 0: through the last), with the
+// embeddings when begin is 0 and ln_f and the LM head when end is n_layer.
+struct LayerRange {
+  int64_t begin = 0;
+  int64_t end = -1;
+};
+
 class ParamLayout {
  public:
-  // tp_rank's shards of a model split over tp_size ranks (1: the whole model).
-  // Error naming the numbers and the fix if tp_size does not divide the heads,
-  // n_embd and 4 * n_embd.
-  explicit ParamLayout(const GptConfig& config, int tp_rank = 0, int tp_size = 1);
+  // tp_rank's shards of a model split over tp_size ranks (1: the whole model),
+  // of the blocks in `layers`. Error naming the numbers and the fix if
+  // tp_size does not divide the heads, n_embd and 4 * n_embd.
+  explicit ParamLayout(const GptConfig& config, int tp_rank = 0, int tp_size = 1,
+                       LayerRange layers = {});
 
   const std::vector<ParamInfo>& params() const { return params_; }
   // Total floats in the flat buffer (each tensor starts 64-byte aligned;
@@ -90,9 +108,16 @@ class ParamLayout {
   int64_t num_params() const { return num_params_; }
   const ParamInfo* find(const std::string& name) const;
 
-  int64_t wte() const { return params_[0].offset; }
-  int64_t wpe() const { return params_[1].offset; }
-  const BlockOffsets& block(int64_t layer) const { return blocks_[layer]; }
+  // Offsets of tensors this part may lack: -1 when absent.
+  int64_t wte() const { return wte_; }
+  int64_t wpe() const { return wpe_; }
+  // `layer` is the model's index, in [first_layer(), end_layer()).
+  const BlockOffsets& block(int64_t layer) const { return blocks_[layer - first_layer_]; }
+  int64_t first_layer() const { return first_layer_; }
+  int64_t end_layer() const { return end_layer_; }
+  bool has_embeddings() const { return first_layer_ == 0; }
+  bool has_head() const { return end_layer_ == n_layer_; }
+  bool whole() const { return has_embeddings() && has_head(); }
   int64_t ln_f_w() const { return ln_f_w_; }
   int64_t ln_f_b() const { return ln_f_b_; }
   int tp_rank() const { return tp_rank_; }
@@ -114,14 +139,17 @@ class ParamLayout {
   std::vector<BlockOffsets> blocks_;
   int64_t size_ = 0;
   int64_t num_params_ = 0;
-  int64_t ln_f_w_ = 0, ln_f_b_ = 0;
+  int64_t ln_f_w_ = -1, ln_f_b_ = -1;
+  int64_t wte_ = -1, wpe_ = -1;
+  int64_t first_layer_ = 0, end_layer_ = 0, n_layer_ = 0;
   int tp_rank_ = 0, tp_size_ = 1;
   int64_t vocab_begin_ = 0, vocab_rows_ = 0, vocab_valid_ = 0;
 };
 
 // Copies a rank's tensors (`local`, laid out by local_layout) into their
 // places in a buffer of the whole model (laid out by global_layout), or the
-// other way round. The layouts are of the same model; global_layout's tp size is 1.
+// other way round. The layouts are of the same model; global_layout's tp size
+// is 1 and it is whole; local_layout may be any part (tensors match by name).
 void local_to_global(const ParamLayout& local_layout, const ParamLayout& global_layout,
                      const float* local, float* global);
 void global_to_local(const ParamLayout& local_layout, const ParamLayout& global_layout,

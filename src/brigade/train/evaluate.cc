@@ -11,12 +11,21 @@ namespace brigade {
 
 EvalResult evaluate_windows(Gpt& model, const TokenShard& shard, int64_t batch, int64_t max_windows,
                             const std::string& what) {
-  const int64_t t = model.config().block_size;
-  if (shard.vocab_size() > static_cast<uint64_t>(model.config().vocab_size)) {
+  const auto loss_of = [&](const int32_t* inputs, const int32_t* targets, int64_t b) {
+    return static_cast<double>(model.forward_loss(inputs, targets, b, model.config().block_size));
+  };
+  return evaluate_windows(model.config(), loss_of, shard, batch, max_windows, what);
+}
+
+EvalResult evaluate_windows(const GptConfig& config, const WindowLoss& loss_of,
+                            const TokenShard& shard, int64_t batch, int64_t max_windows,
+                            const std::string& what) {
+  const int64_t t = config.block_size;
+  if (shard.vocab_size() > static_cast<uint64_t>(config.vocab_size)) {
     throw_error(
         "{} was tokenized with a vocabulary of {} but the model has {}: evaluate on data "
         "prepared with the model's tokenizer",
-        what, shard.vocab_size(), model.config().vocab_size);
+        what, shard.vocab_size(), config.vocab_size);
   }
   const EvalWindows windows(shard, static_cast<int>(t));
   int64_t total = static_cast<int64_t>(windows.num_windows());
@@ -30,7 +39,7 @@ EvalResult evaluate_windows(Gpt& model, const TokenShard& shard, int64_t batch, 
   for (int64_t w = 0; w < total; w += batch) {
     const int64_t count = std::min(batch, total - w);
     windows.fill(static_cast<uint64_t>(w), static_cast<int>(count), inputs.data(), targets.data());
-    sum += model.forward_loss(inputs.data(), targets.data(), count, t) * static_cast<double>(count);
+    sum += loss_of(inputs.data(), targets.data(), count) * static_cast<double>(count);
   }
   return {sum / static_cast<double>(total), total};
 }

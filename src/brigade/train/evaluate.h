@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "brigade/model/gpt.h"
@@ -20,6 +21,12 @@ struct EvalResult {
 // windows of block_size tokens in `shard`, `batch` windows per forward pass.
 // `what` names the data in errors ("the validation split of runs/data").
 EvalResult evaluate_windows(Gpt& model, const TokenShard& shard, int64_t batch, int64_t max_windows,
+                            const std::string& what);
+// The same with the model's mean loss of `b` windows (B,T) from loss_of (a
+// pipeline's forward, which every stage runs together).
+using WindowLoss = std::function<double(const int32_t* inputs, const int32_t* targets, int64_t b)>;
+EvalResult evaluate_windows(const GptConfig& config, const WindowLoss& loss_of,
+                            const TokenShard& shard, int64_t batch, int64_t max_windows,
                             const std::string& what);
 
 }  // namespace brigade

@@ -5,6 +5,7 @@
 #include "brigade/core/config.h"
 #include "brigade/core/error.h"
 #include "brigade/parallel/mesh.h"
+#include "brigade/parallel/pipeline_stage.h"
 
 namespace brigade {
 
@@ -42,16 +43,13 @@ TrainOptions TrainOptions::from_config(Config& config) {
   o.data.synthetic = config.get_bool("data.synthetic", o.data.synthetic);
 
   const MeshShape mesh = MeshShape::from_config(config);
-  if (mesh.pp != 1) {
-    throw_error(
-        "parallel.pp = {}: pipeline parallelism is not built yet; set it to 1 and scale with "
-        "parallel.dp and parallel.tp",
-        mesh.pp);
-  }
   o.parallel.dp = mesh.dp;
   o.parallel.tp = mesh.tp;
   o.parallel.sequence_parallel =
       config.get_bool("parallel.sequence_parallel", o.parallel.sequence_parallel);
+  o.parallel.pp = mesh.pp;
+  o.parallel.schedule = config.get_string("parallel.schedule", o.parallel.schedule);
+  o.parallel.stage_layers = config.get_int_list("parallel.stage_layers");
   o.parallel.zero = static_cast<int>(config.get_int("parallel.zero", o.parallel.zero));
   o.parallel.bucket_mb = config.get_double("parallel.bucket_mb", o.parallel.bucket_mb);
   o.parallel.backend = config.get_string("parallel.backend", o.parallel.backend);
@@ -108,7 +106,24 @@ TrainOptions TrainOptions::from_config(Config& config) {
   if (!(o.data.val_fraction > 0 && o.data.val_fraction < 1)) {
     throw_error("data.val_fraction must be in (0, 1), got {}", o.data.val_fraction);
   }
+  // Pipeline parallelism, before any worker connects or allocates.
+  if (o.parallel.pp > 1 && o.parallel.zero >= 2) {
+    throw_error(
+        "parallel.zero = {} with parallel.pp = {}: ZeRO 2 and 3 do not run with pipeline "
+        "parallelism (as in Megatron-LM, whose distributed optimizer is ZeRO 1); set "
+        "parallel.zero to 0 or 1",
+        o.parallel.zero, o.parallel.pp);
+  }
+  check_pipeline_shape(o.pipeline_shape());
   return o;
+}
+
+schedule::Shape TrainOptions::pipeline_shape() const {
+  schedule::Shape shape;
+  shape.kind = schedule::parse_kind(parallel.schedule);
+  shape.stages = parallel.pp;
+  shape.microbatches = grad_accum;
+  return shape;
 }
 
 }  // namespace brigade

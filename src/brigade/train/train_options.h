@@ -6,14 +6,16 @@
 //   [optim]  lr, min_lr, warmup_steps, weight_decay, beta1, beta2, eps,
 //            grad_clip, decay_position_embedding
 //   [data]   source, tokenizer, dir, val_fraction, synthetic
-//   [parallel] dp, tp, pp, zero, bucket_mb, backend, timeout_s
+//   [parallel] dp, tp, pp, schedule, stage_layers, zero, bucket_mb, backend, timeout_s
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "brigade/optim/adamw.h"
 #include "brigade/optim/lr_schedule.h"
+#include "brigade/schedule/schedule.h"
 
 namespace brigade {
 
@@ -30,13 +32,17 @@ struct DataOptions {
 };
 
 struct ParallelOptions {
-  int dp = 1;                      // data-parallel ranks (pipeline parallelism comes later)
+  int dp = 1;                      // data-parallel ranks
   int tp = 1;                      // tensor-parallel ranks: each block's matrices split tp ways
   bool sequence_parallel = false;  // also split LayerNorms/residuals by token rows (gpt.h)
-  int zero = 0;                    // ZeRO stage: 0 none, 1 optimizer state, 2 + gradients sharded
-  double bucket_mb = 25.0;         // gradient bucket size, MB (1e6 bytes)
-  std::string backend = "auto";    // comm backend: auto, shm, gloo, hierarchical
-  int64_t timeout_s = 300;         // bound on every collective
+  int pp = 1;                      // pipeline stages: contiguous block ranges
+  std::string schedule =
+      "1f1b";  // gpipe, 1f1b or zb-h1 (schedule/schedule.h); grad_accum micro-batches
+  std::vector<int64_t> stage_layers;  // blocks per stage; empty: balanced by cost
+  int zero = 0;                  // ZeRO stage: 0 none, 1 optimizer state, 2 + gradients sharded
+  double bucket_mb = 25.0;       // gradient bucket size, MB (1e6 bytes)
+  std::string backend = "auto";  // comm backend: auto, shm, gloo, hierarchical
+  int64_t timeout_s = 300;       // bound on every collective
 };
 
 struct TrainOptions {
@@ -73,6 +79,9 @@ struct TrainOptions {
   // Sequences in one optimizer step: each data-parallel rank runs grad_accum
   // micro-batches of micro_batch sequences (its tp ranks run the same ones).
   int64_t global_batch() const { return micro_batch * grad_accum * parallel.dp; }
+  // The pipeline schedule a step runs: parallel.schedule over parallel.pp
+  // stages, grad_accum micro-batches. Throws Error on an unknown schedule.
+  schedule::Shape pipeline_shape() const;
 
   static TrainOptions from_config(Config& config);
 };

@@ -89,9 +89,17 @@ Trainer::Trainer(const GptConfig& model, const TrainOptions& options, Communicat
     : Trainer(model, options, TrainerGroups{dp_group, dp_group, nullptr}) {}
 
 Trainer::Trainer(const GptConfig& model, const TrainOptions& options, const TrainerGroups& groups)
-    : options_(options), dp_group_(groups.dp), tp_group_(groups.tp), world_(groups.world) {
+    : options_(options),
+      dp_group_(groups.dp),
+      tp_group_(groups.tp),
+      world_(groups.world),
+      pp_group_(groups.pp) {
   const int dp = options_.parallel.dp;
   const int tp = options_.parallel.tp;
+  const int pp = options_.parallel.pp;
+  // The pipeline's shape first: it is the config's to fix, whatever the groups.
+  check_pipeline_shape(options_.pipeline_shape());
+  const std::vector<LayerRange> stages = split_stages(model, pp, options_.parallel.stage_layers);
   if (dp > 1 && (dp_group_ == nullptr || dp_group_->size() != dp)) {
     throw_error(
         "parallel.dp = {} needs {} worker processes: start them with `brigade train --nproc {} "
@@ -99,24 +107,36 @@ Trainer::Trainer(const GptConfig& model, const TrainOptions& options, const Trai
         dp, dp, dp * tp);
   }
   if (tp > 1 && (tp_group_ == nullptr || tp_group_->size() != tp || world_ == nullptr ||
-                 world_->size() != dp * tp)) {
+                 world_->size() != dp * tp * pp)) {
     throw_error(
-        "parallel.tp = {} needs a tensor-parallel group of {} ranks in a world of dp * tp = {}: "
-        "start the workers with `brigade train --nproc {} --set parallel.tp={} CONFIG`",
-        tp, tp, dp * tp, dp * tp, tp);
+        "parallel.tp = {} needs a tensor-parallel group of {} ranks in a world of dp * tp * pp = "
+        "{}: start the workers with `brigade train --nproc {} --set parallel.tp={} CONFIG`",
+        tp, tp, dp * tp * pp, dp * tp * pp, tp);
+  }
+  if (pp > 1 && (pp_group_ == nullptr || pp_group_->size() != pp || world_ == nullptr ||
+                 world_->size() != dp * tp * pp)) {
+    throw_error(
+        "parallel.pp = {} needs a pipeline group of {} ranks in a world of dp * tp * pp = {}: "
+        "start the workers with `brigade train --nproc {} --set parallel.pp={} CONFIG`",
+        pp, pp, dp * tp * pp, dp * tp * pp, pp);
   }
   model.validate_tensor_parallel(tp);
   if (options_.parallel.sequence_parallel) model.validate_sequence_parallel(tp);
+  const int stage = pp > 1 ? pp_group_->rank() : 0;
+  const LayerRange layers = stages[static_cast<size_t>(stage)];
   if (world_ == nullptr) world_ = dp_group_;
   // Find the checkpoint first: a bad --resume should fail before any work.
   std::optional<ResolvedCheckpoint> resume;
   if (!options_.resume.empty()) resume = resolve_checkpoint(options_.resume);
   set_num_threads(static_cast<int>(options_.threads));
   if (tp > 1) tp_ = std::make_unique<TensorParallelGroup>(*tp_group_);
-  const ParamLayout layout(model, tp_rank(), tp);
+  const ParamLayout layout(model, tp_rank(), tp, layers);
   for (const ParamInfo& p : layout.params()) {
-    if (tp_rank() == 0 || !p.replicated()) norm_ranges_.push_back({p.offset, p.offset + p.numel});
+    if ((tp_rank() == 0 || !p.replicated()) && !p.tied_copy) {
+      norm_ranges_.push_back({p.offset, p.offset + p.numel});
+    }
   }
+  if (pp > 1 && layout.wte() >= 0) tied_end_ = layout.params()[1].offset;
   const auto bucket_elements =
       static_cast<int64_t>(options_.parallel.bucket_mb * 1e6 / sizeof(float));
   // Alone there is nothing to shard: every stage is ZeRO 0.
@@ -132,8 +152,10 @@ Trainer::Trainer(const GptConfig& model, const TrainOptions& options, const Trai
     plan_ = std::make_unique<BucketPlan>(layout.size(), dp, bucket_elements);
   }
   allocate_buffers(plan_->padded_size());
-  model_ = std::make_unique<Gpt>(model, params_.data(), grads_.data(), tp_.get());
+  model_ = std::make_unique<Gpt>(model, params_.data(), grads_.data(), tp_.get(), layers);
   model_->set_sequence_parallel(options_.parallel.sequence_parallel);
+  stage_ = std::make_unique<PipelineStage>(pp > 1 ? pp_group_ : nullptr, *model_,
+                                           options_.pipeline_shape());
   // Every rank draws the same weights from the seed (its shards of them by
   // their global indices): no broadcast needed.
   init_gpt2_weights(layout, model.n_layer, options_.seed, params_.data());
@@ -258,7 +280,9 @@ double Trainer::sum_over_ranks(double value) {
 }
 
 double Trainer::global_grad_norm() {
-  if (zero_ == 0 && tp_size() == 1) return grad_norm(grads_.data(), grads_.size());
+  if (zero_ == 0 && tp_size() == 1 && pp_size() == 1) {
+    return grad_norm(grads_.data(), grads_.size());
+  }
   // Under ZeRO each rank holds the reduced values of its slices only, and
   // under tp its shards and copies of the replicated tensors: every element
   // is counted once, on its owner (replicated ones on tp rank 0).
@@ -276,6 +300,7 @@ double Trainer::global_grad_norm() {
   }
   if (zero_ >= 1) squares = sum_over_ranks(squares);
   if (tp_size() > 1) tp_group_->all_reduce(&squares, 1, DType::kF64, ReduceOp::kSum)->wait();
+  if (pp_size() > 1) pp_group_->all_reduce(&squares, 1, DType::kF64, ReduceOp::kSum)->wait();
   return std::sqrt(squares);
 }
 
@@ -293,22 +318,30 @@ StepMetrics Trainer::train_step() {
   }
   if (tp_) tp_->take_comm_ms();  // an evaluation's since the last step is not this step's
   const float loss_scale = 1.0f / static_cast<float>(options_.global_batch() * t);
-  double loss = 0.0;
   const int64_t first_sample = dp_rank() * b * accum;
-  for (int64_t micro = 0; micro < accum; ++micro) {
-    fill_batch(first_sample + micro * b, b);
-    // Only the last micro-batch reduces: the earlier ones just accumulate.
-    const bool reduce = grad_sync_ && micro + 1 == accum;
-    if (reduce) {
-      grad_sync_->arm();
-      model_->set_grad_ready_hook(
-          [sync = grad_sync_.get()](int64_t from) { sync->on_ready(from); });
-    }
-    loss += model_->forward_backward(inputs_.data(), targets_.data(), b, t, loss_scale);
-    if (reduce) model_->set_grad_ready_hook(nullptr);
+  // Only the last backward reduces: the earlier ones just accumulate. The
+  // tied wte's buckets wait for its gradient from the other end of the pipeline.
+  const auto fill = [&](int64_t micro) { fill_batch(first_sample + micro * b, b); };
+  const auto arm = [sync = grad_sync_.get()] {
+    if (sync) sync->arm();
+  };
+  Gpt::GradReadyHook hook;
+  if (grad_sync_) {
+    hook = [sync = grad_sync_.get(), hold = tied_end_](int64_t from) {
+      sync->on_ready(std::max(from, hold));
+    };
+  }
+  const PipelineStepStats pipeline =
+      stage_->run(fill, inputs_.data(), targets_.data(), b, t, loss_scale, arm, hook);
+  double loss = pipeline.loss_sum;
+  if (tied_end_ > 0) {
+    const int64_t wte = layout().wte();
+    stage_->sum_tied_gradients(grads_.data() + wte, layout().params()[0].numel);
   }
   StepMetrics m;
   m.step = step_;
+  m.bubble_ms = pipeline.bubble_ms;
+  m.live_microbatches = pipeline.peak_live;
   if (grad_sync_) {
     m.exposed_comm_ms = grad_sync_->finish();
     m.backward_end_ms = grad_sync_->backward_end_ms();
@@ -319,6 +352,8 @@ StepMetrics Trainer::train_step() {
     m.tp_comm_ms = tp_->take_comm_ms();
     m.exposed_comm_ms += m.tp_comm_ms;
   }
+  // The last stage computed the losses.
+  if (pp_size() > 1) pp_group_->all_reduce(&loss, 1, DType::kF64, ReduceOp::kSum)->wait();
   m.loss = sum_over_ranks(loss) / static_cast<double>(accum * dp_size());
   m.grad_norm = global_grad_norm();
   if (!std::isfinite(m.grad_norm)) {
@@ -371,7 +406,11 @@ std::vector<BucketTiming> Trainer::bucket_timings() const {
 
 double Trainer::evaluate() {
   if (!dataset_) throw_error("evaluation needs a dataset; this run uses data.synthetic = true");
-  return evaluate_windows(*model_, dataset_->val_shard(), options_.micro_batch,
+  // Through the pipeline: every stage runs the same windows.
+  const auto loss_of = [&](const int32_t* inputs, const int32_t* targets, int64_t b) {
+    return stage_->forward_loss(inputs, targets, b, model_config().block_size);
+  };
+  return evaluate_windows(model_config(), loss_of, dataset_->val_shard(), options_.micro_batch,
                           options_.eval_windows, "the validation split of " + options_.data.dir)
       .loss;
 }
@@ -478,10 +517,11 @@ void Trainer::start_save(CheckpointSaver& saver, const fs::path& root, int64_t k
   save.root = root;
   save.step = step_;
   save.rank = world_rank();
-  save.num_shards = dp_size() * tp_size();
+  save.num_shards = dp_size() * tp_size() * pp_size();
   save.config = model_config();
   save.tp_rank = tp_rank();
   save.tp_size = tp_size();
+  save.layers = {layout().first_layer(), layout().end_layer()};
   save.keep = keep;
   if (snapshot) {
     // One copy, straight from the live state into last-but-one snapshot's
@@ -491,7 +531,7 @@ void Trainer::start_save(CheckpointSaver& saver, const fs::path& root, int64_t k
     save.staged = false;
   }
   if (world_rank() == 0) {
-    save.header = {{{"dp", dp_size()}, {"tp", tp_size()}, {"pp", 1}, {"zero", zero_}},
+    save.header = {{{"dp", dp_size()}, {"tp", tp_size()}, {"pp", pp_size()}, {"zero", zero_}},
                    state_json(),
                    dataset_ ? dataset_->tokenizer_spec() : ""};
   }

@@ -22,6 +22,13 @@
 // replicated ones (equal on every tp rank) taken from tp rank 0.
 // Checkpoints stay global: each rank writes its boxes of the global tensors.
 //
+// With pipeline parallelism (options.parallel.pp stages, parallel/
+// pipeline_stage.h) the trainer holds its stage's blocks only (the
+// embeddings on the first stage, ln_f and the head on the last, the tied
+// wte on both) and runs the stage's schedule; losses, the gradient norm and
+// evaluation combine over the pipeline group. The data-parallel group is
+// then the ranks with the same stage and tp rank.
+//
 // With data or tensor parallelism every rank must call evaluate() and
 // save_checkpoint() at the same points: under ZeRO 3 evaluation gathers
 // parameters, tensor parallelism's forward is collective, and a save
@@ -42,6 +49,7 @@
 #include "brigade/optim/adamw.h"
 #include "brigade/parallel/grad_buckets.h"
 #include "brigade/parallel/grad_sync.h"
+#include "brigade/parallel/pipeline_stage.h"
 #include "brigade/parallel/sharded_params.h"
 #include "brigade/parallel/tensor_parallel_group.h"
 #include "brigade/train/checkpoint_saver.h"
@@ -70,6 +78,12 @@ struct StepMetrics {
   // With data parallelism: when the last micro-batch's backward ended, in
   // the clock of bucket_timings() (GradSync::backward_end_ms).
   double backward_end_ms = 0.0;
+  // With pipeline parallelism: the time this stage waited for a peer's
+  // activation or gradient (its bubble; part of compute_ms, not of the
+  // exposed communication).
+  double bubble_ms = 0.0;
+  // The most micro-batches whose activations this rank kept at once.
+  int64_t live_microbatches = 0;
 };
 
 // Bytes one rank holds for training state, by kind.
@@ -89,6 +103,9 @@ struct TrainerGroups {
   Communicator* world = nullptr;
   Communicator* dp = nullptr;
   Communicator* tp = nullptr;
+  // The ranks with this dp and tp rank, one per stage in stage order
+  // (required when parallel.pp > 1).
+  Communicator* pp = nullptr;
 };
 
 class Trainer {
@@ -157,6 +174,8 @@ class Trainer {
   int dp_size() const { return options_.parallel.dp; }
   int tp_rank() const;
   int tp_size() const { return options_.parallel.tp; }
+  int pp_stage() const { return stage_->stage(); }
+  int pp_size() const { return options_.parallel.pp; }
   int world_rank() const;
   // What this rank holds, for the start-up report and the ZeRO tests.
   MemoryAccount memory() const;
@@ -166,7 +185,7 @@ class Trainer {
   const Dataset* dataset() const { return dataset_.get(); }  // null when synthetic
   int64_t tokens_per_step() const { return options_.global_batch() * model_config().block_size; }
 
-  // This rank's tensors (its tp shards).
+  // This rank's tensors (its tp shards of its pipeline stage's blocks).
   const ParamLayout& layout() const { return model_->layout(); }
   // State for checkpoints beyond the buffers: step, seed, schedule.
   nlohmann::json state_json() const;
@@ -189,7 +208,15 @@ class Trainer {
   Communicator* dp_group_ = nullptr;
   Communicator* tp_group_ = nullptr;
   Communicator* world_ = nullptr;
+  Communicator* pp_group_ = nullptr;
   std::unique_ptr<TensorParallelGroup> tp_;  // tp > 1
+  // Runs each step's micro-batches: the stage's schedule (with one stage,
+  // forward and backward of each micro-batch in turn).
+  std::unique_ptr<PipelineStage> stage_;
+  // The tied wte's copy on the first and last of several stages: its
+  // gradient is summed across them before the data-parallel reduction may
+  // take it, so buckets below this offset wait for the step's end. 0: none.
+  int64_t tied_end_ = 0;
   // The local ranges whose gradient squares this rank adds to the global
   // norm: every tensor on tp rank 0, the split ones elsewhere.
   std::vector<Slice> norm_ranges_;

@@ -1,0 +1,109 @@
+// Pipeline parallelism: one stage's share of a training step. The model is
+// cut into contiguous block ranges (split_stages); stage s holds range s as
+// a Gpt part (model/gpt.h part_forward) and runs its instruction list from
+// schedule/ (GPipe, 1F1B or ZB-H1, whose backward is split into the input
+// half and the deferred weight half), passing the residual stream forward and its
+// gradient back over the pipeline group's send/recv.
+//
+// Transfers overlap compute: a send returns at once (the data is copied
+// out) and is waited for only at the end of the step; the receives of the
+// next two compute instructions are posted before the current one runs, so
+// the data arrives while this stage computes, and the stage waits only when
+// an instruction needs it. That wait is the bubble it measures.
+//
+// With one stage the list is forward then backward for each micro-batch in
+// turn, which is exactly the plain gradient-accumulation loop, so the
+// trainer runs every layout through this class.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "brigade/core/aligned_buffer.h"
+#include "brigade/model/gpt.h"
+#include "brigade/schedule/schedule.h"
+
+namespace brigade {
+
+class Communicator;
+class Work;
+
+// The block ranges of `stages` pipeline stages over model.n_layer blocks:
+// `stage_layers` when given (one count per stage, summing to n_layer), else
+// contiguous ranges balanced by a cost estimate: a block's GEMM and
+// attention FLOPs per token, the LM head's (2 * n_embd * vocab forward, and
+// twice that backward) counted on the last stage. Throws Error naming the
+// numbers and the fix when stages > n_layer or stage_layers is wrong.
+std::vector<LayerRange> split_stages(const GptConfig& model, int stages,
+                                     const std::vector<int64_t>& stage_layers = {});
+
+// Throws Error naming the numbers and the fix when this executor cannot run
+// `shape`: interleaved (not built yet), fewer micro-batches than stages.
+void check_pipeline_shape(const schedule::Shape& shape);
+
+struct PipelineStepStats {
+  double loss_sum = 0;  // the micro-batches' mean losses, summed (last stage only; else 0)
+  // Milliseconds this stage waited for a peer's activation or gradient.
+  double bubble_ms = 0;
+  // Most micro-batches whose forward had run and whose backward had not:
+  // the activations this stage kept at once (GPipe m; 1F1B p - stage;
+  // ZB-H1 until the weight half).
+  int64_t peak_live = 0;
+};
+
+class PipelineStage {
+ public:
+  // group: the pipeline group, rank = stage (null when shape.stages is 1);
+  // it and the model outlive this object. The model is the stage's part.
+  PipelineStage(Communicator* group, Gpt& model, const schedule::Shape& shape);
+  ~PipelineStage();
+
+  int stage() const { return stage_; }
+  int stages() const { return static_cast<int>(shape_.stages); }
+  bool first() const { return stage_ == 0; }
+  bool last() const { return stage_ + 1 == shape_.stages; }
+
+  // Fills the token buffers passed to run() with micro-batch `mb`'s inputs
+  // and targets.
+  using Fill = std::function<void(int64_t mb)>;
+  // One step's forward and backward passes, up to (not including) the
+  // optimizer step. `fill` is called before each forward on the first and
+  // last stages. Around this stage's last backward (the data-parallel
+  // reduction's): `before_last_backward` is called just before it (may be
+  // empty), and `last_backward_hook` is the model's grad-ready hook during
+  // it (may be empty). Throws CommError when a peer fails or times out.
+  PipelineStepStats run(const Fill& fill, const int32_t* inputs, const int32_t* targets, int64_t b,
+                        int64_t t, float loss_scale,
+                        const std::function<void()>& before_last_backward,
+                        const Gpt::GradReadyHook& last_backward_hook);
+
+  // Forward only, one micro-batch through every stage (evaluation): every
+  // stage calls it with the same tokens; returns the mean loss on every stage.
+  double forward_loss(const int32_t* inputs, const int32_t* targets, int64_t b, int64_t t);
+
+  // The tied wte: the first and last stages each hold a copy, and each
+  // adds the other's gradient to its own (count floats at `grad`), so both
+  // copies get the same update. A no-op on other stages and with one stage.
+  void sum_tied_gradients(float* grad, int64_t count);
+
+ private:
+  // Posts the receives of list_ up to index `until`.
+  void post_receives(size_t until, int64_t elements);
+  // Waits for receive `index` of list_; returns the milliseconds waited.
+  double wait_receive(size_t index);
+
+  Communicator* group_;
+  Gpt& model_;
+  schedule::Shape shape_;
+  int stage_ = 0;
+  std::vector<schedule::Instruction> list_;
+  // Per micro-batch streams: received activation and gradient, sent ones.
+  std::vector<FloatBuffer> act_in_, grad_in_, act_out_, grad_out_;
+  std::vector<std::shared_ptr<Work>> receives_;  // by list index
+  size_t posted_ = 0;                            // list_[0, posted_) receives are posted
+  std::vector<std::shared_ptr<Work>> sends_;
+};
+
+}  // namespace brigade

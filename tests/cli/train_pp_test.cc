@@ -1,0 +1,124 @@
+// `brigade train --nproc 4 --set parallel.tp=2 --set parallel.pp=2` end to
+// end: the real binary runs a tp 2 x pp 2 mesh, prints it and the
+// schedule's theoretical bubble, writes each stage's measured bubble to
+// metrics.jsonl, and saves a global checkpoint that one process resumes and
+// saves again with the same `ckpt hash`. Pipeline shapes that cannot run
+// are refused by the launcher with one line naming the numbers and the fix,
+// before any worker starts.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "testing/run_brigade.h"
+#include "testing/temp_dir.h"
+
+namespace brigade {
+namespace {
+namespace fs = std::filesystem;
+using testing::run_brigade;
+
+constexpr char kTraining[] = R"(
+[train]
+micro_batch = 2
+grad_accum = 2
+steps = 4
+[data]
+synthetic = true
+)";
+
+fs::path write_config(const fs::path& dir) {
+  const fs::path path = dir / "config.toml";
+  std::ofstream(path) << testing::kTinyModelToml << kTraining;
+  return path;
+}
+
+int count(const std::string& text, const std::string& what) {
+  int n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+std::string trimmed(const std::string& s) {
+  return s.substr(0, s.find_last_not_of(" \n") + 1);
+}
+
+TEST(TrainPipelineParallel, Tp2Pp2TrainsReportsAndSavesAGlobalCheckpoint) {
+  testing::TempDir dir("brigade_train_pp");
+  const fs::path run = dir.path() / "run";
+  const fs::path config = write_config(dir.path());
+  const auto result = run_brigade(
+      {"train", "--nproc", "4", config.string(), "--set", "parallel.tp=2", "--set", "parallel.pp=2",
+       "--set", "parallel.schedule=\"gpipe\"", "--set", "train.run_dir=\"" + run.string() + "\""});
+  ASSERT_EQ(result.status, 0) << result.err;
+  EXPECT_NE(result.err.find("mesh dp 1 x tp 2 x pp 2"), std::string::npos) << result.err;
+  // GPipe, 2 stages, 2 micro-batches: (p-1)/(m+p-1) = 1/3 of the step.
+  EXPECT_NE(result.err.find("pipeline: gpipe over 2 stages (blocks [0, 1) [1, 2)), 2 "
+                            "micro-batches; theoretical bubble 33.3%"),
+            std::string::npos)
+      << result.err;
+  std::ifstream metrics(run / "metrics.jsonl");
+  int steps = 0;
+  for (std::string line; std::getline(metrics, line);) {
+    const auto row = nlohmann::json::parse(line);
+    if (!row.contains("loss")) continue;
+    ++steps;
+    const auto bubbles = row.at("bubble_ms_per_stage").get<std::vector<double>>();
+    ASSERT_EQ(bubbles.size(), 2u) << line;
+    for (const double b : bubbles) EXPECT_GT(b, 0.0) << line;
+  }
+  EXPECT_EQ(steps, 4);
+  const auto hash = run_brigade({"ckpt", "hash", run.string()});
+  ASSERT_EQ(hash.status, 0) << hash.err;
+
+  // One process resumes the checkpoint the four wrote and saves it at once:
+  // the same tensors, the same hash.
+  const fs::path again = dir.path() / "again";
+  const auto resumed =
+      run_brigade({"train", config.string(), "--resume", run.string(), "--set", "train.steps=4",
+                   "--set", "train.run_dir=\"" + again.string() + "\""});
+  ASSERT_EQ(resumed.status, 0) << resumed.err;
+  const auto rehash = run_brigade({"ckpt", "hash", again.string()});
+  EXPECT_EQ(trimmed(rehash.out), trimmed(hash.out));
+  EXPECT_EQ(trimmed(hash.out).size(), 16u) << hash.out;
+}
+
+// Refused by the launcher itself: one line, and no worker ever ran.
+void expect_refused(const std::vector<std::string>& sets, int nproc, const std::string& message) {
+  testing::TempDir dir("brigade_train_pp");
+  const fs::path run = dir.path() / "run";
+  std::vector<std::string> args = {"train",
+                                   "--nproc",
+                                   std::to_string(nproc),
+                                   write_config(dir.path()).string(),
+                                   "--set",
+                                   "train.run_dir=\"" + run.string() + "\""};
+  for (const std::string& s : sets) {
+    args.push_back("--set");
+    args.push_back(s);
+  }
+  const auto result = run_brigade(args);
+  EXPECT_NE(result.status, 0);
+  EXPECT_EQ(count(result.err, message), 1) << result.err;
+  EXPECT_EQ(result.err.find("brigade launch"), std::string::npos) << result.err;
+  EXPECT_FALSE(fs::exists(run)) << "a worker started";
+}
+
+TEST(TrainPipelineParallel, ShapesThatCannotRunAreRefusedBeforeStarting) {
+  // The tiny model has 2 blocks.
+  expect_refused({"parallel.pp=3", "train.grad_accum=3"}, 3,
+                 "parallel.pp = 3 stages but the model has n_layer = 2");
+  expect_refused({"parallel.pp=2", "parallel.stage_layers=[2, 1]"}, 2,
+                 "parallel.stage_layers = [2, 1] must give 2 positive block counts");
+  expect_refused({"parallel.pp=2", "train.grad_accum=1"}, 2, "set train.grad_accum >= 2");
+  expect_refused({"parallel.pp=2"}, 3,
+                 "--nproc 3 is not a multiple of parallel.tp = 1 times "
+                 "parallel.pp = 2");
+  expect_refused({"parallel.pp=2", "parallel.zero=2"}, 4, "ZeRO 2 and 3 do not run with pipeline");
+}
+
+}  // namespace
+}  // namespace brigade

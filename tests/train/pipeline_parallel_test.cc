@@ -1,0 +1,421 @@
+// Pipeline parallelism against a single process: forked ranks over the shm
+// backend, grouped as parallel/mesh.h says (stages outermost), running
+// GPipe, 1F1B or ZB-H1 on one global batch must give the single process's loss at
+// every step and, through the checkpoint they save (loaded whole by one
+// process), its parameters. Checkpoints are global: one saved at pp 2
+// continues at pp 1 and one saved at pp 1 at pp 2 as the uninterrupted run
+// does, and reloaded and saved again under another layout it holds the same
+// tensors bit for bit. A stage that dies is an error on the other, not a hang.
+//
+// Every run, the reference too, happens in a forked child: OpenMP's thread
+// pool does not survive a fork, so the parent never trains itself.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "brigade/ckpt/checkpoint.h"
+#include "brigade/comm/shm_communicator.h"
+#include "brigade/core/config.h"
+#include "brigade/core/error.h"
+#include "brigade/parallel/mesh.h"
+#include "brigade/schedule/simulate.h"
+#include "brigade/train/trainer.h"
+#include "testing/forked_ranks.h"
+#include "testing/temp_dir.h"
+
+namespace brigade {
+namespace {
+namespace fs = std::filesystem;
+
+constexpr int kSteps = 8;
+constexpr int64_t kMicroBatch = 2;
+constexpr int64_t kGradAccum = 4;
+
+// Five blocks: the balanced split of two stages is uneven, and four stages
+// get one or two each.
+GptConfig model_config() {
+  Config c = Config::from_string(R"(
+    [model]
+    n_layer = 5
+    n_head = 2
+    n_embd = 24
+    block_size = 16
+    vocab_size = 67
+  )");
+  return GptConfig::from_config(c);
+}
+
+struct Layout {
+  int dp = 1, tp = 1, pp = 1, zero = 0;
+  std::string schedule = "1f1b";
+  std::vector<int64_t> stage_layers = {};
+  bool sequence_parallel = false;
+  Recompute recompute = Recompute::kNone;
+  std::string name() const {
+    return fmt::format("dp{}_tp{}_pp{}_zero{}_{}{}{}", dp, tp, pp, zero, schedule,
+                       sequence_parallel ? "_sp" : "",
+                       recompute == Recompute::kSelective ? "_selective" : "");
+  }
+};
+
+TrainOptions options_for(const Layout& layout, int64_t grad_accum, const fs::path& run_dir) {
+  TrainOptions o;
+  o.micro_batch = kMicroBatch;
+  o.grad_accum = grad_accum;
+  o.steps = kSteps;
+  o.seed = 5;
+  o.threads = 1;
+  o.run_dir = run_dir.string();
+  o.lr.lr = 3e-3;
+  o.lr.min_lr = 3e-4;
+  o.lr.warmup_steps = 2;
+  o.lr.total_steps = kSteps;
+  o.grad_clip = 0.5;  // low enough that clipping happens: the norm must be exact
+  o.data.synthetic = true;
+  o.parallel.dp = layout.dp;
+  o.parallel.tp = layout.tp;
+  o.parallel.pp = layout.pp;
+  o.parallel.schedule = layout.schedule;
+  o.parallel.stage_layers = layout.stage_layers;
+  o.parallel.sequence_parallel = layout.sequence_parallel;
+  o.parallel.zero = layout.zero;
+  o.parallel.bucket_mb = 0.02;  // 5,000 floats: several buckets
+  return o;
+}
+
+struct GlobalState {
+  std::vector<float> kinds[3];  // parameters, exp_avg, exp_avg_sq
+};
+
+GlobalState read_checkpoint(const fs::path& step_dir) {
+  const ResolvedCheckpoint checkpoint = resolve_checkpoint(step_dir);
+  const GptConfig model = model_config();
+  const int64_t size = ParamLayout(model).size();
+  GlobalState state;
+  const StateKind kinds[] = {StateKind::kParams, StateKind::kExpAvg, StateKind::kExpAvgSq};
+  for (int k = 0; k < 3; ++k) {
+    state.kinds[k].assign(static_cast<size_t>(size), 0.0f);
+    load_checkpoint_state(checkpoint.dir, checkpoint.manifest, model, kinds[k],
+                          state.kinds[k].data());
+  }
+  return state;
+}
+
+// One rank's groups of a dp x tp x pp mesh over shm.
+struct Groups {
+  std::unique_ptr<ShmCommunicator> world, dp, tp, pp;
+  TrainerGroups view() const { return {world.get(), dp.get(), tp.get(), pp.get()}; }
+};
+
+Groups join(const Layout& layout, int rank, const std::string& prefix, int64_t timeout_ms) {
+  const int world_size = layout.dp * layout.tp * layout.pp;
+  const Mesh mesh({layout.dp, layout.tp, layout.pp}, world_size);
+  const MeshCoord me = mesh.coord(rank);
+  const auto group = [&](const std::string& name, const std::vector<int>& members,
+                         int64_t shared) -> std::unique_ptr<ShmCommunicator> {
+    if (members.size() < 2) return nullptr;
+    ShmCommunicatorOptions shm;
+    shm.segment_name = prefix + "-" + name;
+    shm.group_name = name;
+    shm.rank = static_cast<int>(std::find(members.begin(), members.end(), rank) - members.begin());
+    shm.size = static_cast<int>(members.size());
+    shm.timeout_ms = timeout_ms;
+    shm.shared_bytes = shared;
+    shm.slot_bytes = 1 << 20;
+    return std::make_unique<ShmCommunicator>(shm);
+  };
+  std::vector<int> everyone(static_cast<size_t>(world_size));
+  for (int r = 0; r < world_size; ++r) everyone[static_cast<size_t>(r)] = r;
+  Groups g;
+  g.world = group("world", everyone, 0);
+  g.dp = group(fmt::format("dp{}_{}", me.pp_stage, me.tp_rank), mesh.group(MeshDim::kData, rank),
+               shared_bytes_for_training(model_config()));
+  g.tp =
+      group(fmt::format("tp{}_{}", me.pp_stage, me.dp_rank), mesh.group(MeshDim::kTensor, rank), 0);
+  g.pp = group(fmt::format("pp{}_{}", me.dp_rank, me.tp_rank), mesh.group(MeshDim::kPipeline, rank),
+               0);
+  return g;
+}
+
+int64_t live_microbatches(const Layout& layout, int64_t grad_accum, int stage) {
+  schedule::Shape shape;
+  shape.kind = schedule::parse_kind(layout.schedule);
+  shape.stages = layout.pp;
+  shape.microbatches = grad_accum;
+  const schedule::Simulation sim =
+      schedule::simulate(schedule::all_stage_instructions(shape), schedule::Costs{}, false);
+  return sim.stages[static_cast<size_t>(stage)].peak_live;
+}
+
+// Trains a layout from `resume` (or from scratch) until step `until`, then
+// saves; rank 0 writes each step's loss to <dir>/losses.txt. The
+// checkpoint is <dir>/run/checkpoints/step_<until>.
+void train_forked(const Layout& layout, int64_t grad_accum, const fs::path& dir, int until,
+                  const fs::path& resume = {}) {
+  const int world_size = layout.dp * layout.tp * layout.pp;
+  const std::string prefix =
+      fmt::format("/brigade-pp-test-{}-{}", ::getpid(), dir.filename().string());
+  const auto pids = testing::fork_ranks(world_size, [&](int rank) {
+    const Groups groups = join(layout, rank, prefix, 20000);
+    TrainOptions options = options_for(layout, grad_accum, dir / "run");
+    options.resume = resume.string();
+    GptConfig model = model_config();
+    model.recompute = layout.recompute;
+    Trainer trainer(model, options, groups.view());
+    std::ofstream losses;
+    if (rank == 0) losses.open(dir / "losses.txt");
+    while (trainer.step() < until) {
+      const StepMetrics m = trainer.train_step();
+      // Every stage waits at least for its first input or gradient.
+      testing::require(layout.pp == 1 || m.bubble_ms > 0,
+                       "step {}: stage {} reported no pipeline bubble", m.step, trainer.pp_stage());
+      // The schedule ran: it kept as many micro-batches alive as its list
+      // says (GPipe all, 1F1B p - stage, ZB-H1 until each weight half).
+      const int64_t live = live_microbatches(layout, grad_accum, trainer.pp_stage());
+      testing::require(m.live_microbatches == live,
+                       "step {}: stage {} kept {} micro-batches alive, the {} schedule {}", m.step,
+                       trainer.pp_stage(), m.live_microbatches, layout.schedule, live);
+      if (rank == 0) losses << fmt::format("{} {:.9e}\n", m.step, m.loss);
+    }
+    trainer.save_checkpoint();
+  });
+  const auto codes = testing::reap_all(pids, std::chrono::seconds(180));
+  for (size_t r = 0; r < codes.size(); ++r) {
+    ASSERT_EQ(codes[r], 0) << layout.name() << " rank " << r;
+  }
+}
+
+std::vector<std::pair<int, double>> read_losses(const fs::path& dir) {
+  std::ifstream in(dir / "losses.txt");
+  std::vector<std::pair<int, double>> losses;
+  int step = 0;
+  double loss = 0;
+  while (in >> step >> loss) losses.emplace_back(step, loss);
+  return losses;
+}
+
+fs::path checkpoint_of(const fs::path& dir, int step) {
+  return step_directory(dir / "run" / "checkpoints", step);
+}
+
+void expect_same_training(const fs::path& reference, const fs::path& run, int step,
+                          const std::string& what) {
+  const auto want = read_losses(reference);
+  const auto got = read_losses(run);
+  ASSERT_FALSE(got.empty()) << what << ": no losses";
+  for (const auto& [s, loss] : got) {
+    ASSERT_LT(s, static_cast<int>(want.size())) << what;
+    const double expected = want[static_cast<size_t>(s)].second;
+    EXPECT_LE(std::abs(loss - expected), 1e-5 * std::abs(expected))
+        << what << ": step " << s << " loss " << loss << " vs " << expected;
+  }
+  const GlobalState a = read_checkpoint(checkpoint_of(reference, step));
+  const GlobalState b = read_checkpoint(checkpoint_of(run, step));
+  float largest = 0, worst = 0;
+  for (const float p : a.kinds[0]) largest = std::max(largest, std::abs(p));
+  for (size_t i = 0; i < a.kinds[0].size(); ++i) {
+    worst = std::max(worst, std::abs(a.kinds[0][i] - b.kinds[0][i]));
+  }
+  EXPECT_LE(worst, 1e-5f * largest) << what << ": largest parameter difference";
+}
+
+class PipelineParallelTraining : public ::testing::Test {
+ protected:
+  // One process running every micro-batch of each global batch of `dp` ranks.
+  fs::path reference(int dp, int until = kSteps) {
+    const fs::path dir = temp_.path() / fmt::format("reference_dp{}_{}", dp, until);
+    if (!fs::exists(dir / "losses.txt")) {
+      fs::create_directories(dir);
+      train_forked({}, kGradAccum * dp, dir, until);
+    }
+    return dir;
+  }
+  fs::path run(const Layout& layout, int until = kSteps, const fs::path& resume = {},
+               const std::string& suffix = "") {
+    const fs::path dir = temp_.path() / (layout.name() + suffix);
+    fs::create_directories(dir);
+    train_forked(layout, kGradAccum, dir, until, resume);
+    return dir;
+  }
+  testing::TempDir temp_{"brigade_pp_test"};
+};
+
+TEST_F(PipelineParallelTraining, Pp2GpipeMatchesOneProcess) {
+  const Layout layout{.pp = 2, .schedule = "gpipe"};
+  expect_same_training(reference(1), run(layout), kSteps, layout.name());
+}
+
+TEST_F(PipelineParallelTraining, Pp2OneFOneBMatchesOneProcess) {
+  const Layout layout{.pp = 2, .schedule = "1f1b"};
+  expect_same_training(reference(1), run(layout), kSteps, layout.name());
+}
+
+TEST_F(PipelineParallelTraining, Pp2ZbH1MatchesOneProcess) {
+  const Layout layout{.pp = 2, .schedule = "zb-h1"};
+  expect_same_training(reference(1), run(layout), kSteps, layout.name());
+}
+
+TEST_F(PipelineParallelTraining, Dp2Pp2ZbH1WithZero1MatchesOneProcess) {
+  const Layout layout{.dp = 2, .pp = 2, .zero = 1, .schedule = "zb-h1"};
+  expect_same_training(reference(2), run(layout), kSteps, layout.name());
+}
+
+TEST_F(PipelineParallelTraining, Pp4OneFOneBWithGivenStagesMatchesOneProcess) {
+  const Layout layout{.pp = 4, .schedule = "1f1b", .stage_layers = {2, 1, 1, 1}};
+  expect_same_training(reference(1), run(layout), kSteps, layout.name());
+}
+
+TEST_F(PipelineParallelTraining, Dp2Pp2WithZero1MatchesOneProcess) {
+  const Layout layout{.dp = 2, .pp = 2, .zero = 1, .schedule = "1f1b"};
+  expect_same_training(reference(2), run(layout), kSteps, layout.name());
+}
+
+// The 3D mesh: 8 processes, dp 2 x tp 2 x pp 2, ZeRO 1.
+TEST_F(PipelineParallelTraining, Dp2Tp2Pp2MatchesOneProcess) {
+  const Layout layout{.dp = 2, .tp = 2, .pp = 2, .zero = 1, .schedule = "1f1b"};
+  expect_same_training(reference(2), run(layout), kSteps, layout.name());
+}
+
+// tp 2 x pp 2 with everything tp brings: the vocabulary-parallel wte (67
+// rows, padded to 68) on both ends of the pipeline, sequence parallelism
+// (the streams between the stages are each rank's rows), and selective
+// recompute under ZB-H1 (the weight half rebuilds the shared attention output).
+TEST_F(PipelineParallelTraining, Tp2Pp2ZbH1WithSequenceParallelAndSelectiveRecompute) {
+  const Layout layout{.tp = 2,
+                      .pp = 2,
+                      .schedule = "zb-h1",
+                      .sequence_parallel = true,
+                      .recompute = Recompute::kSelective};
+  expect_same_training(reference(1), run(layout), kSteps, layout.name());
+}
+
+// Saved at dp 2 x pp 2, continued at pp 4 with the same global batch.
+TEST_F(PipelineParallelTraining, CheckpointFromDp2Pp2ContinuesAtPp4) {
+  constexpr int kHalf = kSteps / 2;
+  const fs::path saved = run({.dp = 2, .pp = 2, .zero = 1}, kHalf, {}, "_saved");
+  const Layout pp4{.pp = 4, .schedule = "gpipe"};
+  const fs::path dir = temp_.path() / "pp4_from_dp2_pp2";
+  fs::create_directories(dir);
+  train_forked(pp4, 2 * kGradAccum, dir, kSteps, checkpoint_of(saved, kHalf));
+  expect_same_training(reference(2), dir, kSteps, "dp 2 x pp 2 continued at pp 4");
+}
+
+TEST_F(PipelineParallelTraining, CheckpointsMoveBetweenPp2AndPp1) {
+  constexpr int kHalf = kSteps / 2;
+  // Saved at pp 2, continued at pp 1.
+  const Layout pp2{.pp = 2, .schedule = "1f1b"};
+  const fs::path saved = run(pp2, kHalf, {}, "_saved");
+  const fs::path continued = run(Layout{}, kSteps, checkpoint_of(saved, kHalf), "_from_pp2");
+  expect_same_training(reference(1), continued, kSteps, "pp 2 continued at pp 1");
+  // Saved at pp 1 (the reference's half-way checkpoint), continued at pp 2.
+  const fs::path from_pp1 = run(Layout{.pp = 2, .schedule = "gpipe"}, kSteps,
+                                checkpoint_of(reference(1, kHalf), kHalf), "_from_pp1");
+  expect_same_training(reference(1), from_pp1, kSteps, "pp 1 continued at pp 2");
+  // Loaded at pp 1 and saved again at once: bit for bit what pp 2 saved
+  // (wte once, from the first stage).
+  const fs::path again = run(Layout{}, kHalf, checkpoint_of(saved, kHalf), "_resaved");
+  const GlobalState a = read_checkpoint(checkpoint_of(saved, kHalf));
+  const GlobalState b = read_checkpoint(checkpoint_of(again, kHalf));
+  for (int k = 0; k < 3; ++k) {
+    ASSERT_EQ(a.kinds[k].size(), b.kinds[k].size());
+    for (size_t i = 0; i < a.kinds[k].size(); ++i) {
+      ASSERT_EQ(a.kinds[k][i], b.kinds[k][i]) << "state " << k << " element " << i;
+    }
+  }
+}
+
+// Stage 1 exits after its first step; stage 0's second step must fail with
+// a communication error naming the group within the timeout, not hang.
+TEST_F(PipelineParallelTraining, DeadStageIsAnErrorOnTheOther) {
+  const Layout layout{.pp = 2, .schedule = "1f1b"};
+  const std::string prefix = fmt::format("/brigade-pp-test-{}-dead", ::getpid());
+  const fs::path dir = temp_.path() / "dead";
+  constexpr int kFailedAsExpected = 3;
+  const auto started = testing::Clock::now();
+  const auto pids = testing::fork_ranks(2, [&](int rank) {
+    const Groups groups = join(layout, rank, prefix, 3000);
+    Trainer trainer(model_config(), options_for(layout, kGradAccum, dir / "run"), groups.view());
+    trainer.train_step();
+    if (rank == 1) ::_exit(0);
+    try {
+      trainer.train_step();
+    } catch (const CommError& e) {
+      testing::require(std::string(e.what()).find("pp0_0") != std::string::npos,
+                       "the error does not name the pipeline group: {}", e.what());
+      ::_exit(kFailedAsExpected);
+    }
+    throw Error("stage 0 finished a step without its peer");
+  });
+  const auto codes = testing::reap_all(pids, std::chrono::seconds(60));
+  EXPECT_EQ(codes[1], 0);
+  EXPECT_EQ(codes[0], kFailedAsExpected);
+  EXPECT_LT(testing::ms_since(started), 60000.0);
+}
+
+// Validation through the pipeline (every stage runs the windows; the last
+// computes the loss and every stage returns it) equals one process's, after
+// a step of training.
+TEST_F(PipelineParallelTraining, EvaluationThroughThePipelineMatchesOneProcess) {
+  GptConfig model = model_config();
+  model.vocab_size = 256;  // the byte tokenizer's
+  const fs::path data = temp_.path() / "data";
+  const auto evaluate = [&](const Layout& layout, const std::string& name) {
+    const std::string prefix = fmt::format("/brigade-pp-test-{}-eval-{}", ::getpid(), name);
+    const auto pids = testing::fork_ranks(layout.pp, [&](int rank) {
+      const Groups groups = join(layout, rank, prefix, 20000);
+      TrainOptions options = options_for(layout, kGradAccum, temp_.path() / name);
+      options.data.synthetic = false;
+      options.data.source = BRIGADE_SOURCE_DIR "/data/tinyshakespeare.txt";
+      options.data.dir = data.string();
+      options.eval_windows = 5;  // batches of micro_batch windows, the last one partial
+      Trainer trainer(model, options, groups.view());
+      trainer.train_step();
+      const double loss = trainer.evaluate();
+      std::ofstream(temp_.path() / fmt::format("{}_rank{}.txt", name, rank))
+          << fmt::format("{:.9e}\n", loss);
+    });
+    const auto codes = testing::reap_all(pids, std::chrono::seconds(120));
+    for (size_t r = 0; r < codes.size(); ++r) ASSERT_EQ(codes[r], 0) << name << " rank " << r;
+  };
+  evaluate({}, "one");  // prepares the data first
+  evaluate({.pp = 2}, "pp2");
+  const auto read = [&](const std::string& file) {
+    double v = 0;
+    std::ifstream(temp_.path() / file) >> v;
+    return v;
+  };
+  const double want = read("one_rank0.txt");
+  EXPECT_GT(want, 0.0);
+  for (const char* file : {"pp2_rank0.txt", "pp2_rank1.txt"}) {
+    EXPECT_NEAR(read(file), want, 1e-5 * want) << file;
+  }
+}
+
+TEST(PipelineParallelTrainer, RefusesBadShapesWithTheFix) {
+  const auto message = [](const Layout& layout, int64_t grad_accum) -> std::string {
+    try {
+      Trainer trainer(model_config(), options_for(layout, grad_accum, "unused"));
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "accepted";
+  };
+  EXPECT_NE(message({.pp = 6}, 8).find("parallel.pp = 6 stages but the model has n_layer = 5"),
+            std::string::npos);
+  EXPECT_NE(message({.pp = 2, .stage_layers = {2, 2}}, 4).find("summing to n_layer = 5"),
+            std::string::npos);
+  EXPECT_NE(message({.pp = 4}, 2).find("set train.grad_accum >= 4"), std::string::npos);
+  EXPECT_NE(message({.pp = 2, .schedule = "interleaved"}, 4).find("not executed yet"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace brigade
