@@ -348,6 +348,25 @@ TEST_F(CoordinatorTest, TheLeaderWaitsForAnEndAnotherAgentClaimed) {
   EXPECT_TRUE(v.signal);
 }
 
+// An agent claimed the end and died before it wrote it: after the silence
+// that makes an agent lost, the leader's own end stands.
+TEST_F(CoordinatorTest, AnEndClaimedButNeverWrittenGivesWayToTheLeadersAfterTwoSeconds) {
+  TcpStore other_agent("127.0.0.1", server_.port(), kToken, 1'000);
+  auto n0 = node(0), n1 = node(1);
+  n1->coordinator->poll(0);
+  other_agent.add("brigade/coord/end/claims", 1);
+  int64_t t = 0;
+  // Node 1 found lost at 2100 ms; the claim's end awaited until 4100 ms.
+  for (; t <= 4'100 * kMs; t += 100 * kMs) {
+    EXPECT_EQ(n0->coordinator->poll(t).state, State::kRunning) << t / kMs;
+  }
+  const JobView v = n0->coordinator->poll(t);
+  ASSERT_EQ(v.state, State::kEnded);
+  EXPECT_EQ(v.lost_node, 1);
+  EXPECT_NE(v.why.find("node 1 is lost"), std::string::npos) << v.why;
+  EXPECT_EQ(n1->coordinator->poll(t).lost_node, 1);
+}
+
 TEST_F(CoordinatorTest, AStoreThatNoLongerAnswersEndsTheJobForTheAgent) {
   Node n1(server_.port(), 2, 1, 3, 0, /*call_timeout_ms=*/300);
   EXPECT_EQ(n1.coordinator->poll(kMs).state, State::kRunning);

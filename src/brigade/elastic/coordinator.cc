@@ -314,11 +314,11 @@ std::optional<JobView> Coordinator::lead(int64_t now_ns) {
         "lost its network); with no standby node the job cannot go on at the same world size, "
         "so it ends (continuing on fewer nodes is not supported yet)",
         n, silent_s);
-    end_job({{"kind", "node_lost"},
-             {"node", n},
-             {"what", lost.what},
-             {"silent_ms", (now_ns - beat_changed_ns_[n]) * 1e-6}});
-    return written_end();
+    return lead_end({{"kind", "node_lost"},
+                     {"node", n},
+                     {"what", lost.what},
+                     {"silent_ms", (now_ns - beat_changed_ns_[n]) * 1e-6}},
+                    now_ns);
   }
   const std::string reports = reports_key(generation_);
   const auto count = store_.try_get(reports);
@@ -338,19 +338,28 @@ std::optional<JobView> Coordinator::lead(int64_t now_ns) {
     store_.set(open_key(generation_ + 1), std::to_string(generation_ + 1));
     return std::nullopt;  // read_state() sees it on the next poll, as everyone does
   }
-  end_job({{"kind", "failure"},
-           {"node", cause->node},
-           {"what", options_.max_restarts == 0
-                        ? cause->what
-                        : fmt::format("{} (no restart left: {} used)", cause->what, generation_)},
-           {"cause", report}});
-  return written_end();
+  return lead_end(
+      {{"kind", "failure"},
+       {"node", cause->node},
+       {"what", options_.max_restarts == 0
+                    ? cause->what
+                    : fmt::format("{} (no restart left: {} used)", cause->what, generation_)},
+       {"cause", report}},
+      now_ns);
 }
 
-std::optional<JobView> Coordinator::written_end() {
-  // Another agent may have claimed the end first and not written it yet:
-  // then a later poll reads it.
-  if (const auto end = store_.try_get(end_key())) return ended_view(*end);
+std::optional<JobView> Coordinator::lead_end(const nlohmann::json& end, int64_t now_ns) {
+  end_job(end);
+  if (const auto written = store_.try_get(end_key())) return ended_view(*written);
+  // Another agent claimed the end first and has not written it yet: a later
+  // poll reads it. Not written within agent_timeout_ms, its agent died or
+  // lost the store between its two calls, and the leader's end stands.
+  if (!end_unwritten_since_ns_) {
+    end_unwritten_since_ns_ = now_ns;
+  } else if (now_ns - *end_unwritten_since_ns_ > options_.agent_timeout_ms * kNsPerMs) {
+    store_.set(end_key(), end.dump());
+    return ended_view(end.dump());
+  }
   return std::nullopt;
 }
 

@@ -13,6 +13,9 @@
 //   gen/<g>/cause                 the report the job's incident is made of
 //   gen/<g+1>/open                "<g+1>": generation g+1 may start
 //   end                           why the job ends (JSON), once and for all
+//   end/claims                    a counter: the agent that adds 1 first writes
+//                                 `end`; unwritten after agent_timeout_ms (its
+//                                 agent died in between), node 0 writes its own
 // Node 0's agent also leads: it watches every agent's beat and decides.
 //   - A failure reported anywhere in g stops every node's workers (each
 //     agent sees reports > 0 on its next poll). Once every node has said its
@@ -164,8 +167,8 @@ class Coordinator {
   bool beat_moved(int node, int64_t now_ns);
   std::optional<Incident> choose_cause();
   void end_job(const nlohmann::json& end);
-  // The job's end once it is in the store.
-  std::optional<JobView> written_end();
+  // Node 0 ends the job with `end`, unless another agent's end came first.
+  std::optional<JobView> lead_end(const nlohmann::json& end, int64_t now_ns);
   JobView ended_view(const std::string& value);
   void send_report();
   // A non-leader that lost the coordinator tells the other nodes, once, if
@@ -179,6 +182,8 @@ class Coordinator {
   bool reported_failure_ = false;
   std::optional<Incident> pending_report_;  // not in the store yet
   bool tried_end_ = false;
+  // Since when the leader has found the end claimed but not written.
+  std::optional<int64_t> end_unwritten_since_ns_;
   bool reported_stopped_ = false;
   bool next_open_ = false;
   // Per node: the last beat value seen and when it changed (this agent's clock).
