@@ -5,8 +5,8 @@
 // for both, and the job ends bit-identical to a run without faults. Node 1's
 // network cut: node 0 names the node within 3 s of its last heartbeat and
 // ends the job, long before any collective timeout. Needs root; skipped
-// otherwise. Every launcher is stopped by pid, and the cluster is brought
-// down whatever happens.
+// otherwise. Every launcher is stopped by pid whatever happens (Started),
+// then the cluster is brought down.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -27,6 +27,7 @@ namespace {
 namespace fs = std::filesystem;
 using testing::Cluster;
 using testing::ClusterResult;
+using testing::Started;
 using namespace std::chrono_literals;
 
 // A collective timeout far above the detection bounds, far below the test's:
@@ -97,10 +98,11 @@ class ElasticNodesCluster : public ::testing::Test {
                                                   const std::vector<std::string>& train, int port) {
     const fs::path log0 = dir_.path() / (run + ".node0.log");
     const fs::path log1 = dir_.path() / (run + ".node1.log");
-    const pid_t node1 = cluster_->start_on(1, launch(1, run, train, port), log1);
-    const pid_t node0 = cluster_->start_on(0, launch(0, run, train, port), log0);
-    ClusterResult r0 = testing::finish(node0, log0, 180s);
-    ClusterResult r1 = testing::finish(node1, log1, 180s);
+    Started started;
+    const pid_t node1 = started.add(cluster_->start_on(1, launch(1, run, train, port), log1));
+    const pid_t node0 = started.add(cluster_->start_on(0, launch(0, run, train, port), log0));
+    ClusterResult r0 = started.finish(node0, log0, 180s);
+    ClusterResult r1 = started.finish(node1, log1, 180s);
     return {r0, r1};
   }
 
@@ -181,8 +183,9 @@ TEST_F(ElasticNodesCluster, ANodeCutOffTheNetworkIsNamedAndEndsTheJob) {
   up("brgec", "10.88.13");
   const std::vector<std::string> train = {"--set", "train.steps=100000"};
   const fs::path log0 = dir_.path() / "cut.node0.log", log1 = dir_.path() / "cut.node1.log";
-  const pid_t node1 = cluster_->start_on(1, launch(1, "cut", train, 29533), log1);
-  const pid_t node0 = cluster_->start_on(0, launch(0, "cut", train, 29533), log0);
+  Started started;  // the ASSERTs below return early
+  const pid_t node1 = started.add(cluster_->start_on(1, launch(1, "cut", train, 29533), log1));
+  const pid_t node0 = started.add(cluster_->start_on(0, launch(0, "cut", train, 29533), log0));
   // Training, with checkpoints: both nodes' workers are in collectives.
   const fs::path second = dir_.path() / "cut" / "checkpoints" / "step_00000002";
   const auto deadline = std::chrono::steady_clock::now() + 120s;
@@ -192,10 +195,10 @@ TEST_F(ElasticNodesCluster, ANodeCutOffTheNetworkIsNamedAndEndsTheJob) {
   ASSERT_TRUE(fs::exists(second)) << testing::read_all(log0) << testing::read_all(log1);
   ASSERT_EQ(cluster_->script({"cut", "1"}).status, 0);
   const auto cut_at = std::chrono::steady_clock::now();
-  const ClusterResult r0 = testing::finish(node0, log0, 60s);
+  const ClusterResult r0 = started.finish(node0, log0, 60s);
   const double node0_ended_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - cut_at).count();
-  const ClusterResult r1 = testing::finish(node1, log1, 60s);
+  const ClusterResult r1 = started.finish(node1, log1, 60s);
   EXPECT_EQ(r0.status, 1) << r0.output;
   EXPECT_NE(r0.output.find("node 1 is lost: its agent sent no heartbeat for"), std::string::npos)
       << r0.output;

@@ -128,14 +128,20 @@ TEST_F(ElasticNodes, NodesGivenDifferentRestartLimitsAreRefused) {
 
 // Ctrl-C of one launcher stops the whole job: its own workers get the
 // signal, the other node's agent hears of it through the coordinator and
-// stops its workers too, and nobody restarts (restarts were left).
+// stops its workers too, and nobody restarts (restarts were left). Every
+// node's workers get the signal's grace, not the failure's (1 s here):
+// the interrupt checkpoint is collective.
 TEST_F(ElasticNodes, CtrlCOfOneLauncherStopsEveryNodeWithoutARestart) {
   const std::string out = dir_.path().string();
   const std::string rdzv = "127.0.0.1:" + std::to_string(testing::free_port());
   // Each worker says it runs (renamed into place, so a reader never sees
-  // half a file), then sleeps.
-  const std::string script = "echo $BRIGADE_GENERATION > " + out + "/tmp.$RANK && mv " + out +
-                             "/tmp.$RANK " + out + "/running.$RANK && exec sleep 60";
+  // half a file), then sleeps; stopped, it "saves" for 3 s, longer than the
+  // failure grace, far shorter than the signal's 30 s.
+  // (The background sleep ignores SIGINT, as sh starts it: the trap ends it.)
+  const std::string script = "trap 'kill $!; sleep 3; touch " + out +
+                             "/saved.$RANK; exit 0' INT TERM; echo $BRIGADE_GENERATION > " + out +
+                             "/tmp.$RANK && mv " + out + "/tmp.$RANK " + out +
+                             "/running.$RANK || exit 1; sleep 60 & wait";
   std::vector<pid_t> launchers;
   std::fflush(nullptr);
   for (int node = 0; node < 2; ++node) {
@@ -146,7 +152,8 @@ TEST_F(ElasticNodes, CtrlCOfOneLauncherStopsEveryNodeWithoutARestart) {
       if (::freopen(err.c_str(), "w", stderr) == nullptr) ::_exit(126);
       ::execl(testing::kBrigade, testing::kBrigade, "launch", "--nproc-per-node", "2", "--nnodes",
               "2", "--node-rank", rank.c_str(), "--rdzv", rdzv.c_str(), "--rdzv-token",
-              "nodes-test", "--max-restarts", "3", "--", "sh", "-c", script.c_str(), nullptr);
+              "nodes-test", "--max-restarts", "3", "--grace-period-s", "1", "--", "sh", "-c",
+              script.c_str(), nullptr);
       ::_exit(127);
     }
     launchers.push_back(pid);
@@ -192,6 +199,11 @@ TEST_F(ElasticNodes, CtrlCOfOneLauncherStopsEveryNodeWithoutARestart) {
             std::string::npos)
       << text(0);
   EXPECT_EQ(text(0).find("restarting"), std::string::npos) << text(0);
+  for (int rank = 0; rank < 4; ++rank) {
+    EXPECT_TRUE(fs::exists(dir_.path() / ("saved." + std::to_string(rank))))
+        << "rank " << rank << " was killed before it saved\n"
+        << text(0) << text(1);
+  }
 }
 
 }  // namespace

@@ -23,7 +23,7 @@ using State = JobView::State;
 // One node's agent: its own store connection, as in `brigade launch`.
 struct Node {
   Node(uint16_t port, int nnodes, int rank, int max_restarts, int64_t now,
-       int64_t call_timeout_ms = 5'000)
+       int64_t call_timeout_ms = 1'000)
       : client("127.0.0.1", port, kToken, call_timeout_ms), store(client) {
     CoordinatorOptions o;
     o.nnodes = nnodes;
@@ -53,6 +53,35 @@ Incident crash(int rank, bool injected, bool signalled) {
   i.last_step = 4;
   return i;
 }
+
+// The real store, whose next calls fail as a call that timed out does.
+class FlakyStore : public CoordinatorStore {
+ public:
+  explicit FlakyStore(CoordinatorStore& store) : store_(store) {}
+  void set(const std::string& key, const std::string& value) override {
+    fail();
+    store_.set(key, value);
+  }
+  std::optional<std::string> try_get(const std::string& key) override {
+    fail();
+    return store_.try_get(key);
+  }
+  int64_t add(const std::string& key, int64_t delta) override {
+    fail();
+    return store_.add(key, delta);
+  }
+  std::string address() const override { return store_.address(); }
+  int64_t call_timeout_ms() const override { return store_.call_timeout_ms(); }
+  int failing = 0;  // how many of the next calls fail
+
+ private:
+  void fail() {
+    if (failing == 0) return;
+    --failing;
+    throw_error("the store call timed out");
+  }
+  CoordinatorStore& store_;
+};
 
 class CoordinatorTest : public ::testing::Test {
  protected:
@@ -179,6 +208,7 @@ TEST_F(CoordinatorTest, ASilentAgentEndsTheJobNamingItsNodeAfterTwoSeconds) {
   EXPECT_FALSE(v.lost_coordinator);
   EXPECT_NE(v.why.find("node 1 is lost: its agent sent no heartbeat for 2.1 s"), std::string::npos)
       << v.why;
+  EXPECT_FALSE(v.signal);
   ASSERT_TRUE(v.cause);
   EXPECT_EQ(v.cause->kind, "node_lost");
   EXPECT_EQ(v.cause->node, 1);
@@ -188,7 +218,10 @@ TEST_F(CoordinatorTest, ASilentAgentEndsTheJobNamingItsNodeAfterTwoSeconds) {
   EXPECT_EQ(other.lost_node, 1);
 }
 
-TEST_F(CoordinatorTest, TheOtherNodesNoticeASilentLeader) {
+// Node 0's agent silent for node 1 (stalled, or cut off from node 1 only):
+// node 1 ends, and ends the job, so that node 0's workers, should they
+// live, do not wait for node 1's in a collective.
+TEST_F(CoordinatorTest, TheOtherNodesNoticeASilentLeaderAndEndTheJob) {
   auto n0 = node(0), n1 = node(1);
   n0->coordinator->poll(0);
   int64_t t = 0;
@@ -200,6 +233,138 @@ TEST_F(CoordinatorTest, TheOtherNodesNoticeASilentLeader) {
   EXPECT_TRUE(v.lost_coordinator);
   EXPECT_NE(v.why.find("lost the coordinator: node 0's agent sent no heartbeat"), std::string::npos)
       << v.why;
+  const JobView leader = n0->coordinator->poll(t);
+  ASSERT_EQ(leader.state, State::kEnded);
+  EXPECT_FALSE(leader.lost_coordinator);
+  EXPECT_FALSE(leader.signal);
+  EXPECT_NE(leader.why.find("node 1 lost the coordinator: node 0's agent sent no heartbeat"),
+            std::string::npos)
+      << leader.why;
+}
+
+// One store call of node 1 fails: node 1 ends, and tells the others if the
+// store takes the next call.
+TEST_F(CoordinatorTest, ANodeThatLostTheStoreStillTriesToEndTheJob) {
+  auto n0 = node(0);
+  TcpStore client("127.0.0.1", server_.port(), kToken, 1'000);
+  TcpCoordinatorStore real(client);
+  FlakyStore flaky(real);
+  CoordinatorOptions o;
+  o.nnodes = 2;
+  o.node_rank = 1;
+  Coordinator n1(flaky, o, 0);
+  flaky.failing = 1;
+  const JobView v = n1.poll(kMs);
+  ASSERT_EQ(v.state, State::kEnded);
+  EXPECT_TRUE(v.lost_coordinator);
+  const JobView leader = n0->coordinator->poll(2 * kMs);
+  ASSERT_EQ(leader.state, State::kEnded);
+  EXPECT_NE(leader.why.find("node 1 lost contact with the coordinator's store at 127.0.0.1:"),
+            std::string::npos)
+      << leader.why;
+}
+
+// A report the store did not take (its call timed out) is sent again: the
+// failure is not lost with it.
+TEST_F(CoordinatorTest, AFailureReportTheStoreDidNotTakeIsSentAgain) {
+  auto n0 = node(0);
+  TcpStore client("127.0.0.1", server_.port(), kToken, 1'000);
+  TcpCoordinatorStore real(client);
+  FlakyStore flaky(real);
+  CoordinatorOptions o;
+  o.nnodes = 2;
+  o.node_rank = 1;
+  Coordinator n1(flaky, o, 0);
+  flaky.failing = 1;
+  EXPECT_THROW(n1.report_failure(crash(3, true, true)), Error);
+  EXPECT_EQ(n0->coordinator->poll(kMs).state, State::kRunning);
+  EXPECT_EQ(n1.poll(2 * kMs).state, State::kFailing);
+  EXPECT_EQ(n0->coordinator->poll(3 * kMs).state, State::kFailing);
+  // The failure is the job's incident, as if sent at once.
+  n1.report_stopped(false);
+  n0->coordinator->report_stopped(false);
+  n0->coordinator->poll(4 * kMs);
+  const JobView v = n1.poll(5 * kMs);
+  ASSERT_EQ(v.state, State::kRestart);
+  EXPECT_EQ(v.cause->rank, 3);
+}
+
+// The same, when the next the agent says is that its workers stopped: the
+// report goes first, so the leader never sees a node stopped for a failure
+// nobody reported.
+TEST_F(CoordinatorTest, AFailureReportTheStoreDidNotTakeGoesBeforeTheStop) {
+  auto n0 = node(0);
+  TcpStore client("127.0.0.1", server_.port(), kToken, 1'000);
+  TcpCoordinatorStore real(client);
+  FlakyStore flaky(real);
+  CoordinatorOptions o;
+  o.nnodes = 2;
+  o.node_rank = 1;
+  Coordinator n1(flaky, o, 0);
+  flaky.failing = 1;
+  EXPECT_THROW(n1.report_failure(crash(3, true, true)), Error);
+  n1.report_stopped(false);
+  EXPECT_EQ(n0->coordinator->poll(kMs).state, State::kFailing);
+}
+
+// Node 0's store client would let a call last as long as the silence that
+// makes a node lost: refused before anything starts.
+TEST_F(CoordinatorTest, AStoreCallTimeoutAboveHalfTheAllowedSilenceIsRefused) {
+  TcpStore client("127.0.0.1", server_.port(), kToken, 1'001);
+  TcpCoordinatorStore store(client);
+  CoordinatorOptions o;
+  o.nnodes = 2;
+  try {
+    Coordinator c(store, o, 0);
+    ADD_FAILURE() << "a 1001 ms call timeout was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("allows 1001 ms per call, more than half of the 2000 ms "
+                                         "an agent may stay silent"),
+              std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("timeout of at most 1000 ms"), std::string::npos)
+        << e.what();
+  }
+}
+
+// Another agent claimed the job's end but has not written it yet when the
+// leader finds node 1 silent: the leader waits for that end, rather than
+// taking the missing value for a malformed one.
+TEST_F(CoordinatorTest, TheLeaderWaitsForAnEndAnotherAgentClaimed) {
+  TcpStore other_agent("127.0.0.1", server_.port(), kToken, 1'000);
+  auto n0 = node(0), n1 = node(1);
+  n1->coordinator->poll(0);
+  other_agent.add("brigade/coord/end/claims", 1);
+  int64_t t = 0;
+  for (; t <= 2'100 * kMs; t += 100 * kMs) {
+    EXPECT_EQ(n0->coordinator->poll(t).state, State::kRunning) << t / kMs;
+  }
+  other_agent.set(
+      "brigade/coord/end",
+      R"({"kind": "signal", "node": 1, "what": "the launcher of node 1 received SIGINT"})");
+  const JobView v = n0->coordinator->poll(t);
+  ASSERT_EQ(v.state, State::kEnded);
+  EXPECT_EQ(v.why, "the launcher of node 1 received SIGINT");
+  EXPECT_TRUE(v.signal);
+}
+
+// An agent claimed the end and died before it wrote it: after the silence
+// that makes an agent lost, the leader's own end stands.
+TEST_F(CoordinatorTest, AnEndClaimedButNeverWrittenGivesWayToTheLeadersAfterTwoSeconds) {
+  TcpStore other_agent("127.0.0.1", server_.port(), kToken, 1'000);
+  auto n0 = node(0), n1 = node(1);
+  n1->coordinator->poll(0);
+  other_agent.add("brigade/coord/end/claims", 1);
+  int64_t t = 0;
+  // Node 1 found lost at 2100 ms; the claim's end awaited until 4100 ms.
+  for (; t <= 4'100 * kMs; t += 100 * kMs) {
+    EXPECT_EQ(n0->coordinator->poll(t).state, State::kRunning) << t / kMs;
+  }
+  const JobView v = n0->coordinator->poll(t);
+  ASSERT_EQ(v.state, State::kEnded);
+  EXPECT_EQ(v.lost_node, 1);
+  EXPECT_NE(v.why.find("node 1 is lost"), std::string::npos) << v.why;
+  EXPECT_EQ(n1->coordinator->poll(t).lost_node, 1);
 }
 
 TEST_F(CoordinatorTest, AStoreThatNoLongerAnswersEndsTheJobForTheAgent) {
@@ -221,6 +386,7 @@ TEST_F(CoordinatorTest, ALaunchersSignalEndsTheJobEverywhereWithoutARestart) {
     const JobView v = n->coordinator->poll(kMs);
     ASSERT_EQ(v.state, State::kEnded);
     EXPECT_EQ(v.why, "the launcher of node 1 received SIGINT");
+    EXPECT_TRUE(v.signal);
     EXPECT_FALSE(v.cause);
   }
   // The first end stays the end.

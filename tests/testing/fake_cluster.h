@@ -111,6 +111,38 @@ class Cluster {
   int calls_ = 0;
 };
 
+// The processes a test started (launchers, by their pids), killed and
+// reaped on every way out of the test, an ASSERT's early return included:
+// declared after the Cluster, so before it goes down, never left to the
+// namespaces' teardown. A pid is forgotten only once finish() reaped it, so
+// it can never be another process's.
+class Started {
+ public:
+  Started() = default;
+  Started(const Started&) = delete;
+  Started& operator=(const Started&) = delete;
+  ~Started() {
+    for (const pid_t pid : pids_) {
+      ::kill(pid, SIGKILL);
+      int wait_status = 0;
+      ::waitpid(pid, &wait_status, 0);
+    }
+  }
+  pid_t add(pid_t pid) {
+    pids_.push_back(pid);
+    return pid;
+  }
+  // testing::finish() of one of them.
+  ClusterResult finish(pid_t pid, const fs::path& log, std::chrono::seconds limit) {
+    ClusterResult r = testing::finish(pid, log, limit);
+    std::erase(pids_, pid);
+    return r;
+  }
+
+ private:
+  std::vector<pid_t> pids_;
+};
+
 // Why these tests cannot run here, or "".
 inline std::string missing_prerequisite() {
   if (::geteuid() != 0) return "needs root (network namespaces, bridges, tc)";

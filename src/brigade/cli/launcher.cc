@@ -63,8 +63,9 @@ std::string restarts_key(int node_rank) {
 // Each call of the coordinator's own store client gives up after this long:
 // a node cut off the network must notice within seconds, not after the
 // rendezvous timeout, and the store answers a healthy client in well under
-// a millisecond.
-constexpr int64_t kCoordinatorCallTimeoutMs = 2'000;
+// a millisecond. At most half the silence that makes an agent lost (the
+// coordinator refuses more): a slow call must not make a node look lost.
+constexpr int64_t kCoordinatorCallTimeoutMs = elastic::CoordinatorOptions{}.agent_timeout_ms / 2;
 
 // ------------------------------------------------------------------ options
 

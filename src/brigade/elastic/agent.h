@@ -44,7 +44,9 @@
 // run directory's newest checkpoint. In-memory snapshots stay one node only
 // (elastic/snapshots.h), so a multi-node job has none. A node whose agent
 // stops beating (dead, or cut off the network) ends the job within about
-// 2 s, naming the node: nothing can take its place yet. Node 0's agent
+// 2 s, naming the node: nothing can take its place yet. A launcher's
+// signal ends the job on every node, whose workers all get the signal's
+// grace (an interrupt checkpoint is collective). Node 0's agent
 // writes incidents.jsonl and the summary for the whole job: it learns every
 // node's incident through the store, and one writer keeps the file whole.
 #pragma once

@@ -41,7 +41,9 @@ void Agent::follow_job(const JobView& view, WorkerGroup* group) {
   } else if (view.state == State::kEnded) {
     will_restart_ = false;
     stopped_count_ = group->running();
-    group->stop(SIGTERM, options_.failure_grace_ms);
+    // Another launcher's signal: the workers may be writing the interrupt
+    // checkpoint, a collective with that node's, which get as long.
+    group->stop(SIGTERM, view.signal ? options_.signal_grace_ms : options_.failure_grace_ms);
   }
 }
 

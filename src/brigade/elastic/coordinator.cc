@@ -148,23 +148,48 @@ std::string TcpCoordinatorStore::address() const {
   return store_.address();
 }
 
+int64_t TcpCoordinatorStore::call_timeout_ms() const {
+  return store_.timeout_ms();
+}
+
 Coordinator::Coordinator(CoordinatorStore& store, CoordinatorOptions options, int64_t now_ns)
     : store_(store),
       options_(options),
       last_beat_(static_cast<size_t>(options.nnodes), -1),
       beat_changed_ns_(static_cast<size_t>(options.nnodes), now_ns) {
+  // A call that takes its whole timeout and then succeeds delays the next
+  // beat by as much: past half the silence allowed, a healthy agent could
+  // look lost.
+  if (store_.call_timeout_ms() * 2 > options_.agent_timeout_ms) {
+    throw_error(
+        "the coordinator's store client at {} allows {} ms per call, more than half of the {} ms "
+        "an agent may stay silent: one slow call would make a healthy node look lost; give it a "
+        "timeout of at most {} ms",
+        store_.address(), store_.call_timeout_ms(), options_.agent_timeout_ms,
+        options_.agent_timeout_ms / 2);
+  }
   store_.add(beat_key(options_.node_rank), 1);
   next_beat_ns_ = now_ns + options_.beat_interval_ms * kNsPerMs;
 }
 
 void Coordinator::report_failure(Incident incident) {
   if (reported_failure_) return;
-  reported_failure_ = true;
-  incident.node = options_.node_rank;
+  if (!pending_report_) {
+    incident.node = options_.node_rank;
+    pending_report_ = std::move(incident);
+  }
+  send_report();
+}
+
+void Coordinator::send_report() {
+  if (!pending_report_) return;
   // The report first, then the count the others poll: a count they see
-  // always has its report readable.
-  store_.set(failure_key(generation_, options_.node_rank), report_json(incident).dump());
+  // always has its report readable. Sent again after an error, the report
+  // is the same and the count only needs to be above 0.
+  store_.set(failure_key(generation_, options_.node_rank), report_json(*pending_report_).dump());
   store_.add(reports_key(generation_), 1);
+  pending_report_.reset();
+  reported_failure_ = true;
 }
 
 void Coordinator::report_end(const std::string& why) {
@@ -173,8 +198,21 @@ void Coordinator::report_end(const std::string& why) {
 
 void Coordinator::report_stopped(bool succeeded) {
   if (reported_stopped_) return;
-  reported_stopped_ = true;
+  // A node whose workers failed reports the failure before it says so.
+  send_report();
   store_.set(stopped_key(generation_, options_.node_rank), succeeded ? "ok" : "failed");
+  reported_stopped_ = true;
+}
+
+void Coordinator::try_end_job(const std::string& what) {
+  if (tried_end_) return;
+  tried_end_ = true;
+  try {
+    end_job({{"kind", "coordinator_lost"}, {"node", options_.node_rank}, {"what", what}});
+  } catch (const Error&) {
+    // The store is gone for this node too: the leader, if alive, finds this
+    // agent silent and ends the job itself.
+  }
 }
 
 void Coordinator::end_job(const nlohmann::json& end) {
@@ -185,6 +223,7 @@ void Coordinator::end_job(const nlohmann::json& end) {
 
 JobView Coordinator::poll(int64_t now_ns) {
   try {
+    send_report();
     if (now_ns >= next_beat_ns_) {
       store_.add(beat_key(options_.node_rank), 1);
       next_beat_ns_ = now_ns + options_.beat_interval_ms * kNsPerMs;
@@ -206,6 +245,7 @@ JobView Coordinator::poll(int64_t now_ns) {
     v.lost_coordinator = !leader();
     v.why = fmt::format("lost contact with the coordinator's store at {}: {}", store_.address(),
                         e.what());
+    if (!leader()) try_end_job(fmt::format("node {} {}", options_.node_rank, v.why));
     return v;
   }
 }
@@ -274,11 +314,11 @@ std::optional<JobView> Coordinator::lead(int64_t now_ns) {
         "lost its network); with no standby node the job cannot go on at the same world size, "
         "so it ends (continuing on fewer nodes is not supported yet)",
         n, silent_s);
-    end_job({{"kind", "node_lost"},
-             {"node", n},
-             {"what", lost.what},
-             {"silent_ms", (now_ns - beat_changed_ns_[n]) * 1e-6}});
-    return ended_view(store_.try_get(end_key()).value_or("{}"));
+    return lead_end({{"kind", "node_lost"},
+                     {"node", n},
+                     {"what", lost.what},
+                     {"silent_ms", (now_ns - beat_changed_ns_[n]) * 1e-6}},
+                    now_ns);
   }
   const std::string reports = reports_key(generation_);
   const auto count = store_.try_get(reports);
@@ -298,13 +338,29 @@ std::optional<JobView> Coordinator::lead(int64_t now_ns) {
     store_.set(open_key(generation_ + 1), std::to_string(generation_ + 1));
     return std::nullopt;  // read_state() sees it on the next poll, as everyone does
   }
-  end_job({{"kind", "failure"},
-           {"node", cause->node},
-           {"what", options_.max_restarts == 0
-                        ? cause->what
-                        : fmt::format("{} (no restart left: {} used)", cause->what, generation_)},
-           {"cause", report}});
-  return ended_view(store_.try_get(end_key()).value_or("{}"));
+  return lead_end(
+      {{"kind", "failure"},
+       {"node", cause->node},
+       {"what", options_.max_restarts == 0
+                    ? cause->what
+                    : fmt::format("{} (no restart left: {} used)", cause->what, generation_)},
+       {"cause", report}},
+      now_ns);
+}
+
+std::optional<JobView> Coordinator::lead_end(const nlohmann::json& end, int64_t now_ns) {
+  end_job(end);
+  if (const auto written = store_.try_get(end_key())) return ended_view(*written);
+  // Another agent claimed the end first and has not written it yet: a later
+  // poll reads it. Not written within agent_timeout_ms, its agent died or
+  // lost the store between its two calls, and the leader's end stands.
+  if (!end_unwritten_since_ns_) {
+    end_unwritten_since_ns_ = now_ns;
+  } else if (now_ns - *end_unwritten_since_ns_ > options_.agent_timeout_ms * kNsPerMs) {
+    store_.set(end_key(), end.dump());
+    return ended_view(end.dump());
+  }
+  return std::nullopt;
 }
 
 std::optional<Incident> Coordinator::choose_cause() {
@@ -338,6 +394,9 @@ std::optional<JobView> Coordinator::watch_leader(int64_t now_ns) {
       "lost the coordinator: node 0's agent sent no heartbeat through the store at {} for {:.1f} "
       "s",
       store_.address(), (now_ns - beat_changed_ns_[0]) * 1e-9);
+  // Node 0's agent may be alive but slow or cut off from this node only:
+  // its workers must not wait on this node's in a collective.
+  try_end_job(fmt::format("node {} {}", options_.node_rank, v.why));
   return v;
 }
 
@@ -352,6 +411,7 @@ JobView Coordinator::ended_view(const std::string& value) {
   JobView v;
   v.state = JobView::State::kEnded;
   v.why = j.at("what");
+  v.signal = j.at("kind") == "signal";
   const int node = j.at("node");
   if (j.at("kind") == "node_lost") {
     if (node < 0 || node >= options_.nnodes) throw MalformedValue(key, value, expected);
@@ -382,6 +442,7 @@ void Coordinator::enter_next_generation() {
   }
   ++generation_;
   reported_failure_ = false;
+  pending_report_.reset();
   reported_stopped_ = false;
   next_open_ = false;
 }

@@ -13,6 +13,9 @@
 //   gen/<g>/cause                 the report the job's incident is made of
 //   gen/<g+1>/open                "<g+1>": generation g+1 may start
 //   end                           why the job ends (JSON), once and for all
+//   end/claims                    a counter: the agent that adds 1 first writes
+//                                 `end`; unwritten after agent_timeout_ms (its
+//                                 agent died in between), node 0 writes its own
 // Node 0's agent also leads: it watches every agent's beat and decides.
 //   - A failure reported anywhere in g stops every node's workers (each
 //     agent sees reports > 0 on its next poll). Once every node has said its
@@ -29,7 +32,11 @@
 //     later increment.
 //   - The other agents watch the leader's beat the same way, and treat a
 //     store that no longer answers (each call is bounded by the store
-//     client's timeout) as the end of the job.
+//     client's timeout, at most half of agent_timeout_ms, so that one slow
+//     call cannot make a healthy agent look silent) as the end of the job.
+//     Such an agent still tries once to end the job for everyone, so that
+//     node 0's workers, if they live, do not sit in collectives with this
+//     node's until the collective timeout.
 // No agent or worker of generation g can join g+1: the leader opens g+1
 // only after every node reported g's workers reaped, and the workers of g
 // key their store entries and shm segments by BRIGADE_GENERATION
@@ -63,6 +70,8 @@ class CoordinatorStore {
   virtual int64_t add(const std::string& key, int64_t delta) = 0;
   // "host:port" or the like, for messages.
   virtual std::string address() const = 0;
+  // The longest one call may take before it throws Error.
+  virtual int64_t call_timeout_ms() const = 0;
 };
 
 // The built-in backend: comm/tcp_store.h, whose every call presents the
@@ -74,6 +83,7 @@ class TcpCoordinatorStore : public CoordinatorStore {
   std::optional<std::string> try_get(const std::string& key) override;
   int64_t add(const std::string& key, int64_t delta) override;
   std::string address() const override;
+  int64_t call_timeout_ms() const override;
 
  private:
   TcpStore& store_;
@@ -110,19 +120,26 @@ struct JobView {
   int lost_node = -1;
   // kEnded because this agent lost the store or the leader.
   bool lost_coordinator = false;
+  // kEnded because a launcher received a signal: the workers may be saving
+  // (an interrupt checkpoint is collective), so every node gives them the
+  // signal's grace, not the failure's.
+  bool signal = false;
 };
 
 class Coordinator {
  public:
   // Registers this node's agent (its first beat). Throws Error if the store
-  // cannot be reached.
+  // cannot be reached, or if its calls may take more than half of
+  // agent_timeout_ms.
   Coordinator(CoordinatorStore& store, CoordinatorOptions options, int64_t now_ns);
 
   int64_t generation() const { return generation_; }
   bool leader() const { return options_.node_rank == 0; }
 
   // This node's first failure in the current generation (later ones are
-  // consequences); `incident.node` is set here.
+  // consequences); `incident.node` is set here. Throws Error if the store
+  // did not take it; the report is then sent again by the next call of
+  // report_failure(), report_stopped() or poll().
   void report_failure(Incident incident);
   // Ends the job now, with no restart (a launcher received a signal).
   void report_end(const std::string& why);
@@ -150,13 +167,23 @@ class Coordinator {
   bool beat_moved(int node, int64_t now_ns);
   std::optional<Incident> choose_cause();
   void end_job(const nlohmann::json& end);
+  // Node 0 ends the job with `end`, unless another agent's end came first.
+  std::optional<JobView> lead_end(const nlohmann::json& end, int64_t now_ns);
   JobView ended_view(const std::string& value);
+  void send_report();
+  // A non-leader that lost the coordinator tells the other nodes, once, if
+  // the store still takes it.
+  void try_end_job(const std::string& what);
 
   CoordinatorStore& store_;
   CoordinatorOptions options_;
   int64_t generation_ = 0;
   int64_t next_beat_ns_ = 0;
   bool reported_failure_ = false;
+  std::optional<Incident> pending_report_;  // not in the store yet
+  bool tried_end_ = false;
+  // Since when the leader has found the end claimed but not written.
+  std::optional<int64_t> end_unwritten_since_ns_;
   bool reported_stopped_ = false;
   bool next_open_ = false;
   // Per node: the last beat value seen and when it changed (this agent's clock).
