@@ -288,7 +288,7 @@ TEST_F(SnapshotTmpfs, AnEarlierGenerationsSnapshotsCountAsRoom) {
   Config c = small_config(4);
   const GptConfig model = GptConfig::from_config(c);
   TrainOptions opts = TrainOptions::from_config(c);
-  ASSERT_TRUE(mount_tmpfs(state_bytes(model) * 5 / 2 + (1 << 20))) << std::strerror(errno);
+  ASSERT_TRUE(mount_tmpfs(state_bytes(model) * 5 / 2 + (64 << 10))) << std::strerror(errno);
   opts.snapshot_dir = where_.string();
   opts.snapshot_every = 1;
   {
