@@ -87,7 +87,8 @@ def main():
     print(f"wall time per step, snapshots every {args.every:<3}: {b:10.1f} ms  "
           f"{[round(x, 1) for x in on]}  ({b / a:.3f}x)")
     print(f"snapshot: blocking {statistics.median(s['blocking_ms'] for s in snaps):.1f} ms, "
-          f"background {statistics.median(s['write_ms'] for s in snaps):.1f} ms, "
+          f"background {statistics.median(s['write_ms'] for s in snaps):.1f} ms "
+          f"(CPU {statistics.median(s.get('write_cpu_ms', 0) for s in snaps):.1f} ms), "
           f"{statistics.median(s['rank0_bytes'] for s in snaps) / 1e6:.1f} MB per rank")
 
 

@@ -201,7 +201,14 @@ TEST_F(CheckpointTest, SnapshotsRecycleTheirShardsAndACopyToDiskGainsChecksums) 
   EXPECT_EQ(latest_checkpoint(root()), newest);
   EXPECT_EQ(step_dirs_count(), 1);
 
-  Manifest manifest = verify_checkpoint(newest);
+  // Outside the agent's area a snapshot is no checkpoint: nothing vouches for it.
+  try {
+    verify_checkpoint(newest);
+    ADD_FAILURE() << "a snapshot verified as a checkpoint";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("in-memory snapshot"), std::string::npos) << e.what();
+  }
+  Manifest manifest = verify_checkpoint(newest, /*snapshot=*/true);
   ASSERT_EQ(manifest.shards.size(), 1u);
   EXPECT_FALSE(manifest.shards[0].xxh64.has_value());
   std::vector<float> loaded(static_cast<size_t>(size));
@@ -209,8 +216,11 @@ TEST_F(CheckpointTest, SnapshotsRecycleTheirShardsAndACopyToDiskGainsChecksums) 
   EXPECT_EQ(loaded[0], -7);
   // Sizes are still checked.
   fs::resize_file(newest / "shard_00000.safetensors", 100);
-  EXPECT_THROW(verify_checkpoint(newest), Error);
+  EXPECT_THROW(verify_checkpoint(newest, /*snapshot=*/true), Error);
   save(4);
+  EXPECT_TRUE(fs::exists(spare));
+  release_spares(root());
+  EXPECT_FALSE(fs::exists(spare)) << "stopped snapshots keep no spare in memory";
 
   const fs::path disk = temp_.path() / "disk";
   const fs::path kept = copy_checkpoint(root() / "step_00000004", disk);

@@ -291,6 +291,50 @@ INSTANTIATE_TEST_SUITE_P(
                          std::get<2>(info.param) ? "shm" : "heap");
     });
 
+// Ranks that each resolve "the newest checkpoint" of a run directory can
+// see different ones (a network file system's cache); training different
+// steps together would be silent corruption, so the trainer stops, naming
+// the steps.
+TEST(DataParallel, RanksThatResumeFromDifferentStepsStop) {
+  testing::TempDir temp{"brigade_dp_resume_test"};
+  const fs::path dir = temp.path();
+  const GptConfig model = tiny_model();
+  // Steps 1 and 2 of one process (in a child: OpenMP's pool and fork).
+  const auto saver = testing::fork_ranks(1, [&](int) {
+    Trainer t(model, options_for(1, 0, kGradAccum * 2, dir / "saved"));
+    t.train_step();
+    t.save_checkpoint();
+    t.train_step();
+    t.save_checkpoint();
+  });
+  ASSERT_EQ(testing::reap_all(saver, std::chrono::seconds(120)), std::vector<int>{0});
+  const std::string segment = fmt::format("/brigade-dp-resume-test-{}", ::getpid());
+  const auto pids = testing::fork_ranks(2, [&](int rank) {
+    ShmCommunicatorOptions shm;
+    shm.segment_name = segment;
+    shm.group_name = "dp";
+    shm.rank = rank;
+    shm.size = 2;
+    shm.timeout_ms = 20000;
+    shm.shared_bytes = shared_bytes_for_training(model);
+    ShmCommunicator comm(shm);
+    TrainOptions o = options_for(2, 0, kGradAccum, dir / "run");
+    o.resume =
+        (dir / "saved" / "checkpoints" / (rank == 0 ? "step_00000001" : "step_00000002")).string();
+    try {
+      Trainer t(model, o, &comm);
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      testing::require(what.find("resumed from different steps (1 to 2") != std::string::npos,
+                       "rank {}: unexpected error: {}", rank, what);
+      return;
+    }
+    testing::require(false, "rank {}: resumed from step {} without an error", rank, rank + 1);
+  });
+  const auto codes = testing::reap_all(pids, std::chrono::seconds(120));
+  for (size_t r = 0; r < codes.size(); ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
+}
+
 TEST(DataParallel, RefusesDpWithoutAGroup) {
   TrainOptions options = options_for(2, 0, 1, "unused");
   EXPECT_THROW(Trainer(tiny_model(), options, nullptr), Error);

@@ -1,6 +1,7 @@
 // The trainer end to end: exact resume, accumulation, seed checks.
 #include "brigade/train/trainer.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <sys/mount.h>
 #include <unistd.h>
@@ -177,25 +178,31 @@ TEST_F(TrainerTest, ASnapshotHoldsItsStepWhileTheNextStepRuns) {
   Trainer t(model, opts);
   ASSERT_TRUE(t.snapshots_enabled());
   t.train_step();
-  const fs::path checkpoint = t.save_checkpoint();  // staged: step 1 as it is
-  t.start_snapshot();
-  t.train_step();
-  const fs::path snapshot = fs::path(opts.snapshot_dir) / "step_00000001";
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-  while (t.snapshots_enabled() && !fs::exists(snapshot / "manifest.json") &&
-         std::chrono::steady_clock::now() < deadline) {
-    t.poll_snapshot();
+  // Steps 1 and 3 write fresh files (the slower copy); step 5 recycles
+  // step 1's, through the mapping.
+  for (int64_t step = 1; step <= 5; step += 2) {
+    const fs::path checkpoint = t.save_checkpoint();  // staged: the step as it is
+    t.start_snapshot();
+    t.train_step();
+    const fs::path snapshot = fs::path(opts.snapshot_dir) / fmt::format("step_{:08d}", step);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+    while (t.snapshots_enabled() && !fs::exists(snapshot / "manifest.json") &&
+           std::chrono::steady_clock::now() < deadline) {
+      t.poll_snapshot();
+    }
+    ASSERT_TRUE(fs::exists(snapshot / "manifest.json")) << snapshot;
+    const Manifest from_disk = verify_checkpoint(checkpoint);
+    const Manifest from_memory = verify_checkpoint(snapshot, /*snapshot=*/true);
+    const int64_t size = ParamLayout(model).size();
+    for (StateKind kind : {StateKind::kParams, StateKind::kExpAvg, StateKind::kExpAvgSq}) {
+      std::vector<float> a(static_cast<size_t>(size)), b(static_cast<size_t>(size));
+      load_checkpoint_state(checkpoint, from_disk, model, kind, a.data());
+      load_checkpoint_state(snapshot, from_memory, model, kind, b.data());
+      ASSERT_EQ(a, b) << "step " << step << ", state kind " << static_cast<int>(kind);
+    }
+    t.train_step();
   }
-  ASSERT_TRUE(fs::exists(snapshot / "manifest.json"));
-  const Manifest from_disk = verify_checkpoint(checkpoint);
-  const Manifest from_memory = verify_checkpoint(snapshot);
-  const int64_t size = ParamLayout(model).size();
-  for (StateKind kind : {StateKind::kParams, StateKind::kExpAvg, StateKind::kExpAvgSq}) {
-    std::vector<float> a(static_cast<size_t>(size)), b(static_cast<size_t>(size));
-    load_checkpoint_state(checkpoint, from_disk, model, kind, a.data());
-    load_checkpoint_state(snapshot, from_memory, model, kind, b.data());
-    ASSERT_EQ(a, b) << "state kind " << static_cast<int>(kind);
-  }
+  EXPECT_TRUE(fs::exists(fs::path(opts.snapshot_dir) / "spare")) << "nothing was recycled";
 }
 
 // In-memory snapshots on a tmpfs the test mounts (root; CI runs as root):
@@ -271,6 +278,34 @@ TEST_F(SnapshotTmpfs, ASnapshotThatNoLongerFitsStopsSnapshotsNotTraining) {
   // The failed step left nothing behind; the last good snapshot stays.
   EXPECT_FALSE(fs::exists(where_ / "step_00000002.partial"));
   EXPECT_TRUE(fs::exists(where_ / "step_00000001" / "manifest.json"));
+}
+
+// A restarted generation finds its area holding the last one's snapshot
+// and spare, which these snapshots replace: room, not a reason to go
+// without snapshots just when a restart shows they are needed.
+TEST_F(SnapshotTmpfs, AnEarlierGenerationsSnapshotsCountAsRoom) {
+  if (::geteuid() != 0) GTEST_SKIP() << "mounting a tmpfs needs root";
+  Config c = small_config(4);
+  const GptConfig model = GptConfig::from_config(c);
+  TrainOptions opts = TrainOptions::from_config(c);
+  ASSERT_TRUE(mount_tmpfs(state_bytes(model) * 5 / 2 + (64 << 10))) << std::strerror(errno);
+  opts.snapshot_dir = where_.string();
+  opts.snapshot_every = 1;
+  {
+    Trainer first(model, opts);
+    ASSERT_TRUE(first.snapshots_enabled());
+    for (int step = 1; step <= 3; ++step) {
+      first.train_step();
+      first.start_snapshot();
+    }
+    first.train_step();
+    while (first.snapshots_enabled() && !fs::exists(where_ / "step_00000003" / "manifest.json")) {
+      first.poll_snapshot();
+    }
+    ASSERT_TRUE(fs::exists(where_ / "spare"));
+  }
+  Trainer second(model, opts);
+  EXPECT_TRUE(second.snapshots_enabled());
 }
 
 }  // namespace

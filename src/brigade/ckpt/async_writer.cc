@@ -107,6 +107,7 @@ void AsyncCheckpointWriter::start(Save save, const std::vector<CheckpointPiece>&
   set_state(State::kWriting);
   thread_ = std::thread([this, save = std::move(save)] {
     const int64_t write_start = now_ns();
+    const int64_t cpu_start = thread_cpu_ns();
     State outcome = State::kDone;
     try {
       run(save);
@@ -116,6 +117,7 @@ void AsyncCheckpointWriter::start(Save save, const std::vector<CheckpointPiece>&
       outcome = State::kFailed;
     }
     stats_.write_ms = static_cast<double>(now_ns() - write_start) * 1e-6;
+    stats_.write_cpu_ms = static_cast<double>(thread_cpu_ns() - cpu_start) * 1e-6;
     set_state(outcome);
   });
 }

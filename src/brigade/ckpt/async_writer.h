@@ -94,6 +94,10 @@ class AsyncCheckpointWriter {
     int64_t bytes = 0;       // of this rank's shard
     double blocking_ms = 0;  // the copy the caller waited for
     double write_ms = 0;     // the background write (and, on rank 0, the commit)
+    // The background thread's CPU time: what the save takes from training
+    // where the ranks' compute fills every core (write_ms there is mostly
+    // waiting for a core).
+    double write_cpu_ms = 0;
   };
   // The stats of a save that has finished since the last call, without
   // waiting for one that has not; rethrows a finished save's error.

@@ -305,7 +305,7 @@ fs::path save_checkpoint(const fs::path& root, int64_t step, const GptConfig& co
   }
 }
 
-Manifest verify_checkpoint(const fs::path& step_dir) {
+Manifest verify_checkpoint(const fs::path& step_dir, bool snapshot) {
   const Manifest manifest = Manifest::read(step_dir);
   for (const ShardRecord& shard : manifest.shards) {
     const fs::path path = step_dir / shard.file;
@@ -330,6 +330,13 @@ Manifest verify_checkpoint(const fs::path& step_dir) {
       throw_error("{}: shard {} has {} bytes, the manifest says {} (truncated?); it holds {}",
                   step_dir.string(), shard.file, bytes, shard.bytes, holds());
     }
+    if (!shard.xxh64 && !snapshot) {
+      throw_error(
+          "{}: shard {} has no checksum: this is an in-memory snapshot, which only its agent "
+          "resumes from; resume from the run directory instead (when a job fails, its agent "
+          "keeps a checked copy of a snapshot newer than every checkpoint there)",
+          step_dir.string(), shard.file);
+    }
     if (shard.xxh64 && file_xxh64(path) != *shard.xxh64) {
       throw_error("{}: shard {} fails its xxHash64 check (corrupt); it holds {}", step_dir.string(),
                   shard.file, holds());
@@ -344,13 +351,13 @@ std::optional<fs::path> latest_checkpoint(const fs::path& root) {
   return dirs.back();
 }
 
-ResolvedCheckpoint resolve_checkpoint(const fs::path& path) {
-  if (fs::exists(path / "manifest.json")) return {path, verify_checkpoint(path)};
+ResolvedCheckpoint resolve_checkpoint(const fs::path& path, bool snapshot) {
+  if (fs::exists(path / "manifest.json")) return {path, verify_checkpoint(path, snapshot)};
   for (const fs::path& root : {path / "checkpoints", path}) {
     const std::vector<fs::path> dirs = step_dirs(root);
     for (auto it = dirs.rbegin(); it != dirs.rend(); ++it) {
       try {
-        return {*it, verify_checkpoint(*it)};
+        return {*it, verify_checkpoint(*it, snapshot)};
       } catch (const Error& e) {
         std::fprintf(stderr, "brigade: skipping checkpoint %s: %s\n", it->string().c_str(),
                      e.what());
@@ -431,8 +438,13 @@ void prune_checkpoints(const fs::path& root, int64_t keep, bool recycle) {
   }
 }
 
+void release_spares(const fs::path& root) {
+  std::error_code ignored;
+  fs::remove_all(spare_directory(root), ignored);
+}
+
 fs::path copy_checkpoint(const fs::path& step_dir, const fs::path& dst_root) {
-  Manifest manifest = verify_checkpoint(step_dir);
+  Manifest manifest = verify_checkpoint(step_dir, /*snapshot=*/true);
   const fs::path final_dir = dst_root / step_dir.filename();
   const fs::path copying = partial_directory(dst_root, checkpoint_step(step_dir));
   fs::create_directories(dst_root);
@@ -441,6 +453,7 @@ fs::path copy_checkpoint(const fs::path& step_dir, const fs::path& dst_root) {
     fs::create_directory(copying);
     for (ShardRecord& shard : manifest.shards) {
       fs::copy_file(step_dir / shard.file, copying / shard.file);
+      fsync_file(copying / shard.file);  // complete before the manifest says so
       if (!shard.xxh64) shard.xxh64 = file_xxh64(copying / shard.file);
     }
     write_file_atomic(copying / "manifest.json", Manifest::sealed(manifest.to_json()).dump(1));

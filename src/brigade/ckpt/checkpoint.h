@@ -103,8 +103,11 @@ std::filesystem::path save_checkpoint(const std::filesystem::path& root, int64_t
 
 // Reads the manifest and checks every shard's size and xxHash64: Error
 // naming the file (and the tensors it holds) if one is missing, truncated or
-// changed.
-Manifest verify_checkpoint(const std::filesystem::path& step_dir);
+// changed. Shards without a checksum (an in-memory snapshot's) are an Error
+// too unless `snapshot` says the caller resumes from the agent's own
+// snapshot area: anywhere else such a directory is a copy nothing vouches
+// for (a recycled shard may have been overwritten while it was copied).
+Manifest verify_checkpoint(const std::filesystem::path& step_dir, bool snapshot = false);
 
 // `path` is a step directory (holds manifest.json; Error if it does not
 // verify), or a run or checkpoints directory: then its newest checkpoint that
@@ -115,7 +118,7 @@ struct ResolvedCheckpoint {
   std::filesystem::path dir;
   Manifest manifest;
 };
-ResolvedCheckpoint resolve_checkpoint(const std::filesystem::path& path);
+ResolvedCheckpoint resolve_checkpoint(const std::filesystem::path& path, bool snapshot = false);
 
 // The newest complete (manifest present) step directory under root, unverified.
 std::optional<std::filesystem::path> latest_checkpoint(const std::filesystem::path& root);
@@ -130,6 +133,10 @@ void load_checkpoint_state(const std::filesystem::path& step_dir, const Manifest
 // none). recycle: their shard files are kept in <root>/spare/ for the next
 // save to overwrite (ShardWriting).
 void prune_checkpoints(const std::filesystem::path& root, int64_t keep, bool recycle = false);
+
+// Removes the shard files pruning kept for recycling under root, freeing
+// their memory when no more saves will reuse them.
+void release_spares(const std::filesystem::path& root);
 
 // Copies a complete step directory to <dst_root>/step_N (through
 // step_N.partial, renamed last), adding the shard checksums an in-memory

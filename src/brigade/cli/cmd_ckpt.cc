@@ -64,12 +64,13 @@ int run_inspect(const std::string& path) {
       state = "MISSING";
     } else if (static_cast<int64_t>(bytes) != shard.bytes) {
       state = fmt::format("WRONG SIZE ({} bytes)", bytes);
-    } else if (shard.xxh64 && file_xxh64(dir / shard.file) != *shard.xxh64) {
+    } else if (!shard.xxh64) {
+      state = "NO CHECKSUM (an in-memory snapshot's: only its agent resumes from it)";
+    } else if (file_xxh64(dir / shard.file) != *shard.xxh64) {
       state = "CHECKSUM MISMATCH";
     }
     valid = valid && state == "ok";
-    const std::string hash = shard.xxh64 ? fmt::format("{:016x}", *shard.xxh64)
-                                         : std::string("none (in-memory snapshot)");
+    const std::string hash = shard.xxh64 ? fmt::format("{:016x}", *shard.xxh64) : "none";
     std::printf("  shard %s  %lld bytes  xxh64 %s  %s\n", shard.file.c_str(),
                 static_cast<long long>(shard.bytes), hash.c_str(), state.c_str());
   }

@@ -232,7 +232,8 @@ class RunReport {
       return nlohmann::json{{"step", s.step},
                             {"rank0_bytes", s.bytes},
                             {"blocking_ms", s.blocking_ms},
-                            {"write_ms", s.write_ms}};
+                            {"write_ms", s.write_ms},
+                            {"write_cpu_ms", s.write_cpu_ms}};
     };
     if (checkpoint) line["checkpoint"] = save_json(*checkpoint);
     if (snapshot) line["snapshot"] = save_json(*snapshot);

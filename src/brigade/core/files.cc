@@ -35,6 +35,16 @@ void fsync_directory(const fs::path& dir) {
   }
 }
 
+void fsync_file(const fs::path& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0 || ::fsync(fd) != 0) {
+    const int err = errno;
+    if (fd >= 0) ::close(fd);
+    throw_error("cannot fsync {}: {}", path.string(), std::strerror(err));
+  }
+  ::close(fd);
+}
+
 AtomicFileWriter::AtomicFileWriter(fs::path path) : path_(std::move(path)) {
   if (path_.has_parent_path()) {
     std::error_code ec;

@@ -22,6 +22,8 @@ void write_file_atomic(const std::filesystem::path& path, std::string_view bytes
 
 // Makes a directory's entries (a rename, a new file) durable.
 void fsync_directory(const std::filesystem::path& dir);
+// fsyncs a file written by other means (a copy); Error if it cannot be.
+void fsync_file(const std::filesystem::path& path);
 
 // Streams data into a temporary file and renames it into place on commit().
 // If the object is destroyed without commit(), the temporary is removed and

@@ -103,10 +103,11 @@ std::optional<ResumePoint> newest_resume_point(const fs::path& run_dir, const fs
     if (auto dir = latest_checkpoint(snapshots)) {
       const int64_t step = checkpoint_step(*dir);
       if (!best || step > best->step) {
-        // Memory can be corrupted too; a snapshot that does not verify
-        // would fail every restart that tried it.
+        // A snapshot that does not verify (sizes, the manifest's own
+        // checksum; its shards carry none) would fail every restart that
+        // tried it.
         try {
-          verify_checkpoint(*dir);
+          verify_checkpoint(*dir, /*snapshot=*/true);
           best = ResumePoint{*dir, step, true};
         } catch (const Error& e) {
           std::fprintf(stderr, "brigade launch: not resuming from the in-memory snapshot: %s\n",

@@ -43,6 +43,23 @@ std::vector<DecayRange> decay_ranges(const ParamLayout& layout, bool decay_posit
 
 namespace {
 
+// Whether `path` lies in `dir` (false for an empty dir).
+bool inside(const fs::path& path, const fs::path& dir) {
+  if (dir.empty()) return false;
+  const fs::path p = fs::weakly_canonical(path), d = fs::weakly_canonical(dir);
+  return std::mismatch(d.begin(), d.end(), p.begin(), p.end()).first == d.end();
+}
+
+// The bytes of the regular files under dir (0 if it does not exist).
+int64_t bytes_under(const fs::path& dir) {
+  int64_t bytes = 0;
+  std::error_code ec;
+  for (fs::recursive_directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    if (it->is_regular_file(ec)) bytes += static_cast<int64_t>(it->file_size(ec));
+  }
+  return bytes;
+}
+
 std::unique_ptr<Dataset> open_or_prepare(const DataOptions& data, const GptConfig& model) {
   if (data.dir.empty()) {
     throw_error(
@@ -127,7 +144,9 @@ Trainer::Trainer(const GptConfig& model, const TrainOptions& options, const Trai
   if (world_ == nullptr) world_ = dp_group_;
   // Find the checkpoint first: a bad --resume should fail before any work.
   std::optional<ResolvedCheckpoint> resume;
-  if (!options_.resume.empty()) resume = resolve_checkpoint(options_.resume);
+  if (!options_.resume.empty()) {
+    resume = resolve_checkpoint(options_.resume, inside(options_.resume, options_.snapshot_dir));
+  }
   set_num_threads(static_cast<int>(options_.threads));
   if (tp > 1) tp_ = std::make_unique<TensorParallelGroup>(*tp_group_);
   const ParamLayout layout(model, tp_rank(), tp, layers);
@@ -197,8 +216,22 @@ Trainer::Trainer(const GptConfig& model, const TrainOptions& options, const Trai
   targets_.resize(inputs_.size());
   if (resume) {
     load_checkpoint(*resume);
-    // Every rank has read its checkpoint before rank 0 moves any step.
-    if (world_ != nullptr) world_->barrier()->wait();
+    // Every rank has read its checkpoint before rank 0 moves any step, and
+    // they read the same step: ranks that each resolved "the newest" of a
+    // run directory some of them see late (a network file system's cache)
+    // would otherwise train different steps together, silently.
+    if (world_ != nullptr && world_->size() > 1) {
+      double steps[2] = {static_cast<double>(step_), -static_cast<double>(step_)};
+      world_->all_reduce(steps, 2, DType::kF64, ReduceOp::kMax)->wait();
+      if (steps[0] != -steps[1]) {
+        throw_error(
+            "the ranks resumed from different steps ({} to {}; this rank {} from {}): give "
+            "--resume the step directory itself, or put the run directory on a file system "
+            "every node sees the same",
+            static_cast<int64_t>(-steps[1]), static_cast<int64_t>(steps[0]), step_,
+            resume->dir.string());
+      }
+    }
     if (world_rank() == 0) set_aside_abandoned_branch();
   }
 }
@@ -436,12 +469,16 @@ fs::path Trainer::start_checkpoint() {
 }
 
 void Trainer::start_snapshots_if_room() {
-  // Parameters and both moments of the whole model, twice.
+  // Parameters and both moments of the whole model, twice. What the area
+  // already holds (an earlier generation's snapshots and spares) is room
+  // for these: they replace it.
   const double needed = 2.0 * 3.0 * sizeof(float) * ParamLayout(model_config()).size();
   struct statvfs fs_stats {};
   double too_small = 1;
   if (::statvfs(options_.snapshot_dir.c_str(), &fs_stats) == 0) {
-    too_small = static_cast<double>(fs_stats.f_bavail) * fs_stats.f_frsize < needed ? 1 : 0;
+    const double room = static_cast<double>(fs_stats.f_bavail) * fs_stats.f_frsize +
+                        static_cast<double>(bytes_under(options_.snapshot_dir));
+    too_small = room < needed ? 1 : 0;
   }
   // Every rank looks at the same file system; they still agree, since the
   // saves are collective.
@@ -464,6 +501,9 @@ void Trainer::start_snapshots_if_room() {
 void Trainer::stop_snapshots(const std::string& why) {
   snapshot_saver_.reset();
   if (world_rank() == 0) {
+    // Every rank's writer has stopped (the failure was agreed after they
+    // did): the spares would hold a copy of the state in memory for nothing.
+    release_spares(options_.snapshot_dir);
     std::fprintf(stderr,
                  "brigade train: in-memory snapshots stop: %s; training goes on, and restarts "
                  "resume from the newest checkpoint\n",
