@@ -18,6 +18,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -25,7 +26,9 @@
 #include "brigade/comm/shm_communicator.h"
 #include "brigade/core/config.h"
 #include "brigade/core/error.h"
+#include "brigade/model/param_layout.h"
 #include "brigade/parallel/mesh.h"
+#include "brigade/parallel/pipeline_stage.h"
 #include "brigade/schedule/simulate.h"
 #include "brigade/train/trainer.h"
 #include "testing/forked_ranks.h"
@@ -358,6 +361,63 @@ TEST_F(PipelineParallelTraining, DeadStageIsAnErrorOnTheOther) {
   EXPECT_EQ(codes[1], 0);
   EXPECT_EQ(codes[0], kFailedAsExpected);
   EXPECT_LT(testing::ms_since(started), 60000.0);
+}
+
+// A stage whose step throws (not a communication error) with receives
+// posted must not free their buffers under them: the shm mailbox copies a
+// neighbour's activation to the posted pointer whenever it comes. Stage 1
+// (GPipe, 4 micro-batches) has micro-batch 0's activation, then its fill
+// throws with micro-batches 1 and 2's receives posted; its destructor must
+// wait for them, so it cannot end before stage 0 (plain sends here) sends.
+TEST_F(PipelineParallelTraining, AFailedStepKeepsPostedReceivesUntilTheyComplete) {
+  const Layout layout{.pp = 2, .schedule = "gpipe"};
+  const std::string prefix = fmt::format("/brigade-pp-test-{}-posted", ::getpid());
+  const GptConfig model = model_config();
+  const int64_t elements = kMicroBatch * model.block_size * model.n_embd;
+  constexpr uint32_t kThrew = 100, kDestroyed = 101;
+  const auto pids = testing::fork_ranks(2, [&](int rank) {
+    const Groups groups = join(layout, rank, prefix, 5000);
+    Communicator& pp = *groups.pp;
+    std::vector<float> flag(1, 1.0f);
+    if (rank == 1) {
+      const LayerRange range = split_stages(model, 2)[1];
+      const ParamLayout part_layout(model, 0, 1, range);
+      std::vector<float> params(static_cast<size_t>(part_layout.size()));
+      std::vector<float> grads(params.size());
+      Gpt part(model, params.data(), grads.data(), nullptr, range);
+      const schedule::Shape shape{.kind = schedule::Kind::kGpipe, .stages = 2, .microbatches = 4};
+      std::vector<int32_t> tokens(static_cast<size_t>(kMicroBatch * model.block_size), 0);
+      {
+        PipelineStage stage(&pp, part, shape);
+        try {
+          stage.run([](int64_t) { throw std::runtime_error("the data loader failed"); },
+                    tokens.data(), tokens.data(), kMicroBatch, model.block_size, 1.0f, {}, {});
+          throw Error("the step did not throw");
+        } catch (const std::runtime_error&) {
+          pp.send(flag.data(), 1, DType::kF32, 0, kThrew)->wait();
+        }
+      }
+      pp.send(flag.data(), 1, DType::kF32, 0, kDestroyed)->wait();
+      return;
+    }
+    std::vector<float> act(static_cast<size_t>(elements), 0.5f);
+    pp.send(act.data(), elements, DType::kF32, 1, /*activation of mb 0*/ 0)->wait();
+    pp.recv(flag.data(), 1, DType::kF32, 1, kThrew)->wait();
+    const auto destroyed = pp.recv(flag.data(), 1, DType::kF32, 1, kDestroyed);
+    // Stage 1 cannot be done yet (its receives are not); a broken
+    // destructor would be within far less than this.
+    ::usleep(300'000);
+    testing::require(!destroyed->test(),
+                     "stage 1 was destroyed while its receives were still posted");
+    const auto first = pp.send(act.data(), elements, DType::kF32, 1, 2);   // mb 1
+    const auto second = pp.send(act.data(), elements, DType::kF32, 1, 4);  // mb 2
+    destroyed->wait();
+    first->wait();
+    second->wait();
+  });
+  const auto codes = testing::reap_all(pids, std::chrono::seconds(60));
+  EXPECT_EQ(codes[0], 0);
+  EXPECT_EQ(codes[1], 0);
 }
 
 // Validation through the pipeline (every stage runs the windows; the last

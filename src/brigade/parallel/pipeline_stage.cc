@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <exception>
 #include <limits>
 
 #include "brigade/comm/communicator.h"
@@ -144,13 +145,21 @@ PipelineStage::PipelineStage(Communicator* group, Gpt& model, const schedule::Sh
 }
 
 PipelineStage::~PipelineStage() {
-  // Sends still copying out of our buffers must finish before they go.
-  for (auto& w : sends_) {
-    try {
-      if (w) w->wait();
-    } catch (const Error&) {  // NOLINT(bugprone-empty-catch): the step already failed
+  // Transfers still using our buffers must finish before they go: a send
+  // copying out of act_out_/grad_out_, and a posted receive, which a
+  // backend (the shm mailbox) completes later by copying a neighbour's data
+  // to the raw pointer into act_in_/grad_in_. run() may have thrown with
+  // both outstanding; the communicator's timeout bounds each wait.
+  const auto settle = [](std::vector<std::shared_ptr<Work>>& works) {
+    for (auto& w : works) {
+      try {
+        if (w) w->wait();
+      } catch (const std::exception&) {  // NOLINT(bugprone-empty-catch): the step already failed
+      }
     }
-  }
+  };
+  settle(sends_);
+  settle(receives_);
 }
 
 void PipelineStage::post_receives(size_t until, int64_t elements) {

@@ -5,8 +5,9 @@
 // half and the deferred weight half), passing the residual stream forward and its
 // gradient back over the pipeline group's send/recv.
 //
-// Transfers overlap compute: a send returns at once (the data is copied
-// out) and is waited for only at the end of the step; the receives of the
+// Transfers overlap compute: a send returns at once and is waited for
+// (done once its data has left this stage's buffer) only at the end of
+// the step; the receives of the
 // next two compute instructions are posted before the current one runs, so
 // the data arrives while this stage computes, and the stage waits only when
 // an instruction needs it. That wait is the bubble it measures.
