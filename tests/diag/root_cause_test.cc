@@ -8,9 +8,11 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -183,23 +185,25 @@ TEST(RootCause, NoSignIsSaidAsSuch) {
 }
 
 // The files, as elastic/incident_evidence.h and comm/flight_recorder.h write them.
-void write_evidence(const fs::path& dir, const IncidentEvidence& e) {
+// Each node's agent writes its own view of its workers.
+void write_evidence(const fs::path& dir, const IncidentEvidence& e, int nproc_per_node = 4) {
   fs::create_directories(dir);
-  nlohmann::json workers = nlohmann::json::array();
+  std::map<int, nlohmann::json> workers;
   for (const RankEvidence& r : e.ranks) {
-    workers.push_back({{"rank", r.rank},
-                       {"local_rank", r.rank},
-                       {"node", r.node},
-                       {"pid", 100 + r.rank},
-                       {"running", r.running},
-                       {"exit_code", r.exit_code ? nlohmann::json(*r.exit_code) : nullptr},
-                       {"signal", r.signal ? nlohmann::json(*r.signal) : nullptr},
-                       {"dumped", !r.groups.empty()},
-                       {"beat_age_ms", *r.beat_age_ms},
-                       {"step", r.step},
-                       {"start_step", 0},
-                       {"step_age_ms", 10.0},
-                       {"last_step_ms", 5.0}});
+    if (!workers.contains(r.node)) workers[r.node] = nlohmann::json::array();
+    workers[r.node].push_back({{"rank", r.rank},
+                               {"local_rank", r.rank},
+                               {"node", r.node},
+                               {"pid", 100 + r.rank},
+                               {"running", r.running},
+                               {"exit_code", r.exit_code ? nlohmann::json(*r.exit_code) : nullptr},
+                               {"signal", r.signal ? nlohmann::json(*r.signal) : nullptr},
+                               {"dumped", !r.groups.empty()},
+                               {"beat_age_ms", *r.beat_age_ms},
+                               {"step", r.step},
+                               {"start_step", 0},
+                               {"step_age_ms", 10.0},
+                               {"last_step_ms", 5.0}});
     for (const GroupDump& g : r.groups) {
       nlohmann::json records = nlohmann::json::array();
       for (const CollectiveRecord& c : g.collectives) {
@@ -220,12 +224,14 @@ void write_evidence(const fs::path& dir, const IncidentEvidence& e) {
                  .dump(1);
     }
   }
-  std::ofstream(dir / "agent.json") << nlohmann::json{
-      {"incident", e.number},
-      {"node", 0},
-      {"nproc_per_node", 4},
-      {"detected", {{"rank", e.detected_rank}, {"what", e.detected_what}, {"kind", "crash"}}},
-      {"workers", workers}}.dump(1);
+  for (const auto& [node, list] : workers) {
+    std::ofstream(dir / ("agent_node" + std::to_string(node) + ".json")) << nlohmann::json{
+        {"incident", e.number},
+        {"node", node},
+        {"nproc_per_node", nproc_per_node},
+        {"detected", {{"rank", e.detected_rank}, {"what", e.detected_what}, {"kind", "crash"}}},
+        {"workers", list}}.dump(1);
+  }
 }
 
 TEST(RootCause, TheEvidenceFilesReadBackToTheSameCause) {
@@ -250,6 +256,31 @@ TEST(RootCause, TheEvidenceFilesReadBackToTheSameCause) {
   EXPECT_EQ(line, expected.line);
 }
 
+TEST(RootCause, EveryNodesViewIsRead) {
+  // Two nodes of two ranks sharing the run directory: rank 2 on node 1
+  // crashed, which only node 1's agent saw.
+  testing::TempDir run("brigade_root_cause");
+  IncidentEvidence e = healthy(5);
+  for (RankEvidence& r : e.ranks) r.node = r.rank / 2;
+  e.ranks[2].running = false;
+  e.ranks[2].signal = 9;
+  e.ranks[2].groups.clear();
+  for (int r : {0, 1, 3}) waits_in(e, r, kStop);
+  write_evidence(run.path() / "incidents" / "2", e, /*nproc_per_node=*/2);
+  const IncidentEvidence read = read_incident(run.path() / "incidents" / "2");
+  ASSERT_EQ(read.ranks.size(), 4u);
+  const auto culprit = std::find_if(read.ranks.begin(), read.ranks.end(),
+                                    [](const RankEvidence& r) { return r.rank == 2; });
+  ASSERT_NE(culprit, read.ranks.end());
+  EXPECT_EQ(culprit->node, 1);
+  EXPECT_EQ(culprit->signal, 9);
+  EXPECT_FALSE(culprit->running);
+  const RootCause cause = find_root_cause(read);
+  EXPECT_EQ(cause.rank, 2);
+  EXPECT_EQ(cause.node, 1);
+  EXPECT_EQ(cause.kind, "crash");
+}
+
 std::string error_of(const std::function<void()>& f) {
   try {
     f();
@@ -268,9 +299,9 @@ TEST(RootCause, ADirectoryWithoutEvidenceIsAClearError) {
   fs::create_directories(run.path() / "incidents" / "1");
   EXPECT_NE(error_of([&] {
               read_incident(run.path() / "incidents" / "1");
-            }).find("agent.json is missing"),
+            }).find("has no agent_node<k>.json"),
             std::string::npos);
-  std::ofstream(run.path() / "incidents" / "1" / "agent.json") << "{\"incident\": 1}";
+  std::ofstream(run.path() / "incidents" / "1" / "agent_node0.json") << "{\"incident\": 1}";
   EXPECT_NE(error_of([&] {
               read_incident(run.path() / "incidents" / "1");
             }).find("lacks what the agent writes"),

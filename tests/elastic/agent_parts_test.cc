@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "brigade/comm/communicator.h"
 #include "brigade/comm/flight_recorder.h"
@@ -31,6 +32,7 @@
 
 namespace brigade::elastic {
 namespace {
+namespace fs = std::filesystem;
 
 constexpr int64_t kMs = 1'000'000;
 
@@ -335,6 +337,36 @@ TEST(WorkerGroup, StartsRanksWithTheirVariablesAndTheInheritedDescriptorOnly) {
     EXPECT_EQ(line,
               std::to_string(4 + e.worker.local_rank) + " " + std::to_string(e.worker.local_rank));
   }
+}
+
+// Nodes share the run directory: node 1's agent, told incident 1 (the job's
+// number), writes its own view beside node 0's, in the same directory.
+TEST(IncidentEvidence, EachNodeWritesItsViewIntoTheJobsIncidentNumber) {
+  testing::TempDir run("brigade_evidence");
+  EXPECT_EQ(last_incident_number(run.path()), 0);
+  fs::create_directories(run.path() / "incidents" / "1");
+  fs::create_directories(run.path() / "incidents" / "notes");
+  std::ofstream(run.path() / "incidents" / "1" / agent_view_file(0)) << "{\"node\": 0}";
+  EXPECT_EQ(last_incident_number(run.path()), 1);
+  HeartbeatTable table(1, 0);
+  sigset_t mask;
+  ::pthread_sigmask(SIG_SETMASK, nullptr, &mask);
+  WorkerGroup group(shell("exit 3"), Environment(), /*first_rank=*/1, /*count=*/1, mask,
+                    table.fd());
+  std::vector<WorkerExit> exits;
+  ASSERT_TRUE(reap_all(group, exits));
+  Incident incident;
+  incident.rank = 1;
+  const fs::path dir = keep_evidence(group, table, {{1, exits.at(0).wait_status}}, run.path(),
+                                     /*node=*/1, /*nproc_per_node=*/1, /*number=*/1, incident);
+  EXPECT_EQ(dir, run.path() / "incidents" / "1");
+  std::ifstream mine(run.path() / "incidents" / "1" / "agent_node1.json");
+  ASSERT_TRUE(mine.good());
+  const nlohmann::json view = nlohmann::json::parse(mine);
+  EXPECT_EQ(view.at("node"), 1);
+  EXPECT_EQ(view.at("workers").at(0).at("exit_code"), 3);
+  std::ifstream theirs(run.path() / "incidents" / "1" / "agent_node0.json");
+  EXPECT_EQ(nlohmann::json::parse(theirs), (nlohmann::json{{"node", 0}}));
 }
 
 TEST(WorkerGroup, StoppingKillsAfterTheGraceAndTheDestructorLeavesNoWorker) {

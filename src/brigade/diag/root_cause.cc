@@ -8,6 +8,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <string_view>
 
 #include "brigade/core/error.h"
 #include "brigade/core/files.h"
@@ -384,34 +385,66 @@ GroupDump read_dump(const nlohmann::json& j) {
 }  // namespace
 
 IncidentEvidence read_incident(const fs::path& dir) {
-  const fs::path agent_path = dir / "agent.json";
-  if (!fs::exists(agent_path)) {
-    throw_error("{} is missing: {} is not the evidence of an incident (the agent writes it first)",
-                agent_path.string(), dir.string());
-  }
-  const nlohmann::json agent = read_json(agent_path);
-  IncidentEvidence e;
-  try {
-    e.number = agent.at("incident").get<int64_t>();
-    const nlohmann::json& detected = agent.at("detected");
-    e.detected_rank = detected.at("rank").get<int>();
-    e.detected_what = detected.at("what").get<std::string>();
-    for (const nlohmann::json& w : agent.at("workers")) {
-      RankEvidence r;
-      r.rank = w.at("rank").get<int>();
-      r.node = w.at("node").get<int>();
-      r.running = w.at("running").get<bool>();
-      r.exit_code = optional_field<int>(w, "exit_code");
-      r.signal = optional_field<int>(w, "signal");
-      r.beat_age_ms = optional_field<double>(w, "beat_age_ms");
-      r.step = w.at("step").get<int64_t>();
-      e.ranks.push_back(std::move(r));
+  // Every node's agent writes its own view, agent_node<k>.json (agent.json
+  // before runs spanned nodes); the lowest node's detection leads.
+  std::vector<std::pair<int, fs::path>> views;
+  if (fs::is_directory(dir)) {
+    for (const fs::directory_entry& entry : fs::directory_iterator(dir)) {
+      const std::string name = entry.path().filename().string();
+      if (name == "agent.json") {
+        views.emplace_back(-1, entry.path());
+        continue;
+      }
+      constexpr std::string_view kPrefix = "agent_node";
+      if (!name.starts_with(kPrefix) || !name.ends_with(".json")) continue;
+      const std::string digits = name.substr(
+          kPrefix.size(), name.size() - kPrefix.size() - std::string_view(".json").size());
+      if (digits.empty() || digits.size() > 6 ||
+          !std::all_of(digits.begin(), digits.end(),
+                       [](char ch) { return ch >= '0' && ch <= '9'; })) {
+        continue;
+      }
+      views.emplace_back(std::stoi(digits), entry.path());
     }
-  } catch (const nlohmann::json::exception& ex) {
-    throw_error("{} lacks what the agent writes ({}): the evidence is damaged", agent_path.string(),
-                ex.what());
   }
-  const int per_node = std::max(1, agent.value("nproc_per_node", 1));
+  if (views.empty()) {
+    throw_error(
+        "{} has no agent_node<k>.json: it is not the evidence of an incident (each node's agent "
+        "writes its view first)",
+        dir.string());
+  }
+  std::sort(views.begin(), views.end());
+  IncidentEvidence e;
+  int per_node = 1;
+  for (size_t v = 0; v < views.size(); ++v) {
+    const fs::path& agent_path = views[v].second;
+    const nlohmann::json agent = read_json(agent_path);
+    try {
+      if (v == 0) {
+        e.number = agent.at("incident").get<int64_t>();
+        const nlohmann::json& detected = agent.at("detected");
+        e.detected_rank = detected.at("rank").get<int>();
+        e.detected_what = detected.at("what").get<std::string>();
+        per_node = std::max(1, agent.value("nproc_per_node", 1));
+      }
+      for (const nlohmann::json& w : agent.at("workers")) {
+        RankEvidence r;
+        r.rank = w.at("rank").get<int>();
+        r.node = w.at("node").get<int>();
+        r.running = w.at("running").get<bool>();
+        r.exit_code = optional_field<int>(w, "exit_code");
+        r.signal = optional_field<int>(w, "signal");
+        r.beat_age_ms = optional_field<double>(w, "beat_age_ms");
+        r.step = w.at("step").get<int64_t>();
+        const bool seen = std::any_of(e.ranks.begin(), e.ranks.end(),
+                                      [&](const RankEvidence& o) { return o.rank == r.rank; });
+        if (!seen) e.ranks.push_back(std::move(r));
+      }
+    } catch (const nlohmann::json::exception& ex) {
+      throw_error("{} lacks what the agent writes ({}): the evidence is damaged",
+                  agent_path.string(), ex.what());
+    }
+  }
   std::vector<fs::path> dumps;
   for (const fs::directory_entry& entry : fs::directory_iterator(dir)) {
     const std::string name = entry.path().filename().string();
@@ -453,7 +486,8 @@ std::vector<fs::path> incident_dirs(const fs::path& run_dir) {
   if (fs::is_directory(root)) {
     for (const fs::directory_entry& entry : fs::directory_iterator(root)) {
       const std::string name = entry.path().filename().string();
-      if (!entry.is_directory() || name.empty() ||
+      // Numbers the agent writes: more digits than an int64 holds are not one.
+      if (!entry.is_directory() || name.empty() || name.size() > 18 ||
           !std::all_of(name.begin(), name.end(), [](char ch) { return ch >= '0' && ch <= '9'; })) {
         continue;
       }

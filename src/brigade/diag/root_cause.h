@@ -89,8 +89,9 @@ inline constexpr double kSilentBeatMs = 1'000;
 
 RootCause find_root_cause(const IncidentEvidence& evidence);
 
-// Reads RUN_DIR/incidents/<N>/. Throws Error naming the file for a missing
-// agent.json or a malformed file.
+// Reads RUN_DIR/incidents/<N>/: every node's agent view (agent_node<k>.json,
+// or agent.json of older runs) and every dump. Throws Error naming the
+// directory when no view is there, or the file when one is malformed.
 IncidentEvidence read_incident(const std::filesystem::path& dir);
 
 // The incident directories of a run, by number. Throws Error saying what is

@@ -184,6 +184,7 @@ Agent::Outcome Agent::supervise(WorkerGroup& group, const HeartbeatTable& table)
     if (!group.stopping()) check_watchdog(group, table);
     if (generation_ > 0) check_recovery(table);
     publish_status(group, table);
+    learn_run_dir(table);
     if (coordinator_) follow_job(coordinator_->poll(now_ns()), &group);
   }
   if (received_signal_ != 0) return Outcome::kSignalled;
@@ -246,8 +247,8 @@ void Agent::on_failure(WorkerGroup& group, const HeartbeatTable& table, Incident
       start_step = p.start_step;
       train_ns = p.train_ns;
     }
-    if (run_dir_.empty()) run_dir_ = p.run_dir;
   }
+  learn_run_dir(table);
   if (start_step >= 0 && incident.last_step > start_step) {
     incident.mean_step_ms = train_ns * 1e-6 / static_cast<double>(incident.last_step - start_step);
   }
@@ -280,7 +281,7 @@ void Agent::gather_evidence(const WorkerGroup& group, const HeartbeatTable& tabl
   if (run_dir_.empty()) return;  // not `brigade train`: no flight recorder to ask
   const fs::path dir =
       keep_evidence(group, table, exits_, run_dir_, options_.node_rank, options_.nproc_per_node,
-                    static_cast<int64_t>(incidents_.size()) + 1, incident);
+                    incident_base_.value_or(0) + generation_ + 1, incident);
   if (dir.empty() || !options_.diagnose) return;
   try {
     incident.cause = options_.diagnose(dir);
@@ -315,16 +316,18 @@ void Agent::end_generation(const HeartbeatTable& table) {
   record.start_step = first.start_step;
   record.last_step = first.step;
   record.train_ns = first.train_ns;
-  for (int r = 0; r < table.slots(); ++r) {
-    const WorkerProgress p = table.read(r);
-    if (run_dir_.empty()) run_dir_ = p.run_dir;
-  }
+  learn_run_dir(table);
   // A generation that failed before its first step still says where it resumed.
   if (!incidents_.empty() && incidents_.back().generation + 1 == generation_ &&
       !incidents_.back().resumed_from_step && first.start_step >= 0) {
     incidents_.back().resumed_from_step = first.start_step;
   }
   generations_.push_back(record);
+}
+
+void Agent::learn_run_dir(const HeartbeatTable& table) {
+  for (int r = 0; r < table.slots() && run_dir_.empty(); ++r) run_dir_ = table.read(r).run_dir;
+  if (!run_dir_.empty() && !incident_base_) incident_base_ = last_incident_number(run_dir_);
 }
 
 void Agent::write_incidents(bool final) {

@@ -176,6 +176,8 @@ class Agent {
   void record_job_incident(const JobView& view);
   void report_end(const std::string& why);
   void write_incidents(bool final);
+  // Learns run_dir_ (and incident_base_) from the workers' heartbeats.
+  void learn_run_dir(const HeartbeatTable& table);
   int finish(Outcome outcome, int stopped);
 
   AgentOptions options_;
@@ -183,6 +185,11 @@ class Agent {
   int restarts_ = 0;
   int64_t start_ns_ = 0;
   std::string run_dir_;  // as the workers said; empty for other programs
+  // Incident numbers this launch gives are this plus the generation's
+  // (from 1): the same on every node sharing the run directory, after a
+  // resumed run's earlier incidents. Read once, when the run directory is
+  // learned (generation 0's set-up, before this launch's first incident).
+  std::optional<int64_t> incident_base_;
   std::vector<Incident> incidents_;
   std::vector<GenerationRecord> generations_;
   // The generation now running failed (the first failure wins).

@@ -18,6 +18,10 @@ namespace {
 constexpr int64_t kNsPerMs = 1'000'000;
 }  // namespace
 
+std::string agent_view_file(int node) {
+  return fmt::format("agent_node{}.json", node);
+}
+
 nlohmann::json agent_view(const Incident& incident, int64_t number, int node, int nproc_per_node,
                           int64_t taken_ns, const std::vector<WorkerView>& workers) {
   auto age_ms = [&](int64_t t) {
@@ -68,14 +72,26 @@ bool copy_exit_dumps(const fs::path& run_dir, const fs::path& dir, int rank, int
   return copied;
 }
 
+int64_t last_incident_number(const fs::path& run_dir) {
+  int64_t last = 0;
+  std::error_code ec;
+  for (fs::directory_iterator it(run_dir / "incidents", ec), end; !ec && it != end;
+       it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.empty() || name.size() > 12 ||
+        !std::all_of(name.begin(), name.end(), [](char ch) { return ch >= '0' && ch <= '9'; })) {
+      continue;
+    }
+    last = std::max<int64_t>(last, std::stoll(name));
+  }
+  return last;
+}
+
 fs::path keep_evidence(const WorkerGroup& group, const HeartbeatTable& table,
                        const std::map<int, int>& exits, const fs::path& run_dir, int node,
-                       int nproc_per_node, int64_t first_number, Incident& incident) {
+                       int nproc_per_node, int64_t number, Incident& incident) {
   const int64_t began = now_ns();
-  int64_t number = first_number;
   std::error_code ec;
-  // A resumed run's earlier incidents keep their evidence.
-  while (fs::exists(incident_dir(run_dir, number), ec)) ++number;
   const fs::path dir = incident_dir(run_dir, number);
   fs::create_directories(dir, ec);
   if (ec) {
@@ -141,7 +157,7 @@ fs::path keep_evidence(const WorkerGroup& group, const HeartbeatTable& table,
   incident.evidence_ms = (now_ns() - began) * 1e-6;
   try {
     write_file_atomic(
-        dir / kAgentViewFile,
+        dir / agent_view_file(node),
         agent_view(incident, number, node, nproc_per_node, began, views).dump(1) + "\n");
   } catch (const std::exception& e) {
     std::fprintf(stderr, "brigade launch: incident %lld: %s\n", static_cast<long long>(number),

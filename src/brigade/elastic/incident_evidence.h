@@ -2,11 +2,12 @@
 // before it kills the survivors, for diag/root_cause.h to read (at once,
 // through the launcher's hook, and later with `brigade diagnose RUN_DIR`):
 //
-//   agent.json   the agent's view: the incident as it detected it, and for
-//                every worker of the node its rank, pid, whether it still
-//                ran, how it ended (exit code or signal), and its heartbeat
-//                slot at that moment (heartbeat and step ages, step, last
-//                step time);
+//   agent_node<k>.json  node k's agent's view (one file per node: the run
+//                directory is shared by every node's agent): the incident
+//                as it detected it, and for every worker of the node its
+//                rank, pid, whether it still ran, how it ended (exit code or
+//                signal), and its heartbeat slot at that moment (heartbeat
+//                and step ages, step, last step time);
 //   flight_recorder_rank<R>_<group>.json  every live worker's flight
 //                recorder (comm/flight_recorder.h), written by the worker on
 //                the agent's request (elastic/heartbeat.h); for a worker that
@@ -24,6 +25,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "brigade/elastic/heartbeat.h"
@@ -32,7 +34,8 @@
 
 namespace brigade::elastic {
 
-inline constexpr char kAgentViewFile[] = "agent.json";
+// Node `node`'s agent view in an incident's directory.
+std::string agent_view_file(int node);
 // The longest the agent waits for the live workers' dumps.
 inline constexpr int64_t kEvidenceWaitMs = 1'000;
 // A worker whose last heartbeat is older than this is not asked (stopped or
@@ -50,7 +53,7 @@ struct WorkerView {
   WorkerProgress progress;
 };
 
-// agent.json's content; `taken_ns` is when the views were read (the
+// The agent view's content; `taken_ns` is when the views were read (the
 // heartbeats' clock), from which the ages are computed.
 nlohmann::json agent_view(const Incident& incident, int64_t number, int node, int nproc_per_node,
                           int64_t taken_ns, const std::vector<WorkerView>& workers);
@@ -62,17 +65,23 @@ nlohmann::json agent_view(const Incident& incident, int64_t number, int node, in
 bool copy_exit_dumps(const std::filesystem::path& run_dir, const std::filesystem::path& dir,
                      int rank, int64_t pid);
 
-// At a failure, before the generation is killed: creates the incident's
-// directory (the first free number from `first_number` on: a resumed run's
-// earlier incidents keep theirs), asks the live workers for their dumps and
-// waits for them (bounded, see above), copies the exited workers' dumps, and
-// writes agent.json with the workers as at the call (`exits`: the wait
+// The highest N of RUN_DIR/incidents/<N>/ (an earlier launch's), 0 when
+// there is none. Never throws.
+int64_t last_incident_number(const std::filesystem::path& run_dir);
+
+// At a failure, before the generation is killed: creates incident `number`'s
+// directory (the caller's, the same on every node: several nodes' agents
+// detecting one failure share the directory, each writing its own view;
+// probing for a free number would give each node a different one), asks
+// the live workers for their dumps and waits for them (bounded, see above),
+// copies the exited workers' dumps, and writes agent_view_file(node) with
+// the workers as at the call (`exits`: the wait
 // status of those already reaped, by rank). Sets incident.evidence_ms.
 // Returns the directory, or empty (said on stderr) if it could not be
 // written: missing evidence must not stop the recovery.
 std::filesystem::path keep_evidence(const WorkerGroup& group, const HeartbeatTable& table,
                                     const std::map<int, int>& exits,
                                     const std::filesystem::path& run_dir, int node,
-                                    int nproc_per_node, int64_t first_number, Incident& incident);
+                                    int nproc_per_node, int64_t number, Incident& incident);
 
 }  // namespace brigade::elastic
