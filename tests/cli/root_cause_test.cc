@@ -69,5 +69,24 @@ TEST(Diagnose, ADirectoryWithoutEvidenceIsRefusedSayingWhy) {
   EXPECT_NE(r.err.find("brigade train --nproc N"), std::string::npos) << r.err;
 }
 
+TEST(Diagnose, AnUnreadableIncidentIsNamedAndTheOthersStillDiagnosed) {
+  testing::TempDir dir("brigade_diagnose");
+  const fs::path incidents = dir.path() / "incidents";
+  // 1: damaged; 2: a crash seen by node 0's agent; a directory whose name
+  // is no incident number the agent writes (too many digits) is not one.
+  fs::create_directories(incidents / "1");
+  std::ofstream(incidents / "1" / "agent_node0.json") << "{\"incident\": 1, \"workers\": 5}";
+  fs::create_directories(incidents / "2");
+  std::ofstream(incidents / "2" / "agent_node0.json")
+      << R"({"incident": 2, "nproc_per_node": 1, "detected": {"rank": 0, "what": "rank 0 died"},
+             "workers": [{"rank": 0, "node": 0, "running": false, "exit_code": null,
+                          "signal": 9, "beat_age_ms": 20.0, "step": 3}]})";
+  fs::create_directories(incidents / "123456789012345678901234567890");
+  const auto r = testing::run_brigade({"diagnose", dir.path().string()});
+  EXPECT_EQ(r.status, 1) << r.err;
+  EXPECT_NE(r.err.find("incident 1 could not be read"), std::string::npos) << r.err;
+  EXPECT_NE(r.out.find("incident 2: rank 0 (node 0) crashed"), std::string::npos) << r.out << r.err;
+}
+
 }  // namespace
 }  // namespace brigade

@@ -2,6 +2,7 @@
 // the evidence its agent saved in RUN_DIR/incidents/<N>/ (diag/root_cause.h),
 // one line each, as the launcher printed them.
 #include <cstdio>
+#include <exception>
 #include <memory>
 #include <string>
 
@@ -23,9 +24,12 @@ void add_diagnose_command(CLI::App& app) {
     for (const auto& dir : diag::incident_dirs(*run_dir)) {
       try {
         std::printf("%s\n", diag::find_root_cause(diag::read_incident(dir)).line.c_str());
-      } catch (const Error& e) {
+      } catch (const std::exception& e) {
+        // One unreadable incident (damaged JSON, a file gone, a number out
+        // of range) must not hide the others'.
         ++unreadable;
-        std::fprintf(stderr, "brigade diagnose: %s\n", e.what());
+        std::fprintf(stderr, "brigade diagnose: incident %s could not be read: %s\n",
+                     dir.filename().c_str(), e.what());
       }
     }
     std::fflush(stdout);
