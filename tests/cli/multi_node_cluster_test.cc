@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "brigade/comm/advertised_address.h"
+#include "testing/fake_cluster.h"
 #include "testing/run_brigade.h"
 #include "testing/temp_dir.h"
 
@@ -36,89 +37,12 @@ namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 using namespace std::chrono_literals;
 
-const std::string kScript = BRIGADE_SOURCE_DIR "/scripts/fake_cluster.sh";
-
-std::string read_all(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
-// Starts argv with stdout and stderr into `log`, without GLOO_SOCKET_IFNAME:
-// the multi-node job must find its addresses unaided.
-pid_t spawn(const std::vector<std::string>& argv, const fs::path& log) {
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) ::_exit(126);
-    ::dup2(fd, STDOUT_FILENO);
-    ::dup2(fd, STDERR_FILENO);
-    ::unsetenv("GLOO_SOCKET_IFNAME");
-    std::vector<char*> args;
-    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    ::execv(args[0], args.data());
-    ::_exit(127);
-  }
-  return pid;
-}
-
-struct Result {
-  int status = -1;  // exit code, or 128 + signal
-  std::string output;
-};
-
-// Waits for `pid` to exit; past `limit` kills it, and fails the test.
-Result finish(pid_t pid, const fs::path& log, std::chrono::seconds limit) {
-  const auto deadline = Clock::now() + limit;
-  int wait_status = 0;
-  while (::waitpid(pid, &wait_status, WNOHANG) == 0) {
-    if (Clock::now() > deadline) {
-      ::kill(pid, SIGKILL);
-      ::waitpid(pid, &wait_status, 0);
-      ADD_FAILURE() << "pid " << pid << " did not finish within " << limit.count()
-                    << " s; its output:\n"
-                    << read_all(log);
-      break;
-    }
-    std::this_thread::sleep_for(10ms);
-  }
-  return {WIFEXITED(wait_status) ? WEXITSTATUS(wait_status) : 128 + WTERMSIG(wait_status),
-          read_all(log)};
-}
-
-class Cluster {
- public:
-  Cluster(std::string name, std::string net, const fs::path& dir)
-      : name_(std::move(name)), net_(std::move(net)), dir_(dir) {}
-  // Always down, even when the test failed halfway; a no-op when not up.
-  ~Cluster() { script({"down"}); }
-  Cluster(const Cluster&) = delete;
-  Cluster& operator=(const Cluster&) = delete;
-
-  std::vector<std::string> argv(const std::vector<std::string>& args) const {
-    std::vector<std::string> all = {kScript, "--name", name_, "--net", net_};
-    all.insert(all.end(), args.begin(), args.end());
-    return all;
-  }
-  Result script(const std::vector<std::string>& args, std::chrono::seconds limit = 60s) {
-    const fs::path log = dir_ / ("script_" + std::to_string(calls_++) + ".log");
-    return finish(spawn(argv(args), log), log, limit);
-  }
-  pid_t start_on(int node, const std::vector<std::string>& command, const fs::path& log) {
-    std::vector<std::string> args = {"run", std::to_string(node)};
-    args.insert(args.end(), command.begin(), command.end());
-    return spawn(argv(args), log);
-  }
-  std::string address(int node) const { return net_ + "." + std::to_string(10 + node); }
-  std::string netns(int node) const { return name_ + std::to_string(node); }
-
- private:
-  std::string name_, net_;
-  fs::path dir_;
-  int calls_ = 0;
-};
+// The fake cluster's pieces (testing/fake_cluster.h).
+using testing::Cluster;
+using testing::finish;
+using testing::read_all;
+using testing::spawn;
+using Result = testing::ClusterResult;
 
 // Output of a shell command run here, in the root namespace.
 std::string shell(const std::string& command) {
@@ -130,18 +54,6 @@ std::string shell(const std::string& command) {
   ::pclose(pipe);
   return out;
 }
-
-// Why these tests cannot run here, or "".
-std::string missing_prerequisite() {
-  if (::geteuid() != 0) return "needs root (network namespaces, bridges, tc)";
-  if (std::system("ip netns list >/dev/null 2>&1") != 0) return "`ip netns` is not available";
-  return "";
-}
-
-#define SKIP_WITHOUT_NAMESPACES()                                     \
-  if (const std::string why = missing_prerequisite(); !why.empty()) { \
-    GTEST_SKIP() << "fake_cluster tests skipped: " << why;            \
-  }
 
 constexpr char kTraining[] = R"(
 [train]
@@ -185,7 +97,7 @@ std::vector<std::string> two_node_launch(int node, const std::string& rdzv, cons
 // connect; the address each node reaches the store from works, and the job
 // computes exactly what one node with two workers does.
 TEST(MultiNodeCluster, TwoNamespaceNodesTrainLikeOneNodeWithoutAnyAddressSet) {
-  SKIP_WITHOUT_NAMESPACES();
+  SKIP_WITHOUT_FAKE_CLUSTER();
   testing::TempDir dir("brigade_cluster");
   Cluster cluster("brgmn", "10.88.1", dir.path());
   const Result up = cluster.script({"up", "2"});
@@ -223,7 +135,7 @@ TEST(MultiNodeCluster, TwoNamespaceNodesTrainLikeOneNodeWithoutAnyAddressSet) {
 // job fails at once, and the error says what this rank advertised and how to
 // choose another address.
 TEST(MultiNodeCluster, UnreachableAddressIsNamedWithHowToChooseAnother) {
-  SKIP_WITHOUT_NAMESPACES();
+  SKIP_WITHOUT_FAKE_CLUSTER();
   testing::TempDir dir("brigade_cluster");
   Cluster cluster("brgmf", "10.88.4", dir.path());
   const Result up = cluster.script({"up", "2"});
@@ -292,7 +204,7 @@ int listen_in(const std::string& netns, const std::string& address, uint16_t por
 // host name that resolves to loopback on this node (Debian's 127.0.1.1 for
 // its own name) gives eth0's address instead.
 TEST(MultiNodeCluster, AdvertisedAddressIsNeverLoopbackWhenPeersAreElsewhere) {
-  SKIP_WITHOUT_NAMESPACES();
+  SKIP_WITHOUT_FAKE_CLUSTER();
   testing::TempDir dir("brigade_cluster");
   Cluster cluster("brgma", "10.88.5", dir.path());
   const Result up = cluster.script({"up", "1"});
@@ -377,7 +289,7 @@ std::map<int64_t, nlohmann::json> bench_all_reduce(Cluster& cluster, const fs::p
 // with each node's transmit counters (headers and ACKs included: at most a
 // few percent more).
 TEST(MultiNodeCluster, HierarchicalAllReduceSendsOnlyTheLeadersCopyAcrossNodes) {
-  SKIP_WITHOUT_NAMESPACES();
+  SKIP_WITHOUT_FAKE_CLUSTER();
   testing::TempDir dir("brigade_cluster");
   Cluster cluster("brgmh", "10.88.6", dir.path());
   const Result up = cluster.script({"up", "2"});
@@ -412,7 +324,7 @@ bool listed(const std::string& listing, const std::string& name) {
 // cannot reach node 1), heal (it can again), down; afterwards no namespace,
 // link, state file or process of the cluster is left.
 TEST(FakeCluster, UpRunCutHealDownLeavesNothingBehind) {
-  SKIP_WITHOUT_NAMESPACES();
+  SKIP_WITHOUT_FAKE_CLUSTER();
   testing::TempDir dir("brigade_cluster");
   Cluster cluster("brgfc", "10.88.2", dir.path());
   const Result up = cluster.script({"up", "2", "--rate", "1gbit"});
@@ -478,7 +390,7 @@ TEST(FakeCluster, UpRunCutHealDownLeavesNothingBehind) {
 // --delay needs netem, which some kernels lack: then up says so and makes
 // nothing; where netem exists the node's link gets the delay.
 TEST(FakeCluster, DelayWorksOrSaysNetemIsMissing) {
-  SKIP_WITHOUT_NAMESPACES();
+  SKIP_WITHOUT_FAKE_CLUSTER();
   testing::TempDir dir("brigade_cluster");
   Cluster cluster("brgfd", "10.88.3", dir.path());
   const Result up = cluster.script({"up", "1", "--delay", "50us"});
