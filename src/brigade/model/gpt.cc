@@ -711,6 +711,8 @@ void Gpt::forward_last_logits(const int32_t* inputs, int64_t b, int64_t t, float
 void init_gpt2_weights(const ParamLayout& layout, int64_t n_layer, uint64_t seed, float* params) {
   const float residual_std = 0.02f / std::sqrt(2.0f * static_cast<float>(n_layer));
   const uint64_t init_key = Philox::key(seed, RngPurpose::kWeightInit);
+  BRIGADE_CHECK(layout.parts().size() == 1, "a layout of {} parts: initialise each part",
+                layout.parts().size());
   const auto& infos = layout.params();
   // A part's tensors draw as the whole model's: by their index there (wte,
   // wpe, then the blocks' tensors in order, then ln_f).

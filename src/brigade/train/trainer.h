@@ -46,6 +46,7 @@
 #include "brigade/ckpt/async_writer.h"
 #include "brigade/core/aligned_buffer.h"
 #include "brigade/model/gpt.h"
+#include "brigade/model/gpt_chunks.h"
 #include "brigade/optim/adamw.h"
 #include "brigade/parallel/grad_buckets.h"
 #include "brigade/parallel/grad_sync.h"
@@ -181,7 +182,7 @@ class Trainer {
   MemoryAccount memory() const;
   // The last step's bucket reductions (empty without data parallelism).
   std::vector<BucketTiming> bucket_timings() const;
-  Gpt& model() { return *model_; }
+  GptChunks& model() { return *model_; }
   const Dataset* dataset() const { return dataset_.get(); }  // null when synthetic
   int64_t tokens_per_step() const { return options_.global_batch() * model_config().block_size; }
 
@@ -224,7 +225,7 @@ class Trainer {
   FloatBuffer params_, grads_;
   int zero_ = 0;  // the ZeRO stage in effect (0 without data parallelism)
   bool buffers_in_shared_memory_ = false;
-  std::unique_ptr<Gpt> model_;
+  std::unique_ptr<GptChunks> model_;  // this stage's chunks (one but under interleaving)
   std::unique_ptr<AdamW> optimizer_;
   std::unique_ptr<GradSync> grad_sync_;
   std::unique_ptr<ShardedParams> sharded_params_;  // ZeRO 3
