@@ -179,6 +179,15 @@ void train_forked(const Layout& layout, int64_t grad_accum, const fs::path& dir,
     GptConfig model = model_config(layout.n_layer);
     model.recompute = layout.recompute;
     Trainer trainer(model, options, groups.view());
+    if (layout.virtual_stages == 1) {
+      // The memory report counts a workspace per micro-batch the schedule
+      // keeps alive on this stage, as the simulator finds it.
+      const int64_t slots = live_microbatches(layout, grad_accum, trainer.pp_stage());
+      const int64_t one = trainer.model().activation_bytes(kMicroBatch, model.block_size);
+      testing::require(trainer.memory().activations == slots * one,
+                       "stage {} reports {} bytes of activations, not {} slots of {}",
+                       trainer.pp_stage(), trainer.memory().activations, slots, one);
+    }
     std::ofstream losses;
     if (rank == 0) losses.open(dir / "losses.txt");
     while (trainer.step() < until) {

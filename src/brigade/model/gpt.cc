@@ -531,7 +531,14 @@ float Gpt::part_forward(int64_t slot, const int32_t* inputs, const float* resid_
   forward_trunk(inputs, resid_in, b, t);
   if (layout_.has_embeddings()) ws_->tokens.assign(inputs, inputs + n);
   float loss = 0.0f;
-  if (layout_.has_head()) {
+  if (layout_.has_head() && loss_scale == 0.0f) {
+    // Evaluation: every gradient would be zero, so the loss alone.
+    acquire(wte_range());
+    cpu::lm_head_loss(lm_head_args(gather_rows(ws_->lnf, n), targets, n));
+    release(wte_range());
+    end_forward_only();
+    loss = mean_loss(n);
+  } else if (layout_.has_head()) {
     head_loss_backward(targets, loss_scale);
     loss = mean_loss(n);
   } else {

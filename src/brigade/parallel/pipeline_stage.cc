@@ -228,6 +228,17 @@ PipelineStage::~PipelineStage() {
   settle(receives_);
 }
 
+std::vector<int64_t> PipelineStage::slots_per_chunk() const {
+  const auto chunks = static_cast<size_t>(model_.size());
+  std::vector<int64_t> live(chunks, 0), peak(chunks, 0);
+  for (const Instruction& in : list_) {
+    const auto c = static_cast<size_t>(in.chunk);
+    if (in.op == Op::kForward) peak[c] = std::max(peak[c], ++live[c]);
+    if (in.op == Op::kBackward || in.op == Op::kBackwardWeight) --live[c];
+  }
+  return peak;
+}
+
 void PipelineStage::post_receives(size_t until, int64_t elements) {
   for (; posted_ < std::min(until, list_.size()); ++posted_) {
     const Instruction& in = list_[posted_];
@@ -380,7 +391,7 @@ double PipelineStage::forward_loss(const int32_t* inputs, const int32_t* targets
     const int64_t vs = virtual_stage(c);
     const int prev = (stage_ + stages() - 1) % stages(), next = (stage_ + 1) % stages();
     if (!model_first(c)) group_->recv(in.data(), elements, DType::kF32, prev, eval_tag(vs))->wait();
-    // A zero loss scale: the head's gradient is zero, so nothing accumulates.
+    // A zero loss scale: the head computes the loss only (no gradient).
     loss += model_.chunk(c).part_forward(0, inputs, model_first(c) ? nullptr : in.data(), targets,
                                          0.0f, model_last(c) ? nullptr : out.data(), b, t);
     if (!model_last(c)) {

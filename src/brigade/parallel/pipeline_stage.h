@@ -84,6 +84,10 @@ class PipelineStage {
   bool first() const { return stage_ == 0; }
   bool last() const { return stage_ + 1 == shape_.stages; }
 
+  // The activation slots each chunk's model allocates in a step (the most
+  // of its micro-batches alive at once; each slot is a whole workspace).
+  std::vector<int64_t> slots_per_chunk() const;
+
   // Fills the token buffers passed to run() with micro-batch `mb`'s inputs
   // and targets.
   using Fill = std::function<void(int64_t mb)>;

@@ -442,7 +442,14 @@ MemoryAccount Trainer::memory() const {
   // saving is what the rank keeps after the reduce-scatter.
   account.grads = zero_ >= 2 ? grads_.bytes() / dp_size() : grads_.bytes();
   account.optimizer = 2 * optimizer_->size() * static_cast<int64_t>(sizeof(float));
-  account.activations = model_->activation_bytes(options_.micro_batch, model_config().block_size);
+  // Each chunk keeps a workspace per micro-batch its schedule has alive at
+  // once (1F1B up to p on the first stage, GPipe all of them).
+  const std::vector<int64_t> slots = stage_->slots_per_chunk();
+  for (int64_t c = 0; c < model_->size(); ++c) {
+    account.activations +=
+        slots[static_cast<size_t>(c)] *
+        model_->chunk(c).activation_bytes(options_.micro_batch, model_config().block_size);
+  }
   return account;
 }
 

@@ -92,7 +92,7 @@ struct MemoryAccount {
   int64_t params = 0;
   int64_t grads = 0;
   int64_t optimizer = 0;
-  int64_t activations = 0;  // estimate for one micro-batch
+  int64_t activations = 0;  // estimate, for the micro-batches the schedule keeps alive at once
 };
 
 // The process groups of one rank of a dp x tp mesh (parallel/mesh.h), each
