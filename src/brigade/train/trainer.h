@@ -25,7 +25,8 @@
 // With pipeline parallelism (options.parallel.pp stages, parallel/
 // pipeline_stage.h) the trainer holds its stage's blocks only (the
 // embeddings on the first stage, ln_f and the head on the last, the tied
-// wte on both) and runs the stage's schedule; losses, the gradient norm and
+// wte on both; under the interleaved schedule v chunks of them,
+// model/gpt_chunks.h) and runs the stage's schedule; losses, the gradient norm and
 // evaluation combine over the pipeline group. The data-parallel group is
 // then the ranks with the same stage and tp rank.
 //
