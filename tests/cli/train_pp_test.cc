@@ -2,7 +2,8 @@
 // end: the real binary runs a tp 2 x pp 2 mesh, prints it and the
 // schedule's theoretical bubble, writes each stage's measured bubble to
 // metrics.jsonl, and saves a global checkpoint that one process resumes and
-// saves again with the same `ckpt hash`. Pipeline shapes that cannot run
+// saves again with the same `ckpt hash`; the same for interleaved 1F1B
+// over 2 stages of 2 chunks. Pipeline shapes that cannot run
 // are refused by the launcher with one line naming the numbers and the fix,
 // before any worker starts.
 #include <gtest/gtest.h>
@@ -86,6 +87,56 @@ TEST(TrainPipelineParallel, Tp2Pp2TrainsReportsAndSavesAGlobalCheckpoint) {
   EXPECT_EQ(trimmed(hash.out).size(), 16u) << hash.out;
 }
 
+// Interleaved 1F1B (4 blocks, 2 stages x 2 chunks): the start line names
+// each stage's chunks and a theoretical bubble below 1F1B's for the same
+// stages and micro-batches, every stage's measured bubble is in
+// metrics.jsonl, and one process resumes the checkpoint with the same hash.
+TEST(TrainPipelineParallel, InterleavedTrainsReportsAndSavesAGlobalCheckpoint) {
+  testing::TempDir dir("brigade_train_pp");
+  const fs::path run = dir.path() / "run";
+  const fs::path config = write_config(dir.path());
+  const std::vector<std::string> four_blocks = {"--set", "model.n_layer=4"};
+  std::vector<std::string> args = {"train", "--nproc",
+                                   "2",     config.string(),
+                                   "--set", "parallel.pp=2",
+                                   "--set", "parallel.schedule=\"interleaved\"",
+                                   "--set", "parallel.virtual_stages=2",
+                                   "--set", "train.run_dir=\"" + run.string() + "\""};
+  args.insert(args.end(), four_blocks.begin(), four_blocks.end());
+  const auto result = run_brigade(args);
+  ASSERT_EQ(result.status, 0) << result.err;
+  const std::string start =
+      "pipeline: interleaved over 2 stages (blocks [0, 1)+[2, 3) [1, 2)+[3, 4)), 2 "
+      "micro-batches; theoretical bubble ";
+  const size_t at = result.err.find(start);
+  ASSERT_NE(at, std::string::npos) << result.err;
+  // 1F1B, 2 stages, 2 micro-batches: (p-1)/(m+p-1) = 33.3% of the step.
+  EXPECT_LT(std::stod(result.err.substr(at + start.size())), 33.3) << result.err;
+  std::ifstream metrics(run / "metrics.jsonl");
+  int steps = 0;
+  for (std::string line; std::getline(metrics, line);) {
+    const auto row = nlohmann::json::parse(line);
+    if (!row.contains("loss")) continue;
+    ++steps;
+    const auto bubbles = row.at("bubble_ms_per_stage").get<std::vector<double>>();
+    ASSERT_EQ(bubbles.size(), 2u) << line;
+    for (const double b : bubbles) EXPECT_GT(b, 0.0) << line;
+  }
+  EXPECT_EQ(steps, 4);
+  const auto hash = run_brigade({"ckpt", "hash", run.string()});
+  ASSERT_EQ(hash.status, 0) << hash.err;
+  const fs::path again = dir.path() / "again";
+  std::vector<std::string> resume = {
+      "train", config.string(), "--resume", run.string(),
+      "--set", "train.steps=4", "--set",    "train.run_dir=\"" + again.string() + "\""};
+  resume.insert(resume.end(), four_blocks.begin(), four_blocks.end());
+  const auto resumed = run_brigade(resume);
+  ASSERT_EQ(resumed.status, 0) << resumed.err;
+  const auto rehash = run_brigade({"ckpt", "hash", again.string()});
+  EXPECT_EQ(trimmed(rehash.out), trimmed(hash.out));
+  EXPECT_EQ(trimmed(hash.out).size(), 16u) << hash.out;
+}
+
 // Refused by the launcher itself: one line, and no worker ever ran.
 void expect_refused(const std::vector<std::string>& sets, int nproc, const std::string& message) {
   testing::TempDir dir("brigade_train_pp");
@@ -118,6 +169,19 @@ TEST(TrainPipelineParallel, ShapesThatCannotRunAreRefusedBeforeStarting) {
                  "--nproc 3 is not a multiple of parallel.tp = 1 times "
                  "parallel.pp = 2");
   expect_refused({"parallel.pp=2", "parallel.zero=3"}, 4, "ZeRO 3 does not run with pipeline");
+  const std::string interleaved = "parallel.schedule=\"interleaved\"";
+  expect_refused({"parallel.pp=2", interleaved, "parallel.virtual_stages=2"}, 2,
+                 "n_layer = 2 is not a multiple of 4");
+  expect_refused({"model.n_layer=4", "parallel.pp=2", interleaved, "parallel.virtual_stages=2",
+                  "parallel.stage_layers=[2, 2]"},
+                 2, "parallel.stage_layers is given, but the interleaved schedule");
+  expect_refused({"model.n_layer=4", "parallel.pp=2", interleaved, "parallel.virtual_stages=2",
+                  "train.grad_accum=3"},
+                 2, "train.grad_accum = 3 micro-batches is not a multiple of parallel.pp = 2");
+  expect_refused({"parallel.pp=2", interleaved, "parallel.virtual_stages=0"}, 2,
+                 "parallel.virtual_stages = 0: it must be at least 1");
+  expect_refused({interleaved, "parallel.virtual_stages=2"}, 1,
+                 "parallel.schedule = \"interleaved\" needs parallel.pp >= 2 stages, got 1");
 }
 
 }  // namespace

@@ -1,6 +1,6 @@
 // Pipeline parallelism against a single process: forked ranks over the shm
 // backend, grouped as parallel/mesh.h says (stages outermost), running
-// GPipe, 1F1B or ZB-H1 on one global batch must give the single process's loss at
+// GPipe, 1F1B, ZB-H1 or interleaved 1F1B on one global batch must give the single process's loss at
 // every step and, through the checkpoint they save (loaded whole by one
 // process), its parameters. Checkpoints are global: one saved at pp 2
 // continues at pp 1 and one saved at pp 1 at pp 2 as the uninterrupted run
@@ -43,17 +43,18 @@ constexpr int64_t kMicroBatch = 2;
 constexpr int64_t kGradAccum = 4;
 
 // Five blocks: the balanced split of two stages is uneven, and four stages
-// get one or two each.
-GptConfig model_config() {
+// get one or two each. (Four for the interleaved schedule: 2 stages x 2 chunks.)
+GptConfig model_config(int64_t n_layer = 5) {
   Config c = Config::from_string(R"(
     [model]
-    n_layer = 5
     n_head = 2
     n_embd = 24
     block_size = 16
     vocab_size = 67
   )");
-  return GptConfig::from_config(c);
+  GptConfig model = GptConfig::from_config(c);
+  model.n_layer = n_layer;
+  return model;
 }
 
 struct Layout {
@@ -62,10 +63,13 @@ struct Layout {
   std::vector<int64_t> stage_layers = {};
   bool sequence_parallel = false;
   Recompute recompute = Recompute::kNone;
+  int64_t virtual_stages = 1;
+  int64_t n_layer = 5;
   std::string name() const {
-    return fmt::format("dp{}_tp{}_pp{}_zero{}_{}{}{}", dp, tp, pp, zero, schedule,
+    return fmt::format("dp{}_tp{}_pp{}_zero{}_{}{}{}_v{}_l{}", dp, tp, pp, zero, schedule,
                        sequence_parallel ? "_sp" : "",
-                       recompute == Recompute::kSelective ? "_selective" : "");
+                       recompute == Recompute::kSelective ? "_selective" : "", virtual_stages,
+                       n_layer);
   }
 };
 
@@ -87,6 +91,7 @@ TrainOptions options_for(const Layout& layout, int64_t grad_accum, const fs::pat
   o.parallel.tp = layout.tp;
   o.parallel.pp = layout.pp;
   o.parallel.schedule = layout.schedule;
+  o.parallel.virtual_stages = layout.virtual_stages;
   o.parallel.stage_layers = layout.stage_layers;
   o.parallel.sequence_parallel = layout.sequence_parallel;
   o.parallel.zero = layout.zero;
@@ -98,9 +103,9 @@ struct GlobalState {
   std::vector<float> kinds[3];  // parameters, exp_avg, exp_avg_sq
 };
 
-GlobalState read_checkpoint(const fs::path& step_dir) {
+GlobalState read_checkpoint(const fs::path& step_dir, int64_t n_layer) {
   const ResolvedCheckpoint checkpoint = resolve_checkpoint(step_dir);
-  const GptConfig model = model_config();
+  const GptConfig model = model_config(n_layer);
   const int64_t size = ParamLayout(model).size();
   GlobalState state;
   const StateKind kinds[] = {StateKind::kParams, StateKind::kExpAvg, StateKind::kExpAvgSq};
@@ -153,6 +158,7 @@ int64_t live_microbatches(const Layout& layout, int64_t grad_accum, int stage) {
   shape.kind = schedule::parse_kind(layout.schedule);
   shape.stages = layout.pp;
   shape.microbatches = grad_accum;
+  shape.virtual_stages = layout.virtual_stages;
   const schedule::Simulation sim =
       schedule::simulate(schedule::all_stage_instructions(shape), schedule::Costs{}, false);
   return sim.stages[static_cast<size_t>(stage)].peak_live;
@@ -170,9 +176,18 @@ void train_forked(const Layout& layout, int64_t grad_accum, const fs::path& dir,
     const Groups groups = join(layout, rank, prefix, 20000);
     TrainOptions options = options_for(layout, grad_accum, dir / "run");
     options.resume = resume.string();
-    GptConfig model = model_config();
+    GptConfig model = model_config(layout.n_layer);
     model.recompute = layout.recompute;
     Trainer trainer(model, options, groups.view());
+    if (layout.virtual_stages == 1) {
+      // The memory report counts a workspace per micro-batch the schedule
+      // keeps alive on this stage, as the simulator finds it.
+      const int64_t slots = live_microbatches(layout, grad_accum, trainer.pp_stage());
+      const int64_t one = trainer.model().activation_bytes(kMicroBatch, model.block_size);
+      testing::require(trainer.memory().activations == slots * one,
+                       "stage {} reports {} bytes of activations, not {} slots of {}",
+                       trainer.pp_stage(), trainer.memory().activations, slots, one);
+    }
     std::ofstream losses;
     if (rank == 0) losses.open(dir / "losses.txt");
     while (trainer.step() < until) {
@@ -210,7 +225,7 @@ fs::path checkpoint_of(const fs::path& dir, int step) {
 }
 
 void expect_same_training(const fs::path& reference, const fs::path& run, int step,
-                          const std::string& what) {
+                          const std::string& what, int64_t n_layer = 5) {
   const auto want = read_losses(reference);
   const auto got = read_losses(run);
   ASSERT_FALSE(got.empty()) << what << ": no losses";
@@ -220,8 +235,8 @@ void expect_same_training(const fs::path& reference, const fs::path& run, int st
     EXPECT_LE(std::abs(loss - expected), 1e-5 * std::abs(expected))
         << what << ": step " << s << " loss " << loss << " vs " << expected;
   }
-  const GlobalState a = read_checkpoint(checkpoint_of(reference, step));
-  const GlobalState b = read_checkpoint(checkpoint_of(run, step));
+  const GlobalState a = read_checkpoint(checkpoint_of(reference, step), n_layer);
+  const GlobalState b = read_checkpoint(checkpoint_of(run, step), n_layer);
   float largest = 0, worst = 0;
   for (const float p : a.kinds[0]) largest = std::max(largest, std::abs(p));
   for (size_t i = 0; i < a.kinds[0].size(); ++i) {
@@ -233,11 +248,11 @@ void expect_same_training(const fs::path& reference, const fs::path& run, int st
 class PipelineParallelTraining : public ::testing::Test {
  protected:
   // One process running every micro-batch of each global batch of `dp` ranks.
-  fs::path reference(int dp, int until = kSteps) {
-    const fs::path dir = temp_.path() / fmt::format("reference_dp{}_{}", dp, until);
+  fs::path reference(int dp, int until = kSteps, int64_t n_layer = 5) {
+    const fs::path dir = temp_.path() / fmt::format("reference_dp{}_{}_l{}", dp, until, n_layer);
     if (!fs::exists(dir / "losses.txt")) {
       fs::create_directories(dir);
-      train_forked({}, kGradAccum * dp, dir, until);
+      train_forked({.n_layer = n_layer}, kGradAccum * dp, dir, until);
     }
     return dir;
   }
@@ -290,6 +305,34 @@ TEST_F(PipelineParallelTraining, Dp2Tp2Pp2MatchesOneProcess) {
   expect_same_training(reference(2), run(layout), kSteps, layout.name());
 }
 
+// Megatron's interleaving: 2 stages of 2 chunks of one block each (stage 0
+// holds blocks 0 and 2, stage 1 blocks 1 and 3; the stream goes round the
+// stages twice). Also continued from one process's half-way checkpoint.
+TEST_F(PipelineParallelTraining, Pp2InterleavedMatchesOneProcess) {
+  constexpr int kHalf = kSteps / 2;
+  const Layout layout{.pp = 2, .schedule = "interleaved", .virtual_stages = 2, .n_layer = 4};
+  expect_same_training(reference(1, kSteps, 4), run(layout), kSteps, layout.name(), 4);
+  const fs::path from_pp1 =
+      run(layout, kSteps, checkpoint_of(reference(1, kHalf, 4), kHalf), "_from_pp1");
+  expect_same_training(reference(1, kSteps, 4), from_pp1, kSteps, "pp 1 continued interleaved", 4);
+}
+
+// dp 2 x pp 2 interleaved with ZeRO 2 (the last stage's tied wte lies after
+// its first chunk in the buffer, so every bucket below it waits for the tied
+// sum before it is reduced and its unowned part released), saved half-way
+// and continued at pp 1.
+TEST_F(PipelineParallelTraining, Dp2Pp2InterleavedWithZero2MatchesOneProcessAndContinuesAtPp1) {
+  constexpr int kHalf = kSteps / 2;
+  const Layout layout{
+      .dp = 2, .pp = 2, .zero = 2, .schedule = "interleaved", .virtual_stages = 2, .n_layer = 4};
+  const fs::path saved = run(layout, kHalf, {}, "_saved");
+  expect_same_training(reference(2, kHalf, 4), saved, kHalf, layout.name(), 4);
+  const fs::path dir = temp_.path() / "pp1_from_interleaved";
+  fs::create_directories(dir);
+  train_forked({.n_layer = 4}, 2 * kGradAccum, dir, kSteps, checkpoint_of(saved, kHalf));
+  expect_same_training(reference(2, kSteps, 4), dir, kSteps, "interleaved continued at pp 1", 4);
+}
+
 // tp 2 x pp 2 with everything tp brings: the vocabulary-parallel wte (67
 // rows, padded to 68) on both ends of the pipeline, sequence parallelism
 // (the streams between the stages are each rank's rows), and selective
@@ -328,8 +371,8 @@ TEST_F(PipelineParallelTraining, CheckpointsMoveBetweenPp2AndPp1) {
   // Loaded at pp 1 and saved again at once: bit for bit what pp 2 saved
   // (wte once, from the first stage).
   const fs::path again = run(Layout{}, kHalf, checkpoint_of(saved, kHalf), "_resaved");
-  const GlobalState a = read_checkpoint(checkpoint_of(saved, kHalf));
-  const GlobalState b = read_checkpoint(checkpoint_of(again, kHalf));
+  const GlobalState a = read_checkpoint(checkpoint_of(saved, kHalf), 5);
+  const GlobalState b = read_checkpoint(checkpoint_of(again, kHalf), 5);
   for (int k = 0; k < 3; ++k) {
     ASSERT_EQ(a.kinds[k].size(), b.kinds[k].size());
     for (size_t i = 0; i < a.kinds[k].size(); ++i) {
@@ -387,7 +430,7 @@ TEST_F(PipelineParallelTraining, AFailedStepKeepsPostedReceivesUntilTheyComplete
       const ParamLayout part_layout(model, 0, 1, range);
       std::vector<float> params(static_cast<size_t>(part_layout.size()));
       std::vector<float> grads(params.size());
-      Gpt part(model, params.data(), grads.data(), nullptr, range);
+      GptChunks part(model, params.data(), grads.data(), nullptr, {range});
       const schedule::Shape shape{.kind = schedule::Kind::kGpipe, .stages = 2, .microbatches = 4};
       std::vector<int32_t> tokens(static_cast<size_t>(kMicroBatch * model.block_size), 0);
       {
@@ -425,9 +468,9 @@ TEST_F(PipelineParallelTraining, AFailedStepKeepsPostedReceivesUntilTheyComplete
 
 // Validation through the pipeline (every stage runs the windows; the last
 // computes the loss and every stage returns it) equals one process's, after
-// a step of training.
+// a step of training; interleaved, the windows go round the stages twice.
 TEST_F(PipelineParallelTraining, EvaluationThroughThePipelineMatchesOneProcess) {
-  GptConfig model = model_config();
+  GptConfig model = model_config(4);
   model.vocab_size = 256;  // the byte tokenizer's
   const fs::path data = temp_.path() / "data";
   const auto evaluate = [&](const Layout& layout, const std::string& name) {
@@ -450,6 +493,7 @@ TEST_F(PipelineParallelTraining, EvaluationThroughThePipelineMatchesOneProcess) 
   };
   evaluate({}, "one");  // prepares the data first
   evaluate({.pp = 2}, "pp2");
+  evaluate({.pp = 2, .schedule = "interleaved", .virtual_stages = 2}, "interleaved");
   const auto read = [&](const std::string& file) {
     double v = 0;
     std::ifstream(temp_.path() / file) >> v;
@@ -457,7 +501,8 @@ TEST_F(PipelineParallelTraining, EvaluationThroughThePipelineMatchesOneProcess) 
   };
   const double want = read("one_rank0.txt");
   EXPECT_GT(want, 0.0);
-  for (const char* file : {"pp2_rank0.txt", "pp2_rank1.txt"}) {
+  for (const char* file :
+       {"pp2_rank0.txt", "pp2_rank1.txt", "interleaved_rank0.txt", "interleaved_rank1.txt"}) {
     EXPECT_NEAR(read(file), want, 1e-5 * want) << file;
   }
 }
@@ -465,7 +510,7 @@ TEST_F(PipelineParallelTraining, EvaluationThroughThePipelineMatchesOneProcess) 
 TEST(PipelineParallelTrainer, RefusesBadShapesWithTheFix) {
   const auto message = [](const Layout& layout, int64_t grad_accum) -> std::string {
     try {
-      Trainer trainer(model_config(), options_for(layout, grad_accum, "unused"));
+      Trainer trainer(model_config(layout.n_layer), options_for(layout, grad_accum, "unused"));
     } catch (const Error& e) {
       return e.what();
     }
@@ -476,8 +521,37 @@ TEST(PipelineParallelTrainer, RefusesBadShapesWithTheFix) {
   EXPECT_NE(message({.pp = 2, .stage_layers = {2, 2}}, 4).find("summing to n_layer = 5"),
             std::string::npos);
   EXPECT_NE(message({.pp = 4}, 2).find("set train.grad_accum >= 4"), std::string::npos);
-  EXPECT_NE(message({.pp = 2, .schedule = "interleaved"}, 4).find("not executed yet"),
+  // Interleaved: p*v equal chunks, Megatron's multiple of p micro-batches.
+  const auto interleaved = [&](int64_t v, int64_t n_layer, int64_t grad_accum,
+                               std::vector<int64_t> stage_layers = {}) {
+    return message({.pp = 2,
+                    .schedule = "interleaved",
+                    .stage_layers = std::move(stage_layers),
+                    .virtual_stages = v,
+                    .n_layer = n_layer},
+                   grad_accum);
+  };
+  EXPECT_NE(interleaved(2, 5, 4).find("* 2 = 4 equal chunks, but n_layer = 5 is not a multiple of "
+                                      "4"),
+            std::string::npos)
+      << interleaved(2, 5, 4);
+  EXPECT_NE(interleaved(2, 4, 4, {2, 2})
+                .find("parallel.stage_layers is given, but the "
+                      "interleaved schedule cuts"),
             std::string::npos);
+  EXPECT_NE(interleaved(2, 4, 3).find("train.grad_accum = 3 micro-batches is not a multiple of "
+                                      "parallel.pp = 2: the interleaved schedule sends them round "
+                                      "in groups of pp (Megatron's rule); set train.grad_accum to "
+                                      "2 or 4"),
+            std::string::npos)
+      << interleaved(2, 4, 3);
+  EXPECT_NE(interleaved(0, 4, 4).find("parallel.virtual_stages = 0: it must be at least 1"),
+            std::string::npos);
+  EXPECT_NE(interleaved(1, 4, 4).find("needs parallel.virtual_stages >= 2"), std::string::npos);
+  EXPECT_NE(message({.pp = 2, .virtual_stages = 2, .n_layer = 4}, 4)
+                .find("parallel.virtual_stages = 2 needs parallel.schedule = \"interleaved\""),
+            std::string::npos);
+  EXPECT_EQ(interleaved(2, 4, 4).find("interleaved"), std::string::npos) << "refused a good shape";
 }
 
 }  // namespace

@@ -47,10 +47,10 @@ class AsyncCheckpointWriter {
     GptConfig config;
     int tp_rank = 0;  // the pieces are ranges of ParamLayout(config, tp_rank, tp_size)
     int tp_size = 1;
-    LayerRange layers;        // and of this pipeline stage's blocks
-    CheckpointHeader header;  // used by rank 0
-    int64_t keep = 0;         // rank 0 prunes to this many after committing (0: keep all)
-    ShardWriting writing;     // an in-memory snapshot's: recycled, no checksums
+    std::vector<LayerRange> layers;  // and of this pipeline stage's chunks (empty: all blocks)
+    CheckpointHeader header;         // used by rank 0
+    int64_t keep = 0;                // rank 0 prunes to this many after committing (0: keep all)
+    ShardWriting writing;            // an in-memory snapshot's: recycled, no checksums
     // Unstaged: the background thread reads the pieces where they are, with
     // no staging copy, and the caller leaves them unchanged until
     // wait_until_written() returns. What lets an in-memory snapshot of step

@@ -169,9 +169,13 @@ class RunReport {
       const schedule::Simulation sim =
           schedule::simulate(schedule::all_stage_instructions(shape), schedule::Costs{}, false);
       std::string stages;
-      for (const LayerRange& r :
-           split_stages(model, trainer.pp_size(), options.parallel.stage_layers)) {
-        stages += fmt::format("{}[{}, {})", stages.empty() ? "" : " ", r.begin, r.end);
+      for (const std::vector<LayerRange>& chunks :
+           stage_chunks(model, shape, options.parallel.stage_layers)) {
+        std::string ranges;
+        for (const LayerRange& r : chunks) {
+          ranges += fmt::format("{}[{}, {})", ranges.empty() ? "" : "+", r.begin, r.end);
+        }
+        stages += (stages.empty() ? "" : " ") + ranges;
       }
       std::fprintf(stderr,
                    "  pipeline: %s over %d stages (blocks %s), %lld micro-batches; theoretical "
@@ -300,7 +304,7 @@ bool launched_worker() {
     model.validate_tensor_parallel(tp_only);
     Config copy = config;
     const TrainOptions options = TrainOptions::from_config(copy);  // the schedule's checks
-    split_stages(model, pp, options.parallel.stage_layers);
+    stage_chunks(model, options.pipeline_shape(), options.parallel.stage_layers);
   }
   if (config.get_bool("parallel.sequence_parallel", false)) {
     GptConfig::from_config(config).validate_sequence_parallel(tp_only);
@@ -417,7 +421,7 @@ void run_train(const std::string& config_path, const std::vector<std::string>& o
   // Checked before connecting or allocating anything.
   model.validate_tensor_parallel(options.parallel.tp);
   if (options.parallel.sequence_parallel) model.validate_sequence_parallel(options.parallel.tp);
-  split_stages(model, options.parallel.pp, options.parallel.stage_layers);
+  stage_chunks(model, options.pipeline_shape(), options.parallel.stage_layers);
   const JoinedGroups groups = join_groups(model, options);
   Communicator* const group = groups.world.get();
   // Ranks agree on when to stop, or one would wait for the others forever,

@@ -531,7 +531,14 @@ float Gpt::part_forward(int64_t slot, const int32_t* inputs, const float* resid_
   forward_trunk(inputs, resid_in, b, t);
   if (layout_.has_embeddings()) ws_->tokens.assign(inputs, inputs + n);
   float loss = 0.0f;
-  if (layout_.has_head()) {
+  if (layout_.has_head() && loss_scale == 0.0f) {
+    // Evaluation: every gradient would be zero, so the loss alone.
+    acquire(wte_range());
+    cpu::lm_head_loss(lm_head_args(gather_rows(ws_->lnf, n), targets, n));
+    release(wte_range());
+    end_forward_only();
+    loss = mean_loss(n);
+  } else if (layout_.has_head()) {
     head_loss_backward(targets, loss_scale);
     loss = mean_loss(n);
   } else {
@@ -711,6 +718,8 @@ void Gpt::forward_last_logits(const int32_t* inputs, int64_t b, int64_t t, float
 void init_gpt2_weights(const ParamLayout& layout, int64_t n_layer, uint64_t seed, float* params) {
   const float residual_std = 0.02f / std::sqrt(2.0f * static_cast<float>(n_layer));
   const uint64_t init_key = Philox::key(seed, RngPurpose::kWeightInit);
+  BRIGADE_CHECK(layout.parts().size() == 1, "a layout of {} parts: initialise each part",
+                layout.parts().size());
   const auto& infos = layout.params();
   // A part's tensors draw as the whole model's: by their index there (wte,
   // wpe, then the blocks' tensors in order, then ln_f).

@@ -91,6 +91,7 @@ class Gpt {
   // writes dL/d(input stream) to dresid_in (unused with the embeddings),
   // adding the parameters' gradients to grads. The whole model is the part
   // with both ends, and forward then backward of one slot is forward_backward.
+  // A zero loss_scale (evaluation) computes the head's loss only: no backward follows.
   // Under sequence parallelism the streams are this tp rank's N/tp rows.
   float part_forward(int64_t slot, const int32_t* inputs, const float* resid_in,
                      const int32_t* targets, float loss_scale, float* resid_out, int64_t b,

@@ -86,6 +86,51 @@ ParamLayout::ParamLayout(const GptConfig& cfg, int tp_rank, int tp_size, LayerRa
     ln_f_w_ = add("ln_f.weight", {c}, ParamKind::kNorm);
     ln_f_b_ = add("ln_f.bias", {c}, ParamKind::kNorm);
   }
+  parts_ = {{first_layer_, end_layer_}};
+  part_offsets_ = {0};
+}
+
+ParamLayout::ParamLayout(const GptConfig& cfg, int tp_rank, int tp_size,
+                         const std::vector<LayerRange>& parts)
+    : ParamLayout(cfg, tp_rank, tp_size, parts.empty() ? LayerRange{} : parts.front()) {
+  for (size_t k = 1; k < parts.size(); ++k) {
+    const ParamLayout part(cfg, tp_rank, tp_size, parts[k]);
+    BRIGADE_CHECK(part.first_layer_ >= end_layer_, "layer ranges must ascend: [{}, {}) after {}",
+                  part.first_layer_, part.end_layer_, end_layer_);
+    // Every tensor's size is rounded to the alignment, so the base is aligned.
+    const int64_t base = size_;
+    for (ParamInfo info : part.params_) {
+      info.offset += base;
+      params_.push_back(std::move(info));
+    }
+    const auto shifted = [base](int64_t offset) { return offset < 0 ? offset : offset + base; };
+    if (wte_ < 0 && part.wte_ >= 0) {
+      wte_ = shifted(part.wte_);
+      vocab_rows_ = part.vocab_rows_;
+      vocab_begin_ = part.vocab_begin_;
+      vocab_valid_ = part.vocab_valid_;
+    }
+    if (part.ln_f_w_ >= 0) {
+      ln_f_w_ = shifted(part.ln_f_w_);
+      ln_f_b_ = shifted(part.ln_f_b_);
+    }
+    // Blocks between the parts are not here: their offsets stay -1.
+    blocks_.resize(static_cast<size_t>(part.first_layer_ - first_layer_),
+                   BlockOffsets{-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1});
+    for (BlockOffsets b : part.blocks_) {
+      for (int64_t* o :
+           {&b.ln_1_w, &b.ln_1_b, &b.c_attn_w, &b.c_attn_b, &b.attn_proj_w, &b.attn_proj_b,
+            &b.ln_2_w, &b.ln_2_b, &b.c_fc_w, &b.c_fc_b, &b.mlp_proj_w, &b.mlp_proj_b}) {
+        *o = shifted(*o);
+      }
+      blocks_.push_back(b);
+    }
+    end_layer_ = part.end_layer_;
+    size_ += part.size_;
+    num_params_ += part.num_params_;
+    parts_.push_back({part.first_layer_, part.end_layer_});
+    part_offsets_.push_back(base);
+  }
 }
 
 int64_t ParamInfo::run_extent(size_t part) const {
@@ -109,11 +154,18 @@ void for_each_shared_run(const ParamLayout& local_layout, const ParamLayout& glo
                          Copy&& copy) {
   BRIGADE_CHECK(global_layout.tp_size() == 1 && global_layout.whole(),
                 "local_to_global/global_to_local need a rank's layout and the whole model's");
-  // A part's tensors are a run of the whole model's, in the same order.
+  // A part's tensors are a run of the whole model's, in the same order;
+  // in a layout of several parts the search wraps (the last stage's tied
+  // wte follows its first part's blocks).
+  const auto& all = global_layout.params();
   size_t k = 0;
   for (const ParamInfo& l : local_layout.params()) {
-    while (k < global_layout.params().size() && global_layout.params()[k].name != l.name) ++k;
-    BRIGADE_CHECK(k < global_layout.params().size(), "{} is not in the whole model", l.name);
+    size_t found = all.size();
+    for (size_t i = 0; i < all.size() && found == all.size(); ++i) {
+      if (all[(k + i) % all.size()].name == l.name) found = (k + i) % all.size();
+    }
+    BRIGADE_CHECK(found < all.size(), "{} is not in the whole model", l.name);
+    k = found;
     const int64_t g = global_layout.params()[k].offset;
     l.for_each_run([&](int64_t local, int64_t global, int64_t count) {
       copy(l.offset + local, g + global, count);

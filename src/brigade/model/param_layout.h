@@ -100,6 +100,13 @@ class ParamLayout {
   // tp_size does not divide the heads, n_embd and 4 * n_embd.
   explicit ParamLayout(const GptConfig& config, int tp_rank = 0, int tp_size = 1,
                        LayerRange layers = {});
+  // Several parts in one buffer, one after another (the model chunks of an
+  // interleaved pipeline stage): part k's tensors are those of
+  // ParamLayout(config, tp_rank, tp_size, parts[k]), moved up by
+  // part_offset(k). The parts are disjoint and in ascending order; block()
+  // answers for the blocks they hold, wte() is the first part's that has it.
+  ParamLayout(const GptConfig& config, int tp_rank, int tp_size,
+              const std::vector<LayerRange>& parts);
 
   const std::vector<ParamInfo>& params() const { return params_; }
   // Total floats in the flat buffer (each tensor starts 64-byte aligned;
@@ -117,11 +124,14 @@ class ParamLayout {
   int64_t end_layer() const { return end_layer_; }
   bool has_embeddings() const { return first_layer_ == 0; }
   bool has_head() const { return end_layer_ == n_layer_; }
-  bool whole() const { return has_embeddings() && has_head(); }
+  bool whole() const { return has_embeddings() && has_head() && parts_.size() == 1; }
   int64_t ln_f_w() const { return ln_f_w_; }
   int64_t ln_f_b() const { return ln_f_b_; }
   int tp_rank() const { return tp_rank_; }
   int tp_size() const { return tp_size_; }
+  // The parts (one unless built from several) and where each starts.
+  const std::vector<LayerRange>& parts() const { return parts_; }
+  int64_t part_offset(size_t k) const { return part_offsets_[k]; }
   // This rank's rows of wte: global token ids [vocab_begin, vocab_begin +
   // vocab_valid) are local rows [0, vocab_valid); rows [vocab_valid,
   // vocab_rows) are padding.
@@ -144,6 +154,8 @@ class ParamLayout {
   int64_t first_layer_ = 0, end_layer_ = 0, n_layer_ = 0;
   int tp_rank_ = 0, tp_size_ = 1;
   int64_t vocab_begin_ = 0, vocab_rows_ = 0, vocab_valid_ = 0;
+  std::vector<LayerRange> parts_;
+  std::vector<int64_t> part_offsets_;
 };
 
 // Copies a rank's tensors (`local`, laid out by local_layout) into their

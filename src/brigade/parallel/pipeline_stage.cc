@@ -86,12 +86,75 @@ std::vector<LayerRange> split_stages(const GptConfig& model, int stages,
   return ranges;
 }
 
-void check_pipeline_shape(const schedule::Shape& shape) {
-  if (shape.kind == schedule::Kind::kInterleaved) {
+std::vector<std::vector<LayerRange>> stage_chunks(const GptConfig& model,
+                                                  const schedule::Shape& shape,
+                                                  const std::vector<int64_t>& stage_layers) {
+  const auto p = static_cast<int>(shape.stages);
+  std::vector<std::vector<LayerRange>> chunks(static_cast<size_t>(p));
+  if (shape.kind != schedule::Kind::kInterleaved) {
+    const std::vector<LayerRange> ranges = split_stages(model, p, stage_layers);
+    for (size_t s = 0; s < ranges.size(); ++s) chunks[s] = {ranges[s]};
+    return chunks;
+  }
+  const int64_t v = shape.virtual_stages, ranges = shape.stages * v;
+  if (!stage_layers.empty()) {
     throw_error(
-        "parallel.schedule = \"{}\" is planned (brigade plan simulates it) but not executed "
-        "yet: use \"gpipe\", \"1f1b\" or \"zb-h1\"",
-        schedule::kind_name(shape.kind));
+        "parallel.stage_layers is given, but the interleaved schedule cuts the n_layer = {} "
+        "blocks into parallel.pp * parallel.virtual_stages = {} equal chunks itself: remove "
+        "parallel.stage_layers, or use schedule \"1f1b\"",
+        model.n_layer, ranges);
+  }
+  if (model.n_layer % ranges != 0) {
+    throw_error(
+        "the interleaved schedule cuts the blocks into parallel.pp * parallel.virtual_stages = "
+        "{} * {} = {} equal chunks, but n_layer = {} is not a multiple of {}: choose "
+        "virtual_stages (or pp) so that pp * virtual_stages divides {}",
+        shape.stages, v, ranges, model.n_layer, ranges, model.n_layer);
+  }
+  const int64_t per = model.n_layer / ranges;
+  for (int64_t s = 0; s < shape.stages; ++s) {
+    for (int64_t c = 0; c < v; ++c) {
+      const int64_t begin = shape.virtual_stage(s, c) * per;
+      chunks[static_cast<size_t>(s)].push_back({begin, begin + per});
+    }
+  }
+  return chunks;
+}
+
+void check_pipeline_shape(const schedule::Shape& shape) {
+  if (shape.virtual_stages < 1) {
+    throw_error(
+        "parallel.virtual_stages = {}: it must be at least 1 (1, the default: one model chunk per "
+        "stage; 2 or more with schedule \"interleaved\")",
+        shape.virtual_stages);
+  }
+  if (shape.kind != schedule::Kind::kInterleaved && shape.virtual_stages != 1) {
+    throw_error(
+        "parallel.virtual_stages = {} needs parallel.schedule = \"interleaved\" (the {} schedule "
+        "runs one model chunk per stage): set the schedule, or virtual_stages = 1",
+        shape.virtual_stages, schedule::kind_name(shape.kind));
+  }
+  if (shape.kind == schedule::Kind::kInterleaved && shape.virtual_stages < 2) {
+    throw_error(
+        "parallel.schedule = \"interleaved\" needs parallel.virtual_stages >= 2 model chunks per "
+        "stage, got {} (with 1 it is 1f1b: use that)",
+        shape.virtual_stages);
+  }
+  if (shape.kind == schedule::Kind::kInterleaved && shape.stages > 1 &&
+      shape.microbatches % shape.stages != 0) {
+    const int64_t below = shape.microbatches / shape.stages * shape.stages;
+    throw_error(
+        "train.grad_accum = {} micro-batches is not a multiple of parallel.pp = {}: the "
+        "interleaved schedule sends them round in groups of pp (Megatron's rule); set "
+        "train.grad_accum to {}{}",
+        shape.microbatches, shape.stages, below > 0 ? fmt::format("{} or ", below) : "",
+        below + shape.stages);
+  }
+  if (shape.kind == schedule::Kind::kInterleaved && shape.stages < 2) {
+    throw_error(
+        "parallel.schedule = \"interleaved\" needs parallel.pp >= 2 stages, got {}: set "
+        "parallel.pp, or leave the schedule at its default without pipeline parallelism",
+        shape.stages);
   }
   schedule::check(shape);
   if (shape.stages > 1 && shape.microbatches < shape.stages) {
@@ -103,16 +166,20 @@ void check_pipeline_shape(const schedule::Shape& shape) {
 }
 
 namespace {
-// Tags: micro-batch mb's activation 2*mb, its gradient 2*mb+1; evaluation's
-// stream and the tied gradient apart from them.
-uint32_t activation_tag(int64_t mb) {
-  return static_cast<uint32_t>(2 * mb);
+// Tags: micro-batch mb's activation across the pipeline's boundary b
+// (between virtual stages b-1 and b) 2*(lap*m + mb), its gradient one
+// more, where lap = (b-1)/p counts the rounds of the stages; a link (a pair
+// of stages, one way) carries boundaries p apart, so tags never repeat on
+// it. With one chunk per stage lap is 0. Evaluation's stream and the tied
+// gradient apart from them.
+uint32_t stream_tag(int64_t boundary, int64_t mb, const schedule::Shape& shape, bool grad) {
+  const int64_t lap = (boundary - 1) / shape.stages;
+  return static_cast<uint32_t>(2 * (lap * shape.microbatches + mb) + (grad ? 1 : 0));
 }
-uint32_t grad_tag(int64_t mb) {
-  return static_cast<uint32_t>(2 * mb + 1);
-}
-constexpr uint32_t kEvalTag = 0x40000000u;
 constexpr uint32_t kTiedTag = 0x40000001u;
+uint32_t eval_tag(int64_t boundary) {
+  return static_cast<uint32_t>(0x40000002 + boundary);
+}
 
 bool is_compute(Op op) {
   return op == Op::kForward || op == Op::kBackward || op == Op::kBackwardInput ||
@@ -120,7 +187,7 @@ bool is_compute(Op op) {
 }
 }  // namespace
 
-PipelineStage::PipelineStage(Communicator* group, Gpt& model, const schedule::Shape& shape)
+PipelineStage::PipelineStage(Communicator* group, GptChunks& model, const schedule::Shape& shape)
     : group_(group), model_(model), shape_(shape) {
   check_pipeline_shape(shape);
   if (shape.stages > 1) {
@@ -128,8 +195,13 @@ PipelineStage::PipelineStage(Communicator* group, Gpt& model, const schedule::Sh
                   "a pipeline of {} stages needs its group", shape.stages);
     stage_ = group->rank();
   }
-  BRIGADE_CHECK(model.layout().has_embeddings() == first() && model.layout().has_head() == last(),
-                "stage {}'s model part does not match its place in the pipeline", stage_);
+  BRIGADE_CHECK(model.size() == shape.virtual_stages, "stage {} holds {} model chunks, not {}",
+                stage_, model.size(), shape.virtual_stages);
+  for (int64_t c = 0; c < model.size(); ++c) {
+    const ParamLayout& part = model.chunk(c).layout();
+    BRIGADE_CHECK(part.has_embeddings() == model_first(c) && part.has_head() == model_last(c),
+                  "stage {}'s model chunk {} does not match its place in the pipeline", stage_, c);
+  }
   if (shape.kind == schedule::Kind::kZbH1 && model.config().recompute == Recompute::kFull) {
     throw_error(
         "parallel.schedule = \"zb-h1\" defers weight gradients, which needs every block's "
@@ -137,11 +209,11 @@ PipelineStage::PipelineStage(Communicator* group, Gpt& model, const schedule::Sh
         "recompute \"none\"");
   }
   list_ = schedule::stage_instructions(shape, stage_);
-  const auto m = static_cast<size_t>(shape.microbatches);
-  act_in_.resize(m);
-  grad_in_.resize(m);
-  act_out_.resize(m);
-  grad_out_.resize(m);
+  const auto passes = static_cast<size_t>(shape.microbatches * shape.virtual_stages);
+  act_in_.resize(passes);
+  grad_in_.resize(passes);
+  act_out_.resize(passes);
+  grad_out_.resize(passes);
 }
 
 PipelineStage::~PipelineStage() {
@@ -162,16 +234,27 @@ PipelineStage::~PipelineStage() {
   settle(receives_);
 }
 
+std::vector<int64_t> PipelineStage::slots_per_chunk() const {
+  const auto chunks = static_cast<size_t>(model_.size());
+  std::vector<int64_t> live(chunks, 0), peak(chunks, 0);
+  for (const Instruction& in : list_) {
+    const auto c = static_cast<size_t>(in.chunk);
+    if (in.op == Op::kForward) peak[c] = std::max(peak[c], ++live[c]);
+    if (in.op == Op::kBackward || in.op == Op::kBackwardWeight) --live[c];
+  }
+  return peak;
+}
+
 void PipelineStage::post_receives(size_t until, int64_t elements) {
   for (; posted_ < std::min(until, list_.size()); ++posted_) {
     const Instruction& in = list_[posted_];
     if (in.op != Op::kRecvActivation && in.op != Op::kRecvGrad) continue;
     const bool act = in.op == Op::kRecvActivation;
-    FloatBuffer& buf = (act ? act_in_ : grad_in_)[static_cast<size_t>(in.microbatch)];
+    FloatBuffer& buf = (act ? act_in_ : grad_in_)[pass(in)];
     if (buf.size() != elements) buf = FloatBuffer(elements);
-    receives_[posted_] =
-        group_->recv(buf.data(), elements, DType::kF32, static_cast<int>(in.peer),
-                     act ? activation_tag(in.microbatch) : grad_tag(in.microbatch));
+    const int64_t vs = virtual_stage(in.chunk);
+    receives_[posted_] = group_->recv(buf.data(), elements, DType::kF32, static_cast<int>(in.peer),
+                                      stream_tag(act ? vs : vs + 1, in.microbatch, shape_, !act));
   }
 }
 
@@ -196,10 +279,17 @@ PipelineStepStats PipelineStage::run(const Fill& fill, const int32_t* inputs,
   for (size_t i = 0; i < list_.size(); ++i) {
     if (list_[i].op == Op::kBackward || list_[i].op == Op::kBackwardWeight) last_backward = i;
   }
-  // Activation slots of the model: one per micro-batch in flight, reused.
-  std::vector<int64_t> slot_of(static_cast<size_t>(shape_.microbatches), -1);
-  std::vector<int64_t> free_slots;
-  int64_t slots = 0;
+  // The hook's "everything above is final" holds when the last backward is
+  // of the chunk lowest in the buffer.
+  BRIGADE_CHECK(
+      !last_backward_hook || last_backward == list_.size() || list_[last_backward].chunk == 0,
+      "the last backward of stage {} is of chunk {}, not 0", stage_, list_[last_backward].chunk);
+  // Activation slots of each chunk: one per micro-batch in flight, reused.
+  const auto chunks = static_cast<size_t>(model_.size());
+  std::vector<int64_t> slot_of(act_in_.size(), -1);
+  std::vector<std::vector<int64_t>> free_slots(chunks);
+  std::vector<int64_t> slots(chunks, 0);
+  int64_t live = 0;
   // The receives of the next two compute instructions are posted ahead.
   std::vector<size_t> computes;
   for (size_t i = 0; i < list_.size(); ++i) {
@@ -211,10 +301,18 @@ PipelineStepStats PipelineStage::run(const Fill& fill, const int32_t* inputs,
         next_compute + 1 < computes.size() ? computes[next_compute + 1] : list_.size();
     post_receives(ahead, elements);
   };
+  const auto release = [&](const Instruction& in) {
+    free_slots[static_cast<size_t>(in.chunk)].push_back(slot_of[pass(in)]);
+    slot_of[pass(in)] = -1;
+    --live;
+  };
   post_ahead();
   for (size_t i = 0; i < list_.size(); ++i) {
     const Instruction& in = list_[i];
-    const auto mb = static_cast<size_t>(in.microbatch);
+    const size_t k = in.op == Op::kOptimizerStep ? 0 : pass(in);
+    const int64_t c = in.chunk;
+    Gpt& part = model_.chunk(c);
+    const bool head = model_last(c), embeddings = model_first(c);
     switch (in.op) {
       case Op::kRecvActivation:
       case Op::kRecvGrad:
@@ -224,58 +322,56 @@ PipelineStepStats PipelineStage::run(const Fill& fill, const int32_t* inputs,
       case Op::kSendActivation:
       case Op::kSendGrad: {
         const bool act = in.op == Op::kSendActivation;
-        const FloatBuffer& buf = (act ? act_out_ : grad_out_)[mb];
-        sends_.push_back(
-            group_->send(buf.data(), elements, DType::kF32, static_cast<int>(in.peer),
-                         act ? activation_tag(in.microbatch) : grad_tag(in.microbatch)));
+        const FloatBuffer& buf = (act ? act_out_ : grad_out_)[k];
+        const int64_t vs = virtual_stage(c);
+        sends_.push_back(group_->send(buf.data(), elements, DType::kF32, static_cast<int>(in.peer),
+                                      stream_tag(act ? vs + 1 : vs, in.microbatch, shape_, !act)));
         break;
       }
       case Op::kForward: {
         ++next_compute;
         post_ahead();
-        if (first() || last()) fill(in.microbatch);
-        if (free_slots.empty()) free_slots.push_back(slots++);
-        slot_of[mb] = free_slots.back();
-        free_slots.pop_back();
-        stats.peak_live =
-            std::max(stats.peak_live, slots - static_cast<int64_t>(free_slots.size()));
-        if (!last() && act_out_[mb].size() != elements) act_out_[mb] = FloatBuffer(elements);
+        if (embeddings || head) fill(in.microbatch);
+        auto& free = free_slots[static_cast<size_t>(c)];
+        if (free.empty()) free.push_back(slots[static_cast<size_t>(c)]++);
+        slot_of[k] = free.back();
+        free.pop_back();
+        stats.peak_live = std::max(stats.peak_live, ++live);
+        if (!head && act_out_[k].size() != elements) act_out_[k] = FloatBuffer(elements);
         stats.loss_sum +=
-            model_.part_forward(slot_of[mb], inputs, first() ? nullptr : act_in_[mb].data(),
-                                targets, loss_scale, last() ? nullptr : act_out_[mb].data(), b, t);
+            part.part_forward(slot_of[k], inputs, embeddings ? nullptr : act_in_[k].data(), targets,
+                              loss_scale, head ? nullptr : act_out_[k].data(), b, t);
         break;
       }
       case Op::kBackward: {
         ++next_compute;
         post_ahead();
-        if (!first() && grad_out_[mb].size() != elements) grad_out_[mb] = FloatBuffer(elements);
+        if (!embeddings && grad_out_[k].size() != elements) grad_out_[k] = FloatBuffer(elements);
         if (i == last_backward && before_last_backward) before_last_backward();
         const bool hooked = i == last_backward && last_backward_hook;
-        if (hooked) model_.set_grad_ready_hook(last_backward_hook);
-        model_.part_backward(slot_of[mb], last() ? nullptr : grad_in_[mb].data(),
-                             first() ? nullptr : grad_out_[mb].data());
-        if (hooked) model_.set_grad_ready_hook(nullptr);
-        free_slots.push_back(slot_of[mb]);
-        slot_of[mb] = -1;
+        if (hooked) model_.set_grad_ready_hook(c, last_backward_hook);
+        part.part_backward(slot_of[k], head ? nullptr : grad_in_[k].data(),
+                           embeddings ? nullptr : grad_out_[k].data());
+        if (hooked) model_.set_grad_ready_hook(c, nullptr);
+        release(in);
         break;
       }
       case Op::kBackwardInput:
         ++next_compute;
         post_ahead();
-        if (!first() && grad_out_[mb].size() != elements) grad_out_[mb] = FloatBuffer(elements);
-        model_.part_backward_input(slot_of[mb], last() ? nullptr : grad_in_[mb].data(),
-                                   first() ? nullptr : grad_out_[mb].data());
+        if (!embeddings && grad_out_[k].size() != elements) grad_out_[k] = FloatBuffer(elements);
+        part.part_backward_input(slot_of[k], head ? nullptr : grad_in_[k].data(),
+                                 embeddings ? nullptr : grad_out_[k].data());
         break;
       case Op::kBackwardWeight: {
         ++next_compute;
         post_ahead();
         if (i == last_backward && before_last_backward) before_last_backward();
         const bool hooked = i == last_backward && last_backward_hook;
-        if (hooked) model_.set_grad_ready_hook(last_backward_hook);
-        model_.part_backward_weight(slot_of[mb]);
-        if (hooked) model_.set_grad_ready_hook(nullptr);
-        free_slots.push_back(slot_of[mb]);
-        slot_of[mb] = -1;
+        if (hooked) model_.set_grad_ready_hook(c, last_backward_hook);
+        part.part_backward_weight(slot_of[k]);
+        if (hooked) model_.set_grad_ready_hook(c, nullptr);
+        release(in);
         break;
       }
       case Op::kOptimizerStep:
@@ -290,14 +386,24 @@ PipelineStepStats PipelineStage::run(const Fill& fill, const int32_t* inputs,
 double PipelineStage::forward_loss(const int32_t* inputs, const int32_t* targets, int64_t b,
                                    int64_t t) {
   if (stages() == 1) {
-    return model_.forward_loss(inputs, targets, b, t);
+    return model_.chunk(0).forward_loss(inputs, targets, b, t);
   }
+  // The stream goes round the stages once per chunk, virtual stage by
+  // virtual stage; the last computes the loss.
   const int64_t elements = b * t * model_.config().n_embd;
-  FloatBuffer in(first() ? 0 : elements), out(last() ? 0 : elements);
-  if (!first()) group_->recv(in.data(), elements, DType::kF32, stage_ - 1, kEvalTag)->wait();
-  // A zero loss scale: the head's gradient is zero, so nothing accumulates.
-  double loss = model_.part_forward(0, inputs, in.data(), targets, 0.0f, out.data(), b, t);
-  if (!last()) group_->send(out.data(), elements, DType::kF32, stage_ + 1, kEvalTag)->wait();
+  FloatBuffer in(elements), out(elements);
+  double loss = 0;
+  for (int64_t c = 0; c < model_.size(); ++c) {
+    const int64_t vs = virtual_stage(c);
+    const int prev = (stage_ + stages() - 1) % stages(), next = (stage_ + 1) % stages();
+    if (!model_first(c)) group_->recv(in.data(), elements, DType::kF32, prev, eval_tag(vs))->wait();
+    // A zero loss scale: the head computes the loss only (no gradient).
+    loss += model_.chunk(c).part_forward(0, inputs, model_first(c) ? nullptr : in.data(), targets,
+                                         0.0f, model_last(c) ? nullptr : out.data(), b, t);
+    if (!model_last(c)) {
+      group_->send(out.data(), elements, DType::kF32, next, eval_tag(vs + 1))->wait();
+    }
+  }
   group_->all_reduce(&loss, 1, DType::kF64, ReduceOp::kSum)->wait();
   return loss;
 }

@@ -3,7 +3,11 @@
 // a Gpt part (model/gpt.h part_forward) and runs its instruction list from
 // schedule/ (GPipe, 1F1B or ZB-H1, whose backward is split into the input
 // half and the deferred weight half), passing the residual stream forward and its
-// gradient back over the pipeline group's send/recv.
+// gradient back over the pipeline group's send/recv. Under the interleaved
+// schedule (Megatron's virtual pipeline) the p*v ranges are equal and stage
+// s holds v of them as model chunks (model/gpt_chunks.h), chunk c the
+// (c*p + s)-th: the stream goes round the stages v times, from the last
+// stage's chunk c to the first's chunk c+1.
 //
 // Transfers overlap compute: a send returns at once and is waited for
 // (done once its data has left this stage's buffer) only at the end of
@@ -24,6 +28,7 @@
 
 #include "brigade/core/aligned_buffer.h"
 #include "brigade/model/gpt.h"
+#include "brigade/model/gpt_chunks.h"
 #include "brigade/schedule/schedule.h"
 
 namespace brigade {
@@ -40,31 +45,48 @@ class Work;
 std::vector<LayerRange> split_stages(const GptConfig& model, int stages,
                                      const std::vector<int64_t>& stage_layers = {});
 
+// The model chunks of each of shape.stages stages (index = stage), each
+// stage's ascending: one chunk, split_stages's range, unless the schedule
+// is interleaved; then shape.virtual_stages chunks of n_layer / (p*v)
+// blocks, chunk c of stage s the (c*p + s)-th range (Megatron's). Throws
+// Error naming the numbers and the fix when n_layer does not divide into
+// p*v ranges or stage_layers is given with the interleaved schedule.
+std::vector<std::vector<LayerRange>> stage_chunks(const GptConfig& model,
+                                                  const schedule::Shape& shape,
+                                                  const std::vector<int64_t>& stage_layers = {});
+
 // Throws Error naming the numbers and the fix when this executor cannot run
-// `shape`: interleaved (not built yet), fewer micro-batches than stages.
+// `shape`: fewer micro-batches than stages, virtual stages below 1 or
+// without the interleaved schedule, an interleaved micro-batch count that
+// is not a multiple of the stages (Megatron's rule).
 void check_pipeline_shape(const schedule::Shape& shape);
 
 struct PipelineStepStats {
   double loss_sum = 0;  // the micro-batches' mean losses, summed (last stage only; else 0)
   // Milliseconds this stage waited for a peer's activation or gradient.
   double bubble_ms = 0;
-  // Most micro-batches whose forward had run and whose backward had not:
-  // the activations this stage kept at once (GPipe m; 1F1B p - stage;
-  // ZB-H1 until the weight half).
+  // Most (micro-batch, chunk) passes whose forward had run and whose
+  // backward had not: the activations this stage kept at once (GPipe m;
+  // 1F1B p - stage; ZB-H1 until the weight half).
   int64_t peak_live = 0;
 };
 
 class PipelineStage {
  public:
   // group: the pipeline group, rank = stage (null when shape.stages is 1);
-  // it and the model outlive this object. The model is the stage's part.
-  PipelineStage(Communicator* group, Gpt& model, const schedule::Shape& shape);
+  // it and the model outlive this object. The model is the stage's chunks
+  // (shape.virtual_stages of them).
+  PipelineStage(Communicator* group, GptChunks& model, const schedule::Shape& shape);
   ~PipelineStage();
 
   int stage() const { return stage_; }
   int stages() const { return static_cast<int>(shape_.stages); }
   bool first() const { return stage_ == 0; }
   bool last() const { return stage_ + 1 == shape_.stages; }
+
+  // The activation slots each chunk's model allocates in a step (the most
+  // of its micro-batches alive at once; each slot is a whole workspace).
+  std::vector<int64_t> slots_per_chunk() const;
 
   // Fills the token buffers passed to run() with micro-batch `mb`'s inputs
   // and targets.
@@ -74,7 +96,9 @@ class PipelineStage {
   // last stages. Around this stage's last backward (the data-parallel
   // reduction's): `before_last_backward` is called just before it (may be
   // empty), and `last_backward_hook` is the model's grad-ready hook during
-  // it (may be empty). Throws CommError when a peer fails or times out.
+  // it (may be empty; offsets of the whole buffer: the last backward is
+  // chunk 0's, the lowest, so every offset above it is final by then).
+  // Throws CommError when a peer fails or times out.
   PipelineStepStats run(const Fill& fill, const int32_t* inputs, const int32_t* targets, int64_t b,
                         int64_t t, float loss_scale,
                         const std::function<void()>& before_last_backward,
@@ -92,15 +116,25 @@ class PipelineStage {
  private:
   // Posts the receives of list_ up to index `until`.
   void post_receives(size_t until, int64_t elements);
+  // Chunk c's place in the whole pipeline, 0 to p*v - 1.
+  int64_t virtual_stage(int64_t chunk) const { return shape_.virtual_stage(stage_, chunk); }
+  bool model_first(int64_t chunk) const { return virtual_stage(chunk) == 0; }
+  bool model_last(int64_t chunk) const {
+    return virtual_stage(chunk) + 1 == shape_.stages * shape_.virtual_stages;
+  }
+  // The buffers' index of (micro-batch, chunk).
+  size_t pass(const schedule::Instruction& in) const {
+    return static_cast<size_t>(in.chunk * shape_.microbatches + in.microbatch);
+  }
   // Waits for receive `index` of list_; returns the milliseconds waited.
   double wait_receive(size_t index);
 
   Communicator* group_;
-  Gpt& model_;
+  GptChunks& model_;
   schedule::Shape shape_;
   int stage_ = 0;
   std::vector<schedule::Instruction> list_;
-  // Per micro-batch streams: received activation and gradient, sent ones.
+  // Per (micro-batch, chunk) streams: received activation and gradient, sent ones.
   std::vector<FloatBuffer> act_in_, grad_in_, act_out_, grad_out_;
   std::vector<std::shared_ptr<Work>> receives_;  // by list index
   size_t posted_ = 0;                            // list_[0, posted_) receives are posted

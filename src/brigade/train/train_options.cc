@@ -49,6 +49,7 @@ TrainOptions TrainOptions::from_config(Config& config) {
       config.get_bool("parallel.sequence_parallel", o.parallel.sequence_parallel);
   o.parallel.pp = mesh.pp;
   o.parallel.schedule = config.get_string("parallel.schedule", o.parallel.schedule);
+  o.parallel.virtual_stages = config.get_int("parallel.virtual_stages", o.parallel.virtual_stages);
   o.parallel.stage_layers = config.get_int_list("parallel.stage_layers");
   o.parallel.zero = static_cast<int>(config.get_int("parallel.zero", o.parallel.zero));
   o.parallel.bucket_mb = config.get_double("parallel.bucket_mb", o.parallel.bucket_mb);
@@ -123,6 +124,7 @@ schedule::Shape TrainOptions::pipeline_shape() const {
   shape.kind = schedule::parse_kind(parallel.schedule);
   shape.stages = parallel.pp;
   shape.microbatches = grad_accum;
+  shape.virtual_stages = parallel.virtual_stages;
   return shape;
 }
 

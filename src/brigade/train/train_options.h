@@ -6,7 +6,8 @@
 //   [optim]  lr, min_lr, warmup_steps, weight_decay, beta1, beta2, eps,
 //            grad_clip, decay_position_embedding
 //   [data]   source, tokenizer, dir, val_fraction, synthetic
-//   [parallel] dp, tp, pp, schedule, stage_layers, zero, bucket_mb, backend, timeout_s
+//   [parallel] dp, tp, pp, schedule, virtual_stages, stage_layers, zero, bucket_mb, backend,
+//   timeout_s
 #pragma once
 
 #include <cstdint>
@@ -37,7 +38,8 @@ struct ParallelOptions {
   bool sequence_parallel = false;  // also split LayerNorms/residuals by token rows (gpt.h)
   int pp = 1;                      // pipeline stages: contiguous block ranges
   std::string schedule =
-      "1f1b";  // gpipe, 1f1b or zb-h1 (schedule/schedule.h); grad_accum micro-batches
+      "1f1b";  // gpipe, 1f1b, interleaved or zb-h1 (schedule/schedule.h); grad_accum micro-batches
+  int64_t virtual_stages = 1;         // model chunks per stage (interleaved: 2 or more)
   std::vector<int64_t> stage_layers;  // blocks per stage; empty: balanced by cost
   int zero = 0;                  // ZeRO stage: 0 none, 1 optimizer state, 2 + gradients sharded
   double bucket_mb = 25.0;       // gradient bucket size, MB (1e6 bytes)
@@ -80,7 +82,8 @@ struct TrainOptions {
   // micro-batches of micro_batch sequences (its tp ranks run the same ones).
   int64_t global_batch() const { return micro_batch * grad_accum * parallel.dp; }
   // The pipeline schedule a step runs: parallel.schedule over parallel.pp
-  // stages, grad_accum micro-batches. Throws Error on an unknown schedule.
+  // stages, grad_accum micro-batches, parallel.virtual_stages chunks. Throws Error on an unknown
+  // schedule.
   schedule::Shape pipeline_shape() const;
 
   static TrainOptions from_config(Config& config);

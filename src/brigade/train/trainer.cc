@@ -100,6 +100,14 @@ std::unique_ptr<Dataset> open_or_prepare(const DataOptions& data, const GptConfi
   return dataset;
 }
 
+// The floats of this rank's wte.
+int64_t tied_numel(const ParamLayout& layout) {
+  for (const ParamInfo& p : layout.params()) {
+    if (p.offset == layout.wte()) return p.numel;
+  }
+  return 0;
+}
+
 }  // namespace
 
 Trainer::Trainer(const GptConfig& model, const TrainOptions& options, Communicator* dp_group)
@@ -116,7 +124,8 @@ Trainer::Trainer(const GptConfig& model, const TrainOptions& options, const Trai
   const int pp = options_.parallel.pp;
   // The pipeline's shape first: it is the config's to fix, whatever the groups.
   check_pipeline_shape(options_.pipeline_shape());
-  const std::vector<LayerRange> stages = split_stages(model, pp, options_.parallel.stage_layers);
+  const std::vector<std::vector<LayerRange>> stages =
+      stage_chunks(model, options_.pipeline_shape(), options_.parallel.stage_layers);
   if (dp > 1 && (dp_group_ == nullptr || dp_group_->size() != dp)) {
     throw_error(
         "parallel.dp = {} needs {} worker processes: start them with `brigade train --nproc {} "
@@ -140,7 +149,7 @@ Trainer::Trainer(const GptConfig& model, const TrainOptions& options, const Trai
   model.validate_tensor_parallel(tp);
   if (options_.parallel.sequence_parallel) model.validate_sequence_parallel(tp);
   const int stage = pp > 1 ? pp_group_->rank() : 0;
-  const LayerRange layers = stages[static_cast<size_t>(stage)];
+  const std::vector<LayerRange>& chunks = stages[static_cast<size_t>(stage)];
   if (world_ == nullptr) world_ = dp_group_;
   // Find the checkpoint first: a bad --resume should fail before any work.
   std::optional<ResolvedCheckpoint> resume;
@@ -149,13 +158,17 @@ Trainer::Trainer(const GptConfig& model, const TrainOptions& options, const Trai
   }
   set_num_threads(static_cast<int>(options_.threads));
   if (tp > 1) tp_ = std::make_unique<TensorParallelGroup>(*tp_group_);
-  const ParamLayout layout(model, tp_rank(), tp, layers);
+  const ParamLayout layout(model, tp_rank(), tp, chunks);
   for (const ParamInfo& p : layout.params()) {
     if ((tp_rank() == 0 || !p.replicated()) && !p.tied_copy) {
       norm_ranges_.push_back({p.offset, p.offset + p.numel});
     }
   }
-  if (pp > 1 && layout.wte() >= 0) tied_end_ = layout.params()[1].offset;
+  if (pp > 1 && layout.wte() >= 0) {
+    // Buckets up to wte's end wait (on the last stage of an interleaved
+    // pipeline the chunks before the head's too).
+    tied_end_ = layout.wte() + tied_numel(layout);
+  }
   const auto bucket_elements =
       static_cast<int64_t>(options_.parallel.bucket_mb * 1e6 / sizeof(float));
   // Alone there is nothing to shard: every stage is ZeRO 0.
@@ -171,13 +184,13 @@ Trainer::Trainer(const GptConfig& model, const TrainOptions& options, const Trai
     plan_ = std::make_unique<BucketPlan>(layout.size(), dp, bucket_elements);
   }
   allocate_buffers(plan_->padded_size());
-  model_ = std::make_unique<Gpt>(model, params_.data(), grads_.data(), tp_.get(), layers);
+  model_ = std::make_unique<GptChunks>(model, params_.data(), grads_.data(), tp_.get(), chunks);
   model_->set_sequence_parallel(options_.parallel.sequence_parallel);
   stage_ = std::make_unique<PipelineStage>(pp > 1 ? pp_group_ : nullptr, *model_,
                                            options_.pipeline_shape());
   // Every rank draws the same weights from the seed (its shards of them by
   // their global indices): no broadcast needed.
-  init_gpt2_weights(layout, model.n_layer, options_.seed, params_.data());
+  model_->init_weights(options_.seed, params_.data());
   const auto ranges = decay_ranges(layout, options_.decay_position_embedding);
   if (zero >= 1) {
     std::vector<Slice> slices;
@@ -370,7 +383,7 @@ StepMetrics Trainer::train_step() {
   double loss = pipeline.loss_sum;
   if (tied_end_ > 0) {
     const int64_t wte = layout().wte();
-    stage_->sum_tied_gradients(grads_.data() + wte, layout().params()[0].numel);
+    stage_->sum_tied_gradients(grads_.data() + wte, tied_numel(layout()));
   }
   StepMetrics m;
   m.step = step_;
@@ -430,7 +443,14 @@ MemoryAccount Trainer::memory() const {
   // saving is what the rank keeps after the reduce-scatter.
   account.grads = zero_ >= 2 ? grads_.bytes() / dp_size() : grads_.bytes();
   account.optimizer = 2 * optimizer_->size() * static_cast<int64_t>(sizeof(float));
-  account.activations = model_->activation_bytes(options_.micro_batch, model_config().block_size);
+  // Each chunk keeps a workspace per micro-batch its schedule has alive at
+  // once (1F1B up to p on the first stage, GPipe all of them).
+  const std::vector<int64_t> slots = stage_->slots_per_chunk();
+  for (int64_t c = 0; c < model_->size(); ++c) {
+    account.activations +=
+        slots[static_cast<size_t>(c)] *
+        model_->chunk(c).activation_bytes(options_.micro_batch, model_config().block_size);
+  }
   return account;
 }
 
@@ -562,7 +582,7 @@ void Trainer::start_save(CheckpointSaver& saver, const fs::path& root, int64_t k
   save.config = model_config();
   save.tp_rank = tp_rank();
   save.tp_size = tp_size();
-  save.layers = {layout().first_layer(), layout().end_layer()};
+  save.layers = layout().parts();
   save.keep = keep;
   if (snapshot) {
     // One copy, straight from the live state into last-but-one snapshot's

@@ -25,7 +25,8 @@
 // With pipeline parallelism (options.parallel.pp stages, parallel/
 // pipeline_stage.h) the trainer holds its stage's blocks only (the
 // embeddings on the first stage, ln_f and the head on the last, the tied
-// wte on both) and runs the stage's schedule; losses, the gradient norm and
+// wte on both; under the interleaved schedule v chunks of them,
+// model/gpt_chunks.h) and runs the stage's schedule; losses, the gradient norm and
 // evaluation combine over the pipeline group. The data-parallel group is
 // then the ranks with the same stage and tp rank.
 //
@@ -46,6 +47,7 @@
 #include "brigade/ckpt/async_writer.h"
 #include "brigade/core/aligned_buffer.h"
 #include "brigade/model/gpt.h"
+#include "brigade/model/gpt_chunks.h"
 #include "brigade/optim/adamw.h"
 #include "brigade/parallel/grad_buckets.h"
 #include "brigade/parallel/grad_sync.h"
@@ -91,7 +93,7 @@ struct MemoryAccount {
   int64_t params = 0;
   int64_t grads = 0;
   int64_t optimizer = 0;
-  int64_t activations = 0;  // estimate for one micro-batch
+  int64_t activations = 0;  // estimate, for the micro-batches the schedule keeps alive at once
 };
 
 // The process groups of one rank of a dp x tp mesh (parallel/mesh.h), each
@@ -181,7 +183,7 @@ class Trainer {
   MemoryAccount memory() const;
   // The last step's bucket reductions (empty without data parallelism).
   std::vector<BucketTiming> bucket_timings() const;
-  Gpt& model() { return *model_; }
+  GptChunks& model() { return *model_; }
   const Dataset* dataset() const { return dataset_.get(); }  // null when synthetic
   int64_t tokens_per_step() const { return options_.global_batch() * model_config().block_size; }
 
@@ -224,7 +226,7 @@ class Trainer {
   FloatBuffer params_, grads_;
   int zero_ = 0;  // the ZeRO stage in effect (0 without data parallelism)
   bool buffers_in_shared_memory_ = false;
-  std::unique_ptr<Gpt> model_;
+  std::unique_ptr<GptChunks> model_;  // this stage's chunks (one but under interleaving)
   std::unique_ptr<AdamW> optimizer_;
   std::unique_ptr<GradSync> grad_sync_;
   std::unique_ptr<ShardedParams> sharded_params_;  // ZeRO 3
