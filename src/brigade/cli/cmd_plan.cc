@@ -1,6 +1,8 @@
 // brigade plan --model PRESET|CONFIG --gpus N --hardware DEVICE   best layouts, why others lost,
 //                                                                 checkpoint interval and ETTR
 // brigade plan ... --layout tp=8,pp=8,dp=6,...                    one layout, evaluated
+// brigade plan --model CONFIG --gpus N --layout config [--set K=V]  the layout `brigade train
+//                                                                 --nproc N CONFIG` runs as
 // brigade plan ... --sweep-gpus 1024:16384                        how scale changes MFU and waiting
 // brigade plan --validate                                         the model against published runs
 // --json prints the same results as one JSON document.
@@ -9,9 +11,11 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "brigade/cli/commands.h"
 #include "brigade/cli/load_config.h"
+#include "brigade/cli/training_layout.h"
 #include "brigade/core/config.h"
 #include "brigade/core/error.h"
 #include "brigade/core/files.h"
@@ -33,7 +37,8 @@ struct PlanArgs {
   int64_t global_batch = 0;  // 0: the preset's (or the config's)
   int64_t seq = 0;           // 0: the preset's (or block_size)
   std::string layout;
-  std::string system;  // empty: brigade-cpu on this-machine, current elsewhere
+  std::vector<std::string> overrides;  // --set, applied to a config --model
+  std::string system;                  // empty: brigade-cpu on this-machine, current elsewhere
   std::string sweep_gpus;
   std::string calibration;
   bool json = false;
@@ -45,9 +50,12 @@ struct PlanArgs {
 sim::Workload workload_from(const PlanArgs& args) {
   sim::Workload job;
   if (sim::find_model_preset(args.model)) {
+    if (!args.overrides.empty()) {
+      throw_error("--set changes a config file, but --model {} is a preset", args.model);
+    }
     job = sim::preset_workload(args.model);
   } else if (std::filesystem::exists(args.model)) {
-    Config config = load_config(args.model, {});
+    Config config = load_config(args.model, args.overrides);
     job.model = GptConfig::from_config(config);
     job.seq_len = job.model.block_size;
     job.global_batch = config.get_int("train.micro_batch", 8) *
@@ -113,7 +121,7 @@ int run_validate(const PlanArgs& args) {
 
 int run_plan(const PlanArgs& args) {
   if (args.model.empty()) throw_error("--model is required (a preset such as 175b, or a config)");
-  const sim::Workload job = workload_from(args);
+  sim::Workload job = workload_from(args);
   job.model.validate();
   if (args.hardware == "this-machine" && !args.sweep_gpus.empty()) {
     throw_error("--sweep-gpus plans clusters, not this-machine: use --gpus N (one per core)");
@@ -137,7 +145,21 @@ int run_plan(const PlanArgs& args) {
   if (args.gpus <= 0) throw_error("--gpus N is required (the number of GPUs to plan for)");
 
   if (!args.layout.empty()) {
-    sim::Layout layout = sim::Layout::parse(args.layout);
+    sim::Layout layout;
+    if (args.layout == "config") {
+      if (sim::find_model_preset(args.model)) {
+        throw_error(
+            "--layout config plans the run a training config describes, but --model {} is a "
+            "preset: give the config file",
+            args.model);
+      }
+      const TrainingLayout run =
+          training_layout(load_config(args.model, args.overrides), args.gpus);
+      layout = run.layout;
+      if (args.global_batch == 0) job.global_batch = run.global_batch;
+    } else {
+      layout = sim::Layout::parse(args.layout);
+    }
     if (layout.gpus() != args.gpus) {
       throw_error("--layout uses tp*pp*dp = {} GPUs but --gpus is {}", layout.gpus(), args.gpus);
     }
@@ -189,7 +211,10 @@ void add_plan_command(CLI::App& app) {
   cmd->add_option("--seq", args->seq, "Sequence length")->check(CLI::PositiveNumber);
   cmd->add_option("--layout", args->layout,
                   "Evaluate one layout: tp=8,pp=8,dp=6,vp=1,zero=1,recompute=full,sp=false,micro=1,"
-                  "schedule=1f1b (or gpipe, interleaved with vp > 1, zb-h1)");
+                  "schedule=1f1b (or gpipe, interleaved with vp > 1, zb-h1); or \"config\": the "
+                  "layout `brigade train --nproc GPUS` runs the --model config as");
+  cmd->add_option("--set", args->overrides,
+                  "KEY=VALUE applied to the --model config, as `brigade train --set` does");
   cmd->add_option(
       "--system", args->system,
       "current (fused attention, overlapped dp), megatron-2021 or brigade-cpu (default on "
