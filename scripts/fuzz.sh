@@ -2,7 +2,7 @@
 # Builds the libFuzzer targets in fuzz/ with clang (ASan + UBSan) and runs
 # each for a bounded time from its seed corpus.
 #
-#   scripts/fuzz.sh [SECONDS]   default 20 per target; the CI runs the default
+#   scripts/fuzz.sh [SECONDS]   default 20 per target; scripts/test.sh (CI) runs 10
 #
 # Only the sources a target needs are compiled, so the build takes seconds.
 # A crash leaves its input as build-fuzz/crash-* and the script fails.
@@ -23,9 +23,15 @@ build() {  # name sources...
     clang++ "${flags[@]}" "fuzz/$name.cc" "$@" "${common[@]}" "${libs[@]}" -o "$out/$name"
   fi
 }
-build safetensors_fuzz src/brigade/ckpt/safetensors.cc
-build manifest_fuzz src/brigade/ckpt/manifest.cc src/brigade/ckpt/tensor_box.cc
+# The three builds side by side: each is one clang process, and together
+# they are most of this script's time on a fresh checkout.
+build safetensors_fuzz src/brigade/ckpt/safetensors.cc &
+safetensors_build=$!
+build manifest_fuzz src/brigade/ckpt/manifest.cc src/brigade/ckpt/tensor_box.cc &
+manifest_build=$!
 build store_frame_fuzz src/brigade/comm/store_protocol.cc
+wait "$safetensors_build"
+wait "$manifest_build"
 
 for name in safetensors_fuzz manifest_fuzz store_frame_fuzz; do
   corpus="$out/corpus_$name"

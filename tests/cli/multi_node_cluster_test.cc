@@ -163,6 +163,53 @@ TEST(MultiNodeCluster, UnreachableAddressIsNamedWithHowToChooseAnother) {
       << both;
 }
 
+// Scope 4 of issue 17: node 1 has its own file system where the run
+// directory should be (a tmpfs mounted over it in node 1's mount namespace,
+// as a node-local disk would be). Rank 0 would wait at the first save for
+// shards it can never see; instead both nodes stop at start, naming the rank
+// that cannot see the directory and the fix, and nothing is left in it.
+TEST(MultiNodeCluster, ARunDirectoryNotSharedByEveryNodeIsRefusedAtStart) {
+  SKIP_WITHOUT_FAKE_CLUSTER();
+  testing::TempDir dir("brigade_cluster");
+  Cluster cluster("brgms", "10.88.7", dir.path());
+  const Result up = cluster.script({"up", "2"});
+  ASSERT_EQ(up.status, 0) << up.output;
+  const fs::path config = dir.path() / "config.toml";
+  std::ofstream(config) << testing::kTinyModelToml << kTraining;
+  const fs::path run = dir.path() / "run";
+  fs::create_directories(run);
+  const std::string rdzv = cluster.address(0) + ":29511";
+
+  const fs::path log0 = dir.path() / "node0.log", log1 = dir.path() / "node1.log";
+  // `ip netns exec` runs node 1's command in a mount namespace of its own:
+  // the tmpfs is seen by node 1's processes only, and goes with them.
+  std::vector<std::string> node1_command = {
+      "/bin/sh", "-c", "mount -t tmpfs brigade-node1 \"$0\" && exec \"$@\"", run.string()};
+  for (const std::string& a : two_node_launch(1, rdzv, config, run)) node1_command.push_back(a);
+  const pid_t node1 = cluster.start_on(1, node1_command, log1);
+  const pid_t node0 = cluster.start_on(0, two_node_launch(0, rdzv, config, run), log0);
+  const Result r0 = finish(node0, log0, 120s);
+  const Result r1 = finish(node1, log1, 120s);
+  EXPECT_NE(r0.status, 0) << r0.output;
+  EXPECT_NE(r1.status, 0) << r1.output;
+  for (const Result* r : {&r0, &r1}) {
+    EXPECT_NE(r->output.find("the run directory is not shared by every node: rank 1 cannot see " +
+                             (run / "checkpoints").string()),
+              std::string::npos)
+        << r->output;
+    EXPECT_NE(r->output.find("Put train.run_dir on a file system every node mounts"),
+              std::string::npos)
+        << r->output;
+    EXPECT_EQ(r->output.find("loss "), std::string::npos) << "trained before refusing";
+  }
+  // No probe and no checkpoint left in the shared directory.
+  std::vector<std::string> left;
+  for (const auto& e : fs::recursive_directory_iterator(run)) {
+    if (e.is_regular_file()) left.push_back(e.path().string());
+  }
+  EXPECT_TRUE(left.empty()) << left.front();
+}
+
 // Runs fn on a thread inside network namespace `netns`: setns moves only the
 // calling thread, and sockets (netlink ones too) belong to the namespace of
 // the thread that made them. False when the namespace cannot be entered.

@@ -222,7 +222,8 @@ std::string why_invalid(const Workload& job, const Layout& l, const Hardware& hw
     return "selective recompute drops the attention scores, which fused attention never keeps";
   }
   if (l.zero >= 2 && l.pp > 1) {
-    return "ZeRO 2/3 shard gradients per micro-batch, which pipeline parallelism does not allow";
+    return "ZeRO 2/3 with pipeline parallelism are not modelled (Megatron-LM and DeepSpeed refuse "
+           "them; Brigade runs ZeRO 2 with pp)";
   }
   return "";
 }

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <fstream>
+#include <random>
 #include <string>
 #include <thread>
 #include <utility>
@@ -14,6 +16,48 @@
 namespace brigade {
 namespace fs = std::filesystem;
 using State = AsyncCheckpointWriter::State;
+
+void require_shared_directory(Communicator* group, const fs::path& root) {
+  if (group == nullptr || group->size() < 2) return;
+  const int rank = group->rank();
+  const int size = group->size();
+  // Rank 0's nonce names the file: a file left by an earlier job (or by
+  // another job in the same directory) can never pass for this one's.
+  std::random_device entropy;
+  const int64_t mine = (static_cast<int64_t>(entropy()) << 32) ^ entropy();
+  std::vector<int64_t> nonces(static_cast<size_t>(size));
+  group->all_gather(&mine, nonces.data(), 1, DType::kI64)->wait();
+  const fs::path probe = root / fmt::format(".shared_by_every_rank_{:016x}", nonces[0]);
+  // Rank 0 says first whether it could write the file at all.
+  int64_t written = 1;
+  if (rank == 0) {
+    std::error_code ec;
+    fs::create_directories(root, ec);
+    std::ofstream(probe) << "written by rank 0 to check that every rank sees this directory\n";
+    written = fs::exists(probe, ec) ? 1 : 0;
+  }
+  group->broadcast(&written, 1, DType::kI64, 0)->wait();
+  if (written == 0) {
+    throw_error("rank 0 cannot write into {}: make train.run_dir a directory it may create",
+                root.string());
+  }
+  std::error_code ec;
+  const int32_t sees = fs::exists(probe, ec) ? 1 : 0;
+  std::vector<int32_t> seen(static_cast<size_t>(size));
+  group->all_gather(&sees, seen.data(), 1, DType::kI32)->wait();
+  if (rank == 0) fs::remove(probe, ec);
+  std::vector<int> blind;
+  for (int r = 0; r < size; ++r) {
+    if (seen[static_cast<size_t>(r)] == 0) blind.push_back(r);
+  }
+  if (!blind.empty()) {
+    throw_error(
+        "the run directory is not shared by every node: rank{} {} cannot see {}, which rank 0 "
+        "just wrote (checkpoints are written by every rank into one directory that rank 0 "
+        "commits). Put train.run_dir on a file system every node mounts (NFS, Lustre, ...)",
+        blind.size() == 1 ? "" : "s", fmt::join(blind, ", "), root.string());
+  }
+}
 
 CheckpointSaver::CheckpointSaver(Communicator* group, int64_t commit_timeout_ms, std::string what)
     : group_(group != nullptr && group->size() > 1 ? group : nullptr),

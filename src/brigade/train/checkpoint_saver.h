@@ -26,6 +26,15 @@ namespace brigade {
 
 class Communicator;
 
+// Every rank writes its shard into one directory and rank 0 commits the
+// step once it sees them all, so the ranks of a multi-node job need a run
+// directory every node mounts (NFS, Lustre, ...). Checked at start, not at
+// the first save hours later: rank 0 writes a file named by a nonce into
+// `root`, every rank looks for it, and a rank that cannot see it makes every
+// rank throw an Error naming the ranks and the fix. Collective over `group`
+// (null or size 1: nothing to check).
+void require_shared_directory(Communicator* group, const std::filesystem::path& root);
+
 class CheckpointSaver {
  public:
   // group: the data-parallel ranks that save together (null or size 1 alone).

@@ -107,11 +107,11 @@ TrainOptions TrainOptions::from_config(Config& config) {
     throw_error("data.val_fraction must be in (0, 1), got {}", o.data.val_fraction);
   }
   // Pipeline parallelism, before any worker connects or allocates.
-  if (o.parallel.pp > 1 && o.parallel.zero >= 2) {
+  if (o.parallel.pp > 1 && o.parallel.zero >= 3) {
     throw_error(
-        "parallel.zero = {} with parallel.pp = {}: ZeRO 2 and 3 do not run with pipeline "
-        "parallelism (as in Megatron-LM, whose distributed optimizer is ZeRO 1); set "
-        "parallel.zero to 0 or 1",
+        "parallel.zero = {} with parallel.pp = {}: ZeRO 3 does not run with pipeline "
+        "parallelism (each micro-batch would gather every stage's parameters again, as "
+        "Megatron-LM and DeepSpeed also refuse); set parallel.zero to 0, 1 or 2",
         o.parallel.zero, o.parallel.pp);
   }
   check_pipeline_shape(o.pipeline_shape());
