@@ -27,6 +27,7 @@ n_embd = 64
 block_size = 32
 vocab_size = 97
 )";
+const std::string kTiny = std::string(BRIGADE_SOURCE_DIR) + "/examples/tiny.toml";
 
 // The model above, `rest` (sections other than [model]), then `sets` as --set.
 Config config_with(const std::string& rest, const std::vector<std::string>& sets = {}) {
@@ -55,6 +56,49 @@ zero = 1
   EXPECT_EQ(run.layout.recompute, sim::PlanRecompute::kNone);
   // Each of the 2 replicas runs 3 micro-batches of 4.
   EXPECT_EQ(run.global_batch, 24);
+  // The model splits the sequence only across a tensor-parallel group: at
+  // tp 1 sequence_parallel changes nothing, and the plan must not cost it.
+  const cli::TrainingLayout alone =
+      training_layout(config_with("[parallel]\nsequence_parallel = true\n"), 2);
+  EXPECT_EQ(alone.layout.tp, 1);
+  EXPECT_FALSE(alone.layout.sp);
+}
+
+// The planner costs n_layer / pp blocks a stage; the trainer's cut
+// (split_stages) is taken when equal, refused with the fix when not.
+TEST(TrainingLayout, StagesAreTheTrainersCut) {
+  // A large vocabulary makes the LM head cost more than a block, so the
+  // balanced split moves a block off the last stage: [0, 3), [3, 4).
+  const std::vector<std::string> pp2 = {"parallel.pp=2", "train.grad_accum=2",
+                                        "model.vocab_size=2000"};
+  try {
+    training_layout(config_with("", pp2), 2);
+    ADD_FAILURE() << "planned unequal stages as equal";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("[0, 3), [3, 4)"), std::string::npos) << what;
+    EXPECT_NE(what.find("set parallel.stage_layers = [2, 2]"), std::string::npos) << what;
+  }
+  // Taking that fix makes the run one the planner costs.
+  std::vector<std::string> equal = pp2;
+  equal.push_back("parallel.stage_layers=[2, 2]");
+  EXPECT_EQ(training_layout(config_with("", equal), 2).layout.pp, 2);
+  // A pp that does not divide n_layer can never be cut equally.
+  try {
+    training_layout(config_with("", {"parallel.pp=3", "train.grad_accum=3"}), 3);
+    ADD_FAILURE() << "planned 4 blocks as 3 equal stages";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("plan a parallel.pp that divides 4"), std::string::npos)
+        << e.what();
+  }
+  // More stages than blocks: the trainer's own error.
+  try {
+    training_layout(config_with("", {"parallel.pp=5", "train.grad_accum=5"}), 5);
+    ADD_FAILURE() << "planned 5 stages of 4 blocks";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("each stage needs at least one block"), std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(TrainingLayout, PipelineRunKeepsItsScheduleAndMicroBatches) {
@@ -103,6 +147,11 @@ TEST(TrainingLayout, RefusesWhatTrainingWouldRefuse) {
        2,
        "round-robin"},
       {{"model.recompute=\"selective\""}, 1, "does not model Brigade's selective"},
+      // A key `brigade train` never reads is refused as it refuses it.
+      {{"train.micro_batchs=4"}, 1, "unknown config key 'train.micro_batchs'"},
+      {{"elastic.max_restarts=1", "diag.metrics=\"off\"", "train.grad_acum=2"},
+       1,
+       "unknown config key 'train.grad_acum'"},
   };
   for (const Case& c : cases) {
     try {
@@ -115,10 +164,10 @@ TEST(TrainingLayout, RefusesWhatTrainingWouldRefuse) {
   }
 }
 
-// The command gives exactly the estimate of the layout spelled out by hand.
-TEST(TrainingLayout, PlanLayoutConfigIsTheSpelledOutLayout) {
-  testing::TempDir dir;
-  const std::string calibration = (dir.path() / "calibration.json").string();
+// A this-machine calibration of 2 cores: one worker with both is twice as
+// fast as a worker with one.
+std::string write_calibration(const testing::TempDir& dir) {
+  const std::string path = (dir.path() / "calibration.json").string();
   nlohmann::json compute = {{"threads", 1},
                             {"peak_gflops", 250.0},
                             {"gemm", {{1e6, 100.0}, {1e9, 100.0}}},
@@ -131,7 +180,7 @@ TEST(TrainingLayout, PlanLayoutConfigIsTheSpelledOutLayout) {
   nlohmann::json both = compute;
   both["threads"] = 2;
   both["peak_gflops"] = 500.0;
-  std::ofstream(calibration) << nlohmann::json{
+  std::ofstream(path) << nlohmann::json{
       {"version", 2},
       {"cores", 2},
       {"memory_bytes", 8e9},
@@ -141,15 +190,39 @@ TEST(TrainingLayout, PlanLayoutConfigIsTheSpelledOutLayout) {
        {{"nproc", 2},
         {"all_reduce",
          {{{"bytes", 4096}, {"time_s", 1e-5}}, {{"bytes", 16777216}, {"time_s", 8e-3}}}}}}};
-  const std::string model = std::string(BRIGADE_SOURCE_DIR) + "/examples/tiny.toml";
-  auto plan = [&](std::vector<std::string> extra) {
-    std::vector<std::string> argv = {"plan",      "--hardware", "this-machine", "--calibration",
-                                     calibration, "--model",    model,          "--gpus",
-                                     "2",         "--json",     "--trials",     "20"};
-    argv.insert(argv.end(), extra.begin(), extra.end());
-    const auto r = run_brigade(argv);
-    EXPECT_EQ(r.status, 0) << r.err;
-    return r.status == 0 ? nlohmann::json::parse(r.out) : nlohmann::json{};
+  return path;
+}
+
+// `brigade plan ... --json` on the calibration above; null (and a failure) if it fails.
+nlohmann::json plan_json(const std::string& calibration, const std::string& gpus,
+                         const std::vector<std::string>& extra) {
+  std::vector<std::string> argv = {"plan",      "--hardware", "this-machine", "--calibration",
+                                   calibration, "--model",    kTiny,          "--gpus",
+                                   gpus,        "--json",     "--trials",     "20"};
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  const auto r = run_brigade(argv);
+  EXPECT_EQ(r.status, 0) << r.err;
+  return r.status == 0 ? nlohmann::json::parse(r.out) : nlohmann::json{};
+}
+
+// `brigade plan` with --layout config on 2 workers, expected to fail; its stderr.
+std::string plan_error(const std::string& calibration, const std::vector<std::string>& extra,
+                       const std::string& hardware = "this-machine") {
+  std::vector<std::string> argv = {"plan",      "--hardware", hardware, "--calibration",
+                                   calibration, "--model",    kTiny,    "--gpus",
+                                   "2",         "--layout",   "config"};
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  const auto r = run_brigade(argv);
+  EXPECT_NE(r.status, 0) << "accepted: " << extra.back();
+  return r.err;
+}
+
+// The command gives exactly the estimate of the layout spelled out by hand.
+TEST(TrainingLayout, PlanLayoutConfigIsTheSpelledOutLayout) {
+  testing::TempDir dir;
+  const std::string calibration = write_calibration(dir);
+  auto plan = [&](const std::vector<std::string>& extra) {
+    return plan_json(calibration, "2", extra);
   };
   struct Case {
     std::vector<std::string> sets;
@@ -193,6 +266,42 @@ TEST(TrainingLayout, PlanLayoutConfigIsTheSpelledOutLayout) {
   EXPECT_NE(preset_set.status, 0);
   EXPECT_NE(preset_set.err.find("--model gpt2-small is a preset"), std::string::npos)
       << preset_set.err;
+}
+
+// What --layout config refuses, and why: other jobs' flags, threads the
+// hardware has no notion of, runs the planner cannot cost.
+TEST(TrainingLayout, PlanLayoutConfigRefusals) {
+  testing::TempDir dir;
+  const std::string calibration = write_calibration(dir);
+  // --global-batch and --seq would describe another job than the config's.
+  EXPECT_NE(plan_error(calibration, {"--global-batch", "32"}).find("drop it"), std::string::npos);
+  EXPECT_NE(plan_error(calibration, {"--seq", "64"}).find("--seq would plan another"),
+            std::string::npos);
+  // train.threads is each worker's: 2 workers of 2 threads oversubscribe 2 cores.
+  const std::string over = plan_error(calibration, {"--set", "train.threads=2"});
+  EXPECT_NE(over.find("does not model oversubscribed cores"), std::string::npos) << over;
+  const std::string gpu = plan_error(calibration, {"--set", "train.threads=1"}, "h100-80g");
+  EXPECT_NE(gpu.find("has no notion"), std::string::npos) << gpu;
+  // Training runs ZeRO 2 with pp; the planner does not cost it, and says so
+  // rather than that the run cannot run.
+  const std::string zero2 = plan_error(
+      calibration,
+      {"--set", "parallel.zero=2", "--set", "parallel.pp=2", "--set", "train.grad_accum=2"});
+  EXPECT_NE(zero2.find("the planner cannot cost this run"), std::string::npos) << zero2;
+  EXPECT_EQ(zero2.find("cannot run this job"), std::string::npos) << zero2;
+}
+
+// train.threads reaches the hardware: one worker with one of the 2 cores
+// computes at half the rate of one with both (the default).
+TEST(TrainingLayout, PlanLayoutConfigUsesTrainThreads) {
+  testing::TempDir dir;
+  const std::string calibration = write_calibration(dir);
+  const nlohmann::json both = plan_json(calibration, "1", {"--layout", "config"});
+  const nlohmann::json one =
+      plan_json(calibration, "1", {"--layout", "config", "--set", "train.threads=1"});
+  ASSERT_FALSE(both.is_null() || one.is_null());
+  EXPECT_GT(one.at("time_s").at("compute").get<double>(),
+            1.5 * both.at("time_s").at("compute").get<double>());
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -83,7 +84,7 @@ sim::Workload workload_from(const PlanArgs& args) {
 
 // this-machine reads its calibration, measuring (and caching) it first if
 // there is none yet.
-sim::Hardware hardware_from(const PlanArgs& args, int64_t devices) {
+sim::Hardware hardware_from(const PlanArgs& args, int64_t devices, int64_t threads_per_device) {
   if (args.hardware != "this-machine") return sim::hardware_by_name(args.hardware);
   const std::string path =
       args.calibration.empty() ? sim::default_calibration_path() : args.calibration;
@@ -105,7 +106,7 @@ sim::Hardware hardware_from(const PlanArgs& args, int64_t devices) {
     std::filesystem::create_directories(std::filesystem::path(path).parent_path());
     write_file_atomic(path, calibration.dump(2) + "\n");
   }
-  return sim::this_machine_hardware(calibration, devices);
+  return sim::this_machine_hardware(calibration, devices, threads_per_device);
 }
 
 int run_validate(const PlanArgs& args) {
@@ -126,14 +127,50 @@ int run_plan(const PlanArgs& args) {
   if (args.hardware == "this-machine" && !args.sweep_gpus.empty()) {
     throw_error("--sweep-gpus plans clusters, not this-machine: use --gpus N (one per core)");
   }
+  // --layout config: the run `brigade train --nproc GPUS` starts, read before
+  // the hardware, whose threads per worker it sets.
+  std::optional<TrainingLayout> run;
+  if (args.layout == "config") {
+    if (sim::find_model_preset(args.model)) {
+      throw_error(
+          "--layout config plans the run a training config describes, but --model {} is a "
+          "preset: give the config file",
+          args.model);
+    }
+    if (args.global_batch > 0 || args.seq > 0) {
+      throw_error(
+          "--layout config plans the run the config describes, but --{} would plan another "
+          "one: drop it, or change the config (--set train.grad_accum=..., "
+          "model.block_size=...)",
+          args.global_batch > 0 ? "global-batch" : "seq");
+    }
+    if (args.gpus <= 0) throw_error("--gpus N is required (the number of workers to plan for)");
+    run = training_layout(load_config(args.model, args.overrides), args.gpus);
+    job.global_batch = run->global_batch;
+    if (run->threads > 0 && args.hardware != "this-machine") {
+      // A GPU's speed does not depend on the host threads that drive it.
+      throw_error(
+          "train.threads = {} sets a CPU worker's threads, which --hardware {} has no notion "
+          "of: plan with --hardware this-machine, or drop train.threads",
+          run->threads, args.hardware);
+    }
+  }
   // A node's devices share this machine's cores: the planner needs to know
   // how many to split them between (all of --gpus, up to one per core).
-  const sim::Hardware hw = hardware_from(args, std::max<int64_t>(args.gpus, 1));
+  const sim::Hardware hw =
+      hardware_from(args, std::max<int64_t>(args.gpus, 1), run ? run->threads : 0);
   if (args.hardware == "this-machine") {
     const int64_t cores = static_cast<int64_t>(hw.gpus_per_node);
     if (args.gpus > cores) {
       throw_error("this-machine runs at most {} workers (one per core), --gpus is {}", cores,
                   args.gpus);
+    }
+    if (run && run->threads * args.gpus > cores) {
+      throw_error(
+          "train.threads = {} on {} workers asks for {} threads but this machine has {} cores: "
+          "the planner does not model oversubscribed cores; set train.threads <= {} (or 0, the "
+          "cores split evenly)",
+          run->threads, args.gpus, run->threads * args.gpus, cores, cores / args.gpus);
     }
   }
   if (!args.sweep_gpus.empty()) {
@@ -145,25 +182,17 @@ int run_plan(const PlanArgs& args) {
   if (args.gpus <= 0) throw_error("--gpus N is required (the number of GPUs to plan for)");
 
   if (!args.layout.empty()) {
-    sim::Layout layout;
-    if (args.layout == "config") {
-      if (sim::find_model_preset(args.model)) {
-        throw_error(
-            "--layout config plans the run a training config describes, but --model {} is a "
-            "preset: give the config file",
-            args.model);
-      }
-      const TrainingLayout run =
-          training_layout(load_config(args.model, args.overrides), args.gpus);
-      layout = run.layout;
-      if (args.global_batch == 0) job.global_batch = run.global_batch;
-    } else {
-      layout = sim::Layout::parse(args.layout);
-    }
+    const sim::Layout layout = run ? run->layout : sim::Layout::parse(args.layout);
     if (layout.gpus() != args.gpus) {
       throw_error("--layout uses tp*pp*dp = {} GPUs but --gpus is {}", layout.gpus(), args.gpus);
     }
     const sim::Estimate e = sim::estimate(job, layout, hw);
+    if (!e.valid && run) {
+      // training_layout refused what training refuses: the rest is the
+      // planner's own limit, not the run's.
+      throw_error("--layout config: the planner cannot cost this run ({}): {}", layout.to_string(),
+                  e.invalid);
+    }
     if (!e.valid) throw_error("--layout {} cannot run this job: {}", args.layout, e.invalid);
     const sim::CheckpointReport ckpt = sim::checkpoint_report(job, e, hw, args.failure);
     if (args.json) {

@@ -16,16 +16,19 @@ namespace brigade::cli {
 struct TrainingLayout {
   sim::Layout layout;
   int64_t global_batch = 0;  // sequences per optimizer step: micro_batch x grad_accum x dp
+  int64_t threads = 0;       // train.threads: each worker's; 0: the cores / the workers
 };
 
 // The run on `processes` workers, as `brigade train --nproc` starts it:
 // parallel.tp and parallel.pp from the config, dp = processes / (tp * pp),
 // the schedule, ZeRO stage, sequence parallelism, recompute and micro-batch
-// the workers read. Throws Error, with the fix, when tp * pp does not divide
-// `processes`, when the config's parallel.dp disagrees, or when the config
-// fails the checks training would make of it (the model's tp and sequence
-// parallel constraints, an unknown schedule), and for model.recompute =
-// "selective", which the planner cannot yet cost.
+// the workers read (sequence parallelism only with tp > 1, as the model runs
+// it). Throws Error, with the fix, when tp * pp does not divide `processes`,
+// when the config's parallel.dp disagrees, when the config fails the checks
+// training would make of it (the model's tp and sequence parallel
+// constraints, an unknown schedule, pp > n_layer, a key training never
+// reads), and for what the planner cannot yet cost: model.recompute =
+// "selective", and pipeline stages split_stages cuts unequally.
 TrainingLayout training_layout(const Config& config, int64_t processes);
 
 }  // namespace brigade::cli
