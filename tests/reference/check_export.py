@@ -25,22 +25,32 @@ exported model.safetensors into the PyTorch reference model, and checks:
     wrong place changes PyTorch's loss but not Brigade's.
   - Brigade's loss for the exported file (brigade_reftool, random tokens)
     equals PyTorch's: both read the file the same way.
-  - config.json carries the GPT-2 keys transformers reads.
+  - config.json carries the GPT-2 keys transformers reads, with the whole
+    model's values (n_layer 3, not a stage's; vocab_size 257, not tp's
+    padded 258), as does the file's own metadata, and wte has 257 rows.
 
-Each layout also prints how far two probes, bugs applied to the exported
+Each layout also prints how far three probes, bugs applied to the exported
 tensors in Python (the tp halves of c_fc's columns swapped; blocks 0 and 2
-swapped), would move PyTorch's loss, and fails if either moves it by less
-than 10x the tolerance: the check must be able to see such a bug.
+swapped; a zero padding row exported first, shifting the vocabulary), would
+move PyTorch's loss, and fails if any moves it by less than 10x the
+tolerance: the check must be able to see such a bug.
 
-Exit 0 when all agree, 1 when not, 2 when a tool fails.
+All tool calls share one deadline of DEADLINE_S seconds (below ctest's
+TIMEOUT, so a hang is reported here, with the tool's output, and its
+processes are stopped); SIGTERM exits through Python's cleanup, which stops
+the tool running and removes the temporary directory.
+
+Exit 0 when all agree, 1 when not, 2 when a tool fails or the deadline passes.
 """
 
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 
 import numpy as np
 import torch
@@ -76,23 +86,49 @@ LAYOUTS = {
 BATCH, SEQ = 3, 32
 LOSS_RTOL = 1e-5
 PROBE_FACTOR = 10.0
-TOOL_TIMEOUT_S = 300
+# For every tool call together; tests/CMakeLists.txt gives ctest a TIMEOUT of
+# 300 s, above it. A run takes a few seconds a layout on a loaded machine.
+DEADLINE_S = 240
+DEADLINE = time.monotonic() + DEADLINE_S
+# How long a tool gets to stop its own processes after SIGTERM.
+STOP_GRACE_S = 20
 
 
 class ToolError(Exception):
     pass
 
 
+def stop(proc):
+    """SIGTERM to the tool, by its pid (`brigade train --nproc` stops its workers), then SIGKILL."""
+    proc.terminate()
+    try:
+        proc.communicate(timeout=STOP_GRACE_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+
+
 def run(argv):
     print("$ " + " ".join(argv), flush=True)
+    left = DEADLINE - time.monotonic()
+    if left <= 0:
+        raise ToolError(f"the {DEADLINE_S} s deadline passed before {' '.join(argv[:3])}")
     try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=TOOL_TIMEOUT_S)
-    except (OSError, subprocess.TimeoutExpired) as e:
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    except OSError as e:
         raise ToolError(f"{argv[0]}: {e}")
+    try:
+        stdout, stderr = proc.communicate(timeout=left)
+    except subprocess.TimeoutExpired:
+        stop(proc)
+        raise ToolError(f"{' '.join(argv[:3])} still ran at the {DEADLINE_S} s deadline; stopped")
+    except BaseException:  # SIGTERM's SystemExit, ^C: stop the tool, then unwind
+        stop(proc)
+        raise
     if proc.returncode != 0:
         raise ToolError(f"{' '.join(argv[:3])} exited with status {proc.returncode}\n"
-                        f"--- stdout ---\n{proc.stdout}--- stderr ---\n{proc.stderr}")
-    return proc
+                        f"--- stdout ---\n{stdout}--- stderr ---\n{stderr}")
+    return stdout
 
 
 def write_text(path):
@@ -155,8 +191,19 @@ def swap_first_and_last_block(tensors, config):
     return out
 
 
+def padding_row_first(tensors, config):
+    """tp's zero padding row exported as row 0 and the last real row dropped."""
+    out = dict(tensors)
+    wte = tensors["wte.weight"]
+    out["wte.weight"] = np.concatenate([np.zeros_like(wte[:1]), wte[:-1]])
+    return out
+
+
 PROBES = (("the tp halves of c_fc swapped", swap_tp_halves_of_c_fc),
-          ("blocks 0 and 2 swapped", swap_first_and_last_block))
+          ("blocks 0 and 2 swapped", swap_first_and_last_block),
+          ("the padding row first", padding_row_first))
+# The model MODEL describes, as the export must describe it.
+EXPECTED = {"n_layer": 3, "n_head": 4, "n_embd": 64, "n_positions": 32, "vocab_size": 257}
 
 
 def check_layout(name, brigade, reftool, tmp, data_dir):
@@ -171,10 +218,10 @@ def check_layout(name, brigade, reftool, tmp, data_dir):
 
     with open(os.path.join(out, "config.json")) as f:
         hf = json.load(f)
-    missing = [k for k in ("model_type", "n_layer", "n_head", "n_embd", "n_positions",
-                           "vocab_size") if k not in hf]
-    if missing or hf["model_type"] != "gpt2":
-        failures.append(f"{name}: config.json lacks {missing} or is not gpt2: {hf}")
+    wrong = {k: hf.get(k) for k, v in EXPECTED.items() if hf.get(k) != v}
+    if wrong or hf.get("model_type") != "gpt2":
+        failures.append(f"{name}: config.json has {wrong} (model_type {hf.get('model_type')}), "
+                        f"not the trained model's {EXPECTED} (gpt2)")
 
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
         rows = [json.loads(line) for line in f if '"val_loss"' in line]
@@ -185,6 +232,14 @@ def check_layout(name, brigade, reftool, tmp, data_dir):
     weights = os.path.join(out, "model.safetensors")
     tensors, metadata = torch_gpt.load_safetensors(weights)
     config = torch_gpt.config_from_metadata(metadata)
+    # The file's own config sizes the PyTorch model: padded, it would load a
+    # padded wte and agree with itself.
+    in_metadata = {("block_size" if k == "n_positions" else k): v for k, v in EXPECTED.items()}
+    wrong = {k: config.get(k) for k, v in in_metadata.items() if config.get(k) != v}
+    if wrong or tensors["wte.weight"].shape[0] != EXPECTED["vocab_size"]:
+        failures.append(f"{name}: the file's metadata has {wrong} and wte "
+                        f"{tensors['wte.weight'].shape}, not the trained model's {in_metadata} "
+                        f"and {EXPECTED['vocab_size']} rows")
     idx, targets = validation_windows(read_token_shard(os.path.join(data_dir, "val.bin")),
                                       config["block_size"])
     torch_val = torch_loss(tensors, config, idx, targets)
@@ -199,7 +254,7 @@ def check_layout(name, brigade, reftool, tmp, data_dir):
         moved = abs(torch_loss(mutate(tensors, config), config, idx, targets) - torch_val) / \
             abs(torch_val)
         print(f"[{name}]   an export with {probe} would be off by {moved:.1e}")
-        if moved < PROBE_FACTOR * LOSS_RTOL:
+        if not moved >= PROBE_FACTOR * LOSS_RTOL:  # NaN fails too
             failures.append(f"{name}: an export with {probe} moves the loss by only {moved:.1e}, "
                             f"under {PROBE_FACTOR:g}x the tolerance: the check is too weak")
 
@@ -222,6 +277,9 @@ def check_layout(name, brigade, reftool, tmp, data_dir):
 
 
 def main():
+    # sys.exit raises SystemExit: run() stops the tool, the temporary
+    # directory is removed on the way out.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--brigade", required=True)
