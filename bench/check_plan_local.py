@@ -98,8 +98,9 @@ def main():
     parser.add_argument("--build", default=os.path.join(REPO_ROOT, "build"))
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--repeat", type=int, default=2)
-    parser.add_argument("--quick", action="store_true", help="three cases only")
-    parser.add_argument("--tiny-parallel", action="store_true",
+    subset = parser.add_mutually_exclusive_group()
+    subset.add_argument("--quick", action="store_true", help="three cases only")
+    subset.add_argument("--tiny-parallel", action="store_true",
                         help="the tiny model's tp 2 and pp 2 cases and its one-process case")
     args = parser.parse_args()
     brigade = os.path.join(args.build, "brigade")
