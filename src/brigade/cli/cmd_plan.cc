@@ -241,7 +241,8 @@ void add_plan_command(CLI::App& app) {
   cmd->add_option("--layout", args->layout,
                   "Evaluate one layout: tp=8,pp=8,dp=6,vp=1,zero=1,recompute=full,sp=false,micro=1,"
                   "schedule=1f1b (or gpipe, interleaved with vp > 1, zb-h1); or \"config\": the "
-                  "layout `brigade train --nproc GPUS` runs the --model config as");
+                  "layout `brigade train --nproc GPUS` runs the --model config as (its batch and "
+                  "sequence too: change them with --set, not --global-batch or --seq)");
   cmd->add_option("--set", args->overrides,
                   "KEY=VALUE applied to the --model config, as `brigade train --set` does");
   cmd->add_option(
