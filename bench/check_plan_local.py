@@ -1,13 +1,16 @@
 #!/usr/bin/python3
 """The planner against training runs on this machine, in one run.
 
-  check_plan_local.py [--build build] [--steps 8] [--repeat 2] [--quick]
+  check_plan_local.py [--build build] [--steps 8] [--repeat 2] [--quick | --tiny-parallel]
 
 Measures the shm all-reduce once (`brigade bench calibrate`), then for each
 case, --repeat times: re-times the compute figures (`bench calibrate
 --comm-from`, a few seconds), trains the case on synthetic tokens at once,
-and asks `brigade plan --hardware this-machine --layout ... --json` for its
-predicted step time from the figures just taken. Prints the mean of the
+and asks `brigade plan --hardware this-machine --layout config --json` for
+its predicted step time from the figures just taken: plan reads the same
+config and --set overrides as the run (its layout is the one `brigade train
+--nproc N` runs: tp, pp, schedule, ZeRO, micro-batch, grad_accum, dp = N /
+(tp * pp)), so the two sides describe one job. Prints the mean of the
 measured and of the predicted step times over the repeats, with the error.
 
 Why per case: this machine is a shared VM whose speed drifts by 20-25% from
@@ -26,28 +29,30 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import tomllib
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO_ROOT = os.path.dirname(HERE)
 SKIP_STEPS = 2
 TARGET = 0.15
 
-# name, config, processes, extra --set overrides, layout (the same run as the
-# planner sees it: dp = processes, micro = micro_batch, grad_accum micro-batches).
+# name, config, processes, extra --set overrides (for the run and the plan alike).
 CASES = [
-    ("tiny, 1 process", "examples/tiny.toml", 1, [], "zero=0"),
-    ("tiny, full recompute", "examples/tiny.toml", 1, ["model.recompute=\"full\""],
-     "zero=0,recompute=full"),
-    ("tiny, grad_accum 4", "examples/tiny.toml", 1, ["train.grad_accum=4"], "zero=0"),
-    ("tiny, dp 2 ZeRO 0", "examples/tiny.toml", 2, ["parallel.zero=0"], "zero=0"),
-    ("tiny, dp 2 ZeRO 1", "examples/tiny.toml", 2, ["parallel.zero=1"], "zero=1"),
-    ("tiny, dp 2 ZeRO 3", "examples/tiny.toml", 2, ["parallel.zero=3"], "zero=3"),
-    ("shakespeare (demo), 1 process", "examples/shakespeare.toml", 1, [], "zero=0"),
-    ("GPT-2 small, 1 process", "examples/gpt2_small.toml", 1, [], "zero=0"),
-    ("GPT-2 small, dp 2 ZeRO 1", "examples/gpt2_small.toml", 2, ["parallel.zero=1"], "zero=1"),
+    ("tiny, 1 process", "examples/tiny.toml", 1, []),
+    ("tiny, full recompute", "examples/tiny.toml", 1, ["model.recompute=\"full\""]),
+    ("tiny, grad_accum 4", "examples/tiny.toml", 1, ["train.grad_accum=4"]),
+    ("tiny, dp 2 ZeRO 0", "examples/tiny.toml", 2, ["parallel.zero=0"]),
+    ("tiny, dp 2 ZeRO 1", "examples/tiny.toml", 2, ["parallel.zero=1"]),
+    ("tiny, dp 2 ZeRO 3", "examples/tiny.toml", 2, ["parallel.zero=3"]),
+    ("tiny, tp 2", "examples/tiny.toml", 2, ["parallel.tp=2"]),
+    ("tiny, pp 2 1F1B, 4 micro", "examples/tiny.toml", 2,
+     ["parallel.pp=2", "parallel.schedule=\"1f1b\"", "train.grad_accum=4"]),
+    ("shakespeare (demo), 1 process", "examples/shakespeare.toml", 1, []),
+    ("GPT-2 small, 1 process", "examples/gpt2_small.toml", 1, []),
+    ("GPT-2 small, dp 2 ZeRO 1", "examples/gpt2_small.toml", 2, ["parallel.zero=1"]),
 ]
 QUICK = {"tiny, 1 process", "tiny, dp 2 ZeRO 1", "GPT-2 small, 1 process"}
+# --tiny-parallel: the tensor- and pipeline-parallel cases and their baseline.
+TINY_PARALLEL = {"tiny, 1 process", "tiny, tp 2", "tiny, pp 2 1F1B, 4 micro"}
 
 
 def run(argv):
@@ -74,21 +79,17 @@ def measured_step_s(brigade, config, nproc, overrides, steps, run_dir):
     return [r["step_ms"] / 1e3 for r in timed]
 
 
-def predicted_step_s(brigade, calibration, config, nproc, overrides, layout):
-    with open(os.path.join(REPO_ROOT, config), "rb") as f:
-        train = tomllib.load(f).get("train", {})
-    micro, accum = train.get("micro_batch", 8), train.get("grad_accum", 1)
-    for o in overrides:
-        key, value = o.split("=", 1)
-        if key == "train.micro_batch":
-            micro = int(value)
-        elif key == "train.grad_accum":
-            accum = int(value)
+def plan_argv(brigade, calibration, config, nproc, overrides):
+    """The plan of the run measured_step_s starts: same config, same overrides."""
     argv = [brigade, "plan", "--hardware", "this-machine", "--calibration", calibration,
-            "--model", os.path.join(REPO_ROOT, config), "--gpus", str(nproc),
-            "--global-batch", str(micro * accum * nproc),
-            "--layout", f"dp={nproc},micro={micro},{layout}", "--json"]
-    return json.loads(run(argv))["step_time_s"]
+            "--model", config, "--gpus", str(nproc), "--layout", "config", "--json"]
+    for o in overrides:
+        argv += ["--set", o]
+    return argv
+
+
+def predicted_step_s(brigade, calibration, config, nproc, overrides):
+    return json.loads(run(plan_argv(brigade, calibration, config, nproc, overrides)))["step_time_s"]
 
 
 def main():
@@ -97,18 +98,22 @@ def main():
     parser.add_argument("--build", default=os.path.join(REPO_ROOT, "build"))
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--repeat", type=int, default=2)
-    parser.add_argument("--quick", action="store_true", help="three cases only")
+    subset = parser.add_mutually_exclusive_group()
+    subset.add_argument("--quick", action="store_true", help="three cases only")
+    subset.add_argument("--tiny-parallel", action="store_true",
+                        help="the tiny model's tp 2 and pp 2 cases and its one-process case")
     args = parser.parse_args()
     brigade = os.path.join(args.build, "brigade")
 
-    cases = [c for c in CASES if not args.quick or c[0] in QUICK]
+    chosen = QUICK if args.quick else TINY_PARALLEL if args.tiny_parallel else None
+    cases = [c for c in CASES if chosen is None or c[0] in chosen]
     with tempfile.TemporaryDirectory(prefix="brigade_plan_local_") as tmp:
         full = os.path.join(tmp, "calibration.json")
         run([brigade, "bench", "calibrate", "--out", full])
         measured_of = {name: [] for name, *_ in cases}
         predicted_of = {name: [] for name, *_ in cases}
         for repeat in range(args.repeat):
-            for i, (name, config, nproc, overrides, layout) in enumerate(cases):
+            for i, (name, config, nproc, overrides) in enumerate(cases):
                 now = os.path.join(tmp, f"calibration{repeat}_{i}.json")
                 run([brigade, "bench", "calibrate", "--comm-from", full, "--out", now])
                 # Small models take many short steps: enough of them that the
@@ -118,8 +123,8 @@ def main():
                                              overrides, steps,
                                              os.path.join(tmp, f"run{repeat}_{i}"))
                 measured_of[name].append(statistics.quantiles(step_times, n=4)[0])
-                predicted_of[name].append(
-                    predicted_step_s(brigade, now, config, nproc, overrides, layout))
+                predicted_of[name].append(predicted_step_s(
+                    brigade, now, os.path.join(REPO_ROOT, config), nproc, overrides))
         results = [(name, statistics.mean(measured_of[name]), statistics.mean(predicted_of[name]))
                    for name, *_ in cases]
 

@@ -1,6 +1,8 @@
 // brigade plan --model PRESET|CONFIG --gpus N --hardware DEVICE   best layouts, why others lost,
 //                                                                 checkpoint interval and ETTR
 // brigade plan ... --layout tp=8,pp=8,dp=6,...                    one layout, evaluated
+// brigade plan --model CONFIG --gpus N --layout config [--set K=V]  the layout `brigade train
+//                                                                 --nproc N CONFIG` runs as
 // brigade plan ... --sweep-gpus 1024:16384                        how scale changes MFU and waiting
 // brigade plan --validate                                         the model against published runs
 // --json prints the same results as one JSON document.
@@ -8,10 +10,13 @@
 #include <cstdlib>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "brigade/cli/commands.h"
 #include "brigade/cli/load_config.h"
+#include "brigade/cli/training_layout.h"
 #include "brigade/core/config.h"
 #include "brigade/core/error.h"
 #include "brigade/core/files.h"
@@ -33,7 +38,8 @@ struct PlanArgs {
   int64_t global_batch = 0;  // 0: the preset's (or the config's)
   int64_t seq = 0;           // 0: the preset's (or block_size)
   std::string layout;
-  std::string system;  // empty: brigade-cpu on this-machine, current elsewhere
+  std::vector<std::string> overrides;  // --set, applied to a config --model
+  std::string system;                  // empty: brigade-cpu on this-machine, current elsewhere
   std::string sweep_gpus;
   std::string calibration;
   bool json = false;
@@ -45,9 +51,12 @@ struct PlanArgs {
 sim::Workload workload_from(const PlanArgs& args) {
   sim::Workload job;
   if (sim::find_model_preset(args.model)) {
+    if (!args.overrides.empty()) {
+      throw_error("--set changes a config file, but --model {} is a preset", args.model);
+    }
     job = sim::preset_workload(args.model);
   } else if (std::filesystem::exists(args.model)) {
-    Config config = load_config(args.model, {});
+    Config config = load_config(args.model, args.overrides);
     job.model = GptConfig::from_config(config);
     job.seq_len = job.model.block_size;
     job.global_batch = config.get_int("train.micro_batch", 8) *
@@ -75,7 +84,7 @@ sim::Workload workload_from(const PlanArgs& args) {
 
 // this-machine reads its calibration, measuring (and caching) it first if
 // there is none yet.
-sim::Hardware hardware_from(const PlanArgs& args, int64_t devices) {
+sim::Hardware hardware_from(const PlanArgs& args, int64_t devices, int64_t threads_per_device) {
   if (args.hardware != "this-machine") return sim::hardware_by_name(args.hardware);
   const std::string path =
       args.calibration.empty() ? sim::default_calibration_path() : args.calibration;
@@ -97,7 +106,7 @@ sim::Hardware hardware_from(const PlanArgs& args, int64_t devices) {
     std::filesystem::create_directories(std::filesystem::path(path).parent_path());
     write_file_atomic(path, calibration.dump(2) + "\n");
   }
-  return sim::this_machine_hardware(calibration, devices);
+  return sim::this_machine_hardware(calibration, devices, threads_per_device);
 }
 
 int run_validate(const PlanArgs& args) {
@@ -113,19 +122,55 @@ int run_validate(const PlanArgs& args) {
 
 int run_plan(const PlanArgs& args) {
   if (args.model.empty()) throw_error("--model is required (a preset such as 175b, or a config)");
-  const sim::Workload job = workload_from(args);
+  sim::Workload job = workload_from(args);
   job.model.validate();
   if (args.hardware == "this-machine" && !args.sweep_gpus.empty()) {
     throw_error("--sweep-gpus plans clusters, not this-machine: use --gpus N (one per core)");
   }
+  // --layout config: the run `brigade train --nproc GPUS` starts, read before
+  // the hardware, whose threads per worker it sets.
+  std::optional<TrainingLayout> run;
+  if (args.layout == "config") {
+    if (sim::find_model_preset(args.model)) {
+      throw_error(
+          "--layout config plans the run a training config describes, but --model {} is a "
+          "preset: give the config file",
+          args.model);
+    }
+    if (args.global_batch > 0 || args.seq > 0) {
+      throw_error(
+          "--layout config plans the run the config describes, but --{} would plan another "
+          "one: drop it, or change the config (--set train.grad_accum=..., "
+          "model.block_size=...)",
+          args.global_batch > 0 ? "global-batch" : "seq");
+    }
+    if (args.gpus <= 0) throw_error("--gpus N is required (the number of workers to plan for)");
+    run = training_layout(load_config(args.model, args.overrides), args.gpus);
+    job.global_batch = run->global_batch;
+    if (run->threads > 0 && args.hardware != "this-machine") {
+      // A GPU's speed does not depend on the host threads that drive it.
+      throw_error(
+          "train.threads = {} sets a CPU worker's threads, which --hardware {} has no notion "
+          "of: plan with --hardware this-machine, or drop train.threads",
+          run->threads, args.hardware);
+    }
+  }
   // A node's devices share this machine's cores: the planner needs to know
   // how many to split them between (all of --gpus, up to one per core).
-  const sim::Hardware hw = hardware_from(args, std::max<int64_t>(args.gpus, 1));
+  const sim::Hardware hw =
+      hardware_from(args, std::max<int64_t>(args.gpus, 1), run ? run->threads : 0);
   if (args.hardware == "this-machine") {
     const int64_t cores = static_cast<int64_t>(hw.gpus_per_node);
     if (args.gpus > cores) {
       throw_error("this-machine runs at most {} workers (one per core), --gpus is {}", cores,
                   args.gpus);
+    }
+    if (run && run->threads * args.gpus > cores) {
+      throw_error(
+          "train.threads = {} on {} workers asks for {} threads but this machine has {} cores: "
+          "the planner does not model oversubscribed cores; set train.threads <= {} (or 0, the "
+          "cores split evenly)",
+          run->threads, args.gpus, run->threads * args.gpus, cores, cores / args.gpus);
     }
   }
   if (!args.sweep_gpus.empty()) {
@@ -137,11 +182,17 @@ int run_plan(const PlanArgs& args) {
   if (args.gpus <= 0) throw_error("--gpus N is required (the number of GPUs to plan for)");
 
   if (!args.layout.empty()) {
-    sim::Layout layout = sim::Layout::parse(args.layout);
+    const sim::Layout layout = run ? run->layout : sim::Layout::parse(args.layout);
     if (layout.gpus() != args.gpus) {
       throw_error("--layout uses tp*pp*dp = {} GPUs but --gpus is {}", layout.gpus(), args.gpus);
     }
     const sim::Estimate e = sim::estimate(job, layout, hw);
+    if (!e.valid && run) {
+      // training_layout refused what training refuses: the rest is the
+      // planner's own limit, not the run's.
+      throw_error("--layout config: the planner cannot cost this run ({}): {}", layout.to_string(),
+                  e.invalid);
+    }
     if (!e.valid) throw_error("--layout {} cannot run this job: {}", args.layout, e.invalid);
     const sim::CheckpointReport ckpt = sim::checkpoint_report(job, e, hw, args.failure);
     if (args.json) {
@@ -189,7 +240,11 @@ void add_plan_command(CLI::App& app) {
   cmd->add_option("--seq", args->seq, "Sequence length")->check(CLI::PositiveNumber);
   cmd->add_option("--layout", args->layout,
                   "Evaluate one layout: tp=8,pp=8,dp=6,vp=1,zero=1,recompute=full,sp=false,micro=1,"
-                  "schedule=1f1b (or gpipe, interleaved with vp > 1, zb-h1)");
+                  "schedule=1f1b (or gpipe, interleaved with vp > 1, zb-h1); or \"config\": the "
+                  "layout `brigade train --nproc GPUS` runs the --model config as (its batch and "
+                  "sequence too: change them with --set, not --global-batch or --seq)");
+  cmd->add_option("--set", args->overrides,
+                  "KEY=VALUE applied to the --model config, as `brigade train --set` does");
   cmd->add_option(
       "--system", args->system,
       "current (fused attention, overlapped dp), megatron-2021 or brigade-cpu (default on "

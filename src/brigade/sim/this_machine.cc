@@ -78,10 +78,12 @@ std::string default_calibration_path() {
   return std::string(home != nullptr ? home : ".") + "/.cache/brigade/this-machine.json";
 }
 
-Hardware this_machine_hardware(const nlohmann::json& calibration, int64_t devices_per_node) {
+Hardware this_machine_hardware(const nlohmann::json& calibration, int64_t devices_per_node,
+                               int64_t threads_per_device) {
   const int64_t cores = static_cast<int64_t>(positive(calibration, "cores", "the file"));
   const int64_t devices = std::max<int64_t>(1, devices_per_node);
-  const int64_t threads = std::max<int64_t>(1, cores / devices);
+  const int64_t threads =
+      threads_per_device > 0 ? threads_per_device : std::max<int64_t>(1, cores / devices);
   const nlohmann::json& c = compute_for(calibration, threads);
   const double measured_threads = positive(c, "threads", "compute");
   const double scale = static_cast<double>(threads) / measured_threads;

@@ -26,8 +26,11 @@ std::string default_calibration_path();
 // Throws Error naming the missing or bad field (and `brigade bench
 // calibrate` as the fix): calibrations written before the peak was recorded
 // are refused, not read with the sgemm as the peak, which would give the
-// planner an MFU that the runs do not report.
-Hardware this_machine_hardware(const nlohmann::json& calibration, int64_t devices_per_node);
+// planner an MFU that the runs do not report. Each device is a worker with
+// `threads_per_device` threads (0: the cores split evenly, as the launcher
+// splits them); the caller keeps devices x threads within the cores.
+Hardware this_machine_hardware(const nlohmann::json& calibration, int64_t devices_per_node,
+                               int64_t threads_per_device = 0);
 
 // One paragraph: peak, GEMMs, bandwidth, attention, overhead, all-reduce.
 std::string describe_calibration(const nlohmann::json& calibration);
