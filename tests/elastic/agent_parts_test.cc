@@ -167,6 +167,21 @@ TEST(FaultInjection, SkipMismatchAndSlowParseAndBelongToOneGeneration) {
   EXPECT_EQ(slow_factor(faults, 1, 0), 1);
 }
 
+TEST(FaultInjection, SdcAndNanParse) {
+  const auto faults = parse_faults("sdc:rank=2:step=4,nan:rank=1:step=3:times=2,nan:rank=0:step=5");
+  ASSERT_EQ(faults.size(), 3u);
+  EXPECT_EQ(faults[0].kind, InjectedFault::Kind::kSdc);
+  EXPECT_EQ(fault_after_step(faults, 2, 0, 4), &faults[0]);
+  // A NaN loss happens inside its step, never after it.
+  EXPECT_EQ(fault_after_step(faults, 1, 0, 3), nullptr);
+  const auto nans = nan_faults(faults, 1, 0);
+  ASSERT_EQ(nans.size(), 1u);
+  EXPECT_EQ(nans[0].step, 3);
+  EXPECT_EQ(nans[0].times, 2);
+  EXPECT_EQ(nan_faults(faults, 0, 0).at(0).times, 1);
+  EXPECT_TRUE(nan_faults(faults, 0, 1).empty()) << "a restart must not re-inject";
+}
+
 TEST(FaultInjection, MalformedSpecsAreNamed) {
   auto error_of = [](const std::string& spec) {
     try {
@@ -189,6 +204,10 @@ TEST(FaultInjection, MalformedSpecsAreNamed) {
   EXPECT_NE(error_of("slow:rank=1:step=2:factor=2").find("unknown or repeated key 'step'"),
             std::string::npos);
   EXPECT_NE(error_of("skip:rank=1:factor=2").find("unknown or repeated key 'factor'"),
+            std::string::npos);
+  EXPECT_NE(error_of("nan:rank=1:step=2:times=0").find("times= wants 1 or more"),
+            std::string::npos);
+  EXPECT_NE(error_of("sdc:rank=1:step=2:times=2").find("unknown or repeated key 'times'"),
             std::string::npos);
 }
 

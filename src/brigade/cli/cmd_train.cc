@@ -54,6 +54,7 @@
 #include "brigade/parallel/mesh.h"
 #include "brigade/parallel/pipeline_stage.h"
 #include "brigade/schedule/simulate.h"
+#include "brigade/train/silent_corruption.h"
 #include "brigade/train/trainer.h"
 
 namespace brigade::cli {
@@ -438,6 +439,10 @@ void run_train(const std::string& config_path, const std::vector<std::string>& o
   };
   const int64_t slow_factor = elastic::slow_factor(faults, world_rank, generation);
   Trainer trainer(model, options, groups.view());
+  for (const elastic::InjectedFault& f : elastic::nan_faults(faults, world_rank, generation)) {
+    trainer.poison_loss(f.step - 1, static_cast<int>(f.times));
+  }
+  SilentCorruptionGuard sdc_guard(trainer, group);
   if (heartbeat) heartbeat->started(trainer.step(), options.run_dir);
   std::signal(SIGINT, request_stop);
   std::signal(SIGTERM, request_stop);
@@ -506,7 +511,13 @@ void run_train(const std::string& config_path, const std::vector<std::string>& o
             fault->kind == elastic::InjectedFault::Kind::kMismatch) {
           collective_fault = fault;
         }
+        if (fault->kind == elastic::InjectedFault::Kind::kSdc) {
+          std::fprintf(stderr, "brigade train: flipped a bit of %s\n",
+                       trainer.flip_parameter_bit().c_str());
+        }
       }
+      // Before a snapshot or checkpoint of this step can keep a corrupted state.
+      sdc_guard.after_step(done);
       // Copied now, written while the next step runs.
       if (trainer.snapshots_enabled() && done % options.snapshot_every == 0 &&
           done < options.steps) {
@@ -574,7 +585,8 @@ void add_train_command(CLI::App& app) {
       ->check(CLI::Range(0, 1000));
   cmd->add_option("--inject", *inject,
                   "Faults to raise, for tests: kill:rank=R:step=S[:gen=G], stop:..., skip:..., "
-                  "mismatch:... or slow:rank=R:factor=F, comma separated (sets elastic.inject)");
+                  "mismatch:..., sdc:..., nan:rank=R:step=S[:times=N] or slow:rank=R:factor=F, "
+                  "comma separated (sets elastic.inject)");
   cmd->add_option("--metrics", *metrics,
                   "With --nproc: where the launcher serves /metrics for Prometheus, HOST:PORT "
                   "(port 0 picks a free one and prints it) or off (sets diag.metrics, default "

@@ -13,8 +13,9 @@ namespace brigade::elastic {
 namespace {
 
 constexpr const char* kForm =
-    "KIND:rank=R:step=S[:gen=G] with KIND kill, stop, skip or mismatch, or "
-    "slow:rank=R:factor=F[:gen=G], several separated by commas (for example "
+    "KIND:rank=R:step=S[:gen=G] with KIND kill, stop, skip, mismatch or sdc, "
+    "nan:rank=R:step=S[:times=N][:gen=G], or slow:rank=R:factor=F[:gen=G], several separated "
+    "by commas (for example "
     "kill:rank=1:step=5,stop:rank=2:step=8,slow:rank=3:factor=2)";
 
 std::vector<std::string_view> split(std::string_view text, char separator) {
@@ -52,14 +53,20 @@ InjectedFault parse_one(std::string_view text) {
     fault.kind = InjectedFault::Kind::kMismatch;
   } else if (fields[0] == "slow") {
     fault.kind = InjectedFault::Kind::kSlow;
+  } else if (fields[0] == "sdc") {
+    fault.kind = InjectedFault::Kind::kSdc;
+  } else if (fields[0] == "nan") {
+    fault.kind = InjectedFault::Kind::kNan;
   } else {
     throw_error(
-        "fault '{}': unknown kind '{}' (this build injects kill, stop, skip, mismatch and slow); "
+        "fault '{}': unknown kind '{}' (this build injects kill, stop, skip, mismatch, slow, sdc "
+        "and nan); "
         "the form is {}",
         text, fields[0], kForm);
   }
   const bool slow = fault.kind == InjectedFault::Kind::kSlow;
-  bool has_rank = false, has_step = false, has_factor = false;
+  const bool nan = fault.kind == InjectedFault::Kind::kNan;
+  bool has_rank = false, has_step = false, has_factor = false, has_times = false;
   for (size_t i = 1; i < fields.size(); ++i) {
     const size_t eq = fields[i].find('=');
     const std::string_view key = fields[i].substr(0, eq);
@@ -76,6 +83,9 @@ InjectedFault parse_one(std::string_view text) {
     } else if (key == "step" && !slow && !has_step) {
       fault.step = value;
       has_step = true;
+    } else if (key == "times" && nan && !has_times) {
+      fault.times = value;
+      has_times = true;
     } else if (key == "gen") {
       fault.generation = value;
     } else {
@@ -87,6 +97,9 @@ InjectedFault parse_one(std::string_view text) {
       throw_error("fault '{}' needs rank= and factor= (1 or more); the form is {}", text, kForm);
     }
     return fault;
+  }
+  if (nan && fault.times < 1) {
+    throw_error("fault '{}': times= wants 1 or more NaN losses; the form is {}", text, kForm);
   }
   if (!has_rank || !has_step || fault.step < 1) {
     throw_error("fault '{}' needs rank= and step= (a step from 1 on); the form is {}", text, kForm);
@@ -106,12 +119,23 @@ std::vector<InjectedFault> parse_faults(std::string_view spec) {
 const InjectedFault* fault_after_step(const std::vector<InjectedFault>& faults, int rank,
                                       int64_t generation, int64_t step) {
   for (const InjectedFault& f : faults) {
-    if (f.kind != InjectedFault::Kind::kSlow && f.rank == rank && f.generation == generation &&
-        f.step == step) {
+    if (f.kind != InjectedFault::Kind::kSlow && f.kind != InjectedFault::Kind::kNan &&
+        f.rank == rank && f.generation == generation && f.step == step) {
       return &f;
     }
   }
   return nullptr;
+}
+
+std::vector<InjectedFault> nan_faults(const std::vector<InjectedFault>& faults, int rank,
+                                      int64_t generation) {
+  std::vector<InjectedFault> out;
+  for (const InjectedFault& f : faults) {
+    if (f.kind == InjectedFault::Kind::kNan && f.rank == rank && f.generation == generation) {
+      out.push_back(f);
+    }
+  }
+  return out;
 }
 
 int64_t slow_factor(const std::vector<InjectedFault>& faults, int rank, int64_t generation) {
@@ -124,6 +148,16 @@ int64_t slow_factor(const std::vector<InjectedFault>& faults, int rank, int64_t 
 }
 
 void raise_fault(const InjectedFault& fault, WorkerHeartbeat* heartbeat) {
+  if (fault.kind == InjectedFault::Kind::kSdc) {
+    std::fprintf(stderr,
+                 "brigade train: injecting a bit flip in a parameter of rank %d after step %lld "
+                 "(generation %lld)\n",
+                 fault.rank, static_cast<long long>(fault.step),
+                 static_cast<long long>(fault.generation));
+    std::fflush(nullptr);
+    if (heartbeat != nullptr) heartbeat->fault_injected();
+    return;
+  }
   if (fault.kind == InjectedFault::Kind::kSkip || fault.kind == InjectedFault::Kind::kMismatch) {
     // Not stamped: the agent learns of it as of any bug, from its symptoms.
     std::fprintf(

@@ -51,8 +51,11 @@ nlohmann::json agent_view(const Incident& incident, int64_t number, int node, in
           {"workers", std::move(list)}};
 }
 
-bool copy_exit_dumps(const fs::path& run_dir, const fs::path& dir, int rank, int64_t pid) {
-  const std::string prefix = fmt::format("flight_recorder_rank{}_", rank);
+namespace {
+
+// Copies run_dir's <prefix>*.json whose "pid" is `pid` into dir.
+bool copy_files_of(const fs::path& run_dir, const fs::path& dir, const std::string& prefix,
+                   int64_t pid) {
   bool copied = false;
   std::error_code ec;
   for (fs::directory_iterator it(run_dir, ec), end; !ec && it != end; it.increment(ec)) {
@@ -70,6 +73,16 @@ bool copy_exit_dumps(const fs::path& run_dir, const fs::path& dir, int rank, int
     copied = copied || !copy_ec;
   }
   return copied;
+}
+
+}  // namespace
+
+bool copy_exit_dumps(const fs::path& run_dir, const fs::path& dir, int rank, int64_t pid) {
+  return copy_files_of(run_dir, dir, fmt::format("flight_recorder_rank{}_", rank), pid);
+}
+
+bool copy_corruption_reports(const fs::path& run_dir, const fs::path& dir, int rank, int64_t pid) {
+  return copy_files_of(run_dir, dir, fmt::format("sdc_rank{}_", rank), pid);
 }
 
 int64_t last_incident_number(const fs::path& run_dir) {
@@ -153,6 +166,7 @@ fs::path keep_evidence(const WorkerGroup& group, const HeartbeatTable& table,
     }
     v.dumped = table.read(v.local_rank).dump_done >= number ||
                copy_exit_dumps(run_dir, dir, v.rank, v.pid);
+    copy_corruption_reports(run_dir, dir, v.rank, v.pid);
   }
   incident.evidence_ms = (now_ns() - began) * 1e-6;
   try {

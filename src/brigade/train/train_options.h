@@ -7,6 +7,7 @@
 //            grad_clip, decay_position_embedding
 //   [data]   source, tokenizer, dir, val_fraction, synthetic
 //   [parallel] dp, tp, pp, schedule, stage_layers, zero, bucket_mb, backend, timeout_s
+//   [diag]   sdc_every
 #pragma once
 
 #include <cstdint>
@@ -67,6 +68,13 @@ struct TrainOptions {
   // forward and backward.
   int64_t snapshot_every = 0;
   std::string snapshot_dir;
+  // Steps between the data-parallel replicas' comparison of their
+  // parameters (train/silent_corruption.h; 0: none), which also runs before
+  // every snapshot and checkpoint is started, so none keeps a corrupted
+  // state. Every 100 steps: one hash of the buffer (memory-bound, one read)
+  // per hundred steps is lost in the noise, and corruption found within a
+  // hundred steps costs at most that many steps to redo from a snapshot.
+  int64_t sdc_every = 100;
 
   LrSchedule lr;
   AdamWConfig adamw;

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdio>
+#include <limits>
 #include <string>
 
 #include "brigade/ckpt/async_writer.h"
@@ -337,8 +338,7 @@ double Trainer::global_grad_norm() {
   return std::sqrt(squares);
 }
 
-StepMetrics Trainer::train_step() {
-  Stopwatch sw;
+StepMetrics Trainer::forward_backward() {
   const int64_t b = options_.micro_batch, t = model_config().block_size;
   const int64_t accum = options_.grad_accum;
   if (zero_ >= 2) {
@@ -367,6 +367,10 @@ StepMetrics Trainer::train_step() {
   const PipelineStepStats pipeline =
       stage_->run(fill, inputs_.data(), targets_.data(), b, t, loss_scale, arm, hook);
   double loss = pipeline.loss_sum;
+  if (poisoned_losses_ > 0 && poisoned_step_ == step_) {
+    loss = std::numeric_limits<double>::quiet_NaN();
+    --poisoned_losses_;
+  }
   if (tied_end_ > 0) {
     const int64_t wte = layout().wte();
     stage_->sum_tied_gradients(grads_.data() + wte, layout().params()[0].numel);
@@ -387,13 +391,26 @@ StepMetrics Trainer::train_step() {
   }
   // The last stage computed the losses.
   if (pp_size() > 1) pp_group_->all_reduce(&loss, 1, DType::kF64, ReduceOp::kSum)->wait();
+  local_loss_ = loss;
   m.loss = sum_over_ranks(loss) / static_cast<double>(accum * dp_size());
   m.grad_norm = global_grad_norm();
-  if (!std::isfinite(m.grad_norm)) {
-    throw_error(
-        "step {}: the gradient norm is {} (loss {}): training diverged; lower optim.lr or "
-        "resume from an earlier checkpoint",
-        step_, m.grad_norm, m.loss);
+  return m;
+}
+
+StepMetrics Trainer::train_step() {
+  Stopwatch sw;
+  StepMetrics m = forward_backward();
+  // Every rank sees the same summed loss and norm, so all re-run or none.
+  if (!std::isfinite(m.loss) || !std::isfinite(m.grad_norm)) {
+    const double first_loss = m.loss, first_norm = m.grad_norm;
+    m = forward_backward();
+    if (!std::isfinite(m.loss) || !std::isfinite(m.grad_norm)) throw_non_finite(m, local_loss_);
+    if (world_rank() == 0) {
+      std::fprintf(stderr,
+                   "brigade train: step %lld: loss %g, gradient norm %g; re-ran the step on the "
+                   "same batch and got loss %g: a passing fault, training goes on\n",
+                   static_cast<long long>(step_ + 1), first_loss, first_norm, m.loss);
+    }
   }
   m.lr = options_.lr.at(step_);
   // The update writes what an unstaged snapshot is still reading.

@@ -50,6 +50,7 @@
 #include "brigade/parallel/grad_buckets.h"
 #include "brigade/parallel/grad_sync.h"
 #include "brigade/parallel/pipeline_stage.h"
+#include "brigade/parallel/replica_check.h"
 #include "brigade/parallel/sharded_params.h"
 #include "brigade/parallel/tensor_parallel_group.h"
 #include "brigade/train/checkpoint_saver.h"
@@ -120,8 +121,28 @@ class Trainer {
   Trainer(const GptConfig& model, const TrainOptions& options, const TrainerGroups& groups);
   ~Trainer();
 
-  // One optimizer step over the global batch of step `step()`.
+  // One optimizer step over the global batch of step `step()`. A loss or
+  // gradient norm that is NaN or infinite runs the step's forward and
+  // backward once more on the same batch: a passing fault (a flipped bit,
+  // a faulty unit) gives finite numbers the second time, and the step goes
+  // on as if nothing happened; bad data or divergence repeats, and the step
+  // throws Error naming the samples of the batch (their data windows) and
+  // the fix.
   StepMetrics train_step();
+  // Collective over the data-parallel group (dp > 1): compares the hash of
+  // what every replica must hold bit for bit (parallel/replica_check.h).
+  // ZeRO 0-2: the whole parameter buffer, current on every rank after the
+  // step. ZeRO 3 holds no replica between steps (each rank's slices are
+  // the only copy), so it gathers one bucket, a different one each call,
+  // and compares what each rank received: the copies forward reads. That
+  // costs one block's gather per check, where gathering every bucket would
+  // cost a whole forward's.
+  ReplicaComparison compare_replicas();
+  // Fault injection (elastic/fault_injection.h): flips a bit of one
+  // parameter this rank owns (returns its name and offset), and makes the
+  // next `times` losses of step `step` (0-based) on this rank NaN.
+  std::string flip_parameter_bit();
+  void poison_loss(int64_t step, int times);
   // Mean validation loss over options.eval_windows windows (all if 0).
   double evaluate();
 
@@ -177,6 +198,7 @@ class Trainer {
   int pp_stage() const { return stage_->stage(); }
   int pp_size() const { return options_.parallel.pp; }
   int world_rank() const;
+  Communicator* dp_group() const { return dp_group_; }  // null without data parallelism
   // What this rank holds, for the start-up report and the ZeRO tests.
   MemoryAccount memory() const;
   // The last step's bucket reductions (empty without data parallelism).
@@ -203,6 +225,11 @@ class Trainer {
   // Sum over the data-parallel group (a no-op alone).
   double sum_over_ranks(double value);
   double global_grad_norm();
+  // Forward and backward of this step's batch, the gradients reduced; the
+  // metrics' loss and gradient norm filled in, nothing updated.
+  StepMetrics forward_backward();
+  // The error for a loss or norm that stayed non-finite on the re-run.
+  [[noreturn]] void throw_non_finite(const StepMetrics& m, double local_loss);
 
   TrainOptions options_;
   Communicator* dp_group_ = nullptr;
@@ -240,6 +267,10 @@ class Trainer {
   std::unique_ptr<GlobalSampler> sampler_;
   std::vector<int32_t> inputs_, targets_;  // one micro-batch, (B,T) each
   int64_t step_ = 0;
+  int64_t replica_checks_ = 0;  // ZeRO 3: which bucket the next check gathers
+  double local_loss_ = 0;       // this dp rank's loss sum of the last forward_backward
+  int64_t poisoned_step_ = -1;
+  int poisoned_losses_ = 0;
 };
 
 // The shared-memory bytes per rank that let a Trainer for `model` place its

@@ -1,0 +1,43 @@
+// Silent data corruption checks between data-parallel replicas.
+//
+// Under ZeRO 0, 1 and 2 every rank of a data-parallel group holds the same
+// parameters after each step, bit for bit (the same reduced gradients go
+// through the same update, or the owners' updates are all-gathered). A
+// rank whose copy differs was corrupted: by a faulty unit in its update, a
+// flipped bit in its memory, a bad transfer. Comparing the replicas costs
+// one 64-bit hash of the buffer per rank (XXH3, memory-bound: it reads the
+// buffer once) and one all-gather of 8 bytes per rank. What the group
+// computed identically from one corrupted input (an all-reduced gradient
+// that one rank's faulty backward polluted) stays identical and cannot be
+// caught this way: only replicas are compared.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace brigade {
+
+class Communicator;
+
+// XXH3 64 of n floats (their bytes).
+uint64_t hash_floats(const float* data, int64_t n);
+
+// The ranks whose hash is not the majority's: with one hash held by more
+// ranks than any other, everyone else; with no such hash (two replicas
+// that differ, or a tie), every rank, since nothing says which copy is
+// right. Empty when all agree.
+std::vector<int> odd_replicas(const std::vector<uint64_t>& hashes);
+
+struct ReplicaComparison {
+  std::vector<uint64_t> hashes;  // by rank of the group
+  std::vector<int> suspects;     // odd_replicas(hashes)
+  std::string compared;          // what was hashed, for people: "parameters (1234 floats)"
+  bool clean() const { return suspects.empty(); }
+};
+
+// Collective over `group`: every rank passes its hash and gets every rank's
+// (one all-gather of 8 bytes each) and the same verdict.
+ReplicaComparison compare_replicas(Communicator& group, uint64_t mine);
+
+}  // namespace brigade

@@ -1,0 +1,185 @@
+// Silent data corruption and non-finite losses end to end, through the real
+// binary on the tiny model:
+//   - a bit flipped in one rank's parameters (--inject sdc) is caught by the
+//     replicas' comparison (train/silent_corruption.h) at the next save or
+//     check, the launcher's one incident line names that rank, its node and
+//     the step, the evidence holds the ranks' reports, and the job rolls
+//     back to a snapshot taken before the flip: its final parameters are bit
+//     for bit a fault-free run's (`brigade ckpt hash`);
+//   - a clean run that checks after every step raises no alarm;
+//   - a NaN loss re-runs the step: once (a passing fault) training goes on
+//     with the same result as a clean run; twice (as bad data would) it
+//     stops, naming the data window and the fix.
+// sdc_slow_test.cc runs the 1,000-step clean run.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "testing/processes.h"
+#include "testing/run_brigade.h"
+#include "testing/temp_dir.h"
+
+namespace brigade {
+namespace {
+namespace fs = std::filesystem;
+using testing::run_brigade;
+
+// A snapshot every step, and a replica check only every 1000: the flip is
+// caught at its own step only because the check runs before every save.
+constexpr char kTraining[] = R"(
+[train]
+micro_batch = 2
+steps = 8
+seed = 5
+snapshot_every = 1
+[optim]
+lr = 3e-3
+min_lr = 3e-3
+[data]
+synthetic = true
+[parallel]
+timeout_s = 20
+bucket_mb = 0.01
+[diag]
+sdc_every = 1000
+)";
+
+class SilentCorruption : public ::testing::Test {
+ protected:
+  fs::path config() {
+    const fs::path path = dir_.path() / "config.toml";
+    if (!fs::exists(path)) std::ofstream(path) << testing::kTinyModelToml << kTraining;
+    return path;
+  }
+  testing::Output train(const std::string& run, const std::vector<std::string>& extra) {
+    std::vector<std::string> args = {"train", config().string(), "--set",
+                                     "train.run_dir=\"" + (dir_.path() / run).string() + "\""};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return run_brigade(args, std::chrono::seconds(120));
+  }
+  std::string hash(const std::string& run) {
+    const auto r = run_brigade({"ckpt", "hash", (dir_.path() / run).string()});
+    EXPECT_EQ(r.status, 0) << r.err;
+    return r.out;
+  }
+  void TearDown() override {
+    EXPECT_TRUE(testing::wait_until_gone(dir_.path().string(), std::chrono::seconds(30)));
+  }
+  testing::TempDir dir_{"brigade_sdc"};
+};
+
+// Returns the incident line (without "brigade launch: ").
+std::string expect_sdc_incident(const testing::Output& r, const fs::path& run, int rank, int step) {
+  EXPECT_EQ(r.status, 0) << r.err;
+  const std::string head = "brigade launch: incident 1: rank " + std::to_string(rank) +
+                           " (node 0): silent data corruption after step " + std::to_string(step) +
+                           ":";
+  const size_t at = r.err.find(head);
+  EXPECT_NE(at, std::string::npos) << r.err;
+  if (at == std::string::npos) return "";
+  const std::string line = r.err.substr(at + 16, r.err.find('\n', at) - at - 16);
+  EXPECT_NE(line.find("differ from those of the"), std::string::npos) << line;
+  EXPECT_EQ(r.err.find("brigade launch: incident", at + 1), std::string::npos) << r.err;
+  std::ifstream in(run / "incidents.jsonl");
+  std::string first;
+  std::getline(in, first);
+  EXPECT_EQ(nlohmann::json::parse(first).at("cause"), line) << first;
+  EXPECT_TRUE(
+      fs::exists(run / "incidents" / "1" /
+                 ("sdc_rank" + std::to_string(rank) + "_step" + std::to_string(step) + ".json")));
+  // Rolled back to the snapshot before the flip, not one after it.
+  EXPECT_NE(r.err.find("from the in-memory snapshot of step " + std::to_string(step - 1)),
+            std::string::npos)
+      << r.err;
+  return line;
+}
+
+TEST_F(SilentCorruption, TheFlippedRankIsNamedAndTheRollbackEndsBitIdentical) {
+  std::random_device seed;
+  std::mt19937 random(seed());
+  const int rank = std::uniform_int_distribution<int>(0, 3)(random);
+  const int step = std::uniform_int_distribution<int>(2, 6)(random);
+  SCOPED_TRACE("rank " + std::to_string(rank) + " step " + std::to_string(step));
+  // The fault-free run checks after every step: no false alarm either.
+  const auto clean = train("clean", {"--nproc", "4", "--set", "diag.sdc_every=1"});
+  ASSERT_EQ(clean.status, 0) << clean.err;
+  EXPECT_EQ(clean.err.find("silent data corruption"), std::string::npos) << clean.err;
+  const auto r =
+      train("run", {"--nproc", "4", "--inject",
+                    "sdc:rank=" + std::to_string(rank) + ":step=" + std::to_string(step)});
+  expect_sdc_incident(r, dir_.path() / "run", rank, step);
+  EXPECT_EQ(hash("run"), hash("clean"));
+}
+
+// ZeRO 2 gathers the updated slices into every rank's whole buffer, which
+// is what the ranks compare; three replicas still have a majority.
+TEST_F(SilentCorruption, UnderZero2TheGatheredBufferIsCompared) {
+  const auto clean = train("clean", {"--nproc", "3", "--set", "parallel.zero=2"});
+  ASSERT_EQ(clean.status, 0) << clean.err;
+  const auto r =
+      train("run", {"--nproc", "3", "--set", "parallel.zero=2", "--inject", "sdc:rank=1:step=3"});
+  expect_sdc_incident(r, dir_.path() / "run", 1, 3);
+  EXPECT_EQ(hash("run"), hash("clean"));
+}
+
+// A few hundred steps, compared after every one, under each way the
+// replicas come to hold their parameters (ZeRO 3: one gathered bucket each).
+TEST_F(SilentCorruption, ACleanRunCheckedEveryStepRaisesNoAlarm) {
+  for (const char* zero : {"0", "1", "3"}) {
+    SCOPED_TRACE(std::string("ZeRO ") + zero);
+    const std::string run = std::string("zero") + zero;
+    const auto r =
+        train(run, {"--nproc", "2", "--set", "train.steps=200", "--set", "train.snapshot_every=0",
+                    "--set", "diag.sdc_every=1", "--set", std::string("parallel.zero=") + zero});
+    EXPECT_EQ(r.status, 0) << r.err;
+    EXPECT_NE(r.err.find("0 incidents"), std::string::npos) << r.err;
+    EXPECT_EQ(r.err.find("silent data corruption"), std::string::npos) << r.err;
+  }
+}
+
+TEST_F(SilentCorruption, APassingNanLossIsReRunAndTrainingGoesOnIdentically) {
+  const auto clean = train("clean", {"--set", "train.snapshot_every=0"});
+  ASSERT_EQ(clean.status, 0) << clean.err;
+  const auto r = train("run", {"--set", "train.snapshot_every=0", "--inject", "nan:rank=0:step=3"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.err.find("step 3: loss nan"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("re-ran the step on the same batch"), std::string::npos) << r.err;
+  EXPECT_EQ(hash("run"), hash("clean"));
+}
+
+TEST_F(SilentCorruption, ANanLossThatRepeatsStopsNamingTheDataWindow) {
+  const fs::path text = dir_.path() / "text.txt";
+  {
+    std::ofstream out(text);
+    for (int i = 0; i < 400; ++i)
+      out << "the quick brown fox jumps over the lazy dog " << i << "\n";
+  }
+  const fs::path data = dir_.path() / "data";
+  const auto prepared = run_brigade(
+      {"data", "prepare", text.string(), "--tokenizer", "byte", "--out", data.string()});
+  ASSERT_EQ(prepared.status, 0) << prepared.err;
+  // Two data-parallel ranks: only rank 1's samples gave the NaN.
+  const auto r =
+      train("run", {"--nproc", "2", "--max-restarts", "0", "--set", "model.vocab_size=256", "--set",
+                    "data.synthetic=false", "--set", "data.dir=\"" + data.string() + "\"", "--set",
+                    "train.snapshot_every=0", "--inject", "nan:rank=1:step=3:times=2"});
+  EXPECT_EQ(r.status, 1) << r.err;
+  EXPECT_NE(r.err.find("step 3: the loss is nan"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("again after re-running the step on the same batch"), std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("samples [2, 4) of the step's global batch (dp rank 1)"), std::string::npos)
+      << r.err;
+  EXPECT_EQ(r.err.find("(dp rank 0)"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find((data / "train").string()), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("tokens ["), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("skip the window"), std::string::npos) << r.err;
+}
+
+}  // namespace
+}  // namespace brigade
