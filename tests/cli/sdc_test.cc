@@ -74,17 +74,21 @@ class SilentCorruption : public ::testing::Test {
   testing::TempDir dir_{"brigade_sdc"};
 };
 
-// Returns the incident line (without "brigade launch: ").
-std::string expect_sdc_incident(const testing::Output& r, const fs::path& run, int rank, int step) {
+// Returns the incident line (without "brigade launch: "). `named`: how the
+// line starts when it names several ranks ("ranks 1 (node 0) and 3").
+std::string expect_sdc_incident(const testing::Output& r, const fs::path& run, int rank, int step,
+                                const std::string& named = "") {
   EXPECT_EQ(r.status, 0) << r.err;
-  const std::string head = "brigade launch: incident 1: rank " + std::to_string(rank) +
-                           " (node 0): silent data corruption after step " + std::to_string(step) +
-                           ":";
+  const std::string head =
+      "brigade launch: incident 1: " + (named.empty() ? "rank " + std::to_string(rank) : named) +
+      " (node 0): silent data corruption after step " + std::to_string(step) + ":";
   const size_t at = r.err.find(head);
   EXPECT_NE(at, std::string::npos) << r.err;
   if (at == std::string::npos) return "";
   const std::string line = r.err.substr(at + 16, r.err.find('\n', at) - at - 16);
-  EXPECT_NE(line.find("differ from those of the"), std::string::npos) << line;
+  EXPECT_NE(line.find(named.empty() ? "differ from those of the" : "no majority"),
+            std::string::npos)
+      << line;
   EXPECT_EQ(r.err.find("brigade launch: incident", at + 1), std::string::npos) << r.err;
   std::ifstream in(run / "incidents.jsonl");
   std::string first;
@@ -125,6 +129,20 @@ TEST_F(SilentCorruption, UnderZero2TheGatheredBufferIsCompared) {
   const auto r =
       train("run", {"--nproc", "3", "--set", "parallel.zero=2", "--inject", "sdc:rank=1:step=3"});
   expect_sdc_incident(r, dir_.path() / "run", 1, 3);
+  EXPECT_EQ(hash("run"), hash("clean"));
+}
+
+// dp 2 x tp 2: two replicas per group have no majority, so both ranks of
+// the group are named; the other group's ranks stop at the same step.
+TEST_F(SilentCorruption, UnderTensorParallelismBothReplicasAreNamedAndEveryGroupStops) {
+  const auto clean = train("clean", {"--nproc", "4", "--set", "parallel.tp=2"});
+  ASSERT_EQ(clean.status, 0) << clean.err;
+  const auto r =
+      train("run", {"--nproc", "4", "--set", "parallel.tp=2", "--inject", "sdc:rank=1:step=3"});
+  expect_sdc_incident(r, dir_.path() / "run", 1, 3, "ranks 1 (node 0) and 3");
+  EXPECT_NE(r.err.find("step 3: another data-parallel group's replicas hold different"),
+            std::string::npos)
+      << r.err;
   EXPECT_EQ(hash("run"), hash("clean"));
 }
 

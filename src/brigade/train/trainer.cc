@@ -400,11 +400,19 @@ StepMetrics Trainer::forward_backward() {
 StepMetrics Trainer::train_step() {
   Stopwatch sw;
   StepMetrics m = forward_backward();
-  // Every rank sees the same summed loss and norm, so all re-run or none.
-  if (!std::isfinite(m.loss) || !std::isfinite(m.grad_norm)) {
+  // A data-parallel group sees one summed loss and norm; across a mesh's
+  // groups the ranks agree, so all re-run or none.
+  const auto non_finite = [&] {
+    double bad = std::isfinite(m.loss) && std::isfinite(m.grad_norm) ? 0.0 : 1.0;
+    if (world_ != nullptr && world_->size() > dp_size()) {
+      world_->all_reduce(&bad, 1, DType::kF64, ReduceOp::kMax)->wait();
+    }
+    return bad != 0.0;
+  };
+  if (non_finite()) {
     const double first_loss = m.loss, first_norm = m.grad_norm;
     m = forward_backward();
-    if (!std::isfinite(m.loss) || !std::isfinite(m.grad_norm)) throw_non_finite(m, local_loss_);
+    if (non_finite()) throw_non_finite(m, local_loss_);
     if (world_rank() == 0) {
       std::fprintf(stderr,
                    "brigade train: step %lld: loss %g, gradient norm %g; re-ran the step on the "

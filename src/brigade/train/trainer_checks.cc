@@ -65,6 +65,13 @@ void Trainer::poison_loss(int64_t step, int times) {
 }
 
 void Trainer::throw_non_finite(const StepMetrics& m, double local_loss) {
+  if (std::isfinite(m.loss) && std::isfinite(m.grad_norm)) {
+    throw_error(
+        "step {}: another data-parallel group of the mesh got a NaN or infinite loss again after "
+        "re-running the step on the same batch (its ranks' errors name the data); stopping with "
+        "it",
+        step_ + 1);
+  }
   // Which replicas' samples gave the non-finite loss: each knows its own.
   std::vector<double> bad(static_cast<size_t>(dp_size()), 0.0);
   bad[static_cast<size_t>(dp_rank())] = std::isfinite(local_loss) ? 0.0 : 1.0;
