@@ -168,18 +168,29 @@ TEST(FaultInjection, SkipMismatchAndSlowParseAndBelongToOneGeneration) {
 }
 
 TEST(FaultInjection, SdcAndNanParse) {
-  const auto faults = parse_faults("sdc:rank=2:step=4,nan:rank=1:step=3:times=2,nan:rank=0:step=5");
-  ASSERT_EQ(faults.size(), 3u);
+  const auto faults = parse_faults(
+      "sdc:rank=2:step=4,nan:rank=1:step=3:times=2,nan:rank=0:step=5,"
+      "sdc:rank=3:step=2:when=forward,sdc:rank=3:step=6:what=moment:when=after");
+  ASSERT_EQ(faults.size(), 5u);
   EXPECT_EQ(faults[0].kind, InjectedFault::Kind::kSdc);
+  EXPECT_FALSE(faults[0].in_forward || faults[0].in_moment);
   EXPECT_EQ(fault_after_step(faults, 2, 0, 4), &faults[0]);
-  // A NaN loss happens inside its step, never after it.
+  // A NaN loss and a flip during the forward happen inside their step.
   EXPECT_EQ(fault_after_step(faults, 1, 0, 3), nullptr);
-  const auto nans = nan_faults(faults, 1, 0);
+  EXPECT_EQ(fault_after_step(faults, 3, 0, 2), nullptr);
+  const auto nans = in_step_faults(faults, 1, 0);
   ASSERT_EQ(nans.size(), 1u);
   EXPECT_EQ(nans[0].step, 3);
   EXPECT_EQ(nans[0].times, 2);
-  EXPECT_EQ(nan_faults(faults, 0, 0).at(0).times, 1);
-  EXPECT_TRUE(nan_faults(faults, 0, 1).empty()) << "a restart must not re-inject";
+  EXPECT_EQ(in_step_faults(faults, 0, 0).at(0).times, 1);
+  EXPECT_TRUE(in_step_faults(faults, 0, 1).empty()) << "a restart must not re-inject";
+  const auto forward = in_step_faults(faults, 3, 0);
+  ASSERT_EQ(forward.size(), 1u);
+  EXPECT_TRUE(forward[0].in_forward);
+  EXPECT_EQ(forward[0].step, 2);
+  EXPECT_EQ(fault_after_step(faults, 3, 0, 6), &faults[4]);
+  EXPECT_TRUE(faults[4].in_moment);
+  EXPECT_FALSE(faults[4].in_forward);
 }
 
 TEST(FaultInjection, MalformedSpecsAreNamed) {
@@ -209,6 +220,10 @@ TEST(FaultInjection, MalformedSpecsAreNamed) {
             std::string::npos);
   EXPECT_NE(error_of("sdc:rank=1:step=2:times=2").find("unknown or repeated key 'times'"),
             std::string::npos);
+  EXPECT_NE(error_of("sdc:rank=1:step=2:when=later").find("when= is forward"), std::string::npos);
+  EXPECT_NE(error_of("kill:rank=1:step=2:when=forward").find("unknown or repeated key 'when'"),
+            std::string::npos);
+  EXPECT_NE(error_of("sdc:rank=1:step=2:what=grad").find("what= is moment"), std::string::npos);
 }
 
 // The agent's request for evidence is answered by the heartbeat thread

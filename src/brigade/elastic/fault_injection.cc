@@ -14,7 +14,8 @@ namespace {
 
 constexpr const char* kForm =
     "KIND:rank=R:step=S[:gen=G] with KIND kill, stop, skip, mismatch or sdc, "
-    "nan:rank=R:step=S[:times=N][:gen=G], or slow:rank=R:factor=F[:gen=G], several separated "
+    "sdc:rank=R:step=S[:when=forward][:what=moment], nan:rank=R:step=S[:times=N][:gen=G], or "
+    "slow:rank=R:factor=F[:gen=G], several separated "
     "by commas (for example "
     "kill:rank=1:step=5,stop:rank=2:step=8,slow:rank=3:factor=2)";
 
@@ -66,12 +67,35 @@ InjectedFault parse_one(std::string_view text) {
   }
   const bool slow = fault.kind == InjectedFault::Kind::kSlow;
   const bool nan = fault.kind == InjectedFault::Kind::kNan;
-  bool has_rank = false, has_step = false, has_factor = false, has_times = false;
+  const bool sdc = fault.kind == InjectedFault::Kind::kSdc;
+  bool has_rank = false, has_step = false, has_factor = false, has_times = false, has_when = false;
   for (size_t i = 1; i < fields.size(); ++i) {
     const size_t eq = fields[i].find('=');
     const std::string_view key = fields[i].substr(0, eq);
     if (eq == std::string_view::npos) {
       throw_error("fault '{}': '{}' is not key=value; the form is {}", text, fields[i], kForm);
+    }
+    if (key == "when" && sdc && !has_when) {
+      const std::string_view when = fields[i].substr(eq + 1);
+      if (when != "forward" && when != "after") {
+        throw_error(
+            "fault '{}': when= is forward (during the step's forward) or after (after "
+            "its update, the default), not '{}'; the form is {}",
+            text, when, kForm);
+      }
+      fault.in_forward = when == "forward";
+      has_when = true;
+      continue;
+    }
+    if (key == "what" && sdc && !fault.in_moment) {
+      if (fields[i].substr(eq + 1) != "moment") {
+        throw_error(
+            "fault '{}': what= is moment (a bit of an Adam moment, not a parameter), not "
+            "'{}'; the form is {}",
+            text, fields[i].substr(eq + 1), kForm);
+      }
+      fault.in_moment = true;
+      continue;
     }
     const int64_t value = parse_number(text, key, fields[i].substr(eq + 1));
     if (key == "rank" && !has_rank) {
@@ -120,18 +144,19 @@ const InjectedFault* fault_after_step(const std::vector<InjectedFault>& faults, 
                                       int64_t generation, int64_t step) {
   for (const InjectedFault& f : faults) {
     if (f.kind != InjectedFault::Kind::kSlow && f.kind != InjectedFault::Kind::kNan &&
-        f.rank == rank && f.generation == generation && f.step == step) {
+        !f.in_forward && f.rank == rank && f.generation == generation && f.step == step) {
       return &f;
     }
   }
   return nullptr;
 }
 
-std::vector<InjectedFault> nan_faults(const std::vector<InjectedFault>& faults, int rank,
-                                      int64_t generation) {
+std::vector<InjectedFault> in_step_faults(const std::vector<InjectedFault>& faults, int rank,
+                                          int64_t generation) {
   std::vector<InjectedFault> out;
   for (const InjectedFault& f : faults) {
-    if (f.kind == InjectedFault::Kind::kNan && f.rank == rank && f.generation == generation) {
+    if ((f.kind == InjectedFault::Kind::kNan || f.in_forward) && f.rank == rank &&
+        f.generation == generation) {
       out.push_back(f);
     }
   }

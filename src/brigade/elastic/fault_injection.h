@@ -9,6 +9,10 @@
 //   sdc:rank=1:step=5           rank 1 flips a bit of one of its parameters after
 //                               step 5's update (silent data corruption, which
 //                               diag.sdc_every's replica check must catch)
+//   sdc:rank=1:step=5:when=forward  the same flip at the start of step 5's
+//                               forward, while the snapshot of step 4 may be
+//                               reading the parameters
+//   sdc:rank=1:step=5:what=moment  the flip in an Adam moment instead
 //   nan:rank=1:step=5[:times=2] rank 1's loss of step 5 is NaN, on its first
 //                               computation only (a passing fault: the step's
 //                               re-run is clean) or `times` of them (2: the re-run
@@ -39,24 +43,27 @@ struct InjectedFault {
   int rank = 0;
   int64_t step = 0;  // after this step completes (counted from 1); slow: none
   int64_t generation = 0;
-  int64_t factor = 1;  // slow: this many times the compute time
-  int64_t times = 1;   // nan: how many of the step's loss computations are NaN
+  int64_t factor = 1;       // slow: this many times the compute time
+  int64_t times = 1;        // nan: how many of the step's loss computations are NaN
+  bool in_forward = false;  // sdc: during step's forward, not after its update
+  bool in_moment = false;   // sdc: in an Adam moment, not a parameter
 };
 
 // Throws Error naming the malformed part and the expected form.
 std::vector<InjectedFault> parse_faults(std::string_view spec);
 
-// The kill, stop, skip, mismatch or sdc planned for `rank` right after
-// `step` in `generation`, or null.
+// The kill, stop, skip, mismatch or sdc (not when=forward) planned for
+// `rank` right after `step` in `generation`, or null.
 const InjectedFault* fault_after_step(const std::vector<InjectedFault>& faults, int rank,
                                       int64_t generation, int64_t step);
 
 // The slow fault's factor for `rank` in `generation`: 1 when none.
 int64_t slow_factor(const std::vector<InjectedFault>& faults, int rank, int64_t generation);
 
-// The nan faults planned for `rank` in `generation`.
-std::vector<InjectedFault> nan_faults(const std::vector<InjectedFault>& faults, int rank,
-                                      int64_t generation);
+// The faults the trainer raises inside a step (nan, sdc with when=forward)
+// planned for `rank` in `generation`.
+std::vector<InjectedFault> in_step_faults(const std::vector<InjectedFault>& faults, int rank,
+                                          int64_t generation);
 
 // Says so on stderr, stamps the heartbeat (if any) and raises a kill or stop
 // on this process. Returns only after a stop, once continued. A skip,

@@ -4,13 +4,29 @@
 
 #include <algorithm>
 #include <map>
+#include <vector>
 
 #include "brigade/comm/communicator.h"
 
 namespace brigade {
 
 uint64_t hash_floats(const float* data, int64_t n) {
-  return XXH3_64bits(data, static_cast<size_t>(n) * sizeof(float));
+  // Chunks of a fixed size, so the hash is the same whatever the thread count.
+  constexpr int64_t kChunk = int64_t{1} << 20;
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+  if (chunks <= 1) return XXH3_64bits(data, static_cast<size_t>(n) * sizeof(float));
+  std::vector<uint64_t> hashes(static_cast<size_t>(chunks));
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < chunks; ++i) {
+    const int64_t begin = i * kChunk, count = std::min(kChunk, n - begin);
+    hashes[static_cast<size_t>(i)] =
+        XXH3_64bits(data + begin, static_cast<size_t>(count) * sizeof(float));
+  }
+  return XXH3_64bits(hashes.data(), hashes.size() * sizeof(uint64_t));
+}
+
+uint64_t combine_hashes(const std::vector<uint64_t>& hashes) {
+  return XXH3_64bits(hashes.data(), hashes.size() * sizeof(uint64_t));
 }
 
 std::vector<int> odd_replicas(const std::vector<uint64_t>& hashes) {

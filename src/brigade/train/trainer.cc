@@ -399,12 +399,18 @@ StepMetrics Trainer::forward_backward() {
 
 StepMetrics Trainer::train_step() {
   Stopwatch sw;
+  if (flip_step_ == step_) {
+    flip_step_ = -1;
+    std::fprintf(stderr, "brigade train: flipped a bit of %s at the start of step %lld\n",
+                 flip_parameter_bit().c_str(), static_cast<long long>(step_ + 1));
+  }
   StepMetrics m = forward_backward();
-  // A data-parallel group sees one summed loss and norm; across a mesh's
-  // groups the ranks agree, so all re-run or none.
+  // Every rank agrees, so all re-run or none: the summed loss and norm are
+  // one rank's view of them, and a rank that alone re-ran (or threw) would
+  // leave the others waiting in a collective.
   const auto non_finite = [&] {
     double bad = std::isfinite(m.loss) && std::isfinite(m.grad_norm) ? 0.0 : 1.0;
-    if (world_ != nullptr && world_->size() > dp_size()) {
+    if (world_ != nullptr && world_->size() > 1) {
       world_->all_reduce(&bad, 1, DType::kF64, ReduceOp::kMax)->wait();
     }
     return bad != 0.0;
@@ -415,14 +421,18 @@ StepMetrics Trainer::train_step() {
     if (non_finite()) throw_non_finite(m, local_loss_);
     if (world_rank() == 0) {
       std::fprintf(stderr,
-                   "brigade train: step %lld: loss %g, gradient norm %g; re-ran the step on the "
-                   "same batch and got loss %g: a passing fault, training goes on\n",
+                   "brigade train: step %lld: a NaN or infinite loss or gradient norm on some "
+                   "rank (here loss %g, gradient norm %g); re-ran the step on the same batch and "
+                   "got loss %g: a passing fault, training goes on\n",
                    static_cast<long long>(step_ + 1), first_loss, first_norm, m.loss);
     }
   }
   m.lr = options_.lr.at(step_);
   // The update writes what an unstaged snapshot is still reading.
   if (snapshot_saver_) snapshot_saver_->wait_until_written();
+  // Before the update: every replica still holds the last update's result,
+  // and whatever the snapshot read has been read.
+  if (before_update_) before_update_();
   optimizer_->step(params_.data(), grads_.data(), m.lr,
                    clip_scale(m.grad_norm, options_.grad_clip));
   if (zero_ == 1 || zero_ == 2) {
@@ -494,10 +504,12 @@ fs::path Trainer::start_checkpoint() {
 }
 
 void Trainer::start_snapshots_if_room() {
-  // Parameters and both moments of the whole model, twice. What the area
+  // Parameters and both moments of the whole model, for each snapshot kept
+  // and the one being written. What the area
   // already holds (an earlier generation's snapshots and spares) is room
   // for these: they replace it.
-  const double needed = 2.0 * 3.0 * sizeof(float) * ParamLayout(model_config()).size();
+  const double needed = static_cast<double>(snapshots_kept() + 1) * 3.0 * sizeof(float) *
+                        static_cast<double>(ParamLayout(model_config()).size());
   struct statvfs fs_stats {};
   double too_small = 1;
   if (::statvfs(options_.snapshot_dir.c_str(), &fs_stats) == 0) {
@@ -513,9 +525,10 @@ void Trainer::start_snapshots_if_room() {
   if (too_small != 0) {
     if (world_rank() == 0) {
       std::fprintf(stderr,
-                   "brigade train: no in-memory snapshots: %s has less free space than two "
+                   "brigade train: no in-memory snapshots: %s has less free space than %lld "
                    "snapshots need (%.1f MB); restarts resume from the newest checkpoint\n",
-                   options_.snapshot_dir.c_str(), needed / 1e6);
+                   options_.snapshot_dir.c_str(), static_cast<long long>(snapshots_kept() + 1),
+                   needed / 1e6);
     }
     return;
   }
@@ -539,7 +552,7 @@ void Trainer::stop_snapshots(const std::string& why) {
 void Trainer::start_snapshot() {
   BRIGADE_CHECK(snapshot_saver_ != nullptr);
   try {
-    start_save(*snapshot_saver_, options_.snapshot_dir, /*keep=*/1, /*snapshot=*/true);
+    start_save(*snapshot_saver_, options_.snapshot_dir, snapshots_kept(), /*snapshot=*/true);
   } catch (const CommError&) {
     throw;  // the group is broken: not the snapshot's business
   } catch (const Error& e) {

@@ -37,9 +37,11 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -129,19 +131,35 @@ class Trainer {
   // throws Error naming the samples of the batch (their data windows) and
   // the fix.
   StepMetrics train_step();
-  // Collective over the data-parallel group (dp > 1): compares the hash of
-  // what every replica must hold bit for bit (parallel/replica_check.h).
-  // ZeRO 0-2: the whole parameter buffer, current on every rank after the
-  // step. ZeRO 3 holds no replica between steps (each rank's slices are
-  // the only copy), so it gathers one bucket, a different one each call,
-  // and compares what each rank received: the copies forward reads. That
-  // costs one block's gather per check, where gathering every bucket would
-  // cost a whole forward's.
+  // Collective over the data-parallel group (dp > 1, ZeRO 0-2): compares
+  // the hash of what every replica must hold bit for bit
+  // (parallel/replica_check.h): the whole parameter buffer, the same on
+  // every rank between updates (after ZeRO 1/2's gather), and under ZeRO 0
+  // both Adam moments too (ZeRO 1/2 shard them: each slice exists once).
+  // ZeRO 3 holds no replica at all, so there is nothing to compare.
   ReplicaComparison compare_replicas();
+  // Whether diag.sdc_every's replica check runs (train/silent_corruption.h):
+  // dp > 1 under ZeRO 0-2 (ZeRO 3 holds no replica) and sdc_every > 0.
+  bool replica_checks_on() const;
+  // The snapshots kept: 1, or 2 under replica checks, since a failed check
+  // discards the newest (discard_saves) and the rollback needs the one before.
+  int64_t snapshots_kept() const { return replica_checks_on() ? 2 : 1; }
+  // After a failed replica check of the state after `step` steps, on every
+  // rank: gives up the saves in flight, and (world rank 0) removes that
+  // step's snapshot and checkpoint if they committed already (an unstaged
+  // snapshot's commit does not wait for the check), so no rollback resumes
+  // from a state the check did not pass. Not collective.
+  void discard_saves(int64_t step);
+  // Runs `check` in every train_step right before the update, once an
+  // unstaged snapshot has been read (train/silent_corruption.h). Empty: none.
+  void on_before_update(std::function<void()> check) { before_update_ = std::move(check); }
   // Fault injection (elastic/fault_injection.h): flips a bit of one
-  // parameter this rank owns (returns its name and offset), and makes the
-  // next `times` losses of step `step` (0-based) on this rank NaN.
-  std::string flip_parameter_bit();
+  // parameter this rank owns, or of its first Adam moment (returns its name
+  // and offset), now or at the
+  // start of step `step`'s forward (0-based), and makes the next `times`
+  // losses of step `step` on this rank NaN.
+  std::string flip_parameter_bit(bool in_moment = false);
+  void flip_bit_before_forward(int64_t step) { flip_step_ = step; }
   void poison_loss(int64_t step, int times);
   // Mean validation loss over options.eval_windows windows (all if 0).
   double evaluate();
@@ -166,7 +184,8 @@ class Trainer {
   // peer died) and cannot agree on it any more.
   void abandon_checkpoint();
   // In-memory snapshots (elastic/snapshots.h): the same save into
-  // options.snapshot_dir, keeping only the newest; collective like the
+  // options.snapshot_dir, keeping the newest (two under replica checks:
+  // snapshots_kept); collective like the
   // above, and on their own saver, so a snapshot never waits for a disk
   // checkpoint. Enabled when snapshot_dir is set, snapshot_every > 0 and the
   // tmpfs has room for two (the newest stays until the next commits). A
@@ -267,8 +286,9 @@ class Trainer {
   std::unique_ptr<GlobalSampler> sampler_;
   std::vector<int32_t> inputs_, targets_;  // one micro-batch, (B,T) each
   int64_t step_ = 0;
-  int64_t replica_checks_ = 0;  // ZeRO 3: which bucket the next check gathers
-  double local_loss_ = 0;       // this dp rank's loss sum of the last forward_backward
+  std::function<void()> before_update_;
+  double local_loss_ = 0;  // this dp rank's loss sum of the last forward_backward
+  int64_t flip_step_ = -1;
   int64_t poisoned_step_ = -1;
   int poisoned_losses_ = 0;
 };

@@ -7,9 +7,11 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <string>
 #include <vector>
 
+#include "brigade/ckpt/checkpoint.h"
 #include "brigade/comm/communicator.h"
 #include "brigade/core/error.h"
 #include "brigade/data/dataset.h"
@@ -17,44 +19,56 @@
 #include "brigade/train/trainer.h"
 
 namespace brigade {
+namespace fs = std::filesystem;
+
+bool Trainer::replica_checks_on() const {
+  return options_.sdc_every > 0 && dp_size() > 1 && zero_ < 3;
+}
+
+void Trainer::discard_saves(int64_t step) {
+  abandon_checkpoint();
+  if (world_rank() != 0) return;
+  std::error_code ec;
+  if (snapshot_saver_) fs::remove_all(step_directory(options_.snapshot_dir, step), ec);
+  fs::remove_all(step_directory(fs::path(options_.run_dir) / "checkpoints", step), ec);
+}
 
 ReplicaComparison Trainer::compare_replicas() {
-  BRIGADE_CHECK(dp_group_ != nullptr && dp_size() > 1);
-  uint64_t mine = 0;
-  std::string compared;
-  if (sharded_params_) {
-    const std::vector<FlatRange>& buckets = plan_->buckets();
-    const size_t index = static_cast<size_t>(replica_checks_++) % buckets.size();
-    const FlatRange bucket = buckets[index];
-    sharded_params_->acquire(bucket.begin, bucket.end);
-    mine = hash_floats(params_.data() + bucket.begin, bucket.size());
-    sharded_params_->release(bucket.begin, bucket.end);
-    compared = fmt::format("gathered parameters of ZeRO 3 bucket {} ({} floats at {})", index,
-                           bucket.size(), bucket.begin);
-  } else {
-    mine = hash_floats(params_.data(), params_.size());
-    compared = fmt::format("parameters ({} floats)", params_.size());
+  BRIGADE_CHECK(dp_group_ != nullptr && dp_size() > 1 && zero_ < 3);
+  uint64_t mine = hash_floats(params_.data(), params_.size());
+  std::string compared = fmt::format("parameters ({} floats)", params_.size());
+  if (zero_ == 0) {
+    mine = combine_hashes({mine, hash_floats(optimizer_->m().data(), optimizer_->m().size()),
+                           hash_floats(optimizer_->v().data(), optimizer_->v().size())});
+    compared = fmt::format("parameters and Adam moments (3 x {} floats)", params_.size());
   }
   ReplicaComparison c = brigade::compare_replicas(*dp_group_, mine);
   c.compared = std::move(compared);
   return c;
 }
 
-std::string Trainer::flip_parameter_bit() {
+std::string Trainer::flip_parameter_bit(bool in_moment) {
   // A real tensor element in a slice this rank owns: under ZeRO 3 the only
   // parameters it holds between steps, and everywhere else as good as any.
+  int64_t compact = 0;
   for (const FlatRange& slice : plan_->owned(dp_rank())) {
     for (const ParamInfo& p : layout().params()) {
       const int64_t at = std::max(slice.begin, p.offset);
       if (at >= std::min(slice.end, p.offset + p.numel)) continue;
       // The top mantissa bit: the value changes by up to half, stays finite,
       // and the difference survives the next updates.
+      // The moments are compact under ZeRO 1/2: the slice's own offset.
+      float* value = in_moment ? optimizer_->m().data() + (zero_ >= 1 ? compact : slice.begin) +
+                                     (at - slice.begin)
+                               : params_.data() + at;
       uint32_t bits = 0;
-      std::memcpy(&bits, params_.data() + at, sizeof(bits));
+      std::memcpy(&bits, value, sizeof(bits));
       bits ^= 1u << 22;
-      std::memcpy(params_.data() + at, &bits, sizeof(bits));
-      return fmt::format("{} element {} (flat offset {})", p.name, at - p.offset, at);
+      std::memcpy(value, &bits, sizeof(bits));
+      return fmt::format("{}{} element {} (flat offset {})",
+                         in_moment ? "the first moment of " : "", p.name, at - p.offset, at);
     }
+    compact += slice.size();
   }
   throw_error("rank {} owns no parameter element to corrupt", dp_rank());
 }
@@ -65,19 +79,25 @@ void Trainer::poison_loss(int64_t step, int times) {
 }
 
 void Trainer::throw_non_finite(const StepMetrics& m, double local_loss) {
-  if (std::isfinite(m.loss) && std::isfinite(m.grad_norm)) {
+  // Every rank of the mesh comes here (the re-run was agreed). Within a
+  // data-parallel group the ranks agree on whether the group's own numbers
+  // are bad, and which replicas' samples gave a non-finite loss (each knows
+  // its own), in one all-reduce: a rank's own view could differ from its
+  // peers' and leave them waiting.
+  std::vector<double> bad(static_cast<size_t>(dp_size()) + 1, 0.0);
+  bad[static_cast<size_t>(dp_rank())] = std::isfinite(local_loss) ? 0.0 : 1.0;
+  bad.back() = std::isfinite(m.loss) && std::isfinite(m.grad_norm) ? 0.0 : 1.0;
+  if (dp_size() > 1) {
+    dp_group_->all_reduce(bad.data(), dp_size() + 1, DType::kF64, ReduceOp::kMax)->wait();
+  }
+  if (bad.back() == 0.0) {
     throw_error(
         "step {}: another data-parallel group of the mesh got a NaN or infinite loss again after "
         "re-running the step on the same batch (its ranks' errors name the data); stopping with "
         "it",
         step_ + 1);
   }
-  // Which replicas' samples gave the non-finite loss: each knows its own.
-  std::vector<double> bad(static_cast<size_t>(dp_size()), 0.0);
-  bad[static_cast<size_t>(dp_rank())] = std::isfinite(local_loss) ? 0.0 : 1.0;
-  if (dp_size() > 1) {
-    dp_group_->all_reduce(bad.data(), dp_size(), DType::kF64, ReduceOp::kMax)->wait();
-  }
+  bad.pop_back();
   const int64_t per_rank = options_.micro_batch * options_.grad_accum;
   std::string where;
   for (int r = 0; r < dp_size(); ++r) {
