@@ -97,6 +97,9 @@ InjectedFault parse_one(std::string_view text) {
       fault.in_moment = true;
       continue;
     }
+    if (key == "when" || key == "what") {
+      throw_error("fault '{}': unknown or repeated key '{}'; the form is {}", text, key, kForm);
+    }
     const int64_t value = parse_number(text, key, fields[i].substr(eq + 1));
     if (key == "rank" && !has_rank) {
       fault.rank = static_cast<int>(value);
