@@ -100,6 +100,9 @@ std::string expect_sdc_incident(const testing::Output& r, const fs::path& run, i
   EXPECT_TRUE(
       fs::exists(run / "incidents" / "1" /
                  ("sdc_rank" + std::to_string(rank) + "_step" + std::to_string(step) + ".json")));
+  EXPECT_FALSE(fs::exists(
+      run / ("sdc_rank" + std::to_string(rank) + "_step" + std::to_string(step) + ".json")))
+      << "moved into the evidence";
   // Rolled back to the save before the corruption, not one that read it.
   const std::string resumed =
       "from " + from + " of step " + std::to_string(rollback < 0 ? step - 1 : rollback);

@@ -271,6 +271,21 @@ TEST(IncidentEvidence, ExitDumpsAreCopiedOnlyForTheWorkersOwnPid) {
   EXPECT_EQ(incident, run.path() / "incidents" / "2");
 }
 
+// A replica check's report is moved: the run directory keeps none.
+TEST(IncidentEvidence, CorruptionReportsAreMovedForTheWorkersOwnPid) {
+  testing::TempDir run("brigade_sdc_reports");
+  const auto incident = incident_dir(run.path(), 1);
+  std::filesystem::create_directories(incident);
+  std::ofstream(run.path() / "sdc_rank1_step4.json") << R"({"pid": 41, "step": 4})";
+  std::ofstream(run.path() / "sdc_rank1_step2.json") << R"({"pid": 40, "step": 2})";
+  EXPECT_TRUE(copy_corruption_reports(run.path(), incident, 1, 41));
+  EXPECT_TRUE(std::filesystem::exists(incident / "sdc_rank1_step4.json"));
+  EXPECT_FALSE(std::filesystem::exists(run.path() / "sdc_rank1_step4.json"));
+  EXPECT_FALSE(std::filesystem::exists(incident / "sdc_rank1_step2.json"));
+  EXPECT_TRUE(std::filesystem::exists(run.path() / "sdc_rank1_step2.json"));
+  EXPECT_FALSE(copy_corruption_reports(run.path(), incident, 1, 41));
+}
+
 TEST(IncidentEvidence, TheAgentsViewGivesAgesAtDetection) {
   Incident incident;
   incident.kind = "hang";

@@ -53,9 +53,10 @@ nlohmann::json agent_view(const Incident& incident, int64_t number, int node, in
 
 namespace {
 
-// Copies run_dir's <prefix>*.json whose "pid" is `pid` into dir.
+// Copies run_dir's <prefix>*.json whose "pid" is `pid` into dir; `move`:
+// removes each one copied.
 bool copy_files_of(const fs::path& run_dir, const fs::path& dir, const std::string& prefix,
-                   int64_t pid) {
+                   int64_t pid, bool move = false) {
   bool copied = false;
   std::error_code ec;
   for (fs::directory_iterator it(run_dir, ec), end; !ec && it != end; it.increment(ec)) {
@@ -70,6 +71,7 @@ bool copy_files_of(const fs::path& run_dir, const fs::path& dir, const std::stri
     }
     std::error_code copy_ec;
     fs::copy_file(it->path(), dir / name, fs::copy_options::overwrite_existing, copy_ec);
+    if (!copy_ec && move) fs::remove(it->path(), copy_ec);
     copied = copied || !copy_ec;
   }
   return copied;
@@ -82,7 +84,7 @@ bool copy_exit_dumps(const fs::path& run_dir, const fs::path& dir, int rank, int
 }
 
 bool copy_corruption_reports(const fs::path& run_dir, const fs::path& dir, int rank, int64_t pid) {
-  return copy_files_of(run_dir, dir, fmt::format("sdc_rank{}_", rank), pid);
+  return copy_files_of(run_dir, dir, fmt::format("sdc_rank{}_", rank), pid, /*move=*/true);
 }
 
 int64_t last_incident_number(const fs::path& run_dir) {
