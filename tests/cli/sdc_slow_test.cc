@@ -1,5 +1,5 @@
 // The long no-false-alarm run of issue 15: 1,000 steps of the tiny model on
-// four data-parallel ranks, their parameters compared after every step,
+// four data-parallel ranks, their parameters and moments compared before every update,
 // with no incident. sdc_test.cc runs a few hundred steps in the fast suite.
 #include <gtest/gtest.h>
 

@@ -5,6 +5,7 @@
 #include "brigade/parallel/replica_check.h"
 
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <bit>
 #include <cstdint>
@@ -30,6 +31,26 @@ TEST(ReplicaCheck, OneFlippedBitAnywhereChangesTheHash) {
           << "element " << at << " bit " << bit;
     }
   }
+}
+
+// Past one chunk (2^20 floats) the chunks are hashed on the OpenMP threads:
+// every chunk counts, and the thread count does not change the hash.
+TEST(ReplicaCheck, AChunkedHashCoversEveryChunkWhateverTheThreads) {
+  std::vector<float> params((size_t{3} << 20) + 5);
+  for (size_t i = 0; i < params.size(); ++i) params[i] = static_cast<float>(i % 977);
+  const int64_t n = static_cast<int64_t>(params.size());
+  const int threads = omp_get_max_threads();
+  omp_set_num_threads(1);
+  const uint64_t one = hash_floats(params.data(), n);
+  omp_set_num_threads(2);
+  EXPECT_EQ(hash_floats(params.data(), n), one);
+  omp_set_num_threads(threads);
+  for (size_t at : {size_t{5}, (size_t{1} << 20) + 7, params.size() - 1}) {
+    std::vector<float> copy = params;
+    copy[at] = -copy[at] - 1.0f;
+    EXPECT_NE(hash_floats(copy.data(), n), one) << "element " << at;
+  }
+  EXPECT_NE(combine_hashes({1, 2}), combine_hashes({2, 1}));
 }
 
 TEST(ReplicaCheck, TheOddReplicaIsFoundByMajority) {
