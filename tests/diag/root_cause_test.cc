@@ -15,6 +15,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "brigade/core/error.h"
 #include "testing/temp_dir.h"
@@ -288,6 +289,79 @@ std::string error_of(const std::function<void()>& f) {
     return e.what();
   }
   return "no error";
+}
+
+// What every rank of a dp group of `hashes.size()` (world ranks 0..n-1)
+// reports after a failed replica check at `step`.
+CorruptionReport corruption_report(const std::vector<std::string>& hashes,
+                                   const std::vector<int>& suspects, int64_t step) {
+  CorruptionReport r;
+  r.step = step;
+  r.group = "world";
+  r.compared = "parameters (28032 floats)";
+  r.hashes = hashes;
+  for (int i = 0; i < static_cast<int>(hashes.size()); ++i) r.members.push_back(i);
+  r.suspects = suspects;
+  return r;
+}
+
+// The ranks exit on purpose once they found it: the report explains the exits.
+TEST(RootCause, SilentCorruptionNamesTheOddReplicaAndTheStep) {
+  IncidentEvidence e = healthy(6);
+  for (RankEvidence& r : e.ranks) r.node = r.rank / 2;
+  for (int r : {0, 1}) {
+    e.ranks[static_cast<size_t>(r)].running = false;
+    e.ranks[static_cast<size_t>(r)].exit_code = 1;
+  }
+  e.corruption.push_back(corruption_report({"aa", "aa", "aa", "bb"}, {3}, 6));
+  const RootCause c = find_root_cause(e);
+  EXPECT_EQ(c.kind, "sdc");
+  EXPECT_EQ(c.rank, 3);
+  EXPECT_EQ(c.node, 1);
+  EXPECT_EQ(c.step, 6);
+  EXPECT_EQ(c.line,
+            "incident 3: rank 3 (node 1): silent data corruption after step 6: its parameters "
+            "(28032 floats) differ from those of the 3 other replicas of group world (xxh3 bb "
+            "against aa)");
+}
+
+TEST(RootCause, WithTwoReplicasSilentCorruptionNamesBothAndSaysWhy) {
+  IncidentEvidence e = healthy(4);
+  e.ranks.resize(2);
+  e.corruption.push_back(corruption_report({"aa", "bb"}, {0, 1}, 4));
+  const RootCause c = find_root_cause(e);
+  EXPECT_EQ(c.kind, "sdc");
+  EXPECT_EQ(c.suspects, (std::vector<int>{0, 1}));
+  EXPECT_NE(c.line.find("incident 3: ranks 0 (node 0) and 1 (node 0): silent data corruption "
+                        "after step 4"),
+            std::string::npos)
+      << c.line;
+  EXPECT_NE(c.line.find("no majority"), std::string::npos) << c.line;
+  EXPECT_NE(c.line.find("aa on rank 0, bb on rank 1"), std::string::npos) << c.line;
+}
+
+TEST(RootCause, TheCorruptionReportReadsBackFromTheIncidentsDirectory) {
+  testing::TempDir run("brigade_root_cause");
+  IncidentEvidence e = healthy(5);
+  const fs::path dir = run.path() / "incidents" / "3";
+  write_evidence(dir, e);
+  std::ofstream(dir / "sdc_rank0_step5.json")
+      << nlohmann::json{{"kind", "silent_data_corruption"},
+                        {"world_rank", 0},
+                        {"pid", 1},
+                        {"step", 5},
+                        {"group", "world"},
+                        {"members", {0, 1, 2, 3}},
+                        {"compared", "parameters (28032 floats)"},
+                        {"hashes", {"aa", "cc", "aa", "aa"}},
+                        {"suspects", {1}}};
+  const RootCause c = find_root_cause(read_incident(dir));
+  EXPECT_EQ(c.kind, "sdc");
+  EXPECT_EQ(c.rank, 1);
+  EXPECT_EQ(c.step, 5);
+  std::ofstream(dir / "sdc_rank2_step5.json") << R"({"world_rank": 2})";
+  EXPECT_NE(error_of([&] { read_incident(dir); }).find("not a replica check's report"),
+            std::string::npos);
 }
 
 TEST(RootCause, ADirectoryWithoutEvidenceIsAClearError) {

@@ -167,6 +167,32 @@ TEST(FaultInjection, SkipMismatchAndSlowParseAndBelongToOneGeneration) {
   EXPECT_EQ(slow_factor(faults, 1, 0), 1);
 }
 
+TEST(FaultInjection, SdcAndNanParse) {
+  const auto faults = parse_faults(
+      "sdc:rank=2:step=4,nan:rank=1:step=3:times=2,nan:rank=0:step=5,"
+      "sdc:rank=3:step=2:when=forward,sdc:rank=3:step=6:what=moment:when=after");
+  ASSERT_EQ(faults.size(), 5u);
+  EXPECT_EQ(faults[0].kind, InjectedFault::Kind::kSdc);
+  EXPECT_FALSE(faults[0].in_forward || faults[0].in_moment);
+  EXPECT_EQ(fault_after_step(faults, 2, 0, 4), &faults[0]);
+  // A NaN loss and a flip during the forward happen inside their step.
+  EXPECT_EQ(fault_after_step(faults, 1, 0, 3), nullptr);
+  EXPECT_EQ(fault_after_step(faults, 3, 0, 2), nullptr);
+  const auto nans = in_step_faults(faults, 1, 0);
+  ASSERT_EQ(nans.size(), 1u);
+  EXPECT_EQ(nans[0].step, 3);
+  EXPECT_EQ(nans[0].times, 2);
+  EXPECT_EQ(in_step_faults(faults, 0, 0).at(0).times, 1);
+  EXPECT_TRUE(in_step_faults(faults, 0, 1).empty()) << "a restart must not re-inject";
+  const auto forward = in_step_faults(faults, 3, 0);
+  ASSERT_EQ(forward.size(), 1u);
+  EXPECT_TRUE(forward[0].in_forward);
+  EXPECT_EQ(forward[0].step, 2);
+  EXPECT_EQ(fault_after_step(faults, 3, 0, 6), &faults[4]);
+  EXPECT_TRUE(faults[4].in_moment);
+  EXPECT_FALSE(faults[4].in_forward);
+}
+
 TEST(FaultInjection, MalformedSpecsAreNamed) {
   auto error_of = [](const std::string& spec) {
     try {
@@ -190,6 +216,14 @@ TEST(FaultInjection, MalformedSpecsAreNamed) {
             std::string::npos);
   EXPECT_NE(error_of("skip:rank=1:factor=2").find("unknown or repeated key 'factor'"),
             std::string::npos);
+  EXPECT_NE(error_of("nan:rank=1:step=2:times=0").find("times= wants 1 or more"),
+            std::string::npos);
+  EXPECT_NE(error_of("sdc:rank=1:step=2:times=2").find("unknown or repeated key 'times'"),
+            std::string::npos);
+  EXPECT_NE(error_of("sdc:rank=1:step=2:when=later").find("when= is forward"), std::string::npos);
+  EXPECT_NE(error_of("kill:rank=1:step=2:when=forward").find("unknown or repeated key 'when'"),
+            std::string::npos);
+  EXPECT_NE(error_of("sdc:rank=1:step=2:what=grad").find("what= is moment"), std::string::npos);
 }
 
 // The agent's request for evidence is answered by the heartbeat thread
@@ -235,6 +269,21 @@ TEST(IncidentEvidence, ExitDumpsAreCopiedOnlyForTheWorkersOwnPid) {
   EXPECT_FALSE(std::filesystem::exists(incident / "flight_recorder_rank1_dp0.json"));
   EXPECT_FALSE(copy_exit_dumps(run.path(), incident, 3, 41));
   EXPECT_EQ(incident, run.path() / "incidents" / "2");
+}
+
+// A replica check's report is moved: the run directory keeps none.
+TEST(IncidentEvidence, CorruptionReportsAreMovedForTheWorkersOwnPid) {
+  testing::TempDir run("brigade_sdc_reports");
+  const auto incident = incident_dir(run.path(), 1);
+  std::filesystem::create_directories(incident);
+  std::ofstream(run.path() / "sdc_rank1_step4.json") << R"({"pid": 41, "step": 4})";
+  std::ofstream(run.path() / "sdc_rank1_step2.json") << R"({"pid": 40, "step": 2})";
+  EXPECT_TRUE(copy_corruption_reports(run.path(), incident, 1, 41));
+  EXPECT_TRUE(std::filesystem::exists(incident / "sdc_rank1_step4.json"));
+  EXPECT_FALSE(std::filesystem::exists(run.path() / "sdc_rank1_step4.json"));
+  EXPECT_FALSE(std::filesystem::exists(incident / "sdc_rank1_step2.json"));
+  EXPECT_TRUE(std::filesystem::exists(run.path() / "sdc_rank1_step2.json"));
+  EXPECT_FALSE(copy_corruption_reports(run.path(), incident, 1, 41));
 }
 
 TEST(IncidentEvidence, TheAgentsViewGivesAgesAtDetection) {

@@ -54,6 +54,7 @@
 #include "brigade/parallel/mesh.h"
 #include "brigade/parallel/pipeline_stage.h"
 #include "brigade/schedule/simulate.h"
+#include "brigade/train/silent_corruption.h"
 #include "brigade/train/trainer.h"
 
 namespace brigade::cli {
@@ -442,6 +443,14 @@ void run_train(const std::string& config_path, const std::vector<std::string>& o
   };
   const int64_t slow_factor = elastic::slow_factor(faults, world_rank, generation);
   Trainer trainer(model, options, groups.view());
+  for (const elastic::InjectedFault& f : elastic::in_step_faults(faults, world_rank, generation)) {
+    if (f.kind == elastic::InjectedFault::Kind::kNan) {
+      trainer.poison_loss(f.step - 1, static_cast<int>(f.times));
+    } else {
+      trainer.flip_bit_before_forward(f.step - 1);
+    }
+  }
+  SilentCorruptionGuard sdc_guard(trainer, group);
   if (heartbeat) heartbeat->started(trainer.step(), options.run_dir);
   std::signal(SIGINT, request_stop);
   std::signal(SIGTERM, request_stop);
@@ -510,15 +519,17 @@ void run_train(const std::string& config_path, const std::vector<std::string>& o
             fault->kind == elastic::InjectedFault::Kind::kMismatch) {
           collective_fault = fault;
         }
+        if (fault->kind == elastic::InjectedFault::Kind::kSdc) {
+          std::fprintf(stderr, "brigade train: flipped a bit of %s\n",
+                       trainer.flip_parameter_bit(fault->in_moment).c_str());
+        }
       }
-      // Copied now, written while the next step runs.
+      // Copied now, written while the next step runs. The replicas compare
+      // what a save holds in the next step, before its update and before
+      // the save can commit (train/silent_corruption.h).
       if (trainer.snapshots_enabled() && done % options.snapshot_every == 0 &&
           done < options.steps) {
         trainer.start_snapshot();
-      }
-      if (options.eval_every > 0 && done % options.eval_every == 0 && done < options.steps &&
-          trainer.dataset() != nullptr) {
-        evaluate(done);
       }
       if (options.checkpoint_every > 0 && done % options.checkpoint_every == 0 &&
           done < options.steps) {
@@ -526,14 +537,21 @@ void run_train(const std::string& config_path, const std::vector<std::string>& o
         const fs::path saving = trainer.start_checkpoint();
         note("saving " + saving.string() + " in the background");
       }
+      if (options.eval_every > 0 && done % options.eval_every == 0 && done < options.steps &&
+          trainer.dataset() != nullptr) {
+        evaluate(done);
+      }
     }
     if (stop_signal != 0) {
       note(fmt::format("interrupted at step {}; saving a checkpoint", trainer.step()));
+      // Every rank agreed to stop, so all of them compare.
+      sdc_guard.before_save();
       save();
       std::fflush(nullptr);
       throw ExitStatus{128 + stop_signal};
     }
     // Save before the final evaluation: the trained state is what matters.
+    sdc_guard.before_save();
     save();
     if (trainer.dataset() != nullptr) evaluate(trainer.step());
   } catch (const CommError& e) {
@@ -578,7 +596,9 @@ void add_train_command(CLI::App& app) {
       ->check(CLI::Range(0, 1000));
   cmd->add_option("--inject", *inject,
                   "Faults to raise, for tests: kill:rank=R:step=S[:gen=G], stop:..., skip:..., "
-                  "mismatch:... or slow:rank=R:factor=F, comma separated (sets elastic.inject)");
+                  "mismatch:..., sdc:...[:when=forward], nan:rank=R:step=S[:times=N] or "
+                  "slow:rank=R:factor=F, "
+                  "comma separated (sets elastic.inject)");
   cmd->add_option("--metrics", *metrics,
                   "With --nproc: where the launcher serves /metrics for Prometheus, HOST:PORT "
                   "(port 0 picks a free one and prints it) or off (sets diag.metrics, default "

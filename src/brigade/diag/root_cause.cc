@@ -307,10 +307,82 @@ std::optional<RootCause> behind(const IncidentEvidence& evidence,
   return std::nullopt;
 }
 
+// "rank 2 (node 0)", "ranks 0 (node 0) and 1 (node 0)".
+std::string ranks_with_nodes(const IncidentEvidence& evidence, const std::vector<int>& ranks) {
+  std::string out = ranks.size() == 1 ? "rank " : "ranks ";
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    const RankEvidence* r = find_rank(evidence, ranks[i]);
+    if (i > 0) out += i + 1 == ranks.size() ? " and " : ", ";
+    out +=
+        r != nullptr ? fmt::format("{} (node {})", ranks[i], r->node) : fmt::format("{}", ranks[i]);
+  }
+  return out;
+}
+
+std::optional<RootCause> corruption(const IncidentEvidence& evidence) {
+  if (evidence.corruption.empty()) return std::nullopt;
+  // Every rank of the group saw the same hashes; the earliest step's report.
+  const CorruptionReport& report = *std::min_element(
+      evidence.corruption.begin(), evidence.corruption.end(),
+      [](const CorruptionReport& a, const CorruptionReport& b) { return a.step < b.step; });
+  if (report.suspects.empty() || report.hashes.size() != report.members.size()) {
+    return std::nullopt;
+  }
+  RootCause c;
+  c.kind = "sdc";
+  c.suspects = report.suspects;
+  c.rank = report.suspects.front();
+  if (const RankEvidence* r = find_rank(evidence, c.rank)) c.node = r->node;
+  c.step = report.step;
+  c.group = report.group;
+  const auto hash_of = [&](int rank) {
+    for (size_t i = 0; i < report.members.size(); ++i) {
+      if (report.members[i] == rank) return report.hashes[i];
+    }
+    return std::string("?");
+  };
+  const auto suspect = [&](int rank) {
+    return std::find(report.suspects.begin(), report.suspects.end(), rank) != report.suspects.end();
+  };
+  const std::string head =
+      fmt::format("incident {}: {}", evidence.number, ranks_with_nodes(evidence, report.suspects));
+  if (report.suspects.size() == report.members.size()) {
+    std::string seen;
+    for (int rank : report.members) {
+      seen += fmt::format("{}{} on rank {}", seen.empty() ? "" : ", ", hash_of(rank), rank);
+    }
+    c.line = fmt::format(
+        "{}: silent data corruption after step {}: the {} replicas of group {} hold different {} "
+        "(xxh3 {}); with no majority (two replicas, or a tie) nothing says which copy is right, "
+        "so every one is named",
+        head, report.step, report.members.size(), report.group, report.compared, seen);
+    return c;
+  }
+  std::string majority;
+  int others = 0;
+  for (int rank : report.members) {
+    if (suspect(rank)) continue;
+    majority = hash_of(rank);
+    ++others;
+  }
+  std::string odd;
+  for (int rank : report.suspects) {
+    odd += fmt::format("{}{}", odd.empty() ? "" : ", ", hash_of(rank));
+  }
+  c.waiting = others;
+  c.line = fmt::format(
+      "{}: silent data corruption after step {}: its {} differ from those of the {} of group "
+      "{} (xxh3 {} against {})",
+      head, report.step, report.compared, plural(others, "other replica"), report.group, odd,
+      majority);
+  return c;
+}
+
 }  // namespace
 
 RootCause find_root_cause(const IncidentEvidence& evidence) {
   const std::vector<GroupView> views = group_views(evidence);
+  if (auto c = corruption(evidence)) return *c;
   // A worker killed by a signal the agent did not send: it crashed.
   std::vector<const RankEvidence*> signalled, exited, quiet;
   for (const RankEvidence& r : evidence.ranks) {
@@ -445,11 +517,30 @@ IncidentEvidence read_incident(const fs::path& dir) {
                   agent_path.string(), ex.what());
     }
   }
-  std::vector<fs::path> dumps;
+  std::vector<fs::path> dumps, reports;
   for (const fs::directory_entry& entry : fs::directory_iterator(dir)) {
     const std::string name = entry.path().filename().string();
     if (name.starts_with("flight_recorder_rank") && name.ends_with(".json")) {
       dumps.push_back(entry.path());
+    }
+    if (name.starts_with("sdc_rank") && name.ends_with(".json")) reports.push_back(entry.path());
+  }
+  std::sort(reports.begin(), reports.end());
+  for (const fs::path& path : reports) {
+    const nlohmann::json j = read_json(path);
+    try {
+      CorruptionReport r;
+      r.reporter = j.at("world_rank").get<int>();
+      r.step = j.at("step").get<int64_t>();
+      r.group = j.at("group").get<std::string>();
+      r.compared = j.at("compared").get<std::string>();
+      r.members = j.at("members").get<std::vector<int>>();
+      r.hashes = j.at("hashes").get<std::vector<std::string>>();
+      r.suspects = j.at("suspects").get<std::vector<int>>();
+      e.corruption.push_back(std::move(r));
+    } catch (const nlohmann::json::exception& ex) {
+      throw_error("{} is not a replica check's report ({}): the evidence is damaged", path.string(),
+                  ex.what());
     }
   }
   std::sort(dumps.begin(), dumps.end());

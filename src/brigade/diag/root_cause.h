@@ -8,6 +8,11 @@
 // A fault leaves a wall of symptoms (every peer of a dead rank times out or
 // fails in the same collective); the culprit is what the symptoms have in
 // common. In order of precedence, since a stronger sign explains the weaker:
+//   - silent data corruption: the replicas of a data-parallel group compared
+//     their parameters and one rank's differ (its report, sdc_rank<R>_*.json,
+//     train/silent_corruption.h); the ranks then exit on purpose, so this
+//     comes before what their exits look like. The odd one out by majority
+//     is named, or with two replicas (no majority) both;
 //   - crash: a worker that died of a signal of its own (the evidence is taken
 //     before the agent kills anyone);
 //   - hang: a live worker whose heartbeat went silent (stopped, frozen): it
@@ -62,17 +67,30 @@ struct RankEvidence {
   std::vector<GroupDump> groups;      // empty: no flight recorder
 };
 
+// A worker's report of a failed replica check.
+struct CorruptionReport {
+  int reporter = 0;  // world rank
+  int64_t step = 0;
+  std::string group;
+  std::string compared;             // what was hashed
+  std::vector<int> members;         // world ranks, by group rank
+  std::vector<std::string> hashes;  // by group rank
+  std::vector<int> suspects;        // world ranks
+};
+
 struct IncidentEvidence {
   int64_t number = 0;
   std::string detected_what;  // the agent's own words, for when nothing is found
   int detected_rank = -1;     // the agent's first failure
   std::vector<RankEvidence> ranks;
+  std::vector<CorruptionReport> corruption;
 };
 
 struct RootCause {
-  // crash, hang, mismatch, skip; "unknown" when the evidence names nobody.
+  // crash, hang, mismatch, skip, sdc; "unknown" when the evidence names nobody.
   std::string kind = "unknown";
   int rank = -1;
+  std::vector<int> suspects;  // sdc: every rank named (rank is the first)
   int node = 0;
   int64_t step = 0;
   // The collective: where the others wait, or the one skipped or mismatched.

@@ -13,8 +13,10 @@ namespace brigade::elastic {
 namespace {
 
 constexpr const char* kForm =
-    "KIND:rank=R:step=S[:gen=G] with KIND kill, stop, skip or mismatch, or "
-    "slow:rank=R:factor=F[:gen=G], several separated by commas (for example "
+    "KIND:rank=R:step=S[:gen=G] with KIND kill, stop, skip, mismatch or sdc, "
+    "sdc:rank=R:step=S[:when=forward][:what=moment], nan:rank=R:step=S[:times=N][:gen=G], or "
+    "slow:rank=R:factor=F[:gen=G], several separated "
+    "by commas (for example "
     "kill:rank=1:step=5,stop:rank=2:step=8,slow:rank=3:factor=2)";
 
 std::vector<std::string_view> split(std::string_view text, char separator) {
@@ -52,19 +54,51 @@ InjectedFault parse_one(std::string_view text) {
     fault.kind = InjectedFault::Kind::kMismatch;
   } else if (fields[0] == "slow") {
     fault.kind = InjectedFault::Kind::kSlow;
+  } else if (fields[0] == "sdc") {
+    fault.kind = InjectedFault::Kind::kSdc;
+  } else if (fields[0] == "nan") {
+    fault.kind = InjectedFault::Kind::kNan;
   } else {
     throw_error(
-        "fault '{}': unknown kind '{}' (this build injects kill, stop, skip, mismatch and slow); "
+        "fault '{}': unknown kind '{}' (this build injects kill, stop, skip, mismatch, slow, sdc "
+        "and nan); "
         "the form is {}",
         text, fields[0], kForm);
   }
   const bool slow = fault.kind == InjectedFault::Kind::kSlow;
-  bool has_rank = false, has_step = false, has_factor = false;
+  const bool nan = fault.kind == InjectedFault::Kind::kNan;
+  const bool sdc = fault.kind == InjectedFault::Kind::kSdc;
+  bool has_rank = false, has_step = false, has_factor = false, has_times = false, has_when = false;
   for (size_t i = 1; i < fields.size(); ++i) {
     const size_t eq = fields[i].find('=');
     const std::string_view key = fields[i].substr(0, eq);
     if (eq == std::string_view::npos) {
       throw_error("fault '{}': '{}' is not key=value; the form is {}", text, fields[i], kForm);
+    }
+    if (key == "when" && sdc && !has_when) {
+      const std::string_view when = fields[i].substr(eq + 1);
+      if (when != "forward" && when != "after") {
+        throw_error(
+            "fault '{}': when= is forward (during the step's forward) or after (after "
+            "its update, the default), not '{}'; the form is {}",
+            text, when, kForm);
+      }
+      fault.in_forward = when == "forward";
+      has_when = true;
+      continue;
+    }
+    if (key == "what" && sdc && !fault.in_moment) {
+      if (fields[i].substr(eq + 1) != "moment") {
+        throw_error(
+            "fault '{}': what= is moment (a bit of an Adam moment, not a parameter), not "
+            "'{}'; the form is {}",
+            text, fields[i].substr(eq + 1), kForm);
+      }
+      fault.in_moment = true;
+      continue;
+    }
+    if (key == "when" || key == "what") {
+      throw_error("fault '{}': unknown or repeated key '{}'; the form is {}", text, key, kForm);
     }
     const int64_t value = parse_number(text, key, fields[i].substr(eq + 1));
     if (key == "rank" && !has_rank) {
@@ -76,6 +110,9 @@ InjectedFault parse_one(std::string_view text) {
     } else if (key == "step" && !slow && !has_step) {
       fault.step = value;
       has_step = true;
+    } else if (key == "times" && nan && !has_times) {
+      fault.times = value;
+      has_times = true;
     } else if (key == "gen") {
       fault.generation = value;
     } else {
@@ -87,6 +124,9 @@ InjectedFault parse_one(std::string_view text) {
       throw_error("fault '{}' needs rank= and factor= (1 or more); the form is {}", text, kForm);
     }
     return fault;
+  }
+  if (nan && fault.times < 1) {
+    throw_error("fault '{}': times= wants 1 or more NaN losses; the form is {}", text, kForm);
   }
   if (!has_rank || !has_step || fault.step < 1) {
     throw_error("fault '{}' needs rank= and step= (a step from 1 on); the form is {}", text, kForm);
@@ -106,12 +146,24 @@ std::vector<InjectedFault> parse_faults(std::string_view spec) {
 const InjectedFault* fault_after_step(const std::vector<InjectedFault>& faults, int rank,
                                       int64_t generation, int64_t step) {
   for (const InjectedFault& f : faults) {
-    if (f.kind != InjectedFault::Kind::kSlow && f.rank == rank && f.generation == generation &&
-        f.step == step) {
+    if (f.kind != InjectedFault::Kind::kSlow && f.kind != InjectedFault::Kind::kNan &&
+        !f.in_forward && f.rank == rank && f.generation == generation && f.step == step) {
       return &f;
     }
   }
   return nullptr;
+}
+
+std::vector<InjectedFault> in_step_faults(const std::vector<InjectedFault>& faults, int rank,
+                                          int64_t generation) {
+  std::vector<InjectedFault> out;
+  for (const InjectedFault& f : faults) {
+    if ((f.kind == InjectedFault::Kind::kNan || f.in_forward) && f.rank == rank &&
+        f.generation == generation) {
+      out.push_back(f);
+    }
+  }
+  return out;
 }
 
 int64_t slow_factor(const std::vector<InjectedFault>& faults, int rank, int64_t generation) {
@@ -124,6 +176,16 @@ int64_t slow_factor(const std::vector<InjectedFault>& faults, int rank, int64_t 
 }
 
 void raise_fault(const InjectedFault& fault, WorkerHeartbeat* heartbeat) {
+  if (fault.kind == InjectedFault::Kind::kSdc) {
+    std::fprintf(stderr,
+                 "brigade train: injecting a bit flip in a parameter of rank %d after step %lld "
+                 "(generation %lld)\n",
+                 fault.rank, static_cast<long long>(fault.step),
+                 static_cast<long long>(fault.generation));
+    std::fflush(nullptr);
+    if (heartbeat != nullptr) heartbeat->fault_injected();
+    return;
+  }
   if (fault.kind == InjectedFault::Kind::kSkip || fault.kind == InjectedFault::Kind::kMismatch) {
     // Not stamped: the agent learns of it as of any bug, from its symptoms.
     std::fprintf(

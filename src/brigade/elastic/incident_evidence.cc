@@ -51,8 +51,12 @@ nlohmann::json agent_view(const Incident& incident, int64_t number, int node, in
           {"workers", std::move(list)}};
 }
 
-bool copy_exit_dumps(const fs::path& run_dir, const fs::path& dir, int rank, int64_t pid) {
-  const std::string prefix = fmt::format("flight_recorder_rank{}_", rank);
+namespace {
+
+// Copies run_dir's <prefix>*.json whose "pid" is `pid` into dir; `move`:
+// removes each one copied.
+bool copy_files_of(const fs::path& run_dir, const fs::path& dir, const std::string& prefix,
+                   int64_t pid, bool move = false) {
   bool copied = false;
   std::error_code ec;
   for (fs::directory_iterator it(run_dir, ec), end; !ec && it != end; it.increment(ec)) {
@@ -67,9 +71,20 @@ bool copy_exit_dumps(const fs::path& run_dir, const fs::path& dir, int rank, int
     }
     std::error_code copy_ec;
     fs::copy_file(it->path(), dir / name, fs::copy_options::overwrite_existing, copy_ec);
+    if (!copy_ec && move) fs::remove(it->path(), copy_ec);
     copied = copied || !copy_ec;
   }
   return copied;
+}
+
+}  // namespace
+
+bool copy_exit_dumps(const fs::path& run_dir, const fs::path& dir, int rank, int64_t pid) {
+  return copy_files_of(run_dir, dir, fmt::format("flight_recorder_rank{}_", rank), pid);
+}
+
+bool copy_corruption_reports(const fs::path& run_dir, const fs::path& dir, int rank, int64_t pid) {
+  return copy_files_of(run_dir, dir, fmt::format("sdc_rank{}_", rank), pid, /*move=*/true);
 }
 
 int64_t last_incident_number(const fs::path& run_dir) {
@@ -153,6 +168,7 @@ fs::path keep_evidence(const WorkerGroup& group, const HeartbeatTable& table,
     }
     v.dumped = table.read(v.local_rank).dump_done >= number ||
                copy_exit_dumps(run_dir, dir, v.rank, v.pid);
+    copy_corruption_reports(run_dir, dir, v.rank, v.pid);
   }
   incident.evidence_ms = (now_ns() - began) * 1e-6;
   try {

@@ -8,6 +8,9 @@
 //                rank, pid, whether it still ran, how it ended (exit code or
 //                signal), and its heartbeat slot at that moment (heartbeat
 //                and step ages, step, last step time);
+//   sdc_rank<R>_step<S>.json  a worker's report of a failed replica check
+//                (train/silent_corruption.h), moved from the run directory
+//                when its pid is the worker's;
 //   flight_recorder_rank<R>_<group>.json  every live worker's flight
 //                recorder (comm/flight_recorder.h), written by the worker on
 //                the agent's request (elastic/heartbeat.h); for a worker that
@@ -62,6 +65,11 @@ nlohmann::json agent_view(const Incident& incident, int64_t number, int node, in
 // file's pid is `pid` (an older generation's, or another run's, is not this
 // incident's evidence). Returns whether any was copied. Never throws: a
 // missing or unreadable dump is missing evidence, not a second failure.
+// copy_corruption_reports does the same for sdc_rank<rank>_*.json and
+// removes each one it copied: the evidence holds it, and the run directory
+// keeps no stale report to be taken for a later incident's.
+bool copy_corruption_reports(const std::filesystem::path& run_dir, const std::filesystem::path& dir,
+                             int rank, int64_t pid);
 bool copy_exit_dumps(const std::filesystem::path& run_dir, const std::filesystem::path& dir,
                      int rank, int64_t pid);
 

@@ -23,6 +23,7 @@ TrainOptions TrainOptions::from_config(Config& config) {
   o.checkpoint_every = config.get_int("train.checkpoint_every", o.checkpoint_every);
   o.keep_checkpoints = config.get_int("train.keep_checkpoints", o.keep_checkpoints);
   o.snapshot_every = config.get_int("train.snapshot_every", o.snapshot_every);
+  o.sdc_every = config.get_int("diag.sdc_every", o.sdc_every);
 
   o.lr.lr = config.get_double("optim.lr", 1e-3);
   o.lr.min_lr = config.get_double("optim.min_lr", o.lr.lr * 0.1);
@@ -85,6 +86,7 @@ TrainOptions TrainOptions::from_config(Config& config) {
   at_least("train.checkpoint_every", o.checkpoint_every, 0);
   at_least("train.keep_checkpoints", o.keep_checkpoints, 1);
   at_least("train.snapshot_every", o.snapshot_every, 0);
+  at_least("diag.sdc_every", o.sdc_every, 0);
   at_least("optim.warmup_steps", o.lr.warmup_steps, 0);
   // Written so that NaN fails every check.
   if (!(o.lr.lr > 0 && std::isfinite(o.lr.lr))) {

@@ -8,6 +8,7 @@
 //   [data]   source, tokenizer, dir, val_fraction, synthetic
 //   [parallel] dp, tp, pp, schedule, virtual_stages, stage_layers, zero, bucket_mb, backend,
 //   timeout_s
+//   [diag]   sdc_every
 #pragma once
 
 #include <cstdint>
@@ -69,6 +70,14 @@ struct TrainOptions {
   // forward and backward.
   int64_t snapshot_every = 0;
   std::string snapshot_dir;
+  // Steps between the data-parallel replicas' comparison of their
+  // parameters (and under ZeRO 0 Adam moments; train/silent_corruption.h;
+  // 0: none, and none under ZeRO 3, which keeps no replica), which also
+  // runs on every state a snapshot or checkpoint saves before that save may
+  // be used. Every 100 steps: one hash of the buffers (memory-bound, one
+  // read) per hundred steps is lost in the noise, and corruption found
+  // within a hundred steps costs at most that many steps to redo.
+  int64_t sdc_every = 100;
 
   LrSchedule lr;
   AdamWConfig adamw;

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdio>
+#include <limits>
 #include <string>
 
 #include "brigade/ckpt/async_writer.h"
@@ -351,8 +352,7 @@ double Trainer::global_grad_norm() {
   return std::sqrt(squares);
 }
 
-StepMetrics Trainer::train_step() {
-  Stopwatch sw;
+StepMetrics Trainer::forward_backward() {
   const int64_t b = options_.micro_batch, t = model_config().block_size;
   const int64_t accum = options_.grad_accum;
   if (zero_ >= 2) {
@@ -381,6 +381,10 @@ StepMetrics Trainer::train_step() {
   const PipelineStepStats pipeline =
       stage_->run(fill, inputs_.data(), targets_.data(), b, t, loss_scale, arm, hook);
   double loss = pipeline.loss_sum;
+  if (poisoned_losses_ > 0 && poisoned_step_ == step_) {
+    loss = std::numeric_limits<double>::quiet_NaN();
+    --poisoned_losses_;
+  }
   if (tied_end_ > 0) {
     const int64_t wte = layout().wte();
     stage_->sum_tied_gradients(grads_.data() + wte, tied_numel(layout()));
@@ -401,17 +405,48 @@ StepMetrics Trainer::train_step() {
   }
   // The last stage computed the losses.
   if (pp_size() > 1) pp_group_->all_reduce(&loss, 1, DType::kF64, ReduceOp::kSum)->wait();
+  local_loss_ = loss;
   m.loss = sum_over_ranks(loss) / static_cast<double>(accum * dp_size());
   m.grad_norm = global_grad_norm();
-  if (!std::isfinite(m.grad_norm)) {
-    throw_error(
-        "step {}: the gradient norm is {} (loss {}): training diverged; lower optim.lr or "
-        "resume from an earlier checkpoint",
-        step_, m.grad_norm, m.loss);
+  return m;
+}
+
+StepMetrics Trainer::train_step() {
+  Stopwatch sw;
+  if (flip_step_ == step_) {
+    flip_step_ = -1;
+    std::fprintf(stderr, "brigade train: flipped a bit of %s at the start of step %lld\n",
+                 flip_parameter_bit().c_str(), static_cast<long long>(step_ + 1));
+  }
+  StepMetrics m = forward_backward();
+  // Every rank agrees, so all re-run or none: the summed loss and norm are
+  // one rank's view of them, and a rank that alone re-ran (or threw) would
+  // leave the others waiting in a collective.
+  const auto non_finite = [&] {
+    double bad = std::isfinite(m.loss) && std::isfinite(m.grad_norm) ? 0.0 : 1.0;
+    if (world_ != nullptr && world_->size() > 1) {
+      world_->all_reduce(&bad, 1, DType::kF64, ReduceOp::kMax)->wait();
+    }
+    return bad != 0.0;
+  };
+  if (non_finite()) {
+    const double first_loss = m.loss, first_norm = m.grad_norm;
+    m = forward_backward();
+    if (non_finite()) throw_non_finite(m, local_loss_);
+    if (world_rank() == 0) {
+      std::fprintf(stderr,
+                   "brigade train: step %lld: a NaN or infinite loss or gradient norm on some "
+                   "rank (here loss %g, gradient norm %g); re-ran the step on the same batch and "
+                   "got loss %g: a passing fault, training goes on\n",
+                   static_cast<long long>(step_ + 1), first_loss, first_norm, m.loss);
+    }
   }
   m.lr = options_.lr.at(step_);
   // The update writes what an unstaged snapshot is still reading.
   if (snapshot_saver_) snapshot_saver_->wait_until_written();
+  // Before the update: every replica still holds the last update's result,
+  // and whatever the snapshot read has been read.
+  if (before_update_) before_update_();
   optimizer_->step(params_.data(), grads_.data(), m.lr,
                    clip_scale(m.grad_norm, options_.grad_clip));
   if (zero_ == 1 || zero_ == 2) {
@@ -490,10 +525,12 @@ fs::path Trainer::start_checkpoint() {
 }
 
 void Trainer::start_snapshots_if_room() {
-  // Parameters and both moments of the whole model, twice. What the area
+  // Parameters and both moments of the whole model, for each snapshot kept
+  // and the one being written. What the area
   // already holds (an earlier generation's snapshots and spares) is room
   // for these: they replace it.
-  const double needed = 2.0 * 3.0 * sizeof(float) * ParamLayout(model_config()).size();
+  const double needed = static_cast<double>(snapshots_kept() + 1) * 3.0 * sizeof(float) *
+                        static_cast<double>(ParamLayout(model_config()).size());
   struct statvfs fs_stats {};
   double too_small = 1;
   if (::statvfs(options_.snapshot_dir.c_str(), &fs_stats) == 0) {
@@ -509,9 +546,10 @@ void Trainer::start_snapshots_if_room() {
   if (too_small != 0) {
     if (world_rank() == 0) {
       std::fprintf(stderr,
-                   "brigade train: no in-memory snapshots: %s has less free space than two "
+                   "brigade train: no in-memory snapshots: %s has less free space than %lld "
                    "snapshots need (%.1f MB); restarts resume from the newest checkpoint\n",
-                   options_.snapshot_dir.c_str(), needed / 1e6);
+                   options_.snapshot_dir.c_str(), static_cast<long long>(snapshots_kept() + 1),
+                   needed / 1e6);
     }
     return;
   }
@@ -535,7 +573,7 @@ void Trainer::stop_snapshots(const std::string& why) {
 void Trainer::start_snapshot() {
   BRIGADE_CHECK(snapshot_saver_ != nullptr);
   try {
-    start_save(*snapshot_saver_, options_.snapshot_dir, /*keep=*/1, /*snapshot=*/true);
+    start_save(*snapshot_saver_, options_.snapshot_dir, snapshots_kept(), /*snapshot=*/true);
   } catch (const CommError&) {
     throw;  // the group is broken: not the snapshot's business
   } catch (const Error& e) {

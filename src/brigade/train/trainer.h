@@ -38,9 +38,11 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -52,6 +54,7 @@
 #include "brigade/parallel/grad_buckets.h"
 #include "brigade/parallel/grad_sync.h"
 #include "brigade/parallel/pipeline_stage.h"
+#include "brigade/parallel/replica_check.h"
 #include "brigade/parallel/sharded_params.h"
 #include "brigade/parallel/tensor_parallel_group.h"
 #include "brigade/train/checkpoint_saver.h"
@@ -122,8 +125,44 @@ class Trainer {
   Trainer(const GptConfig& model, const TrainOptions& options, const TrainerGroups& groups);
   ~Trainer();
 
-  // One optimizer step over the global batch of step `step()`.
+  // One optimizer step over the global batch of step `step()`. A loss or
+  // gradient norm that is NaN or infinite runs the step's forward and
+  // backward once more on the same batch: a passing fault (a flipped bit,
+  // a faulty unit) gives finite numbers the second time, and the step goes
+  // on as if nothing happened; bad data or divergence repeats, and the step
+  // throws Error naming the samples of the batch (their data windows) and
+  // the fix.
   StepMetrics train_step();
+  // Collective over the data-parallel group (dp > 1, ZeRO 0-2): compares
+  // the hash of what every replica must hold bit for bit
+  // (parallel/replica_check.h): the whole parameter buffer, the same on
+  // every rank between updates (after ZeRO 1/2's gather), and under ZeRO 0
+  // both Adam moments too (ZeRO 1/2 shard them: each slice exists once).
+  // ZeRO 3 holds no replica at all, so there is nothing to compare.
+  ReplicaComparison compare_replicas();
+  // Whether diag.sdc_every's replica check runs (train/silent_corruption.h):
+  // dp > 1 under ZeRO 0-2 (ZeRO 3 holds no replica) and sdc_every > 0.
+  bool replica_checks_on() const;
+  // The snapshots kept: 1, or 2 under replica checks, since a failed check
+  // discards the newest (discard_saves) and the rollback needs the one before.
+  int64_t snapshots_kept() const { return replica_checks_on() ? 2 : 1; }
+  // After a failed replica check of the state after `step` steps, on every
+  // rank: gives up the saves in flight, and (world rank 0) removes that
+  // step's snapshot and checkpoint if they committed already (an unstaged
+  // snapshot's commit does not wait for the check), so no rollback resumes
+  // from a state the check did not pass. Not collective.
+  void discard_saves(int64_t step);
+  // Runs `check` in every train_step right before the update, once an
+  // unstaged snapshot has been read (train/silent_corruption.h). Empty: none.
+  void on_before_update(std::function<void()> check) { before_update_ = std::move(check); }
+  // Fault injection (elastic/fault_injection.h): flips a bit of one
+  // parameter this rank owns, or of its first Adam moment (returns its name
+  // and offset), now or at the
+  // start of step `step`'s forward (0-based), and makes the next `times`
+  // losses of step `step` on this rank NaN.
+  std::string flip_parameter_bit(bool in_moment = false);
+  void flip_bit_before_forward(int64_t step) { flip_step_ = step; }
+  void poison_loss(int64_t step, int times);
   // Mean validation loss over options.eval_windows windows (all if 0).
   double evaluate();
 
@@ -147,7 +186,8 @@ class Trainer {
   // peer died) and cannot agree on it any more.
   void abandon_checkpoint();
   // In-memory snapshots (elastic/snapshots.h): the same save into
-  // options.snapshot_dir, keeping only the newest; collective like the
+  // options.snapshot_dir, keeping the newest (two under replica checks:
+  // snapshots_kept); collective like the
   // above, and on their own saver, so a snapshot never waits for a disk
   // checkpoint. Enabled when snapshot_dir is set, snapshot_every > 0 and the
   // tmpfs has room for two (the newest stays until the next commits). A
@@ -179,6 +219,7 @@ class Trainer {
   int pp_stage() const { return stage_->stage(); }
   int pp_size() const { return options_.parallel.pp; }
   int world_rank() const;
+  Communicator* dp_group() const { return dp_group_; }  // null without data parallelism
   // What this rank holds, for the start-up report and the ZeRO tests.
   MemoryAccount memory() const;
   // The last step's bucket reductions (empty without data parallelism).
@@ -205,6 +246,11 @@ class Trainer {
   // Sum over the data-parallel group (a no-op alone).
   double sum_over_ranks(double value);
   double global_grad_norm();
+  // Forward and backward of this step's batch, the gradients reduced; the
+  // metrics' loss and gradient norm filled in, nothing updated.
+  StepMetrics forward_backward();
+  // The error for a loss or norm that stayed non-finite on the re-run.
+  [[noreturn]] void throw_non_finite(const StepMetrics& m, double local_loss);
 
   TrainOptions options_;
   Communicator* dp_group_ = nullptr;
@@ -242,6 +288,11 @@ class Trainer {
   std::unique_ptr<GlobalSampler> sampler_;
   std::vector<int32_t> inputs_, targets_;  // one micro-batch, (B,T) each
   int64_t step_ = 0;
+  std::function<void()> before_update_;
+  double local_loss_ = 0;  // this dp rank's loss sum of the last forward_backward
+  int64_t flip_step_ = -1;
+  int64_t poisoned_step_ = -1;
+  int poisoned_losses_ = 0;
 };
 
 // The shared-memory bytes per rank that let a Trainer for `model` place its

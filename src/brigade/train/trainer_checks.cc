@@ -1,0 +1,137 @@
+// The Trainer's checks against silent corruption and non-finite losses
+// (trainer.h: compare_replicas, train_step's re-run) and the faults tests
+// inject to exercise them; kept apart from the training step itself.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "brigade/ckpt/checkpoint.h"
+#include "brigade/comm/communicator.h"
+#include "brigade/core/error.h"
+#include "brigade/data/dataset.h"
+#include "brigade/data/sampler.h"
+#include "brigade/train/trainer.h"
+
+namespace brigade {
+namespace fs = std::filesystem;
+
+bool Trainer::replica_checks_on() const {
+  return options_.sdc_every > 0 && dp_size() > 1 && zero_ < 3;
+}
+
+void Trainer::discard_saves(int64_t step) {
+  abandon_checkpoint();
+  if (world_rank() != 0) return;
+  std::error_code ec;
+  if (snapshot_saver_) fs::remove_all(step_directory(options_.snapshot_dir, step), ec);
+  fs::remove_all(step_directory(fs::path(options_.run_dir) / "checkpoints", step), ec);
+}
+
+ReplicaComparison Trainer::compare_replicas() {
+  BRIGADE_CHECK(dp_group_ != nullptr && dp_size() > 1 && zero_ < 3);
+  uint64_t mine = hash_floats(params_.data(), params_.size());
+  std::string compared = fmt::format("parameters ({} floats)", params_.size());
+  if (zero_ == 0) {
+    mine = combine_hashes({mine, hash_floats(optimizer_->m().data(), optimizer_->m().size()),
+                           hash_floats(optimizer_->v().data(), optimizer_->v().size())});
+    compared = fmt::format("parameters and Adam moments (3 x {} floats)", params_.size());
+  }
+  ReplicaComparison c = brigade::compare_replicas(*dp_group_, mine);
+  c.compared = std::move(compared);
+  return c;
+}
+
+std::string Trainer::flip_parameter_bit(bool in_moment) {
+  // A real tensor element in a slice this rank owns: under ZeRO 3 the only
+  // parameters it holds between steps, and everywhere else as good as any.
+  int64_t compact = 0;
+  for (const FlatRange& slice : plan_->owned(dp_rank())) {
+    for (const ParamInfo& p : layout().params()) {
+      const int64_t at = std::max(slice.begin, p.offset);
+      if (at >= std::min(slice.end, p.offset + p.numel)) continue;
+      // The top mantissa bit: the value changes by up to half, stays finite,
+      // and the difference survives the next updates.
+      // The moments are compact under ZeRO 1/2: the slice's own offset.
+      float* value = in_moment ? optimizer_->m().data() + (zero_ >= 1 ? compact : slice.begin) +
+                                     (at - slice.begin)
+                               : params_.data() + at;
+      uint32_t bits = 0;
+      std::memcpy(&bits, value, sizeof(bits));
+      bits ^= 1u << 22;
+      std::memcpy(value, &bits, sizeof(bits));
+      return fmt::format("{}{} element {} (flat offset {})",
+                         in_moment ? "the first moment of " : "", p.name, at - p.offset, at);
+    }
+    compact += slice.size();
+  }
+  throw_error("rank {} owns no parameter element to corrupt", dp_rank());
+}
+
+void Trainer::poison_loss(int64_t step, int times) {
+  poisoned_step_ = step;
+  poisoned_losses_ = times;
+}
+
+void Trainer::throw_non_finite(const StepMetrics& m, double local_loss) {
+  // Every rank of the mesh comes here (the re-run was agreed). Within a
+  // data-parallel group the ranks agree on whether the group's own numbers
+  // are bad, and which replicas' samples gave a non-finite loss (each knows
+  // its own), in one all-reduce: a rank's own view could differ from its
+  // peers' and leave them waiting.
+  std::vector<double> bad(static_cast<size_t>(dp_size()) + 1, 0.0);
+  bad[static_cast<size_t>(dp_rank())] = std::isfinite(local_loss) ? 0.0 : 1.0;
+  bad.back() = std::isfinite(m.loss) && std::isfinite(m.grad_norm) ? 0.0 : 1.0;
+  if (dp_size() > 1) {
+    dp_group_->all_reduce(bad.data(), dp_size() + 1, DType::kF64, ReduceOp::kMax)->wait();
+  }
+  if (bad.back() == 0.0) {
+    throw_error(
+        "step {}: another data-parallel group of the mesh got a NaN or infinite loss again after "
+        "re-running the step on the same batch (its ranks' errors name the data); stopping with "
+        "it",
+        step_ + 1);
+  }
+  bad.pop_back();
+  const int64_t per_rank = options_.micro_batch * options_.grad_accum;
+  std::string where;
+  for (int r = 0; r < dp_size(); ++r) {
+    if (bad[static_cast<size_t>(r)] == 0.0) continue;
+    const int64_t first = r * per_rank;
+    where += fmt::format("{}samples [{}, {}) of the step's global batch (dp rank {})",
+                         where.empty() ? "" : "; ", first, first + per_rank, r);
+    if (sampler_) {
+      std::string windows;
+      const int64_t shown = std::min<int64_t>(per_rank, 4);
+      for (int64_t j = first; j < first + shown; ++j) {
+        const auto [shard, offset] =
+            sampler_->window_start(static_cast<uint64_t>(step_), static_cast<uint64_t>(j));
+        windows += fmt::format("{}{} tokens [{}, {})", windows.empty() ? "" : ", ",
+                               dataset_->train_shards()[shard].path().string(), offset,
+                               offset + static_cast<uint64_t>(model_config().block_size) + 1);
+      }
+      where += fmt::format(": {}{}", windows, per_rank > shown ? ", ..." : "");
+    } else {
+      where += " (data.synthetic: random tokens from train.seed)";
+    }
+  }
+  if (where.empty()) {
+    where = fmt::format("the whole batch (samples [0, {}); no single replica's loss was)",
+                        options_.global_batch());
+  }
+  throw_error(
+      "step {}: the loss is {:.6g} and the gradient norm {:.6g} again after re-running the step on "
+      "the "
+      "same batch, so it is not a passing fault; the batch's data: {}. Check those tokens, "
+      "or skip the window (cut it from the source and prepare the data again, or change "
+      "train.seed); if the data is sound, training diverged: lower optim.lr or resume from an "
+      "earlier checkpoint",
+      step_ + 1, m.loss, m.grad_norm, where);
+}
+
+}  // namespace brigade
