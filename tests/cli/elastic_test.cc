@@ -4,6 +4,7 @@
 // detection time, and ends bit-identical to a run without faults; restarts
 // are bounded; generations keep the Gloo store keys of a killed group away
 // from the next one; an arbitrary program that fails once is simply rerun.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -116,10 +117,25 @@ void expect_recovered(const nlohmann::json& incident, const char* kind, int rank
             5 - incident.at("resumed_from_step").get<int64_t>())
       << incident;
   EXPECT_LE(incident.at("steps_lost").get<int64_t>(), 2) << incident;
+  // The recovery's five phases, from the agent's and the workers' stamps,
+  // add up to the fault to the first step after it.
+  const nlohmann::json& split = incident.at("recovery_ms");
+  double sum = 0;
+  std::string phases;
+  for (const char* phase : {"detect", "stop", "rendezvous", "load", "first_step"}) {
+    ASSERT_TRUE(split.at(phase).is_number()) << phase << ": " << incident;
+    const double ms = split.at(phase).get<double>();
+    EXPECT_GE(ms, 0.0) << phase << ": " << incident;
+    sum += ms;
+    phases += fmt::format("{}{} {:.0f}", phases.empty() ? "" : ", ", phase, ms);
+  }
+  EXPECT_NEAR(sum, detected + incident.at("recovered_after_ms").get<double>(), 1e-3) << incident;
+  EXPECT_DOUBLE_EQ(split.at("detect").get<double>(), detected) << incident;
   std::printf(
-      "[ elastic  ] %s: detected after %.0f ms, recovered after %.0f ms, %lld step(s) lost\n", kind,
-      detected, incident.at("recovered_after_ms").get<double>(),
-      static_cast<long long>(incident.at("steps_lost").get<int64_t>()));
+      "[ elastic  ] %s: detected after %.0f ms, recovered after %.0f ms, %lld step(s) lost; "
+      "split (ms): %s\n",
+      kind, detected, incident.at("recovered_after_ms").get<double>(),
+      static_cast<long long>(incident.at("steps_lost").get<int64_t>()), phases.c_str());
 }
 
 void expect_summary(const nlohmann::json& summary, int incidents, int restarts) {
@@ -147,6 +163,10 @@ TEST_F(Elastic, KilledWorkerIsDetectedAtOnceAndTheRunEndsBitIdentical) {
   expect_recovered(lines[0], "crash", 1, 1000);
   EXPECT_EQ(lines[0].at("signal"), SIGKILL);
   expect_summary(lines[1], 1, 1);
+  // The summary is metrics.jsonl's last record too, and said on stderr.
+  EXPECT_EQ(read_jsonl(dir_.path() / "run" / "metrics.jsonl").back(), lines[1]);
+  EXPECT_NE(r.err.find("brigade launch: recovered "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("; ETTR "), std::string::npos) << r.err;
   EXPECT_EQ(hash("run"), reference);
   // The agent removed the snapshots with the job.
   const std::string from = " from /dev/shm/";
@@ -269,6 +289,26 @@ TEST_F(Elastic, AnyProgramThatFailsOnceIsRunAgain) {
   // Without restarts the same failure ends the launch.
   const auto once = run_brigade({"launch", "--nproc-per-node", "2", "--", "sh", "-c", script});
   EXPECT_EQ(once.status, 1) << once.err;
+}
+
+// `brigade launch --inject chaos:...` raises random faults on any program's
+// workers. One that never beats cannot be stopped detectably (the watchdog
+// hears silence only from a worker that beat), so a stop becomes a kill.
+TEST_F(Elastic, LaunchChaosKillsAWorkerOfAnyProgramAndRefusesTheWorkersOwnFaults) {
+  const std::string script = "if [ $BRIGADE_GENERATION -ge 1 ]; then exit 0; fi; exec sleep 60";
+  const auto r = run_brigade({"launch", "--nproc-per-node", "2", "--max-restarts", "5", "--inject",
+                              "chaos:mtbf=0.2:kinds=stop:seed=3", "--", "sh", "-c", script});
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.err.find("brigade launch: chaos fault 1: SIGKILL to worker rank "), std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("was killed by SIGKILL; restarting the workers as generation 1"),
+            std::string::npos)
+      << r.err;
+  const auto refused = run_brigade(
+      {"launch", "--nproc-per-node", "2", "--inject", "kill:rank=1:step=2", "--", "true"});
+  EXPECT_EQ(refused.status, 1);
+  EXPECT_NE(refused.err.find("launch --inject takes only chaos:mtbf=SECONDS"), std::string::npos)
+      << refused.err;
 }
 
 // The user's SIGTERM stops the job with the signal's status, restarts left or not.

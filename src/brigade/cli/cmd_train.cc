@@ -319,6 +319,7 @@ bool launched_worker() {
   launch.max_restarts = elastic_config.max_restarts;
   launch.step_timeout_ms = static_cast<int64_t>(elastic_config.step_timeout_s * 1000);
   launch.metrics_address = metrics_address(config);
+  launch.chaos = elastic::parse_chaos(elastic_config.inject);
   launch.command = {"train", config_path};
   for (const std::string& o : overrides) {
     launch.command.push_back("--set");
@@ -419,6 +420,7 @@ void run_train(const std::string& config_path, const std::vector<std::string>& o
   if (options.parallel.sequence_parallel) model.validate_sequence_parallel(options.parallel.tp);
   split_stages(model, options.parallel.pp, options.parallel.stage_layers);
   const JoinedGroups groups = join_groups(model, options);
+  if (heartbeat) heartbeat->mesh_formed();
   Communicator* const group = groups.world.get();
   // Ranks agree on when to stop, or one would wait for the others forever,
   // and on the signal that stops them (the exit status), whichever rank got it.
@@ -438,13 +440,15 @@ void run_train(const std::string& config_path, const std::vector<std::string>& o
   };
   const int64_t slow_factor = elastic::slow_factor(faults, world_rank, generation);
   Trainer trainer(model, options, groups.view());
-  if (heartbeat) heartbeat->started(trainer.step(), options.run_dir);
   std::signal(SIGINT, request_stop);
   std::signal(SIGTERM, request_stop);
   // Rank 0 reports; every rank trains, evaluates and saves (under ZeRO these
   // are collective), at the same steps.
   std::optional<RunReport> report;
   if (first_rank) report.emplace(config, model, options, trainer);
+  // After the report's set-up (it measures the peak FLOP/s), so that the
+  // first step's time in the recovery split is the step's own.
+  if (heartbeat) heartbeat->started(trainer.step(), options.run_dir);
   auto note = [&](const std::string& message) {
     if (report) report->note(message);
   };
@@ -574,7 +578,9 @@ void add_train_command(CLI::App& app) {
       ->check(CLI::Range(0, 1000));
   cmd->add_option("--inject", *inject,
                   "Faults to raise, for tests: kill:rank=R:step=S[:gen=G], stop:..., skip:..., "
-                  "mismatch:... or slow:rank=R:factor=F, comma separated (sets elastic.inject)");
+                  "mismatch:... or slow:rank=R:factor=F, and with --nproc random ones, "
+                  "chaos:mtbf=SECONDS[:kinds=kill+stop][:seed=N]; comma separated (sets "
+                  "elastic.inject)");
   cmd->add_option("--metrics", *metrics,
                   "With --nproc: where the launcher serves /metrics for Prometheus, HOST:PORT "
                   "(port 0 picks a free one and prints it) or off (sets diag.metrics, default "

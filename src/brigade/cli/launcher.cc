@@ -510,6 +510,7 @@ int run_launch(const LaunchOptions& o) {
   agent.brigade_train = o.command[0] == "train";
   agent.failure_grace_ms = o.failure_grace_ms;
   agent.watchdog.step_timeout_ms = o.step_timeout_ms;
+  agent.chaos = o.chaos;
   // The coordinator's calls get their own connection with a short timeout
   // (kCoordinatorCallTimeoutMs), through the same token check.
   std::optional<TcpStore> coordinator_client;

@@ -3,6 +3,7 @@
 #include <sys/wait.h>
 
 #include <algorithm>
+#include <csignal>
 #include <cstdio>
 #include <tuple>
 
@@ -76,6 +77,11 @@ Agent::Agent(AgentOptions options) : options_(std::move(options)) {
 
 int Agent::run(const sigset_t& child_mask) {
   start_ns_ = now_ns();
+  if (options_.chaos) {
+    chaos_.emplace(*options_.chaos, options_.node_rank, options_.nnodes);
+    chaos_fault_ = chaos_->next();
+    chaos_due_ns_ = start_ns_ + chaos_fault_.after_ns;
+  }
   for (;;) {
     HeartbeatTable table(options_.nproc_per_node, generation_);
     Environment env = options_.environment;
@@ -93,6 +99,11 @@ int Agent::run(const sigset_t& child_mask) {
     end_generation(table);
     if (coordinator_) outcome = settle_generation(outcome);
     if (outcome == Outcome::kFailed && will_restart_) {
+      // Every worker of the generation (of every node) is gone: the stop
+      // phase of the incident ends here.
+      if (!incidents_.empty() && incidents_.back().generation == generation_) {
+        incidents_.back().stopped_ns = now_ns();
+      }
       ++restarts_;
       ++generation_;
       std::string from;
@@ -144,7 +155,8 @@ Program Agent::program_for_generation() const {
 Agent::Outcome Agent::supervise(WorkerGroup& group, const HeartbeatTable& table) {
   const sigset_t watched = watched_signals();
   while (group.running() > 0) {
-    const int64_t wait_ms = group.ms_until_kill(kTickMs);
+    const int64_t wait_ms =
+        std::max<int64_t>(0, std::min(group.ms_until_kill(kTickMs), inject_chaos(group, table)));
     const timespec tick{static_cast<time_t>(wait_ms / 1000),
                         static_cast<long>((wait_ms % 1000) * kNsPerMs)};
     const int sig = ::sigtimedwait(&watched, nullptr, &tick);
@@ -233,6 +245,37 @@ void Agent::check_watchdog(WorkerGroup& group, const HeartbeatTable& table) {
   }
 }
 
+int64_t Agent::inject_chaos(const WorkerGroup& group, const HeartbeatTable& table) {
+  if (!chaos_) return kTickMs;
+  const int64_t now = now_ns();
+  // A fault due while the generation stops changes nothing: it is skipped.
+  while (now >= chaos_due_ns_) {
+    const ChaosSchedule::Fault fault = chaos_fault_;
+    chaos_fault_ = chaos_->next();
+    chaos_due_ns_ += chaos_fault_.after_ns;
+    if (group.stopping()) continue;
+    // A stop is detected by the silence of the heartbeat, so only a worker
+    // that beats can be stopped; one that does not yet is killed instead.
+    std::vector<const Worker*> beating, running;
+    for (const Worker& w : group.workers()) {
+      if (!w.running) continue;
+      running.push_back(&w);
+      if (table.read(w.local_rank).beat_ns > 0) beating.push_back(&w);
+    }
+    const bool kill = fault.kill || beating.empty();
+    const std::vector<const Worker*>& candidates = kill ? running : beating;
+    if (candidates.empty()) continue;
+    const Worker& victim = *candidates[fault.victim % candidates.size()];
+    table.stamp_fault(victim.local_rank, now);
+    std::fprintf(stderr, "brigade launch: chaos fault %d: %s to worker rank %d (pid %d)\n",
+                 ++chaos_raised_, kill ? "SIGKILL" : "SIGSTOP", victim.rank,
+                 static_cast<int>(victim.pid));
+    std::fflush(stderr);
+    ::kill(victim.pid, kill ? SIGKILL : SIGSTOP);
+  }
+  return std::min<int64_t>(kTickMs, (chaos_due_ns_ - now + kNsPerMs - 1) / kNsPerMs);
+}
+
 void Agent::on_failure(WorkerGroup& group, const HeartbeatTable& table, Incident incident) {
   // The previous failure's recovery first: this generation may have
   // completed its steps and failed again between two looks.
@@ -298,15 +341,25 @@ void Agent::check_recovery(const HeartbeatTable& table) {
   if (incidents_.empty() || incidents_.back().recovered_ns) return;
   Incident& pending = incidents_.back();
   if (pending.generation + 1 != generation_) return;
-  // Recovered when every worker of the new generation completed a step.
-  int64_t latest = 0;
+  // Recovered when every worker of the new generation completed a step;
+  // each phase ends when its last worker got there.
+  int64_t latest = 0, mesh = 0, ready = 0;
   for (int r = 0; r < table.slots(); ++r) {
     const WorkerProgress p = table.read(r);
     if (p.first_step_ns == 0) return;
     latest = std::max(latest, p.first_step_ns);
+    mesh = std::max(mesh, p.mesh_ns);
+    ready = std::max(ready, p.ready_ns);
     if (r == 0) pending.resumed_from_step = p.start_step;
   }
   pending.recovered_ns = latest;
+  pending.mesh_ns = mesh;
+  pending.ready_ns = ready;
+  std::fprintf(stderr, "brigade launch: recovered %.0f ms after the fault (%s), %lld step%s lost\n",
+               (latest - pending.fault_ns) * 1e-6, pending.recovery_line().c_str(),
+               static_cast<long long>(pending.steps_lost().value_or(0)),
+               pending.steps_lost().value_or(0) == 1 ? "" : "s");
+  std::fflush(stderr);
   write_incidents(/*final=*/false);
 }
 
@@ -316,6 +369,8 @@ void Agent::end_generation(const HeartbeatTable& table) {
   record.start_step = first.start_step;
   record.last_step = first.step;
   record.train_ns = first.train_ns;
+  record.ready_ns = first.ready_ns;
+  if (first.step > first.start_step) record.step_end_ns = first.step_ns;
   learn_run_dir(table);
   // A generation that failed before its first step still says where it resumed.
   if (!incidents_.empty() && incidents_.back().generation + 1 == generation_ &&
@@ -372,10 +427,16 @@ int Agent::finish(Outcome outcome, int stopped) {
   if (options_.brigade_train && !run_dir_.empty() && options_.node_rank == 0) {
     const RunSummary summary = summarize(incidents_, generations_, restarts_, start_ns_, now_ns());
     std::fprintf(stderr, "brigade launch: %s\n", summary.line().c_str());
-    try {
-      append_json_line(fs::path(run_dir_) / "incidents.jsonl", summary.to_json());
-    } catch (const Error& e) {
-      std::fprintf(stderr, "brigade launch: %s\n", e.what());
+    nlohmann::json line = summary.to_json();
+    if (options_.chaos) line["chaos_mtbf_s"] = options_.chaos->mtbf_s;
+    // Also the last record of metrics.jsonl (no "step": readers of the
+    // step records pass over it).
+    for (const char* file : {"incidents.jsonl", "metrics.jsonl"}) {
+      try {
+        append_json_line(fs::path(run_dir_) / file, line);
+      } catch (const Error& e) {
+        std::fprintf(stderr, "brigade launch: %s\n", e.what());
+      }
     }
   }
   const std::string after =

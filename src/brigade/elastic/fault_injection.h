@@ -16,9 +16,22 @@
 // unless gen= says), so the restarted job does not raise it again. The
 // worker stamps the time into its heartbeat slot first, which is how the
 // agent measures how long detection took.
+//
+//   chaos:mtbf=S[:kinds=kill+stop][:seed=N]
+//
+// is the agent's, not a worker's: random faults at exponentially
+// distributed intervals of mean S seconds of wall time, each on a random
+// worker, of a random kind among `kinds` (kill, stop; both by default; '+'
+// separates them, since ',' separates faults), for as long as the job runs
+// (restarts included, bounded by max_restarts as any failure). The agent
+// sends the signal itself and stamps the worker's heartbeat slot, so a
+// chaos fault is recorded and timed as an injected one. The draws are
+// Philox(seed) (ChaosSchedule), so a seed gives the same intervals, ranks
+// and kinds on every run; where they land in training depends on timing.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -35,8 +48,41 @@ struct InjectedFault {
   int64_t factor = 1;  // slow: this many times the compute time
 };
 
-// Throws Error naming the malformed part and the expected form.
+// Throws Error naming the malformed part and the expected form. A chaos
+// part is checked and left out (parse_chaos gives it).
 std::vector<InjectedFault> parse_faults(std::string_view spec);
+
+struct ChaosSpec {
+  double mtbf_s = 0;
+  bool kill = true;
+  bool stop = true;
+  uint64_t seed = 0;
+};
+
+// The chaos part of an inject spec, if any. Throws Error for a malformed
+// one, or for more than one.
+std::optional<ChaosSpec> parse_chaos(std::string_view spec);
+
+// The chaos faults one agent raises, in order. Fault i's interval, kind and
+// victim are pure functions of (seed, node, i): reproducible, and each
+// node of a multi-node job draws its own stream at nnodes times the mean
+// interval, so the job as a whole fails at the spec's MTBF.
+class ChaosSchedule {
+ public:
+  struct Fault {
+    int64_t after_ns = 0;  // since the previous fault (or the job's start)
+    bool kill = true;      // else stop
+    uint64_t victim = 0;   // uniform 64 bits: the caller takes it modulo its candidates
+  };
+  ChaosSchedule(const ChaosSpec& spec, int node, int nnodes);
+  Fault next();
+
+ private:
+  ChaosSpec spec_;
+  uint64_t stream_ = 0;
+  double mean_s_ = 0;
+  int64_t index_ = 0;
+};
 
 // The kill, stop, skip or mismatch planned for `rank` right after `step` in
 // `generation`, or null.
