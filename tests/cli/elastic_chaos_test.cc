@@ -201,6 +201,11 @@ TEST_F(ElasticChaos, RandomKillsAndStopsEndBitIdenticalWithEttrReported) {
     for (size_t i = 0; i + 1 < lines.size(); ++i) {
       const nlohmann::json& incident = lines[i];
       EXPECT_EQ(incident.at("injected"), true) << incident;
+      // Silence is a hang after 2 s; the fault came at most a beat (100 ms)
+      // after the last heartbeat.
+      if (incident.at("kind") == "hang") {
+        EXPECT_GE(incident.at("detected_after_ms").get<double>(), 1900.0) << incident;
+      }
       if (incident.at("recovered_after_ms").is_null()) continue;  // overtaken by the next fault
       const nlohmann::json& split = incident.at("recovery_ms");
       double sum = 0;
@@ -220,6 +225,25 @@ TEST_F(ElasticChaos, RandomKillsAndStopsEndBitIdenticalWithEttrReported) {
                 summary.at("wall_s").get<double>());
     expect_ettr_plumbing(run, summary);
   }
+}
+
+// Faults every 0.3 s, stops only, no restart: the first stop is detected
+// by its silence after 2 s, and the faults drawn meanwhile strike the
+// other worker, never the stopped one again (a second stamp would shorten
+// the detection time it measures).
+TEST_F(ElasticChaos, AStoppedWorkerIsNotStruckAgainAndKeepsItsFaultsTime) {
+  const fs::path run = dir_.path() / "stops";
+  const auto r =
+      train(run, {"--max-restarts", "0", "--inject", "chaos:mtbf=0.3:kinds=stop:seed=1"});
+  EXPECT_EQ(r.status, 1) << r.err;
+  EXPECT_NE(r.err.find("sent no heartbeat"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("chaos fault 3:"), std::string::npos)
+      << "two workers, each struck once: " << r.err;
+  const auto lines = read_jsonl(run / "incidents.jsonl");
+  ASSERT_EQ(lines.size(), 2u) << r.err;
+  EXPECT_EQ(lines[0].at("kind"), "hang") << lines[0];
+  EXPECT_GE(lines[0].at("detected_after_ms").get<double>(), 1900.0) << lines[0];
+  EXPECT_LE(lines[0].at("detected_after_ms").get<double>(), 3000.0) << lines[0];
 }
 
 }  // namespace

@@ -256,11 +256,14 @@ int64_t Agent::inject_chaos(const WorkerGroup& group, const HeartbeatTable& tabl
     if (group.stopping()) continue;
     // A stop is detected by the silence of the heartbeat, so only a worker
     // that beats can be stopped; one that does not yet is killed instead.
+    // A worker already struck (stopped, not yet detected) keeps its first
+    // fault's time stamp: it is not struck again.
     std::vector<const Worker*> beating, running;
     for (const Worker& w : group.workers()) {
-      if (!w.running) continue;
+      const WorkerProgress p = table.read(w.local_rank);
+      if (!w.running || p.fault_ns > 0) continue;
       running.push_back(&w);
-      if (table.read(w.local_rank).beat_ns > 0) beating.push_back(&w);
+      if (p.beat_ns > 0) beating.push_back(&w);
     }
     const bool kill = fault.kill || beating.empty();
     const std::vector<const Worker*>& candidates = kill ? running : beating;
