@@ -227,14 +227,20 @@ TEST_F(ElasticChaos, RandomKillsAndStopsEndBitIdenticalWithEttrReported) {
   }
 }
 
-// Faults every 0.3 s, stops only, no restart: the first stop is detected
-// by its silence after 2 s, and the faults drawn meanwhile strike the
-// other worker, never the stopped one again (a second stamp would shorten
-// the detection time it measures).
+// Faults every 0.3 s (the first after 1.5 s), stops only, no restart: the
+// first stop is detected by its silence after 2 s, and the faults drawn
+// meanwhile strike the other worker, never the stopped one again (a second
+// stamp would shorten the detection time it measures).
 TEST_F(ElasticChaos, AStoppedWorkerIsNotStruckAgainAndKeepsItsFaultsTime) {
+  // The first fault after 1.5 s, when both workers beat (a worker that
+  // does not beat yet would be killed instead).
+  elastic::ChaosSpec spec;
+  spec.mtbf_s = 0.3;
+  spec.kill = false;
+  while (elastic::ChaosSchedule(spec, 0, 1).next().after_ns < 1'500'000'000) ++spec.seed;
   const fs::path run = dir_.path() / "stops";
-  const auto r =
-      train(run, {"--max-restarts", "0", "--inject", "chaos:mtbf=0.3:kinds=stop:seed=1"});
+  const auto r = train(run, {"--max-restarts", "0", "--inject",
+                             "chaos:mtbf=0.3:kinds=stop:seed=" + std::to_string(spec.seed)});
   EXPECT_EQ(r.status, 1) << r.err;
   EXPECT_NE(r.err.find("sent no heartbeat"), std::string::npos) << r.err;
   EXPECT_EQ(r.err.find("chaos fault 3:"), std::string::npos)
