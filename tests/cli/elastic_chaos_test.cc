@@ -239,7 +239,8 @@ TEST_F(ElasticChaos, AStoppedWorkerIsNotStruckAgainAndKeepsItsFaultsTime) {
   spec.kill = false;
   while (elastic::ChaosSchedule(spec, 0, 1).next().after_ns < 1'500'000'000) ++spec.seed;
   const fs::path run = dir_.path() / "stops";
-  const auto r = train(run, {"--max-restarts", "0", "--inject",
+  // Steps enough to outlast the faults: the job ends at the first detection.
+  const auto r = train(run, {"--set", "train.steps=1000000", "--max-restarts", "0", "--inject",
                              "chaos:mtbf=0.3:kinds=stop:seed=" + std::to_string(spec.seed)});
   EXPECT_EQ(r.status, 1) << r.err;
   EXPECT_NE(r.err.find("sent no heartbeat"), std::string::npos) << r.err;
