@@ -167,6 +167,18 @@ TEST_F(Elastic, KilledWorkerIsDetectedAtOnceAndTheRunEndsBitIdentical) {
   EXPECT_EQ(read_jsonl(dir_.path() / "run" / "metrics.jsonl").back(), lines[1]);
   EXPECT_NE(r.err.find("brigade launch: recovered "), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("; ETTR "), std::string::npos) << r.err;
+  // Against the failure model: no chaos mode, so the MTBF must be given.
+  const std::string run = (dir_.path() / "run").string();
+  const auto no_mtbf = run_brigade({"ettr", run});
+  EXPECT_EQ(no_mtbf.status, 1);
+  EXPECT_NE(no_mtbf.err.find("the run had no chaos mode, so its MTBF is not known: pass --mtbf-s"),
+            std::string::npos)
+      << no_mtbf.err;
+  const auto ettr = run_brigade({"ettr", run, "--mtbf-s", "30"});
+  EXPECT_EQ(ettr.status, 0) << ettr.err;
+  EXPECT_NE(ettr.out.find("model ETTR"), std::string::npos) << ettr.out;
+  EXPECT_NE(ettr.out.find("MTBF 30.0 s from --mtbf-s"), std::string::npos) << ettr.out;
+  EXPECT_NE(ettr.out.find("the mean of 1 recovery"), std::string::npos) << ettr.out;
   EXPECT_EQ(hash("run"), reference);
   // The agent removed the snapshots with the job.
   const std::string from = " from /dev/shm/";

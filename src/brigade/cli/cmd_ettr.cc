@@ -205,7 +205,9 @@ void add_ettr_command(CLI::App& app) {
         static_cast<long long>(c.run.snapshot_every), c.run.snapshot_every == 1 ? "" : "s",
         c.run.step_s, c.run.between_steps_s, c.run.restart_s,
         *restart_s >= 0 ? " from --restart-s"
-                        : fmt::format(", the mean of {} recoveries", c.recoveries).c_str(),
+                        : fmt::format(", the mean of {} recover{}", c.recoveries,
+                                      c.recoveries == 1 ? "y" : "ies")
+                              .c_str(),
         100 * (c.measured_ettr - c.predicted_ettr));
   });
 }
