@@ -4,9 +4,11 @@
 // split is made of. The agent as a whole runs in tests/cli/elastic_test.cc
 // and tests/cli/elastic_chaos_test.cc.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmath>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -14,6 +16,7 @@
 #include "brigade/elastic/fault_injection.h"
 #include "brigade/elastic/heartbeat.h"
 #include "brigade/elastic/incidents.h"
+#include "brigade/elastic/worker_group.h"
 
 namespace brigade::elastic {
 namespace {
@@ -115,6 +118,44 @@ TEST(Chaos, TheScheduleIsSeededExponentialAndKeepsToItsKinds) {
   }
 }
 
+// Faults that fell due while no worker ran (between generations) strike
+// the next generation once, not all in its first tick.
+TEST(Chaos, OfTheFaultsOverdueTogetherOnlyTheFirstIsTakenTheOthersCounted) {
+  ChaosSpec spec;
+  spec.mtbf_s = 1.0;
+  spec.seed = 11;
+  ChaosSchedule reference(spec, 0, 1);
+  std::vector<ChaosSchedule::Fault> drawn;
+  std::vector<int64_t> due_at;
+  int64_t at = 5'000 * kMs;
+  for (int i = 0; i < 6; ++i) {
+    drawn.push_back(reference.next());
+    at += drawn.back().after_ns;
+    due_at.push_back(at);
+  }
+  ChaosSchedule schedule(spec, 0, 1);
+  schedule.start(5'000 * kMs);
+  int dropped = 0;
+  EXPECT_EQ(schedule.due_ns(), due_at[0]);
+  EXPECT_FALSE(schedule.take_due(due_at[0] - 1, &dropped));
+  // On time: the first, nothing dropped.
+  std::optional<ChaosSchedule::Fault> f = schedule.take_due(due_at[0], &dropped);
+  ASSERT_TRUE(f);
+  EXPECT_EQ(f->victim, drawn[0].victim);
+  EXPECT_EQ(dropped, 0);
+  EXPECT_EQ(schedule.due_ns(), due_at[1]);
+  // Late past faults 1 to 3: fault 1 is taken, 2 and 3 dropped, and
+  // nothing more is due until fault 4's time.
+  f = schedule.take_due(due_at[3], &dropped);
+  ASSERT_TRUE(f);
+  EXPECT_EQ(f->victim, drawn[1].victim);
+  EXPECT_EQ(f->after_ns, drawn[1].after_ns);
+  EXPECT_EQ(dropped, 2);
+  EXPECT_FALSE(schedule.take_due(due_at[3], &dropped));
+  EXPECT_EQ(schedule.due_ns(), due_at[4]);
+  EXPECT_EQ(dropped, 2);
+}
+
 Incident recovered_incident() {
   Incident i;
   i.fault_ns = 1'000 * kMs;
@@ -171,20 +212,69 @@ TEST(RecoverySplit, TheSummarysWindowAndLostTimeStopAtTheNextFault) {
   std::vector<GenerationRecord> generations = {{0, 6, 400 * kMs, 500 * kMs, 990 * kMs},
                                                {-1, 0, 0, 0, 0},
                                                {5, 10, 500 * kMs, 1'900 * kMs, 3'000 * kMs}};
+  // The agent's path: generation 1's worker set up at step 5 (its slot 0),
+  // and failed before its first step; on that failure the agent notes where
+  // the overtaken incident of generation 0 resumed from.
   Incident first = recovered_incident();
+  first.generation = 0;
   first.recovered_ns.reset();
+  first.resumed_from_step.reset();
   first.fault_ns = 1'000 * kMs;
   first.detected_ns = 1'001 * kMs;
+  first.mean_step_ms = 50;
+  std::vector<Incident> incidents = {first};
+  HeartbeatTable table(1, /*generation=*/1);
+  WorkerHeartbeat worker(::dup(table.fd()), /*local_rank=*/0, /*generation=*/1);
+  note_resumed_from(incidents, 1, table.read(0).start_step);  // not set up yet: -1
+  EXPECT_FALSE(incidents[0].resumed_from_step);
+  worker.started(5, "/runs/x");
+  note_resumed_from(incidents, 2, table.read(0).start_step);  // another generation's
+  EXPECT_FALSE(incidents[0].resumed_from_step);
+  note_resumed_from(incidents, 1, table.read(0).start_step);
+  ASSERT_TRUE(incidents[0].resumed_from_step);
+  EXPECT_EQ(*incidents[0].resumed_from_step, 5);
+  note_resumed_from(incidents, 1, 7);  // told once
+  EXPECT_EQ(*incidents[0].resumed_from_step, 5);
   Incident second;
+  second.generation = 1;
   second.fault_ns = 1'300 * kMs;
   second.detected_ns = 1'301 * kMs;
   second.recovered_ns = 2'000 * kMs;
-  const RunSummary s = summarize({first, second}, generations, 2, 0, 3'500 * kMs);
+  incidents.push_back(second);
+  const RunSummary s = summarize(incidents, generations, 2, 0, 3'500 * kMs);
   EXPECT_DOUBLE_EQ(s.training_s, 2.5);
-  EXPECT_NEAR(s.lost_s, 0.3 + 0.7 + 1 * 0.0, 1e-12);  // first's steps_lost: no mean step given
+  // Fault to fault, the second's recovery, and the first's steps 6 to 9
+  // redone at 50 ms each.
+  EXPECT_NEAR(s.lost_s, 0.3 + 0.7 + 4 * 0.05, 1e-12);
   EXPECT_DOUBLE_EQ(s.to_json().at("training_s").get<double>(), 2.5);
   // Without a generation that set up, no window.
   EXPECT_EQ(summarize({}, {{-1, 0, 0, 0, 0}}, 0, 0, kMs).training_s, 0.0);
+}
+
+// A chaos fault must not land on a worker that already exited (its
+// incident would blame the fault), nor take its exit from reap().
+TEST(Chaos, AnExitedWorkerNotReapedYetIsSeenAndStaysReapable) {
+  int go[2];
+  ASSERT_EQ(::pipe(go), 0);
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    char byte = 0;
+    ::close(go[1]);
+    const ssize_t got = ::read(go[0], &byte, 1);  // until the test says go
+    ::_exit(got == 1 ? 7 : 9);
+  }
+  ::close(go[0]);
+  EXPECT_FALSE(WorkerGroup::exited_unreaped(pid));
+  ASSERT_EQ(::write(go[1], "x", 1), 1);
+  ::close(go[1]);
+  siginfo_t info{};
+  ASSERT_EQ(::waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOWAIT), 0);  // exited
+  EXPECT_TRUE(WorkerGroup::exited_unreaped(pid));
+  EXPECT_TRUE(WorkerGroup::exited_unreaped(pid));
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid) << "the check took the exit";
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 7) << status;
 }
 
 TEST(RecoverySplit, TheWorkersPhasesAndTheAgentsFaultStampReachTheSlot) {

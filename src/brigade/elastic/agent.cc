@@ -79,8 +79,7 @@ int Agent::run(const sigset_t& child_mask) {
   start_ns_ = now_ns();
   if (options_.chaos) {
     chaos_.emplace(*options_.chaos, options_.node_rank, options_.nnodes);
-    chaos_fault_ = chaos_->next();
-    chaos_due_ns_ = start_ns_ + chaos_fault_.after_ns;
+    chaos_->start(start_ns_);
   }
   for (;;) {
     HeartbeatTable table(options_.nproc_per_node, generation_);
@@ -247,27 +246,34 @@ void Agent::check_watchdog(WorkerGroup& group, const HeartbeatTable& table) {
 
 int64_t Agent::inject_chaos(const WorkerGroup& group, const HeartbeatTable& table) {
   if (!chaos_) return kTickMs;
+  // Faults that fall due while the generation stops (and between
+  // generations: evidence, settling, the restart) wait here: none is
+  // raised on workers that are going anyway.
+  if (group.stopping()) return kTickMs;
   const int64_t now = now_ns();
-  // A fault due while the generation stops changes nothing: it is skipped.
-  while (now >= chaos_due_ns_) {
-    const ChaosSchedule::Fault fault = chaos_fault_;
-    chaos_fault_ = chaos_->next();
-    chaos_due_ns_ += chaos_fault_.after_ns;
-    if (group.stopping()) continue;
-    // A stop is detected by the silence of the heartbeat, so only a worker
-    // that beats can be stopped; one that does not yet is killed instead.
-    // A worker already struck (stopped, not yet detected) keeps its first
-    // fault's time stamp: it is not struck again.
-    std::vector<const Worker*> beating, running;
-    for (const Worker& w : group.workers()) {
-      const WorkerProgress p = table.read(w.local_rank);
-      if (!w.running || p.fault_ns > 0) continue;
-      running.push_back(&w);
-      if (p.beat_ns > 0) beating.push_back(&w);
-    }
-    const bool kill = fault.kill || beating.empty();
-    const std::vector<const Worker*>& candidates = kill ? running : beating;
-    if (candidates.empty()) continue;
+  // The first overdue fault strikes this generation (one that fell due
+  // during a restart restarts it); the others overdue with it are dropped.
+  const std::optional<ChaosSchedule::Fault> due = chaos_->take_due(now, &chaos_skipped_);
+  if (!due) return std::min<int64_t>(kTickMs, (chaos_->due_ns() - now + kNsPerMs - 1) / kNsPerMs);
+  const ChaosSchedule::Fault fault = *due;
+  // A stop is detected by the silence of the heartbeat, so only a worker
+  // that beats can be stopped; one that does not yet is killed instead.
+  // A worker already struck (stopped, not yet detected) keeps its first
+  // fault's time stamp: it is not struck again.
+  std::vector<const Worker*> beating, running;
+  for (const Worker& w : group.workers()) {
+    const WorkerProgress p = table.read(w.local_rank);
+    // An exit not reaped yet is no worker to strike: the incident would
+    // blame the fault for it.
+    if (!w.running || p.fault_ns > 0 || WorkerGroup::exited_unreaped(w.pid)) continue;
+    running.push_back(&w);
+    if (p.beat_ns > 0) beating.push_back(&w);
+  }
+  const bool kill = fault.kill || beating.empty();
+  const std::vector<const Worker*>& candidates = kill ? running : beating;
+  if (candidates.empty()) {
+    ++chaos_skipped_;
+  } else {
     const Worker& victim = *candidates[fault.victim % candidates.size()];
     table.stamp_fault(victim.local_rank, now);
     std::fprintf(stderr, "brigade launch: chaos fault %d: %s to worker rank %d (pid %d)\n",
@@ -276,13 +282,15 @@ int64_t Agent::inject_chaos(const WorkerGroup& group, const HeartbeatTable& tabl
     std::fflush(stderr);
     ::kill(victim.pid, kill ? SIGKILL : SIGSTOP);
   }
-  return std::min<int64_t>(kTickMs, (chaos_due_ns_ - now + kNsPerMs - 1) / kNsPerMs);
+  return std::min<int64_t>(kTickMs, (chaos_->due_ns() - now + kNsPerMs - 1) / kNsPerMs);
 }
 
 void Agent::on_failure(WorkerGroup& group, const HeartbeatTable& table, Incident incident) {
   // The previous failure's recovery first: this generation may have
   // completed its steps and failed again between two looks.
   if (generation_ > 0) check_recovery(table);
+  // Not recovered (overtaken): its redone steps still count as lost.
+  note_resumed_from(incidents_, generation_, table.read(0).start_step);
   incident.generation = generation_;
   // The last step any worker completed, and how long steps took.
   int64_t start_step = -1, train_ns = 0;
@@ -376,10 +384,7 @@ void Agent::end_generation(const HeartbeatTable& table) {
   if (first.step > first.start_step) record.step_end_ns = first.step_ns;
   learn_run_dir(table);
   // A generation that failed before its first step still says where it resumed.
-  if (!incidents_.empty() && incidents_.back().generation + 1 == generation_ &&
-      !incidents_.back().resumed_from_step && first.start_step >= 0) {
-    incidents_.back().resumed_from_step = first.start_step;
-  }
+  note_resumed_from(incidents_, generation_, first.start_step);
   generations_.push_back(record);
 }
 
@@ -431,7 +436,11 @@ int Agent::finish(Outcome outcome, int stopped) {
     const RunSummary summary = summarize(incidents_, generations_, restarts_, start_ns_, now_ns());
     std::fprintf(stderr, "brigade launch: %s\n", summary.line().c_str());
     nlohmann::json line = summary.to_json();
-    if (options_.chaos) line["chaos_mtbf_s"] = options_.chaos->mtbf_s;
+    if (options_.chaos) {
+      line["chaos_mtbf_s"] = options_.chaos->mtbf_s;
+      line["chaos_raised"] = chaos_raised_;
+      line["chaos_skipped"] = chaos_skipped_;
+    }
     // Also the last record of metrics.jsonl (no "step": readers of the
     // step records pass over it).
     for (const char* file : {"incidents.jsonl", "metrics.jsonl"}) {

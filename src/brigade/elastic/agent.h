@@ -212,9 +212,8 @@ class Agent {
   int lost_node_ = -1;
   bool lost_coordinator_ = false;
   std::optional<ChaosSchedule> chaos_;
-  ChaosSchedule::Fault chaos_fault_;  // the next one, due at chaos_due_ns_
-  int64_t chaos_due_ns_ = 0;
   int chaos_raised_ = 0;
+  int chaos_skipped_ = 0;  // overdue together with a raised one, or no worker to strike
   mutable std::mutex status_mutex_;
   AgentStatus status_;
 };

@@ -191,6 +191,22 @@ ChaosSchedule::Fault ChaosSchedule::next() {
   return f;
 }
 
+void ChaosSchedule::start(int64_t start_ns) {
+  pending_ = next();
+  due_ns_ = start_ns + pending_.after_ns;
+}
+
+std::optional<ChaosSchedule::Fault> ChaosSchedule::take_due(int64_t now_ns, int* dropped) {
+  if (now_ns < due_ns_) return std::nullopt;
+  const Fault fault = pending_;
+  for (bool first = true; now_ns >= due_ns_; first = false) {
+    if (!first) ++*dropped;
+    pending_ = next();
+    due_ns_ += pending_.after_ns;
+  }
+  return fault;
+}
+
 const InjectedFault* fault_after_step(const std::vector<InjectedFault>& faults, int rank,
                                       int64_t generation, int64_t step) {
   for (const InjectedFault& f : faults) {

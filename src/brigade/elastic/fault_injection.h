@@ -77,11 +77,23 @@ class ChaosSchedule {
   ChaosSchedule(const ChaosSpec& spec, int node, int nnodes);
   Fault next();
 
+  // The schedule in time, from `start_ns` (the job's start).
+  void start(int64_t start_ns);
+  // When the next fault falls due (after start()).
+  int64_t due_ns() const { return due_ns_; }
+  // The fault due at `now_ns`, if any: the first overdue one. The others
+  // overdue with it (they fell due while no worker ran to strike: between
+  // generations, or while one stopped) are dropped and counted in *dropped,
+  // or they would all strike at once, unlike the faults they stand for.
+  std::optional<Fault> take_due(int64_t now_ns, int* dropped);
+
  private:
   ChaosSpec spec_;
   uint64_t stream_ = 0;
   double mean_s_ = 0;
   int64_t index_ = 0;
+  Fault pending_;
+  int64_t due_ns_ = 0;
 };
 
 // The kill, stop, skip or mismatch planned for `rank` right after `step` in

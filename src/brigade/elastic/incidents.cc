@@ -94,6 +94,13 @@ std::string RunSummary::line() const {
       100.0 * ettr, productive_s, wall_s);
 }
 
+void note_resumed_from(std::vector<Incident>& incidents, int64_t generation, int64_t start_step) {
+  if (start_step < 0) return;
+  for (Incident& i : incidents) {
+    if (i.generation + 1 == generation && !i.resumed_from_step) i.resumed_from_step = start_step;
+  }
+}
+
 RunSummary summarize(const std::vector<Incident>& incidents,
                      const std::vector<GenerationRecord>& generations, int restarts,
                      int64_t start_ns, int64_t end_ns) {

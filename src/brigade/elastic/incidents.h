@@ -104,6 +104,12 @@ struct RunSummary {
   std::string line() const;  // for stderr
 };
 
+// Generation `generation` set up at `start_step` (its slot 0's; -1: not
+// yet): the previous generation's incident, if not told yet, resumed from
+// there. Its steps redone count as lost even when the next failure
+// overtook its recovery.
+void note_resumed_from(std::vector<Incident>& incidents, int64_t generation, int64_t start_step);
+
 RunSummary summarize(const std::vector<Incident>& incidents,
                      const std::vector<GenerationRecord>& generations, int restarts,
                      int64_t start_ns, int64_t end_ns);
