@@ -308,7 +308,7 @@ TEST_F(Elastic, AnyProgramThatFailsOnceIsRunAgain) {
 // hears silence only from a worker that beat), so a stop becomes a kill.
 TEST_F(Elastic, LaunchChaosKillsAWorkerOfAnyProgramAndRefusesTheWorkersOwnFaults) {
   const std::string script = "if [ $BRIGADE_GENERATION -ge 1 ]; then exit 0; fi; exec sleep 60";
-  const auto r = run_brigade({"launch", "--nproc-per-node", "2", "--max-restarts", "5", "--inject",
+  const auto r = run_brigade({"launch", "--nproc-per-node", "2", "--max-restarts", "20", "--inject",
                               "chaos:mtbf=0.2:kinds=stop:seed=3", "--", "sh", "-c", script});
   EXPECT_EQ(r.status, 0) << r.err;
   EXPECT_NE(r.err.find("brigade launch: chaos fault 1: SIGKILL to worker rank "), std::string::npos)
@@ -321,6 +321,20 @@ TEST_F(Elastic, LaunchChaosKillsAWorkerOfAnyProgramAndRefusesTheWorkersOwnFaults
   EXPECT_EQ(refused.status, 1);
   EXPECT_NE(refused.err.find("launch --inject takes only chaos:mtbf=SECONDS"), std::string::npos)
       << refused.err;
+  // A chaos spec where no launcher raises it is refused, not ignored: a
+  // lone `brigade train`, and the workers of a launcher without --inject.
+  const std::string fix =
+      "chaos faults are raised by the launcher: add --nproc N, or pass --inject to brigade launch";
+  const std::string run_dir = "train.run_dir=\"" + (dir_.path() / "lone").string() + "\"";
+  const auto lone =
+      run_brigade({"train", config().string(), "--set", run_dir, "--inject", "chaos:mtbf=1"});
+  EXPECT_EQ(lone.status, 1) << lone.err;
+  EXPECT_NE(lone.err.find(fix), std::string::npos) << lone.err;
+  const auto workers =
+      run_brigade({"launch", "--nproc-per-node", "1", "--", "train", config().string(), "--set",
+                   run_dir, "--inject", "chaos:mtbf=1"});
+  EXPECT_EQ(workers.status, 1) << workers.err;
+  EXPECT_NE(workers.err.find(fix), std::string::npos) << workers.err;
 }
 
 // The user's SIGTERM stops the job with the signal's status, restarts left or not.

@@ -404,6 +404,16 @@ void run_train(const std::string& config_path, const std::vector<std::string>& o
   metrics_address(config);  // the launcher's key: checked, then unused here
   config.check_all_used();
   const std::vector<elastic::InjectedFault> faults = elastic::parse_faults(elastic_config.inject);
+  // Chaos faults come from the launcher's agent; a worker alone, or one
+  // under a launcher not told of them, would silently train without any.
+  const char* launcher_chaos = std::getenv("BRIGADE_CHAOS");
+  if (elastic::parse_chaos(elastic_config.inject) &&
+      (launcher_chaos == nullptr || std::strcmp(launcher_chaos, "1") != 0)) {
+    throw_error(
+        "chaos faults are raised by the launcher: add --nproc N, or pass --inject to brigade "
+        "launch (elastic.inject = \"{}\")",
+        elastic_config.inject);
+  }
   const int world_rank = launched_worker() ? read_world_environment().world_rank : 0;
   const int64_t generation = heartbeat ? heartbeat->generation() : 0;
   if (!resume.empty()) options.resume = resume;
