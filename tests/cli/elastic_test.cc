@@ -23,6 +23,7 @@
 
 #include "testing/processes.h"
 #include "testing/run_brigade.h"
+#include "testing/scoped_env.h"
 #include "testing/temp_dir.h"
 
 namespace brigade {
@@ -167,6 +168,20 @@ TEST_F(Elastic, KilledWorkerIsDetectedAtOnceAndTheRunEndsBitIdentical) {
   EXPECT_EQ(read_jsonl(dir_.path() / "run" / "metrics.jsonl").back(), lines[1]);
   EXPECT_NE(r.err.find("brigade launch: recovered "), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("; ETTR "), std::string::npos) << r.err;
+  // The machine's peak is measured once per job: generation 1 takes
+  // generation 0's (the figure after " = " in both start-up summaries).
+  const size_t measured = r.err.find("MFU is against 4 ranks x ");
+  const size_t given = r.err.find(
+      "MFU is against 4 ranks x the peak the job's first generation "
+      "measured = ");
+  ASSERT_NE(measured, std::string::npos) << r.err;
+  ASSERT_NE(given, std::string::npos) << r.err;
+  EXPECT_LT(measured, given);
+  auto figure = [&](size_t from) {
+    const std::string line = r.err.substr(from, r.err.find('\n', from) - from);
+    return std::stod(line.substr(line.find(" = ") + 3));
+  };
+  EXPECT_NEAR(figure(given), figure(measured), 1.0) << r.err;
   // Against the failure model: no chaos mode, so the MTBF must be given.
   const std::string run = (dir_.path() / "run").string();
   const auto no_mtbf = run_brigade({"ettr", run});
@@ -335,6 +350,19 @@ TEST_F(Elastic, LaunchChaosKillsAWorkerOfAnyProgramAndRefusesTheWorkersOwnFaults
                    run_dir, "--inject", "chaos:mtbf=1"});
   EXPECT_EQ(workers.status, 1) << workers.err;
   EXPECT_NE(workers.err.find(fix), std::string::npos) << workers.err;
+}
+
+// The machine peak the agent hands a restarted generation is checked.
+TEST_F(Elastic, AMalformedMachinePeakIsRefused) {
+  testing::ScopedEnv env;
+  env.set("BRIGADE_MACHINE_PEAK", "12x");
+  const auto r = run_brigade({"train", config().string(), "--set",
+                              "train.run_dir=\"" + (dir_.path() / "peak").string() + "\""});
+  EXPECT_EQ(r.status, 1) << r.err;
+  EXPECT_NE(r.err.find("BRIGADE_MACHINE_PEAK='12x' is not a machine peak in GFLOP/s (> 0): "
+                       "brigade launch sets it for restarted workers; unset it"),
+            std::string::npos)
+      << r.err;
 }
 
 // The user's SIGTERM stops the job with the signal's status, restarts left or not.

@@ -289,6 +289,9 @@ TEST(RecoverySplit, TheWorkersPhasesAndTheAgentsFaultStampReachTheSlot) {
   worker.started(3, "/runs/x");
   EXPECT_GE(table.read(1).ready_ns, mesh);
   EXPECT_EQ(table.read(1).ready_ns, table.read(1).step_ns);
+  EXPECT_EQ(table.read(1).peak_gflops, 0.0);
+  worker.machine_peak(371.5);
+  EXPECT_EQ(table.read(1).peak_gflops, 371.5);
   table.stamp_fault(1, 42);
   EXPECT_EQ(table.read(1).fault_ns, 42);
   EXPECT_EQ(table.read(0).fault_ns, 0);

@@ -18,6 +18,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -120,10 +121,33 @@ class ProgressLine {
   double ema_ms_ = 0;
 };
 
+// The machine's peak per rank: measured (0.6 s or more), or the one the
+// job's first generation measured when the agent restarted this one.
+cpu::MachinePeak measured_or_given_peak() {
+  const char* given = std::getenv(elastic::kMachinePeakVariable);
+  if (given == nullptr) return cpu::machine_peak(num_threads(), cpu::measure_sgemm_peak_gflops());
+  char* end = nullptr;
+  const double gflops = std::strtod(given, &end);
+  if (*given == '\0' || *end != '\0' || !std::isfinite(gflops) || gflops <= 0) {
+    throw_error(
+        "{}='{}' is not a machine peak in GFLOP/s (> 0): brigade launch sets it for restarted "
+        "workers; unset it to measure the peak",
+        elastic::kMachinePeakVariable, given);
+  }
+  cpu::MachinePeak peak;
+  peak.gflops = gflops;
+  peak.source = "given";
+  peak.description =
+      fmt::format("the peak the job's first generation measured = {:.0f} GFLOP/s", gflops);
+  return peak;
+}
+
 // What rank 0 writes for the user: the run directory's config and
 // metrics.jsonl, the start-up summary and the progress line.
 class RunReport {
  public:
+  // The machine's peak per rank the report's MFU is against.
+  double rank_peak_gflops() const { return rank_peak_gflops_; }
   RunReport(const Config& config, const GptConfig& model, const TrainOptions& options,
             const Trainer& trainer)
       : progress_(options.steps) {
@@ -137,8 +161,8 @@ class RunReport {
 
     // Every worker has the same cores, so one's peak times the ranks is the job's.
     const int world = trainer.dp_size() * trainer.tp_size() * trainer.pp_size();
-    const cpu::MachinePeak peak =
-        cpu::machine_peak(num_threads(), cpu::measure_sgemm_peak_gflops());
+    const cpu::MachinePeak peak = measured_or_given_peak();
+    rank_peak_gflops_ = peak.gflops;
     peak_gflops_ = peak.gflops * world;
     const std::string ranks = world > 1 ? fmt::format("{} ranks x ", world) : "";
     const std::string mesh =
@@ -253,6 +277,7 @@ class RunReport {
   ProgressLine progress_;
   std::ofstream metrics_;
   double peak_gflops_ = 0;
+  double rank_peak_gflops_ = 0;
   double flops_per_step_ = 0;
 };
 
@@ -456,6 +481,7 @@ void run_train(const std::string& config_path, const std::vector<std::string>& o
   // are collective), at the same steps.
   std::optional<RunReport> report;
   if (first_rank) report.emplace(config, model, options, trainer);
+  if (heartbeat && report) heartbeat->machine_peak(report->rank_peak_gflops());
   // After the report's set-up (it measures the peak FLOP/s), so that the
   // first step's time in the recovery split is the step's own.
   if (heartbeat) heartbeat->started(trainer.step(), options.run_dir);

@@ -3,6 +3,7 @@
 #include <sys/wait.h>
 
 #include <algorithm>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <tuple>
@@ -86,6 +87,9 @@ int Agent::run(const sigset_t& child_mask) {
     Environment env = options_.environment;
     env.set("BRIGADE_GENERATION", std::to_string(generation_));
     env.set("BRIGADE_HEARTBEAT_FD", std::to_string(table.fd()));
+    if (machine_peak_gflops_ > 0) {
+      env.set(kMachinePeakVariable, fmt::format("{:.17g}", machine_peak_gflops_));
+    }
     failure_.reset();
     exits_.clear();
     will_restart_ = false;
@@ -381,6 +385,10 @@ void Agent::end_generation(const HeartbeatTable& table) {
   record.last_step = first.step;
   record.train_ns = first.train_ns;
   record.ready_ns = first.ready_ns;
+  // Measured once per job (0.6 s or more of every restart otherwise).
+  if (machine_peak_gflops_ == 0 && first.peak_gflops > 0 && std::isfinite(first.peak_gflops)) {
+    machine_peak_gflops_ = first.peak_gflops;
+  }
   if (first.step > first.start_step) record.step_end_ns = first.step_ns;
   learn_run_dir(table);
   // A generation that failed before its first step still says where it resumed.

@@ -213,7 +213,8 @@ class Agent {
   bool lost_coordinator_ = false;
   std::optional<ChaosSchedule> chaos_;
   int chaos_raised_ = 0;
-  int chaos_skipped_ = 0;  // overdue together with a raised one, or no worker to strike
+  double machine_peak_gflops_ = 0;  // rank 0's, once measured
+  int chaos_skipped_ = 0;           // overdue together with a raised one, or no worker to strike
   mutable std::mutex status_mutex_;
   AgentStatus status_;
 };

@@ -103,6 +103,7 @@ WorkerProgress HeartbeatTable::read(int local_rank) const {
   p.dump_done = slot->dump_done.load();
   p.mesh_ns = slot->mesh_ns.load();
   p.ready_ns = slot->ready_ns.load();
+  p.peak_gflops = slot->peak_gflops.load();
   const int64_t run_dir_bytes = slot->run_dir_bytes.load(std::memory_order_acquire);
   if (run_dir_bytes > 0 && run_dir_bytes <= static_cast<int64_t>(kMaxRunDirBytes)) {
     p.run_dir.assign(slot->run_dir, static_cast<size_t>(run_dir_bytes));
@@ -200,6 +201,10 @@ void WorkerHeartbeat::answer_dump_request() {
     }
   }
   slot_->dump_done.store(incident);
+}
+
+void WorkerHeartbeat::machine_peak(double gflops) {
+  slot_->peak_gflops.store(gflops);
 }
 
 void WorkerHeartbeat::mesh_formed() {

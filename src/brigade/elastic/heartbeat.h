@@ -77,6 +77,10 @@ struct HeartbeatSlot {
   // 0 before.
   std::atomic<int64_t> mesh_ns;
   std::atomic<int64_t> ready_ns;
+  // The machine's peak GFLOP/s per rank that rank 0 measured (0 before):
+  // the agent passes it to later generations (kMachinePeakVariable), so a
+  // restart does not measure it again.
+  std::atomic<double> peak_gflops;
 };
 static_assert(std::atomic<int64_t>::is_always_lock_free, "slots are shared between processes");
 static_assert(std::atomic<double>::is_always_lock_free, "slots are shared between processes");
@@ -107,7 +111,12 @@ struct WorkerProgress {
   int64_t dump_done = 0;  // the last incident whose evidence this worker wrote
   int64_t mesh_ns = 0;
   int64_t ready_ns = 0;
+  double peak_gflops = 0;
 };
+
+// The environment variable through which the agent gives a restarted
+// generation the machine peak its first generation measured.
+inline constexpr const char* kMachinePeakVariable = "BRIGADE_MACHINE_PEAK";
 
 // The agent's side: one table per generation.
 class HeartbeatTable {
@@ -151,6 +160,8 @@ class WorkerHeartbeat {
   int64_t generation() const { return generation_; }
   // The worker's communicators are connected.
   void mesh_formed();
+  // The machine's peak GFLOP/s per rank, as measured (or received).
+  void machine_peak(double gflops);
   // Training is set up at `step` (0, or the checkpoint resumed from), in
   // `run_dir`: the state is loaded and the next thing is the first step.
   void started(int64_t step, const std::string& run_dir);
