@@ -43,7 +43,7 @@ using testing::run_brigade;
 constexpr char kTraining[] = R"(
 [train]
 micro_batch = 2
-steps = 500
+steps = 300
 seed = 5
 snapshot_every = 1
 checkpoint_every = 100
