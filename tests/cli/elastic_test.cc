@@ -352,6 +352,57 @@ TEST_F(Elastic, LaunchChaosKillsAWorkerOfAnyProgramAndRefusesTheWorkersOwnFaults
   EXPECT_NE(workers.err.find(fix), std::string::npos) << workers.err;
 }
 
+// A run directory launched twice (the second a --resume): `brigade ettr`
+// reads the last launch's records only, those after the first's summary,
+// and refuses while a launch after the last summary has not ended.
+TEST_F(Elastic, EttrReadsTheLastLaunchOfARunDirectory) {
+  const fs::path run = dir_.path() / "twice";
+  fs::create_directories(run);
+  std::ofstream(run / "config.toml") << "[train]\nsnapshot_every = 2\n";
+  auto summary = [](double productive_s) {
+    return nlohmann::json{{"kind", "summary"},
+                          {"incidents", 1},
+                          {"restarts", 1},
+                          {"wall_s", 10.0},
+                          {"productive_s", productive_s},
+                          {"lost_s", 1.0},
+                          {"ettr", 0.5},
+                          {"training_s", 8.0}};
+  };
+  auto incident = [](double detected_ms, double recovered_ms) {
+    return nlohmann::json{{"kind", "crash"},
+                          {"detected_after_ms", detected_ms},
+                          {"recovered_after_ms", recovered_ms}};
+  };
+  auto step = [](double step_ms, double loop_ms) {
+    return nlohmann::json{{"step", 1}, {"loss", 3.0}, {"step_ms", step_ms}, {"loop_ms", loop_ms}};
+  };
+  {
+    std::ofstream incidents(run / "incidents.jsonl");
+    incidents << incident(100, 900) << "\n" << summary(2.0) << "\n";
+    incidents << incident(10, 490) << "\n" << summary(4.0) << "\n";
+    std::ofstream metrics(run / "metrics.jsonl");
+    metrics << step(100, 150) << "\n" << step(100, 150) << "\n" << summary(2.0) << "\n";
+    metrics << step(10, 12) << "\n" << step(30, 36) << "\n" << summary(4.0) << "\n";
+  }
+  const auto r = run_brigade({"ettr", run.string(), "--mtbf-s", "60", "--json"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  const nlohmann::json e = nlohmann::json::parse(r.out);
+  EXPECT_NEAR(e.at("step_s").get<double>(), 0.020, 1e-12) << e;           // (10 + 30) / 2 ms
+  EXPECT_NEAR(e.at("between_steps_s").get<double>(), 0.004, 1e-12) << e;  // (2 + 6) / 2 ms
+  EXPECT_NEAR(e.at("restart_s").get<double>(), 0.5 - 0.020, 1e-12)
+      << e;  // 10 + 490 ms, less a step
+  EXPECT_DOUBLE_EQ(e.at("work_s").get<double>(), 4.0) << e;
+  // A third launch with steps and no summary yet.
+  std::ofstream(run / "metrics.jsonl", std::ios::app) << step(10, 12) << "\n";
+  const auto running = run_brigade({"ettr", run.string(), "--mtbf-s", "60"});
+  EXPECT_EQ(running.status, 1) << running.out;
+  EXPECT_NE(running.err.find("has step records after the last summary: the run directory was "
+                             "launched again and that launch has not ended"),
+            std::string::npos)
+      << running.err;
+}
+
 // The machine peak the agent hands a restarted generation is checked.
 TEST_F(Elastic, AMalformedMachinePeakIsRefused) {
   testing::ScopedEnv env;

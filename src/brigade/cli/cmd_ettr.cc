@@ -75,15 +75,20 @@ Comparison compare(const fs::path& run_dir, std::optional<double> mtbf_s,
   const fs::path incidents_path = run_dir / "incidents.jsonl";
   const fs::path metrics_path = run_dir / "metrics.jsonl";
   const char* agent = "it is written by `brigade train --nproc N` (its agent) at the end of a run";
+  // A run directory launched again (--resume) holds each launch's records,
+  // each launch's ended by its summary: the last launch's are those after
+  // the summary before its own.
   std::optional<nlohmann::json> summary;
-  std::vector<double> recoveries_s;
+  std::vector<double> recoveries_s, launch_recoveries_s;
   for (const nlohmann::json& j : read_lines(incidents_path, agent)) {
     if (j.value("kind", "") == "summary") {
       summary = j;
+      recoveries_s = std::move(launch_recoveries_s);
+      launch_recoveries_s.clear();
     } else if (j.contains("recovered_after_ms") && j["recovered_after_ms"].is_number()) {
-      recoveries_s.push_back((number_at(j, "detected_after_ms", incidents_path) +
-                              number_at(j, "recovered_after_ms", incidents_path)) *
-                             1e-3);
+      launch_recoveries_s.push_back((number_at(j, "detected_after_ms", incidents_path) +
+                                     number_at(j, "recovered_after_ms", incidents_path)) *
+                                    1e-3);
     }
   }
   if (!summary) {
@@ -91,9 +96,34 @@ Comparison compare(const fs::path& run_dir, std::optional<double> mtbf_s,
                 incidents_path.string());
   }
   Comparison c;
+  const std::vector<nlohmann::json> metrics =
+      read_lines(metrics_path, "it is written by `brigade train`");
+  // The summary is metrics.jsonl's record too: the last launch's steps are
+  // those between the last two, and steps after the last are a launch that
+  // has not ended.
+  size_t from = 0, to = metrics.size();
+  for (size_t n = 0; n < metrics.size(); ++n) {
+    if (metrics[n].value("kind", "") != "summary") continue;
+    if (to != metrics.size()) from = to + 1;
+    to = n;
+  }
+  if (to == metrics.size()) {
+    throw_error("{} has no summary record: the run has not ended (or its agent was killed)",
+                metrics_path.string());
+  }
+  for (size_t n = to + 1; n < metrics.size(); ++n) {
+    if (metrics[n].contains("loss")) {
+      throw_error(
+          "{} has step records after the last summary: the run directory was launched again "
+          "and that launch has not ended (or its agent was killed); run brigade ettr once it "
+          "ends",
+          metrics_path.string());
+    }
+  }
   double step_ms = 0, between_ms = 0;
   int steps = 0, gaps = 0;
-  for (const nlohmann::json& j : read_lines(metrics_path, "it is written by `brigade train`")) {
+  for (size_t n = from; n < to; ++n) {
+    const nlohmann::json& j = metrics[n];
     if (!j.contains("loss")) continue;
     step_ms += number_at(j, "step_ms", metrics_path);
     ++steps;
