@@ -25,7 +25,11 @@
 // separates them, since ',' separates faults), for as long as the job runs
 // (restarts included, bounded by max_restarts as any failure). The agent
 // sends the signal itself and stamps the worker's heartbeat slot, so a
-// chaos fault is recorded and timed as an injected one. The draws are
+// chaos fault is recorded and timed as an injected one. Faults that fall
+// due while no worker can be struck (the group stopping, the evidence
+// gathered, the restart) wait: the first strikes the next generation as it
+// starts, the others are dropped; the summary counts chaos_raised and
+// chaos_skipped (also those with no worker left to strike). The draws are
 // Philox(seed) (ChaosSchedule), so a seed gives the same intervals, ranks
 // and kinds on every run; where they land in training depends on timing.
 #pragma once
