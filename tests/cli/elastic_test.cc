@@ -4,6 +4,7 @@
 // detection time, and ends bit-identical to a run without faults; restarts
 // are bounded; generations keep the Gloo store keys of a killed group away
 // from the next one; an arbitrary program that fails once is simply rerun.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -22,6 +23,7 @@
 
 #include "testing/processes.h"
 #include "testing/run_brigade.h"
+#include "testing/scoped_env.h"
 #include "testing/temp_dir.h"
 
 namespace brigade {
@@ -116,10 +118,25 @@ void expect_recovered(const nlohmann::json& incident, const char* kind, int rank
             5 - incident.at("resumed_from_step").get<int64_t>())
       << incident;
   EXPECT_LE(incident.at("steps_lost").get<int64_t>(), 2) << incident;
+  // The recovery's five phases, from the agent's and the workers' stamps,
+  // add up to the fault to the first step after it.
+  const nlohmann::json& split = incident.at("recovery_ms");
+  double sum = 0;
+  std::string phases;
+  for (const char* phase : {"detect", "stop", "rendezvous", "load", "first_step"}) {
+    ASSERT_TRUE(split.at(phase).is_number()) << phase << ": " << incident;
+    const double ms = split.at(phase).get<double>();
+    EXPECT_GE(ms, 0.0) << phase << ": " << incident;
+    sum += ms;
+    phases += fmt::format("{}{} {:.0f}", phases.empty() ? "" : ", ", phase, ms);
+  }
+  EXPECT_NEAR(sum, detected + incident.at("recovered_after_ms").get<double>(), 1e-3) << incident;
+  EXPECT_DOUBLE_EQ(split.at("detect").get<double>(), detected) << incident;
   std::printf(
-      "[ elastic  ] %s: detected after %.0f ms, recovered after %.0f ms, %lld step(s) lost\n", kind,
-      detected, incident.at("recovered_after_ms").get<double>(),
-      static_cast<long long>(incident.at("steps_lost").get<int64_t>()));
+      "[ elastic  ] %s: detected after %.0f ms, recovered after %.0f ms, %lld step(s) lost; "
+      "split (ms): %s\n",
+      kind, detected, incident.at("recovered_after_ms").get<double>(),
+      static_cast<long long>(incident.at("steps_lost").get<int64_t>()), phases.c_str());
 }
 
 void expect_summary(const nlohmann::json& summary, int incidents, int restarts) {
@@ -147,6 +164,36 @@ TEST_F(Elastic, KilledWorkerIsDetectedAtOnceAndTheRunEndsBitIdentical) {
   expect_recovered(lines[0], "crash", 1, 1000);
   EXPECT_EQ(lines[0].at("signal"), SIGKILL);
   expect_summary(lines[1], 1, 1);
+  // The summary is metrics.jsonl's last record too, and said on stderr.
+  EXPECT_EQ(read_jsonl(dir_.path() / "run" / "metrics.jsonl").back(), lines[1]);
+  EXPECT_NE(r.err.find("brigade launch: recovered "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("; ETTR "), std::string::npos) << r.err;
+  // The machine's peak is measured once per job: generation 1 takes
+  // generation 0's (the figure after " = " in both start-up summaries).
+  const size_t measured = r.err.find("MFU is against 4 ranks x ");
+  const size_t given = r.err.find(
+      "MFU is against 4 ranks x the peak the job's first generation "
+      "measured = ");
+  ASSERT_NE(measured, std::string::npos) << r.err;
+  ASSERT_NE(given, std::string::npos) << r.err;
+  EXPECT_LT(measured, given);
+  auto figure = [&](size_t from) {
+    const std::string line = r.err.substr(from, r.err.find('\n', from) - from);
+    return std::stod(line.substr(line.find(" = ") + 3));
+  };
+  EXPECT_NEAR(figure(given), figure(measured), 1.0) << r.err;
+  // Against the failure model: no chaos mode, so the MTBF must be given.
+  const std::string run = (dir_.path() / "run").string();
+  const auto no_mtbf = run_brigade({"ettr", run});
+  EXPECT_EQ(no_mtbf.status, 1);
+  EXPECT_NE(no_mtbf.err.find("the run had no chaos mode, so its MTBF is not known: pass --mtbf-s"),
+            std::string::npos)
+      << no_mtbf.err;
+  const auto ettr = run_brigade({"ettr", run, "--mtbf-s", "30"});
+  EXPECT_EQ(ettr.status, 0) << ettr.err;
+  EXPECT_NE(ettr.out.find("model ETTR"), std::string::npos) << ettr.out;
+  EXPECT_NE(ettr.out.find("MTBF 30.0 s from --mtbf-s"), std::string::npos) << ettr.out;
+  EXPECT_NE(ettr.out.find("the mean of 1 recovery"), std::string::npos) << ettr.out;
   EXPECT_EQ(hash("run"), reference);
   // The agent removed the snapshots with the job.
   const std::string from = " from /dev/shm/";
@@ -269,6 +316,104 @@ TEST_F(Elastic, AnyProgramThatFailsOnceIsRunAgain) {
   // Without restarts the same failure ends the launch.
   const auto once = run_brigade({"launch", "--nproc-per-node", "2", "--", "sh", "-c", script});
   EXPECT_EQ(once.status, 1) << once.err;
+}
+
+// `brigade launch --inject chaos:...` raises random faults on any program's
+// workers. One that never beats cannot be stopped detectably (the watchdog
+// hears silence only from a worker that beat), so a stop becomes a kill.
+TEST_F(Elastic, LaunchChaosKillsAWorkerOfAnyProgramAndRefusesTheWorkersOwnFaults) {
+  const std::string script = "if [ $BRIGADE_GENERATION -ge 1 ]; then exit 0; fi; exec sleep 60";
+  const auto r = run_brigade({"launch", "--nproc-per-node", "2", "--max-restarts", "20", "--inject",
+                              "chaos:mtbf=0.2:kinds=stop:seed=3", "--", "sh", "-c", script});
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.err.find("brigade launch: chaos fault 1: SIGKILL to worker rank "), std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("was killed by SIGKILL; restarting the workers as generation 1"),
+            std::string::npos)
+      << r.err;
+  const auto refused = run_brigade(
+      {"launch", "--nproc-per-node", "2", "--inject", "kill:rank=1:step=2", "--", "true"});
+  EXPECT_EQ(refused.status, 1);
+  EXPECT_NE(refused.err.find("launch --inject takes only chaos:mtbf=SECONDS"), std::string::npos)
+      << refused.err;
+  // A chaos spec where no launcher raises it is refused, not ignored: a
+  // lone `brigade train`, and the workers of a launcher without --inject.
+  const std::string fix =
+      "chaos faults are raised by the launcher: add --nproc N, or pass --inject to brigade launch";
+  const std::string run_dir = "train.run_dir=\"" + (dir_.path() / "lone").string() + "\"";
+  const auto lone =
+      run_brigade({"train", config().string(), "--set", run_dir, "--inject", "chaos:mtbf=1"});
+  EXPECT_EQ(lone.status, 1) << lone.err;
+  EXPECT_NE(lone.err.find(fix), std::string::npos) << lone.err;
+  const auto workers =
+      run_brigade({"launch", "--nproc-per-node", "1", "--", "train", config().string(), "--set",
+                   run_dir, "--inject", "chaos:mtbf=1"});
+  EXPECT_EQ(workers.status, 1) << workers.err;
+  EXPECT_NE(workers.err.find(fix), std::string::npos) << workers.err;
+}
+
+// A run directory launched twice (the second a --resume): `brigade ettr`
+// reads the last launch's records only, those after the first's summary,
+// and refuses while a launch after the last summary has not ended.
+TEST_F(Elastic, EttrReadsTheLastLaunchOfARunDirectory) {
+  const fs::path run = dir_.path() / "twice";
+  fs::create_directories(run);
+  std::ofstream(run / "config.toml") << "[train]\nsnapshot_every = 2\n";
+  auto summary = [](double productive_s) {
+    return nlohmann::json{{"kind", "summary"},
+                          {"incidents", 1},
+                          {"restarts", 1},
+                          {"wall_s", 10.0},
+                          {"productive_s", productive_s},
+                          {"lost_s", 1.0},
+                          {"ettr", 0.5},
+                          {"training_s", 8.0}};
+  };
+  auto incident = [](double detected_ms, double recovered_ms) {
+    return nlohmann::json{{"kind", "crash"},
+                          {"detected_after_ms", detected_ms},
+                          {"recovered_after_ms", recovered_ms}};
+  };
+  auto step = [](double step_ms, double loop_ms) {
+    return nlohmann::json{{"step", 1}, {"loss", 3.0}, {"step_ms", step_ms}, {"loop_ms", loop_ms}};
+  };
+  {
+    std::ofstream incidents(run / "incidents.jsonl");
+    incidents << incident(100, 900) << "\n" << summary(2.0) << "\n";
+    incidents << incident(10, 490) << "\n" << summary(4.0) << "\n";
+    std::ofstream metrics(run / "metrics.jsonl");
+    metrics << step(100, 150) << "\n" << step(100, 150) << "\n" << summary(2.0) << "\n";
+    metrics << step(10, 12) << "\n" << step(30, 36) << "\n" << summary(4.0) << "\n";
+  }
+  const auto r = run_brigade({"ettr", run.string(), "--mtbf-s", "60", "--json"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  const nlohmann::json e = nlohmann::json::parse(r.out);
+  EXPECT_NEAR(e.at("step_s").get<double>(), 0.020, 1e-12) << e;           // (10 + 30) / 2 ms
+  EXPECT_NEAR(e.at("between_steps_s").get<double>(), 0.004, 1e-12) << e;  // (2 + 6) / 2 ms
+  EXPECT_NEAR(e.at("restart_s").get<double>(), 0.5 - 0.020, 1e-12)
+      << e;  // 10 + 490 ms, less a step
+  EXPECT_DOUBLE_EQ(e.at("work_s").get<double>(), 4.0) << e;
+  // A third launch with steps and no summary yet.
+  std::ofstream(run / "metrics.jsonl", std::ios::app) << step(10, 12) << "\n";
+  const auto running = run_brigade({"ettr", run.string(), "--mtbf-s", "60"});
+  EXPECT_EQ(running.status, 1) << running.out;
+  EXPECT_NE(running.err.find("has step records after the last summary: the run directory was "
+                             "launched again and that launch has not ended"),
+            std::string::npos)
+      << running.err;
+}
+
+// The machine peak the agent hands a restarted generation is checked.
+TEST_F(Elastic, AMalformedMachinePeakIsRefused) {
+  testing::ScopedEnv env;
+  env.set("BRIGADE_MACHINE_PEAK", "12x");
+  const auto r = run_brigade({"train", config().string(), "--set",
+                              "train.run_dir=\"" + (dir_.path() / "peak").string() + "\""});
+  EXPECT_EQ(r.status, 1) << r.err;
+  EXPECT_NE(r.err.find("BRIGADE_MACHINE_PEAK='12x' is not a machine peak in GFLOP/s (> 0): "
+                       "brigade launch sets it for restarted workers; unset it"),
+            std::string::npos)
+      << r.err;
 }
 
 // The user's SIGTERM stops the job with the signal's status, restarts left or not.

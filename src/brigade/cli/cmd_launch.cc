@@ -16,6 +16,7 @@ void add_launch_command(CLI::App& app) {
   auto rdzv_timeout_s = std::make_shared<int64_t>(options->rdzv_timeout_ms / 1000);
   auto grace_period_s = std::make_shared<double>(options->failure_grace_ms / 1000.0);
   auto step_timeout_s = std::make_shared<double>(options->step_timeout_ms / 1000.0);
+  auto inject = std::make_shared<std::string>();
   CLI::App* cmd = app.add_subcommand(
       "launch",
       "Run a command as N cooperating workers per node, torchrun-style: `brigade launch "
@@ -59,13 +60,17 @@ void add_launch_command(CLI::App& app) {
                   "prints it), off, or auto (127.0.0.1:0 for a brigade train, else off). It has "
                   "no authentication: keep it on loopback unless the network is trusted")
       ->capture_default_str();
+  cmd->add_option("--inject", *inject,
+                  "Random faults on the workers, for tests and demos: "
+                  "chaos:mtbf=SECONDS[:kinds=kill+stop][:seed=N] (SIGKILL or SIGSTOP to a random "
+                  "worker at exponentially distributed intervals; restarts need --max-restarts)");
   cmd->add_option("command", options->command,
                   "The command and its arguments, after --: a brigade verb or a program")
       ->required();
   // Without --, CLI11 would take the command's own options for launch's;
   // catch that here to say how to fix it.
   cmd->allow_extras();
-  cmd->callback([cmd, options, rdzv_timeout_s, grace_period_s, step_timeout_s] {
+  cmd->callback([cmd, options, rdzv_timeout_s, grace_period_s, step_timeout_s, inject] {
     // CLI11 leaves the "--" separator itself among the extras.
     std::string extras;
     for (const std::string& arg : cmd->remaining()) {
@@ -80,6 +85,14 @@ void add_launch_command(CLI::App& app) {
     options->rdzv_timeout_ms = *rdzv_timeout_s * 1000;
     options->failure_grace_ms = static_cast<int64_t>(*grace_period_s * 1000);
     options->step_timeout_ms = static_cast<int64_t>(*step_timeout_s * 1000);
+    if (!elastic::parse_faults(*inject).empty()) {
+      throw_error(
+          "launch --inject takes only chaos:mtbf=SECONDS[:kinds=kill+stop][:seed=N], got '{}': "
+          "the other faults are raised by brigade train's workers themselves; pass them to "
+          "`brigade train --inject`",
+          *inject);
+    }
+    options->chaos = elastic::parse_chaos(*inject);
     const int status = run_launch(*options);
     if (status != 0) {
       throw ExitStatus{status};

@@ -18,6 +18,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -121,10 +122,33 @@ class ProgressLine {
   double ema_ms_ = 0;
 };
 
+// The machine's peak per rank: measured (0.6 s or more), or the one the
+// job's first generation measured when the agent restarted this one.
+cpu::MachinePeak measured_or_given_peak() {
+  const char* given = std::getenv(elastic::kMachinePeakVariable);
+  if (given == nullptr) return cpu::machine_peak(num_threads(), cpu::measure_sgemm_peak_gflops());
+  char* end = nullptr;
+  const double gflops = std::strtod(given, &end);
+  if (*given == '\0' || *end != '\0' || !std::isfinite(gflops) || gflops <= 0) {
+    throw_error(
+        "{}='{}' is not a machine peak in GFLOP/s (> 0): brigade launch sets it for restarted "
+        "workers; unset it to measure the peak",
+        elastic::kMachinePeakVariable, given);
+  }
+  cpu::MachinePeak peak;
+  peak.gflops = gflops;
+  peak.source = "given";
+  peak.description =
+      fmt::format("the peak the job's first generation measured = {:.0f} GFLOP/s", gflops);
+  return peak;
+}
+
 // What rank 0 writes for the user: the run directory's config and
 // metrics.jsonl, the start-up summary and the progress line.
 class RunReport {
  public:
+  // The machine's peak per rank the report's MFU is against.
+  double rank_peak_gflops() const { return rank_peak_gflops_; }
   RunReport(const Config& config, const GptConfig& model, const TrainOptions& options,
             const Trainer& trainer)
       : progress_(options.steps) {
@@ -138,8 +162,8 @@ class RunReport {
 
     // Every worker has the same cores, so one's peak times the ranks is the job's.
     const int world = trainer.dp_size() * trainer.tp_size() * trainer.pp_size();
-    const cpu::MachinePeak peak =
-        cpu::machine_peak(num_threads(), cpu::measure_sgemm_peak_gflops());
+    const cpu::MachinePeak peak = measured_or_given_peak();
+    rank_peak_gflops_ = peak.gflops;
     peak_gflops_ = peak.gflops * world;
     const std::string ranks = world > 1 ? fmt::format("{} ranks x ", world) : "";
     const std::string mesh =
@@ -258,6 +282,7 @@ class RunReport {
   ProgressLine progress_;
   std::ofstream metrics_;
   double peak_gflops_ = 0;
+  double rank_peak_gflops_ = 0;
   double flops_per_step_ = 0;
 };
 
@@ -324,6 +349,7 @@ bool launched_worker() {
   launch.max_restarts = elastic_config.max_restarts;
   launch.step_timeout_ms = static_cast<int64_t>(elastic_config.step_timeout_s * 1000);
   launch.metrics_address = metrics_address(config);
+  launch.chaos = elastic::parse_chaos(elastic_config.inject);
   launch.command = {"train", config_path};
   for (const std::string& o : overrides) {
     launch.command.push_back("--set");
@@ -408,6 +434,16 @@ void run_train(const std::string& config_path, const std::vector<std::string>& o
   metrics_address(config);  // the launcher's key: checked, then unused here
   config.check_all_used();
   const std::vector<elastic::InjectedFault> faults = elastic::parse_faults(elastic_config.inject);
+  // Chaos faults come from the launcher's agent; a worker alone, or one
+  // under a launcher not told of them, would silently train without any.
+  const char* launcher_chaos = std::getenv("BRIGADE_CHAOS");
+  if (elastic::parse_chaos(elastic_config.inject) &&
+      (launcher_chaos == nullptr || std::strcmp(launcher_chaos, "1") != 0)) {
+    throw_error(
+        "chaos faults are raised by the launcher: add --nproc N, or pass --inject to brigade "
+        "launch (elastic.inject = \"{}\")",
+        elastic_config.inject);
+  }
   const int world_rank = launched_worker() ? read_world_environment().world_rank : 0;
   const int64_t generation = heartbeat ? heartbeat->generation() : 0;
   if (!resume.empty()) options.resume = resume;
@@ -424,6 +460,7 @@ void run_train(const std::string& config_path, const std::vector<std::string>& o
   if (options.parallel.sequence_parallel) model.validate_sequence_parallel(options.parallel.tp);
   stage_chunks(model, options.pipeline_shape(), options.parallel.stage_layers);
   const JoinedGroups groups = join_groups(model, options);
+  if (heartbeat) heartbeat->mesh_formed();
   Communicator* const group = groups.world.get();
   // Ranks agree on when to stop, or one would wait for the others forever,
   // and on the signal that stops them (the exit status), whichever rank got it.
@@ -451,13 +488,16 @@ void run_train(const std::string& config_path, const std::vector<std::string>& o
     }
   }
   SilentCorruptionGuard sdc_guard(trainer, group);
-  if (heartbeat) heartbeat->started(trainer.step(), options.run_dir);
   std::signal(SIGINT, request_stop);
   std::signal(SIGTERM, request_stop);
   // Rank 0 reports; every rank trains, evaluates and saves (under ZeRO these
   // are collective), at the same steps.
   std::optional<RunReport> report;
   if (first_rank) report.emplace(config, model, options, trainer);
+  if (heartbeat && report) heartbeat->machine_peak(report->rank_peak_gflops());
+  // After the report's set-up (it measures the peak FLOP/s), so that the
+  // first step's time in the recovery split is the step's own.
+  if (heartbeat) heartbeat->started(trainer.step(), options.run_dir);
   auto note = [&](const std::string& message) {
     if (report) report->note(message);
   };
@@ -597,8 +637,9 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--inject", *inject,
                   "Faults to raise, for tests: kill:rank=R:step=S[:gen=G], stop:..., skip:..., "
                   "mismatch:..., sdc:...[:when=forward], nan:rank=R:step=S[:times=N] or "
-                  "slow:rank=R:factor=F, "
-                  "comma separated (sets elastic.inject)");
+                  "slow:rank=R:factor=F, and with --nproc random ones, "
+                  "chaos:mtbf=SECONDS[:kinds=kill+stop][:seed=N]; comma separated (sets "
+                  "elastic.inject)");
   cmd->add_option("--metrics", *metrics,
                   "With --nproc: where the launcher serves /metrics for Prometheus, HOST:PORT "
                   "(port 0 picks a free one and prints it) or off (sets diag.metrics, default "

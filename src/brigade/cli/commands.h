@@ -34,5 +34,6 @@ void add_ckpt_command(CLI::App& app);
 void add_plan_command(CLI::App& app);
 void add_report_command(CLI::App& app);
 void add_diagnose_command(CLI::App& app);
+void add_ettr_command(CLI::App& app);
 
 }  // namespace brigade::cli

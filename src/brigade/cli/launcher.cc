@@ -499,6 +499,9 @@ int run_launch(const LaunchOptions& o) {
   // contention than it gains.
   worker_env.set_default("OMP_NUM_THREADS",
                          std::to_string(std::max(1, usable_cpus() / o.nproc_per_node)));
+  // Tells `brigade train`'s workers that a chaos part of their inject spec
+  // is this launcher's to raise (else they refuse it: nobody would).
+  worker_env.set("BRIGADE_CHAOS", o.chaos ? "1" : "0");
 
   elastic::AgentOptions agent;
   agent.program = program;
@@ -510,6 +513,7 @@ int run_launch(const LaunchOptions& o) {
   agent.brigade_train = o.command[0] == "train";
   agent.failure_grace_ms = o.failure_grace_ms;
   agent.watchdog.step_timeout_ms = o.step_timeout_ms;
+  agent.chaos = o.chaos;
   // The coordinator's calls get their own connection with a short timeout
   // (kCoordinatorCallTimeoutMs), through the same token check.
   std::optional<TcpStore> coordinator_client;

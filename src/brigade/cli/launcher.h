@@ -35,8 +35,11 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
+
+#include "brigade/elastic/fault_injection.h"
 
 namespace brigade::cli {
 
@@ -68,6 +71,9 @@ struct LaunchOptions {
   // loopback port for `brigade train` (whose workers report their steps),
   // off for any other program, whose launcher stays as silent as torchrun.
   std::string metrics_address = "auto";
+  // Random faults on this node's workers for as long as the job runs
+  // (elastic/fault_injection.h's chaos); none when unset.
+  std::optional<elastic::ChaosSpec> chaos;
   // A brigade verb and its arguments (run with this same binary), or any
   // program and its arguments.
   std::vector<std::string> command;

@@ -22,6 +22,7 @@ int main(int argc, char** argv) {
   brigade::cli::add_plan_command(app);
   brigade::cli::add_report_command(app);
   brigade::cli::add_diagnose_command(app);
+  brigade::cli::add_ettr_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -3,6 +3,8 @@
 #include <sys/wait.h>
 
 #include <algorithm>
+#include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <tuple>
 
@@ -76,11 +78,18 @@ Agent::Agent(AgentOptions options) : options_(std::move(options)) {
 
 int Agent::run(const sigset_t& child_mask) {
   start_ns_ = now_ns();
+  if (options_.chaos) {
+    chaos_.emplace(*options_.chaos, options_.node_rank, options_.nnodes);
+    chaos_->start(start_ns_);
+  }
   for (;;) {
     HeartbeatTable table(options_.nproc_per_node, generation_);
     Environment env = options_.environment;
     env.set("BRIGADE_GENERATION", std::to_string(generation_));
     env.set("BRIGADE_HEARTBEAT_FD", std::to_string(table.fd()));
+    if (machine_peak_gflops_ > 0) {
+      env.set(kMachinePeakVariable, fmt::format("{:.17g}", machine_peak_gflops_));
+    }
     failure_.reset();
     exits_.clear();
     will_restart_ = false;
@@ -93,6 +102,11 @@ int Agent::run(const sigset_t& child_mask) {
     end_generation(table);
     if (coordinator_) outcome = settle_generation(outcome);
     if (outcome == Outcome::kFailed && will_restart_) {
+      // Every worker of the generation (of every node) is gone: the stop
+      // phase of the incident ends here.
+      if (!incidents_.empty() && incidents_.back().generation == generation_) {
+        incidents_.back().stopped_ns = now_ns();
+      }
       ++restarts_;
       ++generation_;
       std::string from;
@@ -144,7 +158,8 @@ Program Agent::program_for_generation() const {
 Agent::Outcome Agent::supervise(WorkerGroup& group, const HeartbeatTable& table) {
   const sigset_t watched = watched_signals();
   while (group.running() > 0) {
-    const int64_t wait_ms = group.ms_until_kill(kTickMs);
+    const int64_t wait_ms =
+        std::max<int64_t>(0, std::min(group.ms_until_kill(kTickMs), inject_chaos(group, table)));
     const timespec tick{static_cast<time_t>(wait_ms / 1000),
                         static_cast<long>((wait_ms % 1000) * kNsPerMs)};
     const int sig = ::sigtimedwait(&watched, nullptr, &tick);
@@ -233,10 +248,53 @@ void Agent::check_watchdog(WorkerGroup& group, const HeartbeatTable& table) {
   }
 }
 
+int64_t Agent::inject_chaos(const WorkerGroup& group, const HeartbeatTable& table) {
+  if (!chaos_) return kTickMs;
+  // Faults that fall due while the generation stops (and between
+  // generations: evidence, settling, the restart) wait here: none is
+  // raised on workers that are going anyway.
+  if (group.stopping()) return kTickMs;
+  const int64_t now = now_ns();
+  // The first overdue fault strikes this generation (one that fell due
+  // during a restart restarts it); the others overdue with it are dropped.
+  const std::optional<ChaosSchedule::Fault> due = chaos_->take_due(now, &chaos_skipped_);
+  if (!due) return std::min<int64_t>(kTickMs, (chaos_->due_ns() - now + kNsPerMs - 1) / kNsPerMs);
+  const ChaosSchedule::Fault fault = *due;
+  // A stop is detected by the silence of the heartbeat, so only a worker
+  // that beats can be stopped; one that does not yet is killed instead.
+  // A worker already struck (stopped, not yet detected) keeps its first
+  // fault's time stamp: it is not struck again.
+  std::vector<const Worker*> beating, running;
+  for (const Worker& w : group.workers()) {
+    const WorkerProgress p = table.read(w.local_rank);
+    // An exit not reaped yet is no worker to strike: the incident would
+    // blame the fault for it.
+    if (!w.running || p.fault_ns > 0 || WorkerGroup::exited_unreaped(w.pid)) continue;
+    running.push_back(&w);
+    if (p.beat_ns > 0) beating.push_back(&w);
+  }
+  const bool kill = fault.kill || beating.empty();
+  const std::vector<const Worker*>& candidates = kill ? running : beating;
+  if (candidates.empty()) {
+    ++chaos_skipped_;
+  } else {
+    const Worker& victim = *candidates[fault.victim % candidates.size()];
+    table.stamp_fault(victim.local_rank, now);
+    std::fprintf(stderr, "brigade launch: chaos fault %d: %s to worker rank %d (pid %d)\n",
+                 ++chaos_raised_, kill ? "SIGKILL" : "SIGSTOP", victim.rank,
+                 static_cast<int>(victim.pid));
+    std::fflush(stderr);
+    ::kill(victim.pid, kill ? SIGKILL : SIGSTOP);
+  }
+  return std::min<int64_t>(kTickMs, (chaos_->due_ns() - now + kNsPerMs - 1) / kNsPerMs);
+}
+
 void Agent::on_failure(WorkerGroup& group, const HeartbeatTable& table, Incident incident) {
   // The previous failure's recovery first: this generation may have
   // completed its steps and failed again between two looks.
   if (generation_ > 0) check_recovery(table);
+  // Not recovered (overtaken): its redone steps still count as lost.
+  note_resumed_from(incidents_, generation_, table.read(0).start_step);
   incident.generation = generation_;
   // The last step any worker completed, and how long steps took.
   int64_t start_step = -1, train_ns = 0;
@@ -298,15 +356,25 @@ void Agent::check_recovery(const HeartbeatTable& table) {
   if (incidents_.empty() || incidents_.back().recovered_ns) return;
   Incident& pending = incidents_.back();
   if (pending.generation + 1 != generation_) return;
-  // Recovered when every worker of the new generation completed a step.
-  int64_t latest = 0;
+  // Recovered when every worker of the new generation completed a step;
+  // each phase ends when its last worker got there.
+  int64_t latest = 0, mesh = 0, ready = 0;
   for (int r = 0; r < table.slots(); ++r) {
     const WorkerProgress p = table.read(r);
     if (p.first_step_ns == 0) return;
     latest = std::max(latest, p.first_step_ns);
+    mesh = std::max(mesh, p.mesh_ns);
+    ready = std::max(ready, p.ready_ns);
     if (r == 0) pending.resumed_from_step = p.start_step;
   }
   pending.recovered_ns = latest;
+  pending.mesh_ns = mesh;
+  pending.ready_ns = ready;
+  std::fprintf(stderr, "brigade launch: recovered %.0f ms after the fault (%s), %lld step%s lost\n",
+               (latest - pending.fault_ns) * 1e-6, pending.recovery_line().c_str(),
+               static_cast<long long>(pending.steps_lost().value_or(0)),
+               pending.steps_lost().value_or(0) == 1 ? "" : "s");
+  std::fflush(stderr);
   write_incidents(/*final=*/false);
 }
 
@@ -316,12 +384,15 @@ void Agent::end_generation(const HeartbeatTable& table) {
   record.start_step = first.start_step;
   record.last_step = first.step;
   record.train_ns = first.train_ns;
+  record.ready_ns = first.ready_ns;
+  // Measured once per job (0.6 s or more of every restart otherwise).
+  if (machine_peak_gflops_ == 0 && first.peak_gflops > 0 && std::isfinite(first.peak_gflops)) {
+    machine_peak_gflops_ = first.peak_gflops;
+  }
+  if (first.step > first.start_step) record.step_end_ns = first.step_ns;
   learn_run_dir(table);
   // A generation that failed before its first step still says where it resumed.
-  if (!incidents_.empty() && incidents_.back().generation + 1 == generation_ &&
-      !incidents_.back().resumed_from_step && first.start_step >= 0) {
-    incidents_.back().resumed_from_step = first.start_step;
-  }
+  note_resumed_from(incidents_, generation_, first.start_step);
   generations_.push_back(record);
 }
 
@@ -372,10 +443,20 @@ int Agent::finish(Outcome outcome, int stopped) {
   if (options_.brigade_train && !run_dir_.empty() && options_.node_rank == 0) {
     const RunSummary summary = summarize(incidents_, generations_, restarts_, start_ns_, now_ns());
     std::fprintf(stderr, "brigade launch: %s\n", summary.line().c_str());
-    try {
-      append_json_line(fs::path(run_dir_) / "incidents.jsonl", summary.to_json());
-    } catch (const Error& e) {
-      std::fprintf(stderr, "brigade launch: %s\n", e.what());
+    nlohmann::json line = summary.to_json();
+    if (options_.chaos) {
+      line["chaos_mtbf_s"] = options_.chaos->mtbf_s;
+      line["chaos_raised"] = chaos_raised_;
+      line["chaos_skipped"] = chaos_skipped_;
+    }
+    // Also the last record of metrics.jsonl (no "step": readers of the
+    // step records pass over it).
+    for (const char* file : {"incidents.jsonl", "metrics.jsonl"}) {
+      try {
+        append_json_line(fs::path(run_dir_) / file, line);
+      } catch (const Error& e) {
+        std::fprintf(stderr, "brigade launch: %s\n", e.what());
+      }
     }
   }
   const std::string after =

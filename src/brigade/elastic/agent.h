@@ -61,6 +61,7 @@
 #include <vector>
 
 #include "brigade/elastic/coordinator.h"
+#include "brigade/elastic/fault_injection.h"
 #include "brigade/elastic/heartbeat.h"
 #include "brigade/elastic/incidents.h"
 #include "brigade/elastic/snapshots.h"
@@ -115,6 +116,9 @@ struct AgentOptions {
   // (the launcher passes diag/root_cause.h's, a layer above); empty: none.
   // Its line goes to stderr and into the incident's `cause`.
   std::function<std::string(const std::filesystem::path&)> diagnose;
+  // Random faults on this node's workers (elastic/fault_injection.h's
+  // chaos), for as long as the job runs; none when unset.
+  std::optional<ChaosSpec> chaos;
 };
 
 // What the agent saw at its last look (every 100 ms or sooner), for the
@@ -159,6 +163,8 @@ class Agent {
   Outcome supervise(WorkerGroup& group, const HeartbeatTable& table);
   void on_failure(WorkerGroup& group, const HeartbeatTable& table, Incident incident);
   void check_watchdog(WorkerGroup& group, const HeartbeatTable& table);
+  // Raises the chaos fault that is due, if any; returns the ms until the next.
+  int64_t inject_chaos(const WorkerGroup& group, const HeartbeatTable& table);
   void gather_evidence(const WorkerGroup& group, const HeartbeatTable& table, Incident& incident);
   void check_recovery(const HeartbeatTable& table);
   void publish_status(const WorkerGroup& group, const HeartbeatTable& table);
@@ -205,6 +211,10 @@ class Agent {
   int64_t failing_seen_ns_ = 0;
   int lost_node_ = -1;
   bool lost_coordinator_ = false;
+  std::optional<ChaosSchedule> chaos_;
+  int chaos_raised_ = 0;
+  double machine_peak_gflops_ = 0;  // rank 0's, once measured
+  int chaos_skipped_ = 0;           // overdue together with a raised one, or no worker to strike
   mutable std::mutex status_mutex_;
   AgentStatus status_;
 };

@@ -2,11 +2,15 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <charconv>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 
 #include "brigade/core/error.h"
+#include "brigade/core/philox.h"
 #include "brigade/elastic/heartbeat.h"
 
 namespace brigade::elastic {
@@ -14,9 +18,9 @@ namespace {
 
 constexpr const char* kForm =
     "KIND:rank=R:step=S[:gen=G] with KIND kill, stop, skip, mismatch or sdc, "
-    "sdc:rank=R:step=S[:when=forward][:what=moment], nan:rank=R:step=S[:times=N][:gen=G], or "
-    "slow:rank=R:factor=F[:gen=G], several separated "
-    "by commas (for example "
+    "sdc:rank=R:step=S[:when=forward][:what=moment], nan:rank=R:step=S[:times=N][:gen=G], "
+    "slow:rank=R:factor=F[:gen=G], or chaos:mtbf=SECONDS[:kinds=kill+stop][:seed=N], several "
+    "separated by commas (for example "
     "kill:rank=1:step=5,stop:rank=2:step=8,slow:rank=3:factor=2)";
 
 std::vector<std::string_view> split(std::string_view text, char separator) {
@@ -134,13 +138,112 @@ InjectedFault parse_one(std::string_view text) {
   return fault;
 }
 
+bool is_chaos(std::string_view part) {
+  return part.starts_with("chaos:") || part == "chaos";
+}
+
+ChaosSpec parse_chaos_part(std::string_view text) {
+  const std::vector<std::string_view> fields = split(text, ':');
+  ChaosSpec spec;
+  bool has_mtbf = false, has_kinds = false, has_seed = false;
+  for (size_t i = 1; i < fields.size(); ++i) {
+    const size_t eq = fields[i].find('=');
+    if (eq == std::string_view::npos) {
+      throw_error("fault '{}': '{}' is not key=value; the form is {}", text, fields[i], kForm);
+    }
+    const std::string_view key = fields[i].substr(0, eq);
+    const std::string_view value = fields[i].substr(eq + 1);
+    if (key == "mtbf" && !has_mtbf) {
+      const std::string copy(value);
+      char* end = nullptr;
+      spec.mtbf_s = std::strtod(copy.c_str(), &end);
+      if (copy.empty() || end != copy.c_str() + copy.size() || !std::isfinite(spec.mtbf_s) ||
+          spec.mtbf_s < 0.1) {
+        throw_error(
+            "fault '{}': mtbf wants the mean seconds between faults, at least 0.1, got '{}'; the "
+            "form is {}",
+            text, value, kForm);
+      }
+      has_mtbf = true;
+    } else if (key == "kinds" && !has_kinds) {
+      spec.kill = spec.stop = false;
+      for (std::string_view kind : split(value, '+')) {
+        if (kind == "kill") {
+          spec.kill = true;
+        } else if (kind == "stop") {
+          spec.stop = true;
+        } else {
+          throw_error(
+              "fault '{}': chaos kinds are kill and stop, separated by '+' (kinds=kill+stop), got "
+              "'{}'",
+              text, kind);
+        }
+      }
+      has_kinds = true;
+    } else if (key == "seed" && !has_seed) {
+      spec.seed = static_cast<uint64_t>(parse_number(text, key, value));
+      has_seed = true;
+    } else {
+      throw_error("fault '{}': unknown or repeated key '{}'; the form is {}", text, key, kForm);
+    }
+  }
+  if (!has_mtbf) throw_error("fault '{}' needs mtbf=SECONDS; the form is {}", text, kForm);
+  return spec;
+}
+
 }  // namespace
 
 std::vector<InjectedFault> parse_faults(std::string_view spec) {
   std::vector<InjectedFault> faults;
   if (spec.empty()) return faults;
-  for (std::string_view part : split(spec, ',')) faults.push_back(parse_one(part));
+  parse_chaos(spec);  // checked here too: the workers parse the spec before the agent acts on it
+  for (std::string_view part : split(spec, ',')) {
+    if (!is_chaos(part)) faults.push_back(parse_one(part));
+  }
   return faults;
+}
+
+std::optional<ChaosSpec> parse_chaos(std::string_view spec) {
+  std::optional<ChaosSpec> chaos;
+  if (spec.empty()) return chaos;
+  for (std::string_view part : split(spec, ',')) {
+    if (!is_chaos(part)) continue;
+    if (chaos) throw_error("inject spec '{}' has more than one chaos part; give one", spec);
+    chaos = parse_chaos_part(part);
+  }
+  return chaos;
+}
+
+ChaosSchedule::ChaosSchedule(const ChaosSpec& spec, int node, int nnodes)
+    : spec_(spec),
+      stream_(static_cast<uint64_t>(node)),
+      mean_s_(spec.mtbf_s * std::max(1, nnodes)) {}
+
+ChaosSchedule::Fault ChaosSchedule::next() {
+  const Philox::Block b = Philox::block(spec_.seed, stream_, static_cast<uint64_t>(index_++));
+  // (0, 1]: never log(0).
+  const double u = (static_cast<double>(b[0]) + 1.0) / 4294967296.0;
+  Fault f;
+  f.after_ns = static_cast<int64_t>(-std::log(u) * mean_s_ * 1e9);
+  f.kill = spec_.kill && (!spec_.stop || (b[1] & 1u) == 0);
+  f.victim = (uint64_t{b[2]} << 32) | b[3];
+  return f;
+}
+
+void ChaosSchedule::start(int64_t start_ns) {
+  pending_ = next();
+  due_ns_ = start_ns + pending_.after_ns;
+}
+
+std::optional<ChaosSchedule::Fault> ChaosSchedule::take_due(int64_t now_ns, int* dropped) {
+  if (now_ns < due_ns_) return std::nullopt;
+  const Fault fault = pending_;
+  for (bool first = true; now_ns >= due_ns_; first = false) {
+    if (!first) ++*dropped;
+    pending_ = next();
+    due_ns_ += pending_.after_ns;
+  }
+  return fault;
 }
 
 const InjectedFault* fault_after_step(const std::vector<InjectedFault>& faults, int rank,

@@ -27,9 +27,26 @@
 // unless gen= says), so the restarted job does not raise it again. The
 // worker stamps the time into its heartbeat slot first, which is how the
 // agent measures how long detection took.
+//
+//   chaos:mtbf=S[:kinds=kill+stop][:seed=N]
+//
+// is the agent's, not a worker's: random faults at exponentially
+// distributed intervals of mean S seconds of wall time, each on a random
+// worker, of a random kind among `kinds` (kill, stop; both by default; '+'
+// separates them, since ',' separates faults), for as long as the job runs
+// (restarts included, bounded by max_restarts as any failure). The agent
+// sends the signal itself and stamps the worker's heartbeat slot, so a
+// chaos fault is recorded and timed as an injected one. Faults that fall
+// due while no worker can be struck (the group stopping, the evidence
+// gathered, the restart) wait: the first strikes the next generation as it
+// starts, the others are dropped; the summary counts chaos_raised and
+// chaos_skipped (also those with no worker left to strike). The draws are
+// Philox(seed) (ChaosSchedule), so a seed gives the same intervals, ranks
+// and kinds on every run; where they land in training depends on timing.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -49,8 +66,53 @@ struct InjectedFault {
   bool in_moment = false;   // sdc: in an Adam moment, not a parameter
 };
 
-// Throws Error naming the malformed part and the expected form.
+// Throws Error naming the malformed part and the expected form. A chaos
+// part is checked and left out (parse_chaos gives it).
 std::vector<InjectedFault> parse_faults(std::string_view spec);
+
+struct ChaosSpec {
+  double mtbf_s = 0;
+  bool kill = true;
+  bool stop = true;
+  uint64_t seed = 0;
+};
+
+// The chaos part of an inject spec, if any. Throws Error for a malformed
+// one, or for more than one.
+std::optional<ChaosSpec> parse_chaos(std::string_view spec);
+
+// The chaos faults one agent raises, in order. Fault i's interval, kind and
+// victim are pure functions of (seed, node, i): reproducible, and each
+// node of a multi-node job draws its own stream at nnodes times the mean
+// interval, so the job as a whole fails at the spec's MTBF.
+class ChaosSchedule {
+ public:
+  struct Fault {
+    int64_t after_ns = 0;  // since the previous fault (or the job's start)
+    bool kill = true;      // else stop
+    uint64_t victim = 0;   // uniform 64 bits: the caller takes it modulo its candidates
+  };
+  ChaosSchedule(const ChaosSpec& spec, int node, int nnodes);
+  Fault next();
+
+  // The schedule in time, from `start_ns` (the job's start).
+  void start(int64_t start_ns);
+  // When the next fault falls due (after start()).
+  int64_t due_ns() const { return due_ns_; }
+  // The fault due at `now_ns`, if any: the first overdue one. The others
+  // overdue with it (they fell due while no worker ran to strike: between
+  // generations, or while one stopped) are dropped and counted in *dropped,
+  // or they would all strike at once, unlike the faults they stand for.
+  std::optional<Fault> take_due(int64_t now_ns, int* dropped);
+
+ private:
+  ChaosSpec spec_;
+  uint64_t stream_ = 0;
+  double mean_s_ = 0;
+  int64_t index_ = 0;
+  Fault pending_;
+  int64_t due_ns_ = 0;
+};
 
 // The kill, stop, skip, mismatch or sdc (not when=forward) planned for
 // `rank` right after `step` in `generation`, or null.

@@ -101,6 +101,9 @@ WorkerProgress HeartbeatTable::read(int local_rank) const {
   p.stats.mfu = slot->mfu.load();
   p.stats.comm_wait_fraction = slot->comm_wait_fraction.load();
   p.dump_done = slot->dump_done.load();
+  p.mesh_ns = slot->mesh_ns.load();
+  p.ready_ns = slot->ready_ns.load();
+  p.peak_gflops = slot->peak_gflops.load();
   const int64_t run_dir_bytes = slot->run_dir_bytes.load(std::memory_order_acquire);
   if (run_dir_bytes > 0 && run_dir_bytes <= static_cast<int64_t>(kMaxRunDirBytes)) {
     p.run_dir.assign(slot->run_dir, static_cast<size_t>(run_dir_bytes));
@@ -115,6 +118,15 @@ void HeartbeatTable::request_dump(int local_rank, int64_t incident) const {
   auto* slot =
       reinterpret_cast<HeartbeatSlot*>(reinterpret_cast<char*>(table_) + kSlotStride * local_rank);
   slot->dump_request.store(incident);
+}
+
+void HeartbeatTable::stamp_fault(int local_rank, int64_t ns) const {
+  if (local_rank < 0 || local_rank >= slots_) {
+    throw_error("heartbeat slot {} is not in a table of {}", local_rank, slots_);
+  }
+  auto* slot =
+      reinterpret_cast<HeartbeatSlot*>(reinterpret_cast<char*>(table_) + kSlotStride * local_rank);
+  slot->fault_ns.store(ns);
 }
 
 std::unique_ptr<WorkerHeartbeat> WorkerHeartbeat::from_environment() {
@@ -191,6 +203,14 @@ void WorkerHeartbeat::answer_dump_request() {
   slot_->dump_done.store(incident);
 }
 
+void WorkerHeartbeat::machine_peak(double gflops) {
+  slot_->peak_gflops.store(gflops);
+}
+
+void WorkerHeartbeat::mesh_formed() {
+  slot_->mesh_ns.store(now_ns());
+}
+
 void WorkerHeartbeat::started(int64_t step, const std::string& run_dir) {
   {
     const std::lock_guard<std::mutex> lock(mutex_);
@@ -200,8 +220,10 @@ void WorkerHeartbeat::started(int64_t step, const std::string& run_dir) {
   std::memcpy(slot_->run_dir, run_dir.data(), bytes);
   slot_->run_dir_bytes.store(run_dir.size() <= kMaxRunDirBytes ? static_cast<int64_t>(bytes) : 0,
                              std::memory_order_release);
+  const int64_t now = now_ns();
   slot_->step.store(step);
-  slot_->step_ns.store(now_ns());
+  slot_->step_ns.store(now);
+  slot_->ready_ns.store(now);
   slot_->start_step.store(step);
 }
 

@@ -71,6 +71,16 @@ struct HeartbeatSlot {
   // worker's answer once written; 0: none.
   std::atomic<int64_t> dump_request;
   std::atomic<int64_t> dump_done;
+  // The phases of the worker's set-up, for the recovery time split
+  // (elastic/incidents.h): when its communicators were connected (the
+  // mesh formed) and when its state was loaded (training about to start);
+  // 0 before.
+  std::atomic<int64_t> mesh_ns;
+  std::atomic<int64_t> ready_ns;
+  // The machine's peak GFLOP/s per rank that rank 0 measured (0 before):
+  // the agent passes it to later generations (kMachinePeakVariable), so a
+  // restart does not measure it again.
+  std::atomic<double> peak_gflops;
 };
 static_assert(std::atomic<int64_t>::is_always_lock_free, "slots are shared between processes");
 static_assert(std::atomic<double>::is_always_lock_free, "slots are shared between processes");
@@ -99,7 +109,14 @@ struct WorkerProgress {
   int64_t last_step_ns = 0;  // the last step's duration; 0 before the first
   StepStats stats;
   int64_t dump_done = 0;  // the last incident whose evidence this worker wrote
+  int64_t mesh_ns = 0;
+  int64_t ready_ns = 0;
+  double peak_gflops = 0;
 };
+
+// The environment variable through which the agent gives a restarted
+// generation the machine peak its first generation measured.
+inline constexpr const char* kMachinePeakVariable = "BRIGADE_MACHINE_PEAK";
 
 // The agent's side: one table per generation.
 class HeartbeatTable {
@@ -116,6 +133,9 @@ class HeartbeatTable {
   WorkerProgress read(int local_rank) const;
   // Asks the worker to write its flight recorder for `incident` (see above).
   void request_dump(int local_rank, int64_t incident) const;
+  // The agent raises a fault on the worker itself (chaos,
+  // elastic/fault_injection.h): stamped as the worker stamps its own.
+  void stamp_fault(int local_rank, int64_t ns) const;
 
  private:
   int fd_ = -1;
@@ -138,7 +158,12 @@ class WorkerHeartbeat {
   WorkerHeartbeat& operator=(const WorkerHeartbeat&) = delete;
 
   int64_t generation() const { return generation_; }
-  // Training is set up at `step` (0, or the checkpoint resumed from), in `run_dir`.
+  // The worker's communicators are connected.
+  void mesh_formed();
+  // The machine's peak GFLOP/s per rank, as measured (or received).
+  void machine_peak(double gflops);
+  // Training is set up at `step` (0, or the checkpoint resumed from), in
+  // `run_dir`: the state is loaded and the next thing is the first step.
   void started(int64_t step, const std::string& run_dir);
   // Step `step` (counted from 1) completed, having taken step_ns.
   void step_done(int64_t step, int64_t step_ns);

@@ -21,6 +21,29 @@ std::optional<int64_t> Incident::steps_lost() const {
   return std::max<int64_t>(0, last_step - *resumed_from_step);
 }
 
+Incident::RecoverySplit Incident::recovery_split() const {
+  auto phase = [](int64_t from, int64_t to) -> std::optional<double> {
+    if (from <= 0 || to <= 0 || to < from) return std::nullopt;
+    return (to - from) * 1e-6;
+  };
+  RecoverySplit s;
+  s.detect = phase(fault_ns, detected_ns);
+  s.stop = phase(detected_ns, stopped_ns);
+  s.rendezvous = phase(stopped_ns, mesh_ns);
+  s.load = phase(mesh_ns, ready_ns);
+  s.first_step = phase(ready_ns, recovered_ns.value_or(0));
+  return s;
+}
+
+std::string Incident::recovery_line() const {
+  const RecoverySplit s = recovery_split();
+  auto ms = [](const std::optional<double>& v) {
+    return v ? fmt::format("{:.0f} ms", *v) : std::string("?");
+  };
+  return fmt::format("detect {}, stop {}, rendezvous {}, load {}, first step {}", ms(s.detect),
+                     ms(s.stop), ms(s.rendezvous), ms(s.load), ms(s.first_step));
+}
+
 nlohmann::json Incident::to_json() const {
   nlohmann::json j = {{"kind", kind},
                       {"rank", rank},
@@ -41,6 +64,15 @@ nlohmann::json Incident::to_json() const {
   j["steps_lost"] = lost ? nlohmann::json(*lost) : nlohmann::json(nullptr);
   j["cause"] = cause.empty() ? nlohmann::json(nullptr) : nlohmann::json(cause);
   j["evidence_ms"] = evidence_ms;
+  const RecoverySplit split = recovery_split();
+  auto value = [](const std::optional<double>& v) {
+    return v ? nlohmann::json(*v) : nlohmann::json(nullptr);
+  };
+  j["recovery_ms"] = {{"detect", value(split.detect)},
+                      {"stop", value(split.stop)},
+                      {"rendezvous", value(split.rendezvous)},
+                      {"load", value(split.load)},
+                      {"first_step", value(split.first_step)}};
   return j;
 }
 
@@ -51,7 +83,7 @@ std::filesystem::path incident_dir(const std::filesystem::path& run_dir, int64_t
 nlohmann::json RunSummary::to_json() const {
   return {{"kind", "summary"}, {"incidents", incidents},       {"restarts", restarts},
           {"wall_s", wall_s},  {"productive_s", productive_s}, {"lost_s", lost_s},
-          {"ettr", ettr}};
+          {"ettr", ettr},      {"training_s", training_s}};
 }
 
 std::string RunSummary::line() const {
@@ -60,6 +92,13 @@ std::string RunSummary::line() const {
       "{:.1f} s)",
       incidents, incidents == 1 ? "" : "s", restarts, restarts == 1 ? "" : "s", lost_s,
       100.0 * ettr, productive_s, wall_s);
+}
+
+void note_resumed_from(std::vector<Incident>& incidents, int64_t generation, int64_t start_step) {
+  if (start_step < 0) return;
+  for (Incident& i : incidents) {
+    if (i.generation + 1 == generation && !i.resumed_from_step) i.resumed_from_step = start_step;
+  }
 }
 
 RunSummary summarize(const std::vector<Incident>& incidents,
@@ -84,8 +123,19 @@ RunSummary summarize(const std::vector<Incident>& incidents,
     s.productive_s += gen.train_ns * 1e-9 * static_cast<double>(kept_until - gen.start_step) /
                       static_cast<double>(steps);
   }
-  for (const Incident& i : incidents) {
-    const int64_t until = i.recovered_ns.value_or(end_ns);
+  int64_t training_from = 0, training_to = 0;
+  for (const GenerationRecord& gen : generations) {
+    if (training_from == 0 && gen.ready_ns > 0) training_from = gen.ready_ns;
+    training_to = std::max(training_to, gen.step_end_ns);
+  }
+  if (training_from > 0 && training_to > training_from) {
+    s.training_s = (training_to - training_from) * 1e-9;
+  }
+  for (size_t n = 0; n < incidents.size(); ++n) {
+    const Incident& i = incidents[n];
+    // Not recovered: lost until the next fault overtook the recovery, or the end.
+    const int64_t overtaken = n + 1 < incidents.size() ? incidents[n + 1].fault_ns : end_ns;
+    const int64_t until = i.recovered_ns.value_or(overtaken);
     s.lost_s += std::max<int64_t>(0, until - i.fault_ns) * 1e-9;
     s.lost_s += static_cast<double>(i.steps_lost().value_or(0)) * i.mean_step_ms * 1e-3;
   }

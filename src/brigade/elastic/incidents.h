@@ -9,6 +9,19 @@
 // the next generation did not have to redo. Everything else (start-up,
 // detection, restarts, loading checkpoints, redone steps, saves and
 // evaluations outside steps) is the difference to wall time.
+//
+// A recovered incident's time splits into five phases, each from real time
+// stamps on the one monotonic clock of the machine:
+//   detect      the fault (its own stamp if injected) to the agent's verdict
+//   stop        the verdict to every worker of the generation reaped (the
+//               evidence is gathered first; across nodes, every node's)
+//   rendezvous  to the new generation's mesh formed (its last worker's
+//               communicators connected: process start, set-up, connect)
+//   load        to its last worker's state loaded (model built, snapshot or
+//               checkpoint read and resharded)
+//   first step  to its last worker's first completed step
+// The new generation's stamps are its workers' own (elastic/heartbeat.h),
+// this node's on a multi-node job.
 #pragma once
 
 #include <cstdint>
@@ -40,6 +53,11 @@ struct Incident {
   // its first step completed.
   std::optional<int64_t> resumed_from_step;
   std::optional<int64_t> recovered_ns;
+  // The phases between (see above): every worker stopped, the new mesh
+  // formed, the new state loaded; 0 unknown.
+  int64_t stopped_ns = 0;
+  int64_t mesh_ns = 0;
+  int64_t ready_ns = 0;
   // The root cause from the evidence (diag/root_cause.h's line), and how long
   // gathering the evidence delayed the restart.
   std::string cause;
@@ -49,6 +67,14 @@ struct Incident {
   double detected_after_ms() const { return (detected_ns - fault_ns) * 1e-6; }
   std::optional<double> recovered_after_ms() const;
   std::optional<int64_t> steps_lost() const;
+  // The five phases in ms (see above); each null where a stamp is missing
+  // or out of order.
+  struct RecoverySplit {
+    std::optional<double> detect, stop, rendezvous, load, first_step;
+  };
+  RecoverySplit recovery_split() const;
+  // "detect 12 ms, stop 40 ms, rendezvous 300 ms, load 90 ms, first step 30 ms"
+  std::string recovery_line() const;
   nlohmann::json to_json() const;
 };
 
@@ -57,6 +83,8 @@ struct GenerationRecord {
   int64_t start_step = -1;  // -1: never got as far as training
   int64_t last_step = 0;
   int64_t train_ns = 0;
+  int64_t ready_ns = 0;     // training set up (0: never)
+  int64_t step_end_ns = 0;  // its last step completed (0: none)
 };
 
 struct RunSummary {
@@ -68,9 +96,19 @@ struct RunSummary {
   // plus the time of the steps redone.
   double lost_s = 0;
   double ettr = 0;
+  // From the first generation's training set up to the last completed
+  // step: the wall time the planner's failure model speaks of (it leaves
+  // out the first start-up and the end), 0 when unknown.
+  double training_s = 0;
   nlohmann::json to_json() const;
   std::string line() const;  // for stderr
 };
+
+// Generation `generation` set up at `start_step` (its slot 0's; -1: not
+// yet): the previous generation's incident, if not told yet, resumed from
+// there. Its steps redone count as lost even when the next failure
+// overtook its recovery.
+void note_resumed_from(std::vector<Incident>& incidents, int64_t generation, int64_t start_step);
 
 RunSummary summarize(const std::vector<Incident>& incidents,
                      const std::vector<GenerationRecord>& generations, int restarts,

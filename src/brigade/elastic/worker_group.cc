@@ -180,7 +180,12 @@ void WorkerGroup::stop(int sig, int64_t grace_ms) {
   if (!stopping_ || kill_at < kill_at_ns_) kill_at_ns_ = kill_at;
   stopping_ = true;
   for (const Worker& w : workers_) {
-    if (w.running) ::kill(-w.pid, sig);
+    if (!w.running) continue;
+    ::kill(-w.pid, sig);
+    // A stopped worker (a SIGSTOP, the chaos mode's among them) cannot act
+    // on `sig` until continued: without this the stop would wait the whole
+    // grace for it, and the others, meanwhile, for it in a collective.
+    if (sig != SIGKILL) ::kill(-w.pid, SIGCONT);
   }
   if (sig == SIGKILL) killed_ = true;
   enforce_grace();
@@ -197,6 +202,16 @@ void WorkerGroup::enforce_grace() {
     if (w.running) ::kill(-w.pid, SIGKILL);
   }
   killed_ = true;
+}
+
+bool WorkerGroup::exited_unreaped(pid_t pid) {
+  siginfo_t info{};
+  int rc = 0;
+  while ((rc = ::waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOHANG | WNOWAIT)) < 0 &&
+         errno == EINTR) {
+  }
+  // si_pid stays 0 while the child runs; ECHILD: not ours to wait for.
+  return rc < 0 || info.si_pid == pid;
 }
 
 void WorkerGroup::kill_and_reap() {

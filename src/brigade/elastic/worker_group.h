@@ -107,8 +107,9 @@ class WorkerGroup {
   std::vector<WorkerExit> reap();
 
   // Sends `sig` to every running worker's process group, and SIGKILL once
-  // grace_ms has passed (see enforce_grace). A later call only shortens the
-  // grace. stop(SIGKILL, 0) kills at once.
+  // grace_ms has passed (see enforce_grace), and SIGCONT after `sig`, so
+  // that a stopped worker acts on it. A later call only shortens the grace.
+  // stop(SIGKILL, 0) kills at once.
   void stop(int sig, int64_t grace_ms);
   bool stopping() const { return stopping_; }
   // How long the caller may sleep before enforce_grace has work (capped by `cap_ms`).
@@ -117,6 +118,10 @@ class WorkerGroup {
 
   // SIGKILLs every running worker and waits for each.
   void kill_and_reap();
+
+  // Whether worker `pid` exited though reap() has not collected it yet; it
+  // stays for reap() to collect.
+  static bool exited_unreaped(pid_t pid);
 
  private:
   std::vector<Worker> workers_;

@@ -282,4 +282,23 @@ CheckpointPlan plan_checkpoints(const FailureInputs& in) {
   return p;
 }
 
+double predicted_run_ettr(const MeasuredRun& run) {
+  if (!(run.step_s > 0) || !std::isfinite(run.step_s)) {
+    throw_error("the run's mean step time is {} s; it needs steps that took time", run.step_s);
+  }
+  if (run.snapshot_every < 1) {
+    throw_error(
+        "snapshot_every is {}; give the steps between snapshots (or checkpoints) the run took, "
+        ">= 1",
+        run.snapshot_every);
+  }
+  FailureInputs in;
+  in.num_nodes = 1;
+  in.node_mtbf_hours = run.mtbf_s / kSecondsPerHour;
+  in.checkpoint_s = static_cast<double>(run.snapshot_every) * std::max(0.0, run.between_steps_s);
+  in.restart_s = std::max(0.0, run.restart_s);
+  in.job_work_hours = run.work_s / kSecondsPerHour;
+  return expected_ettr(in, static_cast<double>(run.snapshot_every) * run.step_s);
+}
+
 }  // namespace brigade::sim
