@@ -64,9 +64,8 @@ InjectedFault parse_one(std::string_view text) {
     fault.kind = InjectedFault::Kind::kNan;
   } else {
     throw_error(
-        "fault '{}': unknown kind '{}' (this build injects kill, stop, skip, mismatch, slow, sdc "
-        "and nan); "
-        "the form is {}",
+        "fault '{}': unknown kind '{}' (this build injects kill, stop, skip, mismatch, slow, sdc, "
+        "nan and chaos); the form is {}",
         text, fields[0], kForm);
   }
   const bool slow = fault.kind == InjectedFault::Kind::kSlow;
