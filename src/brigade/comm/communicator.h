@@ -22,15 +22,12 @@
 // backend fails every later operation too; recovery means a new group.
 #pragma once
 
-#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
-#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -95,22 +92,9 @@ class Work {
   // Blocks until the operation is done; rethrows its error (every call).
   // The operation's own timeout bounds the wait.
   void wait() {
-    if (poll_) poll_until_done();
     std::unique_lock<std::mutex> lock(mutex_);
     done_cv_.wait(lock, [&] { return done_; });
     if (error_) std::rethrow_exception(error_);
-  }
-
-  // For a backend whose waiter can move its own operation along (shm
-  // send/recv: the copy into or out of the ring): wait() first calls `poll`
-  // over and over for up to poll_ns, and only then sleeps until finish().
-  // A message that is already on its way then costs no thread hand-off (a
-  // sleeping waiter is woken tens of microseconds late on a busy machine),
-  // while a recv that waits for a peer still computing gives its core back
-  // soon. `poll` must never block; set before the Work is handed out.
-  void set_poll(std::function<void()> poll, int64_t poll_ns) {
-    poll_ = std::move(poll);
-    poll_ns_ = poll_ns;
   }
 
   // Whether the operation is done (succeeded or failed); never blocks or throws.
@@ -133,27 +117,10 @@ class Work {
       finished_ns_ = now_ns();
       error_ = std::move(error);
     }
-    finished_.store(true, std::memory_order_release);
     done_cv_.notify_all();
   }
 
  private:
-  void poll_until_done() {
-    const int64_t until = now_ns() + poll_ns_;
-    for (int i = 0; !finished_.load(std::memory_order_acquire); ++i) {
-      poll_();
-      // Past the first few hundred polls the peer is likely descheduled or
-      // computing: let whatever else wants this core run between polls.
-      if (i >= 256) {
-        if (now_ns() > until) return;
-        std::this_thread::yield();
-      }
-    }
-  }
-
-  std::function<void()> poll_;
-  int64_t poll_ns_ = 0;
-  std::atomic<bool> finished_{false};  // done_, readable without the mutex
   std::mutex mutex_;
   std::condition_variable done_cv_;
   bool done_ = false;

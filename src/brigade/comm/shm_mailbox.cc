@@ -3,7 +3,6 @@
 #include <sched.h>
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
@@ -41,12 +40,6 @@ constexpr int64_t kYieldNs = 1'000'000;
 constexpr auto kNap = std::chrono::microseconds(50);
 constexpr auto kIdlePoll = std::chrono::milliseconds(1);
 constexpr int64_t kLivenessCheckNs = 20'000'000;
-// How long a waiter polls before it sleeps: a ping-pong's round trip is a
-// few microseconds, a pipeline stage waiting for its neighbour's compute
-// waits milliseconds and should give its core back long before.
-constexpr int64_t kWaiterPollNs = 100'000;
-// The progress thread stays out of the way this long after a waiter polled.
-constexpr int64_t kWaiterActiveNs = 200'000;
 
 // One ring: the byte stream from one sender to one receiver.
 struct Ring {
@@ -108,7 +101,7 @@ std::string rank_or_none(uint64_t pid) {
 
 }  // namespace
 
-struct ShmMailboxes::Impl : std::enable_shared_from_this<Impl> {
+struct ShmMailboxes::Impl {
   Impl(std::string group_name, FlightRecorder::GroupId flight_group, int rank, int size,
        int64_t timeout_ms, std::byte* region, int64_t ring_bytes,
        std::function<uint64_t(int)> peer_pid);
@@ -123,15 +116,7 @@ struct ShmMailboxes::Impl : std::enable_shared_from_this<Impl> {
   std::shared_ptr<Work> post(bool is_send, std::byte* data, int64_t bytes, int peer, uint32_t tag,
                              std::string what);
   void run();
-  // One pass of a waiter's (or a poster's) thread, unless another thread is
-  // in the middle of one.
-  void poll();
-  // With progress_mutex held: accepts posted operations, moves data, checks
-  // deadlines; returns whether anything moved. A failure fails everything.
-  bool pass();
-  // With progress_mutex held: whether any operation is under way.
-  bool busy() const;
-  // One pass over the rings; returns whether anything moved.
+  // One pass over everything; returns whether anything moved.
   bool progress();
   bool progress_sends(int dst);
   bool drain(int src);
@@ -158,13 +143,8 @@ struct ShmMailboxes::Impl : std::enable_shared_from_this<Impl> {
   uint64_t next_seq = 0;                         // of point-to-point records
   bool stopping = false;
   std::thread thread;
-  std::atomic<int64_t> last_poll_ns{0};  // when a waiter last polled
 
-  // Everything below is touched only with progress_mutex held, by the
-  // progress thread or a polling caller. Lock order: progress_mutex, then
-  // mutex.
-  std::mutex progress_mutex;
-  bool stopped = false;  // the progress thread has ended: the rings may be gone
+  // Touched only by the progress thread.
   std::vector<std::deque<std::shared_ptr<Pending>>> sends;  // per destination, in order
   std::list<std::shared_ptr<Pending>> recvs;                // posted, not yet matched
   std::list<std::shared_ptr<Unexpected>> unexpected;        // arrival order
@@ -203,7 +183,7 @@ ShmMailboxes::ShmMailboxes(std::string group_name, FlightRecorder::GroupId fligh
     throw_error("shm group '{}': mailbox ring of {} bytes must be a power of two >= 4096",
                 group_name, ring_bytes);
   }
-  impl_ = std::make_shared<Impl>(std::move(group_name), flight_group, rank, size, timeout_ms,
+  impl_ = std::make_unique<Impl>(std::move(group_name), flight_group, rank, size, timeout_ms,
                                  region, ring_bytes, std::move(peer_pid));
   impl_->thread = std::thread([impl = impl_.get()] { impl->run(); });
 }
@@ -242,46 +222,14 @@ std::shared_ptr<Work> ShmMailboxes::Impl::post(bool is_send, std::byte* data, in
   op->what = std::move(what);
   op->deadline_ns = now_ns() + timeout_ms * 1'000'000;
   op->work = std::make_shared<Work>();
-  op->work->set_poll(
-      [weak = weak_from_this()] {
-        if (const std::shared_ptr<Impl> impl = weak.lock()) impl->poll();
-      },
-      kWaiterPollNs);
   {
     std::lock_guard<std::mutex> lock(mutex);
     op->record_id = FlightRecorder::global().scheduled(flight_group, RecordKind::kPointToPoint,
                                                        next_seq++, "shm", op->what, bytes);
     posted.push_back(op);
   }
-  // A send whose ring has room goes out now, on the caller's thread.
-  poll();
   posted_cv.notify_one();
   return op->work;
-}
-
-void ShmMailboxes::Impl::poll() {
-  std::unique_lock<std::mutex> lock(progress_mutex, std::try_to_lock);
-  if (!lock.owns_lock() || stopped) return;
-  last_poll_ns.store(now_ns(), std::memory_order_relaxed);
-  pass();
-}
-
-bool ShmMailboxes::Impl::pass() {
-  bool moved = false;
-  try {
-    moved = accept_posted();
-    moved |= progress();
-    check_deadlines();
-  } catch (const CommError& e) {
-    fail_everything(e.what(), e.peer_ranks());
-  }
-  return moved;
-}
-
-bool ShmMailboxes::Impl::busy() const {
-  return !recvs.empty() ||
-         std::any_of(sends.begin(), sends.end(), [](auto& q) { return !q.empty(); }) ||
-         std::any_of(incoming.begin(), incoming.end(), [](auto& f) { return f.active; });
 }
 
 void ShmMailboxes::Impl::run() {
@@ -289,23 +237,24 @@ void ShmMailboxes::Impl::run() {
   // for a while (a peer that is computing, stopped or gone).
   int spins = 0;
   int64_t quiet_since_ns = 0;
-  bool was_busy = false;
   for (;;) {
     {
       std::unique_lock<std::mutex> lock(mutex);
+      const bool busy =
+          !recvs.empty() || !posted.empty() ||
+          std::any_of(sends.begin(), sends.end(), [](auto& q) { return !q.empty(); }) ||
+          std::any_of(incoming.begin(), incoming.end(), [](auto& f) { return f.active; });
       // Nothing pending: give the core back to the workers' compute.
-      if (!was_busy && posted.empty() && !stopping) posted_cv.wait_for(lock, kIdlePoll);
+      if (!busy && !stopping) posted_cv.wait_for(lock, kIdlePoll);
       if (stopping) break;
     }
-    if (now_ns() - last_poll_ns.load(std::memory_order_relaxed) < kWaiterActiveNs) {
-      std::this_thread::sleep_for(kNap);  // a waiter is moving things itself
-      continue;
-    }
     bool moved = false;
-    {
-      std::lock_guard<std::mutex> progress_lock(progress_mutex);
-      moved = pass();
-      was_busy = busy();
+    try {
+      moved = accept_posted();
+      moved |= progress();
+      check_deadlines();
+    } catch (const CommError& e) {
+      fail_everything(e.what(), e.peer_ranks());
     }
     if (moved) {
       spins = 0;
@@ -323,9 +272,7 @@ void ShmMailboxes::Impl::run() {
       }
     }
   }
-  std::lock_guard<std::mutex> progress_lock(progress_mutex);
   fail_everything(fmt::format("the communicator of group '{}' was destroyed", group_name), {});
-  stopped = true;
 }
 
 bool ShmMailboxes::Impl::accept_posted() {

@@ -21,15 +21,6 @@
 // order they were issued; sends and recvs are independent of the group's
 // collectives (neither waits for the other).
 //
-// The caller's thread moves its own operations when it can: a send copies
-// its message into the ring as it is posted (when the ring has room and no
-// earlier send to that peer waits), and waiting on a send or recv polls the
-// rings itself for a while (Work::set_poll) before it sleeps and leaves the
-// rest to the progress thread. So a message whose peer is ready passes
-// without any thread hand-off; the progress thread keeps out of the way
-// while a waiter polls (on two cores, two threads spinning over the same
-// rings only slow each other).
-//
 // Each send and recv must finish within timeout_ms of being issued. One that
 // does not, or whose peer process has exited, fails with a CommError naming
 // the peer; like the collectives, the mailboxes then fail every later send
@@ -76,9 +67,7 @@ class ShmMailboxes {
 
  private:
   struct Impl;
-  // Shared with the polls of the Works handed out (through weak pointers),
-  // which may run on a waiter's thread while this object is destroyed.
-  std::shared_ptr<Impl> impl_;
+  std::unique_ptr<Impl> impl_;
 };
 
 }  // namespace brigade
