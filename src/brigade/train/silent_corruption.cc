@@ -96,6 +96,12 @@ void SilentCorruptionGuard::check(int64_t done) {
   }
   if (failed == 0.0) return;
   trainer_.discard_saves(done);
+  // No rank throws before world rank 0 has removed the saves of the bad
+  // state: the first rank to exit makes the agent stop the others, and a
+  // rank 0 stopped half-way would leave the corrupted snapshot to restart
+  // from (seen under ASan's slower clock).
+  Communicator& everyone = world_ != nullptr ? *world_ : dp;
+  everyone.barrier()->wait();
   if (c.clean()) {
     throw_error(
         "after step {}: another data-parallel group's replicas hold different parameters (silent "
