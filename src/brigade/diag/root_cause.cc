@@ -12,6 +12,7 @@
 
 #include "brigade/core/error.h"
 #include "brigade/core/files.h"
+#include "brigade/elastic/incident_evidence.h"
 
 namespace brigade::diag {
 namespace fs = std::filesystem;
@@ -576,13 +577,10 @@ std::vector<fs::path> incident_dirs(const fs::path& run_dir) {
   const fs::path root = run_dir / "incidents";
   if (fs::is_directory(root)) {
     for (const fs::directory_entry& entry : fs::directory_iterator(root)) {
-      const std::string name = entry.path().filename().string();
-      // Numbers the agent writes: more digits than an int64 holds are not one.
-      if (!entry.is_directory() || name.empty() || name.size() > 18 ||
-          !std::all_of(name.begin(), name.end(), [](char ch) { return ch >= '0' && ch <= '9'; })) {
-        continue;
+      if (!entry.is_directory()) continue;
+      if (const auto n = elastic::incident_number(entry.path().filename().string())) {
+        numbered.emplace_back(*n, entry.path());
       }
-      numbered.emplace_back(std::stoll(name), entry.path());
     }
   }
   if (numbered.empty()) {

@@ -87,17 +87,22 @@ bool copy_corruption_reports(const fs::path& run_dir, const fs::path& dir, int r
   return copy_files_of(run_dir, dir, fmt::format("sdc_rank{}_", rank), pid, /*move=*/true);
 }
 
+std::optional<int64_t> incident_number(const std::string& name) {
+  if (name.empty() || name.size() > 18 ||
+      !std::all_of(name.begin(), name.end(), [](char ch) { return ch >= '0' && ch <= '9'; })) {
+    return std::nullopt;
+  }
+  return std::stoll(name);
+}
+
 int64_t last_incident_number(const fs::path& run_dir) {
   int64_t last = 0;
   std::error_code ec;
   for (fs::directory_iterator it(run_dir / "incidents", ec), end; !ec && it != end;
        it.increment(ec)) {
-    const std::string name = it->path().filename().string();
-    if (name.empty() || name.size() > 12 ||
-        !std::all_of(name.begin(), name.end(), [](char ch) { return ch >= '0' && ch <= '9'; })) {
-      continue;
+    if (const auto n = incident_number(it->path().filename().string())) {
+      last = std::max(last, *n);
     }
-    last = std::max<int64_t>(last, std::stoll(name));
   }
   return last;
 }

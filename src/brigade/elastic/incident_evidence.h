@@ -73,6 +73,10 @@ bool copy_corruption_reports(const std::filesystem::path& run_dir, const std::fi
 bool copy_exit_dumps(const std::filesystem::path& run_dir, const std::filesystem::path& dir,
                      int rank, int64_t pid);
 
+// N for a directory RUN_DIR/incidents/<N>/ the agent named, nullopt for any
+// other name (more digits than an int64 holds are not one of ours).
+std::optional<int64_t> incident_number(const std::string& name);
+
 // The highest N of RUN_DIR/incidents/<N>/ (an earlier launch's), 0 when
 // there is none. Never throws.
 int64_t last_incident_number(const std::filesystem::path& run_dir);
