@@ -19,7 +19,7 @@
 #include "testing/temp_dir.h"
 
 namespace brigade {
-namespace {
+namespace BRIGADE_TEST_FILE {
 namespace fs = std::filesystem;
 
 // Every flat range of a tensor, cut into boxes and scattered back, lands on
@@ -357,5 +357,5 @@ TEST_F(CheckpointTest, AbandonRemovesOnlyTheUnfinishedStep) {
   EXPECT_NO_THROW(verify_checkpoint(root() / "step_00000004"));
 }
 
-}  // namespace
+}  // namespace BRIGADE_TEST_FILE
 }  // namespace brigade

@@ -15,7 +15,7 @@
 #include "testing/temp_dir.h"
 
 namespace brigade {
-namespace {
+namespace BRIGADE_TEST_FILE {
 namespace fs = std::filesystem;
 
 using testing::TempDir;
@@ -226,5 +226,5 @@ TEST(ModelWeights, ShapeMismatchNamesTheTensor) {
       "wte.weight");
 }
 
-}  // namespace
+}  // namespace BRIGADE_TEST_FILE
 }  // namespace brigade

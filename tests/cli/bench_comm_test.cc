@@ -24,7 +24,7 @@
 #include "testing/run_brigade.h"
 #include "testing/scoped_env.h"
 
-namespace {
+namespace BRIGADE_TEST_FILE {
 
 using brigade::testing::Output;
 using brigade::testing::run_brigade;
@@ -142,4 +142,4 @@ TEST(ConnectWorld, SegmentNameIsStableAndHidesTheToken) {
   EXPECT_EQ(name.size(), std::string("/brigade-").size() + 16 + std::string("-world").size());
 }
 
-}  // namespace
+}  // namespace BRIGADE_TEST_FILE

@@ -30,7 +30,7 @@
 #include "testing/temp_dir.h"
 
 namespace brigade {
-namespace {
+namespace BRIGADE_TEST_FILE {
 namespace fs = std::filesystem;
 
 constexpr char kConfig[] = R"(
@@ -168,5 +168,5 @@ TEST(CheckpointChaos, KillsAndCorruptionNeverLoadBadStateNorLoseAStep) {
               kills_mid_save);
 }
 
-}  // namespace
+}  // namespace BRIGADE_TEST_FILE
 }  // namespace brigade

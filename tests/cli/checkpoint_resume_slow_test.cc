@@ -29,7 +29,7 @@
 #include "testing/temp_dir.h"
 
 namespace brigade {
-namespace {
+namespace BRIGADE_TEST_FILE {
 namespace fs = std::filesystem;
 using testing::run_brigade;
 
@@ -174,5 +174,5 @@ TEST_F(CheckpointResume, ContinuesUnderOtherDpAndZeroStages) {
   }
 }
 
-}  // namespace
+}  // namespace BRIGADE_TEST_FILE
 }  // namespace brigade

@@ -32,7 +32,7 @@
 #include "testing/temp_dir.h"
 
 namespace brigade {
-namespace {
+namespace BRIGADE_TEST_FILE {
 namespace fs = std::filesystem;
 using testing::run_brigade;
 
@@ -277,5 +277,5 @@ TEST_F(CheckpointSafety, SigtermWithADeadPeerGivesUpTheSaveAndExitsWithTheSignal
   EXPECT_NO_THROW(verify_checkpoint(*newest));
 }
 
-}  // namespace
+}  // namespace BRIGADE_TEST_FILE
 }  // namespace brigade

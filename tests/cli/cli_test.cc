@@ -33,7 +33,7 @@
 #include "brigade/train/train_options.h"
 #include "brigade/train/trainer.h"
 
-namespace {
+namespace BRIGADE_TEST_FILE {
 namespace fs = std::filesystem;
 
 const char* const kBrigade = BRIGADE_BINARY_DIR "/brigade";
@@ -690,4 +690,4 @@ TEST_F(CliTest, BpeTokenizerAndPreparedDataFeedTraining) {
   EXPECT_TRUE(r.out.starts_with("the")) << r.out;
 }
 
-}  // namespace
+}  // namespace BRIGADE_TEST_FILE

@@ -34,7 +34,7 @@
 #include "testing/temp_dir.h"
 
 namespace brigade {
-namespace {
+namespace BRIGADE_TEST_FILE {
 namespace fs = std::filesystem;
 using testing::run_brigade;
 
@@ -294,5 +294,5 @@ TEST_F(ElasticChaos, AStoppedWorkerIsNotStruckAgainAndKeepsItsFaultsTime) {
   EXPECT_LT(summary.at("wall_s").get<double>() - detected_s, 4.0) << summary << "\n" << r.err;
 }
 
-}  // namespace
+}  // namespace BRIGADE_TEST_FILE
 }  // namespace brigade

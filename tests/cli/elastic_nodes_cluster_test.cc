@@ -23,7 +23,7 @@
 #include "testing/temp_dir.h"
 
 namespace brigade {
-namespace {
+namespace BRIGADE_TEST_FILE {
 namespace fs = std::filesystem;
 using testing::Cluster;
 using testing::ClusterResult;
@@ -218,5 +218,5 @@ TEST_F(ElasticNodesCluster, ANodeCutOffTheNetworkIsNamedAndEndsTheJob) {
   EXPECT_LE(lines[0].at("detected_after_ms").get<double>(), 3'000.0) << lines[0];
 }
 
-}  // namespace
+}  // namespace BRIGADE_TEST_FILE
 }  // namespace brigade

@@ -21,7 +21,7 @@
 #include "testing/temp_dir.h"
 
 namespace brigade {
-namespace {
+namespace BRIGADE_TEST_FILE {
 namespace fs = std::filesystem;
 using testing::Output;
 using testing::run_brigade;
@@ -206,5 +206,5 @@ TEST_F(ElasticNodes, CtrlCOfOneLauncherStopsEveryNodeWithoutARestart) {
   }
 }
 
-}  // namespace
+}  // namespace BRIGADE_TEST_FILE
 }  // namespace brigade

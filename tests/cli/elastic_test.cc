@@ -27,7 +27,7 @@
 #include "testing/temp_dir.h"
 
 namespace brigade {
-namespace {
+namespace BRIGADE_TEST_FILE {
 namespace fs = std::filesystem;
 using testing::run_brigade;
 
@@ -454,5 +454,5 @@ TEST_F(Elastic, SigtermStopsTheJobWithoutARestart) {
   EXPECT_EQ(text, "brigade launch: received SIGTERM; stopped 2 workers\n");
 }
 
-}  // namespace
+}  // namespace BRIGADE_TEST_FILE
 }  // namespace brigade

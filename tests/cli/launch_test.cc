@@ -24,7 +24,7 @@
 #include "testing/free_port.h"
 #include "testing/temp_dir.h"
 
-namespace {
+namespace BRIGADE_TEST_FILE {
 using brigade::testing::free_port;
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
@@ -518,4 +518,4 @@ TEST_F(LaunchTest, UnknownProgramIsOneErrorBeforeAnyWorkerStarts) {
             "brigade verb (train, eval, sample, bench, tokenizer, data)\n");
 }
 
-}  // namespace
+}  // namespace BRIGADE_TEST_FILE

@@ -25,7 +25,7 @@
 #include "testing/temp_dir.h"
 
 namespace brigade {
-namespace {
+namespace BRIGADE_TEST_FILE {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
@@ -164,5 +164,5 @@ TEST(MetricsScrapedByPrometheus, SeriesComeBackThroughTheQueryApi) {
   EXPECT_TRUE(testing::wait_until_gone(dir.path().string(), std::chrono::seconds(30)));
 }
 
-}  // namespace
+}  // namespace BRIGADE_TEST_FILE
 }  // namespace brigade

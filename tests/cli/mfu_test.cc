@@ -15,7 +15,7 @@
 #include "testing/scoped_env.h"
 
 namespace brigade {
-namespace {
+namespace BRIGADE_TEST_FILE {
 
 using testing::run_brigade;
 
@@ -50,5 +50,5 @@ TEST(Mfu, BenchTrainOnASlowGemmLevelStaysUnderTheMachinesPeak) {
   EXPECT_FALSE(j.at("cpu").get<std::string>().empty());
 }
 
-}  // namespace
+}  // namespace BRIGADE_TEST_FILE
 }  // namespace brigade

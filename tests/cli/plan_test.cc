@@ -10,7 +10,7 @@
 #include "testing/temp_dir.h"
 
 namespace brigade {
-namespace {
+namespace BRIGADE_TEST_FILE {
 
 using testing::run_brigade;
 
@@ -312,5 +312,5 @@ TEST(PlanCommand, BadInputSaysWhatIsWrong) {
   }
 }
 
-}  // namespace
+}  // namespace BRIGADE_TEST_FILE
 }  // namespace brigade

@@ -23,7 +23,7 @@
 #include "testing/temp_dir.h"
 
 namespace brigade {
-namespace {
+namespace BRIGADE_TEST_FILE {
 namespace fs = std::filesystem;
 using testing::run_brigade;
 
@@ -172,5 +172,5 @@ TEST(ReportInBrowser, ChartsDrawWithoutErrorsAndIncidentsShow) {
   EXPECT_TRUE(testing::wait_until_gone(dir.path().string(), std::chrono::seconds(30)));
 }
 
-}  // namespace
+}  // namespace BRIGADE_TEST_FILE
 }  // namespace brigade

@@ -16,7 +16,7 @@
 #include "testing/temp_dir.h"
 
 namespace brigade {
-namespace {
+namespace BRIGADE_TEST_FILE {
 namespace fs = std::filesystem;
 
 int trials() {
@@ -41,5 +41,5 @@ TEST(RootCauseChaos, EveryTrialNamesTheInjectedRankAndKind) {
   EXPECT_TRUE(testing::wait_until_gone(dir.path().string(), std::chrono::seconds(30)));
 }
 
-}  // namespace
+}  // namespace BRIGADE_TEST_FILE
 }  // namespace brigade

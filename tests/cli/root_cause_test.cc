@@ -15,7 +15,7 @@
 #include "testing/temp_dir.h"
 
 namespace brigade {
-namespace {
+namespace BRIGADE_TEST_FILE {
 namespace fs = std::filesystem;
 
 class RootCauseEndToEnd : public ::testing::TestWithParam<const char*> {
@@ -88,5 +88,5 @@ TEST(Diagnose, AnUnreadableIncidentIsNamedAndTheOthersStillDiagnosed) {
   EXPECT_NE(r.out.find("incident 2: rank 0 (node 0) crashed"), std::string::npos) << r.out << r.err;
 }
 
-}  // namespace
+}  // namespace BRIGADE_TEST_FILE
 }  // namespace brigade

@@ -13,7 +13,7 @@
 #include "testing/temp_dir.h"
 
 namespace brigade {
-namespace {
+namespace BRIGADE_TEST_FILE {
 namespace fs = std::filesystem;
 
 TEST(SilentCorruptionSlow, AThousandCleanStepsCheckedEveryStepRaiseNoAlarm) {
@@ -37,5 +37,5 @@ sdc_every = 1
   EXPECT_TRUE(testing::wait_until_gone(dir.path().string(), std::chrono::seconds(30)));
 }
 
-}  // namespace
+}  // namespace BRIGADE_TEST_FILE
 }  // namespace brigade

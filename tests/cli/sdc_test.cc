@@ -26,7 +26,7 @@
 #include "testing/temp_dir.h"
 
 namespace brigade {
-namespace {
+namespace BRIGADE_TEST_FILE {
 namespace fs = std::filesystem;
 using testing::run_brigade;
 
@@ -268,5 +268,5 @@ TEST_F(SilentCorruption, ANanLossThatRepeatsStopsNamingTheDataWindow) {
   EXPECT_NE(r.err.find("skip the window"), std::string::npos) << r.err;
 }
 
-}  // namespace
+}  // namespace BRIGADE_TEST_FILE
 }  // namespace brigade

@@ -31,7 +31,7 @@
 #include "testing/temp_dir.h"
 
 namespace brigade {
-namespace {
+namespace BRIGADE_TEST_FILE {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 using namespace std::chrono_literals;
@@ -440,5 +440,5 @@ TEST(Slurm, KilledWorkerUnderSrunIsRecoveredByTheNodeAgent) {
   expect_same_run(run_dir, reference, "sbatch (agents) with a killed worker");
 }
 
-}  // namespace
+}  // namespace BRIGADE_TEST_FILE
 }  // namespace brigade

@@ -17,7 +17,7 @@
 #include "testing/temp_dir.h"
 
 namespace brigade {
-namespace {
+namespace BRIGADE_TEST_FILE {
 namespace fs = std::filesystem;
 using testing::run_brigade;
 
@@ -154,5 +154,5 @@ TEST(TrainNproc, DpWithoutWorkersSaysHowToStartThem) {
   EXPECT_NE(result.err.find("brigade train --nproc 2"), std::string::npos) << result.err;
 }
 
-}  // namespace
+}  // namespace BRIGADE_TEST_FILE
 }  // namespace brigade

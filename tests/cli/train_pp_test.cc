@@ -18,7 +18,7 @@
 #include "testing/temp_dir.h"
 
 namespace brigade {
-namespace {
+namespace BRIGADE_TEST_FILE {
 namespace fs = std::filesystem;
 using testing::run_brigade;
 
@@ -184,5 +184,5 @@ TEST(TrainPipelineParallel, ShapesThatCannotRunAreRefusedBeforeStarting) {
                  "parallel.schedule = \"interleaved\" needs parallel.pp >= 2 stages, got 1");
 }
 
-}  // namespace
+}  // namespace BRIGADE_TEST_FILE
 }  // namespace brigade

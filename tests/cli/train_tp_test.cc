@@ -16,7 +16,7 @@
 #include "testing/temp_dir.h"
 
 namespace brigade {
-namespace {
+namespace BRIGADE_TEST_FILE {
 namespace fs = std::filesystem;
 using testing::run_brigade;
 
@@ -142,5 +142,5 @@ TEST(TrainTensorParallel, SequenceParallelismOverASequenceTpDoesNotDivideIsRefus
   expect_refused_before_starting(result, "model.block_size = 15 is not a multiple of 2", run);
 }
 
-}  // namespace
+}  // namespace BRIGADE_TEST_FILE
 }  // namespace brigade

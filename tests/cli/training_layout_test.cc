@@ -14,7 +14,7 @@
 #include "testing/temp_dir.h"
 
 namespace brigade {
-namespace {
+namespace BRIGADE_TEST_FILE {
 
 using cli::training_layout;
 using testing::run_brigade;
@@ -304,5 +304,5 @@ TEST(TrainingLayout, PlanLayoutConfigUsesTrainThreads) {
             1.5 * both.at("time_s").at("compute").get<double>());
 }
 
-}  // namespace
+}  // namespace BRIGADE_TEST_FILE
 }  // namespace brigade

@@ -17,7 +17,7 @@
 #include "testing/temp_dir.h"
 
 namespace brigade {
-namespace {
+namespace BRIGADE_TEST_FILE {
 namespace fs = std::filesystem;
 
 nlohmann::json read_json(const fs::path& path) {
@@ -214,5 +214,5 @@ TEST(FlightRecorder, SignalDumpsToTheRunDirectory) {
   EXPECT_EQ(j["records"].back()["state"], "scheduled");
 }
 
-}  // namespace
+}  // namespace BRIGADE_TEST_FILE
 }  // namespace brigade

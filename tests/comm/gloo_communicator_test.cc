@@ -19,7 +19,7 @@
 #include "testing/forked_ranks.h"
 
 namespace brigade {
-namespace {
+namespace BRIGADE_TEST_FILE {
 
 using testing::Clock;
 using testing::ms_since;
@@ -284,5 +284,5 @@ TEST(GlooCommunicator, PeerKilledMidCollectiveFailsTheOthers) {
   EXPECT_EQ(testing::reap(pids[2], deadline), 0);
 }
 
-}  // namespace
+}  // namespace BRIGADE_TEST_FILE
 }  // namespace brigade

@@ -26,7 +26,7 @@
 #include "testing/temp_dir.h"
 
 namespace brigade {
-namespace {
+namespace BRIGADE_TEST_FILE {
 
 constexpr char kToken[] = "hierarchical-test-token";
 
@@ -163,5 +163,5 @@ TEST(HierarchicalCommunicator, EveryGroupDumpsItsOwnFileNamedByWorldRank) {
       << "no node group recorded both collectives and sends/recvs";
 }
 
-}  // namespace
+}  // namespace BRIGADE_TEST_FILE
 }  // namespace brigade

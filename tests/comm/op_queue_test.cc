@@ -9,7 +9,7 @@
 #include <vector>
 
 namespace brigade {
-namespace {
+namespace BRIGADE_TEST_FILE {
 
 OpQueue::OnFailure blame_rank(int peer) {
   return [peer](const OpQueue::Op& op, std::exception_ptr e) {
@@ -143,5 +143,5 @@ TEST(OpQueue, TryInlineFailuresBreakTheGroupLikeAnyOther) {
   EXPECT_THROW(queue.enqueue("later", 4, [](const OpQueue::Op&) {})->wait(), CommError);
 }
 
-}  // namespace
+}  // namespace BRIGADE_TEST_FILE
 }  // namespace brigade

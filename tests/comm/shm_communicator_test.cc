@@ -25,7 +25,7 @@
 #include "testing/forked_ranks.h"
 
 namespace brigade {
-namespace {
+namespace BRIGADE_TEST_FILE {
 
 using testing::check_every_collective;
 using testing::Clock;
@@ -681,5 +681,5 @@ TEST(ShmCommunicator, PeerKilledMidCollectiveFailsTheOthers) {
   EXPECT_EQ(reap(pids[2], deadline), 0);
 }
 
-}  // namespace
+}  // namespace BRIGADE_TEST_FILE
 }  // namespace brigade

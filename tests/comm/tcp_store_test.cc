@@ -25,7 +25,7 @@
 #include "testing/free_port.h"
 
 namespace brigade {
-namespace {
+namespace BRIGADE_TEST_FILE {
 using testing::free_port;
 
 const std::string kHost = "127.0.0.1";
@@ -549,5 +549,5 @@ TEST(StoreProtocol, AKeyListOverTheLimitIsRefused) {
   EXPECT_NE(refused.error.find("keys in one request"), std::string::npos) << refused.error;
 }
 
-}  // namespace
+}  // namespace BRIGADE_TEST_FILE
 }  // namespace brigade

@@ -5,7 +5,7 @@
 #include "brigade/core/error.h"
 
 namespace brigade {
-namespace {
+namespace BRIGADE_TEST_FILE {
 
 std::string error_of(const std::function<void()>& fn) {
   try {
@@ -60,5 +60,5 @@ TEST(Config, SetOverridesAndCreatesKeys) {
   EXPECT_FALSE(error_of([&] { c.set("nonsense"); }).empty());
 }
 
-}  // namespace
+}  // namespace BRIGADE_TEST_FILE
 }  // namespace brigade

@@ -13,7 +13,7 @@
 #include "testing/temp_dir.h"
 
 namespace brigade {
-namespace {
+namespace BRIGADE_TEST_FILE {
 namespace fs = std::filesystem;
 
 using testing::TempDir;
@@ -246,5 +246,5 @@ TEST(BpeTokenizer, TrainsOnTinyShakespeare) {
   EXPECT_EQ(tokenizer.decode(tokens), text);
 }
 
-}  // namespace
+}  // namespace BRIGADE_TEST_FILE
 }  // namespace brigade

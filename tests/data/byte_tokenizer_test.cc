@@ -8,7 +8,7 @@
 #include "brigade/data/tokenizer.h"
 
 namespace brigade {
-namespace {
+namespace BRIGADE_TEST_FILE {
 
 std::string all_bytes() {
   std::string text;
@@ -76,5 +76,5 @@ TEST(LoadTokenizer, MissingDirectoryNamesThePathAndWhatIsExpected) {
   }
 }
 
-}  // namespace
+}  // namespace BRIGADE_TEST_FILE
 }  // namespace brigade

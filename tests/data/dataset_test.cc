@@ -15,7 +15,7 @@
 #include "testing/temp_dir.h"
 
 namespace brigade {
-namespace {
+namespace BRIGADE_TEST_FILE {
 namespace fs = std::filesystem;
 
 using testing::TempDir;
@@ -152,5 +152,5 @@ TEST(PrepareDataset, TinyShakespeareWithBytesIsFast) {
   EXPECT_LT(seconds, 2.0);  // typically ~0.05 s; generous for a loaded machine
 }
 
-}  // namespace
+}  // namespace BRIGADE_TEST_FILE
 }  // namespace brigade

@@ -12,7 +12,7 @@
 #include "testing/temp_dir.h"
 
 namespace brigade {
-namespace {
+namespace BRIGADE_TEST_FILE {
 namespace fs = std::filesystem;
 
 using testing::TempDir;
@@ -162,5 +162,5 @@ TEST(EvalWindows, AreSequentialAndNonOverlapping) {
   EXPECT_THROW(windows.fill(5, 2, inputs.data(), targets.data()), Error);
 }
 
-}  // namespace
+}  // namespace BRIGADE_TEST_FILE
 }  // namespace brigade

@@ -12,7 +12,7 @@
 #include "testing/temp_dir.h"
 
 namespace brigade {
-namespace {
+namespace BRIGADE_TEST_FILE {
 namespace fs = std::filesystem;
 
 using testing::TempDir;
@@ -153,5 +153,5 @@ TEST(TokenShard, WrongVersionAndDtypeAreClearErrors) {
   EXPECT_EQ(TokenShard(path).size(), 10u);
 }
 
-}  // namespace
+}  // namespace BRIGADE_TEST_FILE
 }  // namespace brigade

@@ -15,7 +15,7 @@
 #include "testing/http_get.h"
 
 namespace brigade::diag {
-namespace {
+namespace BRIGADE_TEST_FILE {
 using Clock = std::chrono::steady_clock;
 
 class MetricsServerTest : public ::testing::Test {
@@ -156,5 +156,5 @@ TEST(MetricsAddress, ParsesHostAndPortAndRefusesTheRest) {
   }
 }
 
-}  // namespace
+}  // namespace BRIGADE_TEST_FILE
 }  // namespace brigade::diag

@@ -10,7 +10,7 @@
 #include <string>
 
 namespace brigade::diag {
-namespace {
+namespace BRIGADE_TEST_FILE {
 
 elastic::AgentStatus two_workers() {
   elastic::AgentStatus s;
@@ -104,5 +104,5 @@ TEST(PrometheusText, PromtoolAcceptsIt) {
   EXPECT_EQ(said, "") << text;
 }
 
-}  // namespace
+}  // namespace BRIGADE_TEST_FILE
 }  // namespace brigade::diag

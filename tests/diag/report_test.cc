@@ -17,7 +17,7 @@
 #include "testing/temp_dir.h"
 
 namespace brigade::diag {
-namespace {
+namespace BRIGADE_TEST_FILE {
 namespace fs = std::filesystem;
 
 class ReportData : public ::testing::Test {
@@ -131,5 +131,5 @@ TEST(ReportErrors, NameTheProblemAndTheFix) {
   }
 }
 
-}  // namespace
+}  // namespace BRIGADE_TEST_FILE
 }  // namespace brigade::diag

@@ -21,7 +21,7 @@
 #include "testing/temp_dir.h"
 
 namespace brigade::diag {
-namespace {
+namespace BRIGADE_TEST_FILE {
 namespace fs = std::filesystem;
 
 constexpr char kStop[] = "shm all_reduce(count 1, f64, max)";
@@ -382,5 +382,5 @@ TEST(RootCause, ADirectoryWithoutEvidenceIsAClearError) {
             std::string::npos);
 }
 
-}  // namespace
+}  // namespace BRIGADE_TEST_FILE
 }  // namespace brigade::diag

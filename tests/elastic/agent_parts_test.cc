@@ -31,7 +31,7 @@
 #include "testing/temp_dir.h"
 
 namespace brigade::elastic {
-namespace {
+namespace BRIGADE_TEST_FILE {
 namespace fs = std::filesystem;
 
 constexpr int64_t kMs = 1'000'000;
@@ -477,5 +477,5 @@ TEST(Generations, ShmSegmentsOfEachGenerationHaveTheirOwnName) {
   EXPECT_NE(error.find("segment " + segment + " was not created"), std::string::npos) << error;
 }
 
-}  // namespace
+}  // namespace BRIGADE_TEST_FILE
 }  // namespace brigade::elastic

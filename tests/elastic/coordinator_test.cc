@@ -14,7 +14,7 @@
 #include "brigade/core/error.h"
 
 namespace brigade::elastic {
-namespace {
+namespace BRIGADE_TEST_FILE {
 
 constexpr int64_t kMs = 1'000'000;
 constexpr char kToken[] = "coordinator-test-token";
@@ -456,5 +456,5 @@ TEST_F(CoordinatorTest, AClientWithoutTheTokenCannotReachTheCoordinatorsKeys) {
   EXPECT_THROW(TcpStore("127.0.0.1", server_.port(), "not-the-token", 1'000), Error);
 }
 
-}  // namespace
+}  // namespace BRIGADE_TEST_FILE
 }  // namespace brigade::elastic

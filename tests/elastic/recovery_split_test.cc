@@ -19,7 +19,7 @@
 #include "brigade/elastic/worker_group.h"
 
 namespace brigade::elastic {
-namespace {
+namespace BRIGADE_TEST_FILE {
 
 constexpr int64_t kMs = 1'000'000;
 
@@ -298,5 +298,5 @@ TEST(RecoverySplit, TheWorkersPhasesAndTheAgentsFaultStampReachTheSlot) {
   EXPECT_THROW(table.stamp_fault(2, 1), Error);
 }
 
-}  // namespace
+}  // namespace BRIGADE_TEST_FILE
 }  // namespace brigade::elastic

@@ -19,7 +19,7 @@
 #include "testing/temp_dir.h"
 
 namespace brigade::elastic {
-namespace {
+namespace BRIGADE_TEST_FILE {
 namespace fs = std::filesystem;
 
 // A real, verifying checkpoint of a tiny model at `step` under root.
@@ -126,5 +126,5 @@ TEST(Snapshots, AreasOfAgentsThatDiedAreRemovedOthersStay) {
   EXPECT_TRUE(fs::exists(other));
 }
 
-}  // namespace
+}  // namespace BRIGADE_TEST_FILE
 }  // namespace brigade::elastic

@@ -11,7 +11,7 @@
 #include "brigade/kernels/cpu/isa.h"
 
 namespace brigade::cpu {
-namespace {
+namespace BRIGADE_TEST_FILE {
 
 void expect_consistent(const FmaPeak& p, int threads) {
   EXPECT_EQ(p.threads, threads);
@@ -72,5 +72,5 @@ TEST(FmaPeak, ChoosePeakTakesTheHigherFigure) {
       << high_sgemm.description;
 }
 
-}  // namespace
+}  // namespace BRIGADE_TEST_FILE
 }  // namespace brigade::cpu

@@ -24,7 +24,7 @@
 #include "brigade/kernels/cpu/gemm.h"
 
 namespace brigade {
-namespace {
+namespace BRIGADE_TEST_FILE {
 
 constexpr int kMaxComputeThreads = 64;
 pthread_t g_compute[kMaxComputeThreads];
@@ -191,5 +191,5 @@ TEST_F(SignalsTest, UnblockingHandsSignalsBackToTheQuietThread) {
   EXPECT_EXIT(block_unblock_then_sigint(), ::testing::KilledBySignal(SIGINT), "");
 }
 
-}  // namespace
+}  // namespace BRIGADE_TEST_FILE
 }  // namespace brigade

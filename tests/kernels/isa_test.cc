@@ -18,7 +18,7 @@
 #include "brigade/kernels/cpu/gemm.h"
 
 namespace brigade {
-namespace {
+namespace BRIGADE_TEST_FILE {
 
 // What Linux says about CPU 0: its flags and the fields CPUID also gives.
 struct ProcCpu {
@@ -159,5 +159,5 @@ TEST(Gemm, MatchesTheReferenceForEveryTransposeAndStride) {
   }
 }
 
-}  // namespace
+}  // namespace BRIGADE_TEST_FILE
 }  // namespace brigade

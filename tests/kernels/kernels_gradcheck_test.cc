@@ -12,7 +12,7 @@
 #include "gradcheck.h"
 
 namespace brigade {
-namespace {
+namespace BRIGADE_TEST_FILE {
 using testing::dot;
 using testing::expect_gradient_matches;
 using testing::random_vector;
@@ -213,5 +213,5 @@ TEST(VectorOps, SumOfSquaresIsTheSameForAnyThreadCount) {
   EXPECT_NEAR(one, dot(x, x), 1e-9 * one);
 }
 
-}  // namespace
+}  // namespace BRIGADE_TEST_FILE
 }  // namespace brigade

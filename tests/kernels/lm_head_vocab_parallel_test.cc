@@ -18,7 +18,7 @@
 #include "gradcheck.h"
 
 namespace brigade {
-namespace {
+namespace BRIGADE_TEST_FILE {
 
 void expect_split_head_matches_whole(int ranks, int64_t chunk_rows) {
   set_num_threads(1);
@@ -144,5 +144,5 @@ TEST(VocabParallelEmbedding, RanksLookupsSumToTheWholeOne) {
   for (size_t i = 0; i < mine_wpe.size(); ++i) ASSERT_FLOAT_EQ(mine_wpe[i], dwpe[i]) << i;
 }
 
-}  // namespace
+}  // namespace BRIGADE_TEST_FILE
 }  // namespace brigade

@@ -10,7 +10,7 @@
 #include <vector>
 
 namespace brigade {
-namespace {
+namespace BRIGADE_TEST_FILE {
 
 GptConfig four_blocks() {
   GptConfig c;
@@ -78,5 +78,5 @@ TEST(GptChunks, ChunksDrawAndMoveTheirTensorsOfTheWholeModel) {
   }
 }
 
-}  // namespace
+}  // namespace BRIGADE_TEST_FILE
 }  // namespace brigade

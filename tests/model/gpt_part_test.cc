@@ -14,7 +14,7 @@
 #include "brigade/model/gpt.h"
 
 namespace brigade {
-namespace {
+namespace BRIGADE_TEST_FILE {
 
 GptConfig tiny_config() {
   GptConfig c;
@@ -160,5 +160,5 @@ TEST(GptPart, SplitBackwardMatchesTheWholeModel) {
   EXPECT_LE(worst, 1e-5f * largest);
 }
 
-}  // namespace
+}  // namespace BRIGADE_TEST_FILE
 }  // namespace brigade

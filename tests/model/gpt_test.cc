@@ -11,7 +11,7 @@
 #include "brigade/core/philox.h"
 
 namespace brigade {
-namespace {
+namespace BRIGADE_TEST_FILE {
 
 GptConfig tiny_config() {
   GptConfig c;
@@ -218,5 +218,5 @@ TEST(ParamLayout, UsesHuggingFaceNamesAndShapes) {
   EXPECT_EQ(small.num_params(), 124439808);
 }
 
-}  // namespace
+}  // namespace BRIGADE_TEST_FILE
 }  // namespace brigade

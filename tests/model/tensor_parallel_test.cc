@@ -25,7 +25,7 @@
 #include "brigade/model/gpt.h"
 
 namespace brigade {
-namespace {
+namespace BRIGADE_TEST_FILE {
 
 // The tp ranks are threads of this process: each call publishes the
 // caller's buffer, and every rank sums all of them in rank order, so the
@@ -468,5 +468,5 @@ TEST(TensorParallelLayout, RejectsATpThatDoesNotDivideTheHeads) {
   EXPECT_THROW(c.validate_tensor_parallel(4), Error);
 }
 
-}  // namespace
+}  // namespace BRIGADE_TEST_FILE
 }  // namespace brigade

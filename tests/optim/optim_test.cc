@@ -8,7 +8,7 @@
 #include "brigade/optim/lr_schedule.h"
 
 namespace brigade {
-namespace {
+namespace BRIGADE_TEST_FILE {
 
 TEST(LrSchedule, WarmsUpLinearlyThenFollowsCosineToMin) {
   const LrSchedule s{1.0, 0.1, 10, 110};
@@ -72,5 +72,5 @@ TEST(AdamW, MatchesTheFormulaAndDecaysOnlyMarkedRanges) {
   EXPECT_EQ(opt.step_count(), 3);
 }
 
-}  // namespace
+}  // namespace BRIGADE_TEST_FILE
 }  // namespace brigade

@@ -11,7 +11,7 @@
 #include "brigade/core/error.h"
 
 namespace brigade {
-namespace {
+namespace BRIGADE_TEST_FILE {
 
 // Every element of [0, padded) in exactly one bucket, the first bucket
 // ending at the end, and each bucket's slices tiling it in rank order.
@@ -79,5 +79,5 @@ TEST(BucketPlan, RejectsNonsense) {
   EXPECT_THROW(BucketPlan(1000, 2, int64_t{0}), Error);
 }
 
-}  // namespace
+}  // namespace BRIGADE_TEST_FILE
 }  // namespace brigade

@@ -22,7 +22,7 @@
 #include "testing/shm_ranks.h"
 
 namespace brigade {
-namespace {
+namespace BRIGADE_TEST_FILE {
 
 using testing::require;
 
@@ -170,5 +170,5 @@ TEST_P(GradSyncTest, ReleaseReturnsTheUnownedPages) {
 INSTANTIATE_TEST_SUITE_P(Buffer, GradSyncTest, ::testing::Values(true, false),
                          [](const auto& info) { return info.param ? "shm" : "heap"; });
 
-}  // namespace
+}  // namespace BRIGADE_TEST_FILE
 }  // namespace brigade

@@ -9,7 +9,7 @@
 #include "brigade/core/error.h"
 
 namespace brigade {
-namespace {
+namespace BRIGADE_TEST_FILE {
 
 TEST(Mesh, TensorRanksAreAdjacentThenDataThenPipeline) {
   const Mesh mesh({/*dp=*/2, /*tp=*/4, /*pp=*/2}, 16);
@@ -78,5 +78,5 @@ TEST(MeshShape, ReadsTheParallelSection) {
   EXPECT_THROW(MeshShape::from_config(bad), Error);
 }
 
-}  // namespace
+}  // namespace BRIGADE_TEST_FILE
 }  // namespace brigade

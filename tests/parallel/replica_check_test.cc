@@ -13,7 +13,7 @@
 #include <vector>
 
 namespace brigade {
-namespace {
+namespace BRIGADE_TEST_FILE {
 
 TEST(ReplicaCheck, OneFlippedBitAnywhereChangesTheHash) {
   std::vector<float> params(4099);
@@ -68,5 +68,5 @@ TEST(ReplicaCheck, WithoutAMajorityEveryReplicaIsNamed) {
   EXPECT_EQ(odd_replicas({1, 2, 3}), (std::vector<int>{0, 1, 2}));
 }
 
-}  // namespace
+}  // namespace BRIGADE_TEST_FILE
 }  // namespace brigade

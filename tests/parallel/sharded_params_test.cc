@@ -25,7 +25,7 @@
 #include "testing/shm_ranks.h"
 
 namespace brigade {
-namespace {
+namespace BRIGADE_TEST_FILE {
 
 using testing::require;
 
@@ -247,5 +247,5 @@ TEST_P(ShardedParamsTest, PeakStaysBelowTheWholeWhenBlocksComeOneByOne) {
 INSTANTIATE_TEST_SUITE_P(Buffer, ShardedParamsTest, ::testing::Values(true, false),
                          [](const auto& info) { return info.param ? "shm" : "heap"; });
 
-}  // namespace
+}  // namespace BRIGADE_TEST_FILE
 }  // namespace brigade

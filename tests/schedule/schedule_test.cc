@@ -10,7 +10,7 @@
 #include "brigade/core/error.h"
 
 namespace brigade::schedule {
-namespace {
+namespace BRIGADE_TEST_FILE {
 
 // Every shape the grid tests run: p 1-6, m 1-12, v 1-3, where valid.
 std::vector<Shape> grid() {
@@ -148,5 +148,5 @@ TEST(Schedule, BadShapesNameTheNumbersAndTheFix) {
   }
 }
 
-}  // namespace
+}  // namespace BRIGADE_TEST_FILE
 }  // namespace brigade::schedule

@@ -9,7 +9,7 @@
 #include "brigade/core/error.h"
 
 namespace brigade::schedule {
-namespace {
+namespace BRIGADE_TEST_FILE {
 
 std::string name(const Shape& s) {
   return fmt::format("{} p={} m={} v={}", kind_name(s.kind), s.stages, s.microbatches,
@@ -221,5 +221,5 @@ TEST(Simulate, ReportsMessagesThatDoNotMatch) {
   EXPECT_TRUE(simulate(two_stages(), even(2.0)).ok);
 }
 
-}  // namespace
+}  // namespace BRIGADE_TEST_FILE
 }  // namespace brigade::schedule

@@ -8,7 +8,7 @@
 #include "brigade/sim/model_presets.h"
 
 namespace brigade::sim {
-namespace {
+namespace BRIGADE_TEST_FILE {
 
 TEST(CheckpointCost, SnapshotPersistRestartAndIntervalFromTheLayout) {
   const Hardware& hw = hardware_by_name("a100-80g");
@@ -51,5 +51,5 @@ TEST(CheckpointCost, AJobTooFailureProneToSimulateStillGetsItsAnalysis) {
   EXPECT_NE(format_checkpoint_report(r).find("no Monte Carlo"), std::string::npos);
 }
 
-}  // namespace
+}  // namespace BRIGADE_TEST_FILE
 }  // namespace brigade::sim

@@ -8,7 +8,7 @@
 #include "brigade/sim/model_presets.h"
 
 namespace brigade::sim {
-namespace {
+namespace BRIGADE_TEST_FILE {
 
 // A device where only FLOPs cost time: memory and links infinitely fast.
 Hardware flops_only() {
@@ -223,5 +223,5 @@ TEST(Layout, ParsesAndPrintsTheSameForm) {
   EXPECT_THROW(Layout::parse("tp"), Error);
 }
 
-}  // namespace
+}  // namespace BRIGADE_TEST_FILE
 }  // namespace brigade::sim

@@ -10,7 +10,7 @@
 #include "brigade/core/error.h"
 
 namespace brigade::sim {
-namespace {
+namespace BRIGADE_TEST_FILE {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 const double kE = std::exp(1.0);
@@ -379,5 +379,5 @@ TEST(FailureModel, AMeasuredRunIsPredictedWithItsSnapshotIntervalAsSegments) {
   EXPECT_THROW(predicted_run_ettr(run), Error);
 }
 
-}  // namespace
+}  // namespace BRIGADE_TEST_FILE
 }  // namespace brigade::sim

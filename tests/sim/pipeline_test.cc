@@ -13,7 +13,7 @@
 #include "brigade/sim/validation.h"
 
 namespace brigade::sim {
-namespace {
+namespace BRIGADE_TEST_FILE {
 
 using schedule::Kind;
 
@@ -199,5 +199,5 @@ TEST(Pipeline, LayoutsNameTheirSchedule) {
   EXPECT_NE(estimate(gpt3(), l, hw).invalid.find("needs vp >= 2"), std::string::npos);
 }
 
-}  // namespace
+}  // namespace BRIGADE_TEST_FILE
 }  // namespace brigade::sim

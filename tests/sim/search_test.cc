@@ -13,7 +13,7 @@
 #include "brigade/sim/validation.h"
 
 namespace brigade::sim {
-namespace {
+namespace BRIGADE_TEST_FILE {
 
 TEST(Search, BestLayoutFitsAndIsFastest) {
   const Hardware& hw = hardware_by_name("h100-80g");
@@ -159,5 +159,5 @@ TEST(Validation, BadRowsAreNamed) {
   EXPECT_NE(error_of("x,y\n").find("header"), std::string::npos);
 }
 
-}  // namespace
+}  // namespace BRIGADE_TEST_FILE
 }  // namespace brigade::sim

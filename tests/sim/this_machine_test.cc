@@ -10,7 +10,7 @@
 #include "brigade/core/error.h"
 
 namespace brigade::sim {
-namespace {
+namespace BRIGADE_TEST_FILE {
 
 nlohmann::json calibration() {
   // 1 thread alone: 110 GFLOP/s; 2 threads together: 200 (so one of two
@@ -123,5 +123,5 @@ TEST(ThisMachine, CalibrationsWithoutThePeakAreRefusedWithTheFix) {
   EXPECT_THROW(this_machine_hardware(c, 1), Error);
 }
 
-}  // namespace
+}  // namespace BRIGADE_TEST_FILE
 }  // namespace brigade::sim

@@ -7,7 +7,7 @@
 #include "brigade/sim/model_presets.h"
 
 namespace brigade::sim {
-namespace {
+namespace BRIGADE_TEST_FILE {
 
 GptConfig shape(int64_t layers, int64_t heads, int64_t hidden, int64_t vocab, int64_t seq) {
   GptConfig c;
@@ -124,5 +124,5 @@ TEST(TransformerFormulas, StageParametersAddUpToTheModel) {
   EXPECT_DOUBLE_EQ(total, model_params(c, 256) + copies);
 }
 
-}  // namespace
+}  // namespace BRIGADE_TEST_FILE
 }  // namespace brigade::sim

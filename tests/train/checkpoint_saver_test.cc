@@ -20,7 +20,7 @@
 #include "testing/temp_dir.h"
 
 namespace brigade {
-namespace {
+namespace BRIGADE_TEST_FILE {
 namespace fs = std::filesystem;
 using testing::require;
 
@@ -126,5 +126,5 @@ TEST(CheckpointSaver, AFailedShardEndsABlockingSaveOnEveryRank) {
   run_failing_save(Waiting::kWait, dir.path());
 }
 
-}  // namespace
+}  // namespace BRIGADE_TEST_FILE
 }  // namespace brigade

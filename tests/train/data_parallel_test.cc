@@ -29,7 +29,7 @@
 #include "testing/temp_dir.h"
 
 namespace brigade {
-namespace {
+namespace BRIGADE_TEST_FILE {
 namespace fs = std::filesystem;
 
 constexpr int kSteps = 20;
@@ -340,5 +340,5 @@ TEST(DataParallel, RefusesDpWithoutAGroup) {
   EXPECT_THROW(Trainer(tiny_model(), options, nullptr), Error);
 }
 
-}  // namespace
+}  // namespace BRIGADE_TEST_FILE
 }  // namespace brigade

@@ -8,7 +8,7 @@
 #include "testing/temp_dir.h"
 
 namespace brigade {
-namespace {
+namespace BRIGADE_TEST_FILE {
 
 // The demo config with a step budget a CI machine can afford: the loss
 // starts near ln(256) = 5.55 (uniform over bytes) and must fall below 2.5
@@ -36,5 +36,5 @@ TEST(DemoConfig, Learns) {
   EXPECT_LT(val, 2.5) << "validation loss after " << opts.steps << " steps";
 }
 
-}  // namespace
+}  // namespace BRIGADE_TEST_FILE
 }  // namespace brigade

@@ -35,7 +35,7 @@
 #include "testing/temp_dir.h"
 
 namespace brigade {
-namespace {
+namespace BRIGADE_TEST_FILE {
 namespace fs = std::filesystem;
 
 constexpr int kSteps = 8;
@@ -554,5 +554,5 @@ TEST(PipelineParallelTrainer, RefusesBadShapesWithTheFix) {
   EXPECT_EQ(interleaved(2, 4, 4).find("interleaved"), std::string::npos) << "refused a good shape";
 }
 
-}  // namespace
+}  // namespace BRIGADE_TEST_FILE
 }  // namespace brigade

@@ -32,7 +32,7 @@
 #include "testing/temp_dir.h"
 
 namespace brigade {
-namespace {
+namespace BRIGADE_TEST_FILE {
 namespace fs = std::filesystem;
 
 constexpr int kSteps = 12;
@@ -317,5 +317,5 @@ TEST(TensorParallelTrainer, RefusesTpWithoutItsGroups) {
   }
 }
 
-}  // namespace
+}  // namespace BRIGADE_TEST_FILE
 }  // namespace brigade

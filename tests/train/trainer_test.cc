@@ -21,7 +21,7 @@
 #include "testing/temp_dir.h"
 
 namespace brigade {
-namespace {
+namespace BRIGADE_TEST_FILE {
 namespace fs = std::filesystem;
 
 class TrainerTest : public ::testing::Test {
@@ -308,5 +308,5 @@ TEST_F(SnapshotTmpfs, AnEarlierGenerationsSnapshotsCountAsRoom) {
   EXPECT_TRUE(second.snapshots_enabled());
 }
 
-}  // namespace
+}  // namespace BRIGADE_TEST_FILE
 }  // namespace brigade
