@@ -23,15 +23,6 @@ namespace {
 
 constexpr int64_t kNsPerMs = 1'000'000;
 
-struct Client {
-  int fd = -1;
-  std::string in;
-  std::string out;
-  size_t sent = 0;
-  int64_t deadline_ns = 0;
-  bool responding = false;
-};
-
 std::string response(int code, const char* reason, const std::string& body, bool head,
                      const char* extra_headers = "") {
   std::string r = fmt::format(
@@ -83,6 +74,16 @@ MetricsAddress parse_metrics_address(const std::string& text) {
 }
 
 struct MetricsServer::Impl {
+  // One scraper's connection.
+  struct Client {
+    int fd = -1;
+    std::string in;
+    std::string out;
+    size_t sent = 0;
+    int64_t deadline_ns = 0;
+    bool responding = false;
+  };
+
   MetricsAddress address;
   Render render;
   int listen_fd = -1;
@@ -156,7 +157,7 @@ MetricsServer::~MetricsServer() {
   while (::write(impl_->wake[1], &byte, 1) < 0 && errno == EINTR) {
   }
   impl_->thread.join();
-  for (Client& c : impl_->clients) ::close(c.fd);
+  for (Impl::Client& c : impl_->clients) ::close(c.fd);
   ::close(impl_->listen_fd);
   ::close(impl_->wake[0]);
   ::close(impl_->wake[1]);
