@@ -125,6 +125,32 @@ TEST(ShmSendRecv, SizesAroundTheSingleCopyThresholdTakeTheRightPath) {
   for (size_t r = 0; r < codes.size(); ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
 }
 
+// A send whose ring has room is copied in as it is posted, on the caller's
+// thread: its Work is done when send() returns, with no hand-off to the
+// progress thread. (One that finds the thread mid-pass is left to it, so
+// the test asks this of one send in 20, each waited for before the next.)
+TEST(ShmSendRecv, ASmallSendWhoseRingHasRoomIsDoneWhenPosted) {
+  const auto pids = fork_ranks(2, 10000, [](ShmCommunicator& comm) {
+    constexpr int kSends = 20;
+    std::vector<float> data(100, 1.5f);
+    int done_at_once = 0;
+    for (int k = 0; k < kSends; ++k) {
+      if (comm.rank() == 0) {
+        auto work = comm.send(data.data(), data.size(), DType::kF32, 1, 2);
+        if (work->test()) ++done_at_once;
+        work->wait();
+      } else {
+        comm.recv(data.data(), data.size(), DType::kF32, 0, 2)->wait();
+        require(data[99] == 1.5f, "message {} corrupted", k);
+      }
+    }
+    require(comm.rank() == 1 || done_at_once > 0, "none of {} sends was done when posted", kSends);
+    comm.barrier()->wait();
+  });
+  const auto codes = reap_all(pids, kHangLimit);
+  for (size_t r = 0; r < codes.size(); ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
+}
+
 // More single-copy messages in flight per pair than there are
 // acknowledgement slots (64), mixed with ring messages, both ways; the recvs
 // come in reverse order, so the first frames wait parked.

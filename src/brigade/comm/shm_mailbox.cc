@@ -83,6 +83,15 @@ constexpr int64_t kYieldNs = 1'000'000;
 constexpr auto kNap = std::chrono::microseconds(50);
 constexpr auto kIdlePoll = std::chrono::milliseconds(1);
 constexpr int64_t kLivenessCheckNs = 20'000'000;
+// How long a waiter polls before it sleeps: a ping-pong's round trip is a
+// few microseconds, a pipeline stage waiting for its neighbour's compute
+// waits milliseconds and should give its core back long before.
+constexpr int64_t kWaiterPollNs = 100'000;
+// The progress thread stays out of the way while a waiter polls (on two
+// cores, two threads spinning over the same rings slow each other): until
+// the waiter gives up (it wakes the thread) or, if it finished or was
+// descheduled, for at most this long after its last poll.
+constexpr int64_t kWaiterActiveNs = 1'000'000;
 
 // One ring: the byte stream from one sender to one receiver.
 struct Ring {
@@ -150,7 +159,7 @@ std::string rank_or_none(uint64_t pid) {
 
 }  // namespace
 
-struct ShmMailboxes::Impl {
+struct ShmMailboxes::Impl : std::enable_shared_from_this<Impl> {
   Impl(std::string group_name, FlightRecorder::GroupId flight_group, int rank, int size,
        int64_t timeout_ms, std::byte* region, int64_t ring_bytes,
        std::function<uint64_t(int)> peer_pid, bool single_copy);
@@ -169,7 +178,15 @@ struct ShmMailboxes::Impl {
   std::shared_ptr<Work> post(bool is_send, std::byte* data, int64_t bytes, int peer, uint32_t tag,
                              std::string what);
   void run();
-  // One pass over everything; returns whether anything moved.
+  // One pass of a waiter's (or a poster's) thread, unless another thread is
+  // in the middle of one.
+  void poll();
+  // With `state` held: accepts posted operations, moves data, checks
+  // deadlines; returns whether anything moved. A failure fails everything.
+  bool pass();
+  // With `state` held: whether any operation is under way.
+  bool busy() const;
+  // One pass over the rings; returns whether anything moved.
   bool progress();
   bool progress_sends(int dst);
   bool drain(int src);
@@ -213,8 +230,18 @@ struct ShmMailboxes::Impl {
   uint64_t next_seq = 0;                         // of point-to-point records
   bool stopping = false;
   std::thread thread;
+  std::atomic<int64_t> last_poll_ns{0};  // when a waiter last polled
+  std::atomic<bool> waiter_polling{false};
+  bool waiter_active() const {
+    return waiter_polling.load(std::memory_order_relaxed) &&
+           now_ns() - last_poll_ns.load(std::memory_order_relaxed) < kWaiterActiveNs;
+  }
 
-  // Touched only by the progress thread.
+  // Everything below is touched only with `state` held, by the progress
+  // thread or a caller's thread (posting or waiting). Lock order: state,
+  // then mutex.
+  std::mutex state;
+  bool stopped = false;  // the progress thread has ended: the rings may be gone
   std::vector<std::deque<std::shared_ptr<Pending>>> sends;  // per destination, in order
   std::list<std::shared_ptr<Pending>> recvs;                // posted, not yet matched
   std::list<std::shared_ptr<Unexpected>> unexpected;        // arrival order
@@ -272,7 +299,7 @@ ShmMailboxes::ShmMailboxes(std::string group_name, FlightRecorder::GroupId fligh
     throw_error("shm group '{}': mailbox ring of {} bytes must be a power of two >= 4096",
                 group_name, ring_bytes);
   }
-  impl_ = std::make_unique<Impl>(std::move(group_name), flight_group, rank, size, timeout_ms,
+  impl_ = std::make_shared<Impl>(std::move(group_name), flight_group, rank, size, timeout_ms,
                                  region, ring_bytes, std::move(peer_pid), single_copy);
   impl_->publish_probe();
   impl_->thread = std::thread([impl = impl_.get()] { impl->run(); });
@@ -312,14 +339,59 @@ std::shared_ptr<Work> ShmMailboxes::Impl::post(bool is_send, std::byte* data, in
   op->what = std::move(what);
   op->deadline_ns = now_ns() + timeout_ms * 1'000'000;
   op->work = std::make_shared<Work>();
+  op->work->set_poll(
+      [weak = weak_from_this()] {
+        if (const std::shared_ptr<Impl> impl = weak.lock()) impl->poll();
+      },
+      kWaiterPollNs,
+      [weak = weak_from_this()] {
+        if (const std::shared_ptr<Impl> impl = weak.lock()) {
+          impl->waiter_polling.store(false, std::memory_order_relaxed);
+          std::lock_guard<std::mutex> lock(impl->mutex);
+          impl->posted_cv.notify_one();
+        }
+      });
   {
     std::lock_guard<std::mutex> lock(mutex);
     op->record_id = FlightRecorder::global().scheduled(flight_group, RecordKind::kPointToPoint,
                                                        next_seq++, "shm", op->what, bytes);
     posted.push_back(op);
   }
-  posted_cv.notify_one();
+  // Moved at once on this thread where it can be (a send whose ring has
+  // room, a recv whose message is there). The progress thread is not woken:
+  // it looks within kIdlePoll, and a waiter polls for itself meanwhile.
+  std::unique_lock<std::mutex> lock(state, std::try_to_lock);
+  if (lock.owns_lock() && !stopped) pass();
   return op->work;
+}
+
+void ShmMailboxes::Impl::poll() {
+  std::unique_lock<std::mutex> lock(state, std::try_to_lock);
+  if (!lock.owns_lock() || stopped) return;
+  last_poll_ns.store(now_ns(), std::memory_order_relaxed);
+  waiter_polling.store(true, std::memory_order_relaxed);
+  pass();
+}
+
+bool ShmMailboxes::Impl::pass() {
+  bool moved = false;
+  try {
+    moved = accept_posted();
+    moved |= progress();
+    check_deadlines();
+  } catch (const CommError& e) {
+    fail_everything(e.what(), e.peer_ranks());
+  }
+  return moved;
+}
+
+bool ShmMailboxes::Impl::busy() const {
+  // Unprobed peers count: a sender of a large message waits for the verdict.
+  return unprobed > 0 || !recvs.empty() ||
+         std::any_of(sends.begin(), sends.end(), [](auto& q) { return !q.empty(); }) ||
+         std::any_of(awaiting_ack.begin(), awaiting_ack.end(),
+                     [](auto& q) { return !q.empty(); }) ||
+         std::any_of(incoming.begin(), incoming.end(), [](auto& f) { return f.active; });
 }
 
 void ShmMailboxes::Impl::run() {
@@ -327,27 +399,23 @@ void ShmMailboxes::Impl::run() {
   // for a while (a peer that is computing, stopped or gone).
   int spins = 0;
   int64_t quiet_since_ns = 0;
+  bool was_busy = true;  // until the first pass has probed the peers
   for (;;) {
     {
       std::unique_lock<std::mutex> lock(mutex);
-      // Unprobed peers count: a sender of a large message waits for the verdict.
-      const bool busy =
-          unprobed > 0 || !recvs.empty() || !posted.empty() ||
-          std::any_of(sends.begin(), sends.end(), [](auto& q) { return !q.empty(); }) ||
-          std::any_of(awaiting_ack.begin(), awaiting_ack.end(),
-                      [](auto& q) { return !q.empty(); }) ||
-          std::any_of(incoming.begin(), incoming.end(), [](auto& f) { return f.active; });
-      // Nothing pending: give the core back to the workers' compute.
-      if (!busy && !stopping) posted_cv.wait_for(lock, kIdlePoll);
+      // Nothing pending, or a waiter moving things itself: give the core
+      // back to the workers' compute.
+      if (((!was_busy && posted.empty()) || waiter_active()) && !stopping) {
+        posted_cv.wait_for(lock, kIdlePoll);
+      }
       if (stopping) break;
     }
+    if (waiter_active()) continue;
     bool moved = false;
-    try {
-      moved = accept_posted();
-      moved |= progress();
-      check_deadlines();
-    } catch (const CommError& e) {
-      fail_everything(e.what(), e.peer_ranks());
+    {
+      std::lock_guard<std::mutex> state_lock(state);
+      moved = pass();
+      was_busy = busy();
     }
     if (moved) {
       spins = 0;
@@ -365,7 +433,9 @@ void ShmMailboxes::Impl::run() {
       }
     }
   }
+  std::lock_guard<std::mutex> state_lock(state);
   fail_everything(fmt::format("the communicator of group '{}' was destroyed", group_name), {});
+  stopped = true;
 }
 
 bool ShmMailboxes::Impl::accept_posted() {

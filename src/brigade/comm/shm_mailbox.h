@@ -30,6 +30,14 @@
 // order they were issued; sends and recvs are independent of the group's
 // collectives (neither waits for the other).
 //
+// The caller's thread moves its own operations when it can: posting a send
+// or recv runs one pass over the rings (a send whose ring has room goes out
+// at once, a recv whose message is there completes), and waiting on one
+// polls the rings itself for up to 100 us before it sleeps and leaves the
+// rest to the progress thread, which keeps out of the way while a waiter
+// polls. So a message whose peer is ready passes without any thread
+// hand-off or wake-up.
+//
 // Each send and recv must finish within timeout_ms of being issued. One that
 // does not, or whose peer process has exited, fails with a CommError naming
 // the peer; like the collectives, the mailboxes then fail every later send
@@ -80,7 +88,9 @@ class ShmMailboxes {
 
  private:
   struct Impl;
-  std::unique_ptr<Impl> impl_;
+  // Shared with the polls of the Works handed out (through weak pointers),
+  // which may run on a waiter's thread while this object is destroyed.
+  std::shared_ptr<Impl> impl_;
 };
 
 }  // namespace brigade
