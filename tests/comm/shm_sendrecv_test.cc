@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -145,6 +146,27 @@ TEST(ShmSendRecv, ASmallSendWhoseRingHasRoomIsDoneWhenPosted) {
       }
     }
     require(comm.rank() == 1 || done_at_once > 0, "none of {} sends was done when posted", kSends);
+    comm.barrier()->wait();
+  });
+  const auto codes = reap_all(pids, kHangLimit);
+  for (size_t r = 0; r < codes.size(); ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
+}
+
+// A single-copy send completes before its recv is posted (the receiver
+// reads the message into a private buffer once it has waited a while), so
+// a rank may wait for its send before receiving, as with the ring.
+TEST(ShmSendRecv, ASingleCopySendDoesNotWaitForItsRecv) {
+  const auto pids = fork_ranks(2, 10000, [](ShmCommunicator& comm) {
+    std::vector<float> data(3 * kThresholdFloats, comm.rank() == 0 ? 4.5f : 0.0f);
+    if (comm.rank() == 0) comm.send(data.data(), data.size(), DType::kF32, 1, 8)->wait();
+    comm.barrier()->wait();
+    if (comm.rank() == 1) {
+      comm.recv(data.data(), data.size(), DType::kF32, 0, 8)->wait();
+      require(std::all_of(data.begin(), data.end(), [](float v) { return v == 4.5f; }),
+              "parked single-copy message corrupted");
+      require(comm.single_copy_messages() == 1, "{} single-copy messages, expected 1",
+              comm.single_copy_messages());
+    }
     comm.barrier()->wait();
   });
   const auto codes = reap_all(pids, kHangLimit);
