@@ -1,3 +1,6 @@
+// One state machine (rings, matching, parking, single copy, and which
+// thread drives them): its invariants are read together, hence one file
+// past the usual length.
 #include "brigade/comm/shm_mailbox.h"
 
 #include <sched.h>
