@@ -22,9 +22,11 @@
 // backend fails every later operation too; recovery means a new group.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -92,9 +94,24 @@ class Work {
   // Blocks until the operation is done; rethrows its error (every call).
   // The operation's own timeout bounds the wait.
   void wait() {
+    if (poll_) poll_until_done();
     std::unique_lock<std::mutex> lock(mutex_);
     done_cv_.wait(lock, [&] { return done_; });
     if (error_) std::rethrow_exception(error_);
+  }
+
+  // For a backend whose waiter can move its own operation along (shm
+  // send/recv: the copy into or out of the ring): wait() first calls `poll`
+  // over and over for up to poll_ns, and only then sleeps until finish().
+  // A message that is already on its way then costs no thread hand-off (a
+  // sleeping waiter is woken tens of microseconds late on a busy machine),
+  // while a recv that waits for a peer still computing gives its core back
+  // soon; `stopped`, if set, is called then (not when the work is done).
+  // `poll` must never block; set before the Work is handed out.
+  void set_poll(std::function<void()> poll, int64_t poll_ns, std::function<void()> stopped = {}) {
+    poll_ = std::move(poll);
+    poll_ns_ = poll_ns;
+    stopped_ = std::move(stopped);
   }
 
   // Whether the operation is done (succeeded or failed); never blocks or throws.
@@ -117,10 +134,28 @@ class Work {
       finished_ns_ = now_ns();
       error_ = std::move(error);
     }
+    finished_.store(true, std::memory_order_release);
     done_cv_.notify_all();
   }
 
  private:
+  void poll_until_done() {
+    const int64_t until = now_ns() + poll_ns_;
+    // No yield in between: on a loaded machine a yielding waiter loses its
+    // core for a whole time slice, far longer than the transfer it waits for.
+    for (int i = 0; !finished_.load(std::memory_order_acquire); ++i) {
+      poll_();
+      if ((i & 63) == 63 && now_ns() > until) {
+        if (stopped_) stopped_();
+        return;
+      }
+    }
+  }
+
+  std::function<void()> poll_;
+  std::function<void()> stopped_;
+  int64_t poll_ns_ = 0;
+  std::atomic<bool> finished_{false};  // done_, readable without the mutex
   std::mutex mutex_;
   std::condition_variable done_cv_;
   bool done_ = false;

@@ -760,7 +760,8 @@ ShmCommunicator::ShmCommunicator(ShmCommunicatorOptions options)
     impl->mailboxes = std::make_unique<ShmMailboxes>(
         impl->options.group_name, impl->ops->flight_group(), impl->rank, impl->size,
         impl->options.timeout_ms, impl->base + impl->mailbox_offset, impl->options.mailbox_bytes,
-        [impl](int r) { return AtomicU64(impl->control(r).pid).load(std::memory_order_acquire); });
+        [impl](int r) { return AtomicU64(impl->control(r).pid).load(std::memory_order_acquire); },
+        impl->options.single_copy);
   }
 }
 
@@ -866,6 +867,10 @@ std::shared_ptr<Work> ShmCommunicator::broadcast(void* data, int64_t count, DTyp
 
 void* ShmCommunicator::shared_buffer() {
   return impl_->options.shared_bytes > 0 ? impl_->shared_region(impl_->rank) : nullptr;
+}
+
+int64_t ShmCommunicator::single_copy_messages() const {
+  return impl_->mailboxes ? impl_->mailboxes->single_copy_messages() : 0;
 }
 
 int64_t ShmCommunicator::shared_buffer_bytes() const {

@@ -36,7 +36,8 @@
 // synchronisation.
 //
 // send/recv go through per-pair rings in the same segment, driven by their
-// own progress thread (shm_mailbox.h).
+// own progress thread; large messages are copied once, straight from the
+// sender's buffer (shm_mailbox.h).
 //
 // Rendezvous: rank 0 creates the segment under the caller's name (it removes
 // a leftover of that name first), the others open it by name, retrying until
@@ -75,6 +76,11 @@ struct ShmCommunicatorOptions {
   // a power of two >= 4096, or 0 to turn point-to-point off. Larger
   // messages stream through; the ring only bounds how far a sender runs ahead.
   int64_t mailbox_bytes = 1 << 20;
+  // Whether this rank receives messages of 64 KiB and more by reading the
+  // sender's buffer directly (process_vm_readv: one copy instead of two).
+  // Off, or where the kernel refuses it (other users, Yama's ptrace_scope),
+  // they go through the ring; the result is the same.
+  bool single_copy = true;
   // The world rank of each group rank, for the flight recorder (its dumps
   // are named by world rank); empty when they are the same.
   std::vector<int> world_ranks;
@@ -118,6 +124,10 @@ class ShmCommunicator final : public Communicator {
   // with a CommError naming each side's choice. Null if shared_bytes is 0.
   void* shared_buffer() override;
   int64_t shared_buffer_bytes() const override;
+
+  // How many messages this rank has received by single copy (see
+  // ShmCommunicatorOptions::single_copy); for benchmarks and tests.
+  int64_t single_copy_messages() const;
 
  private:
   struct Impl;

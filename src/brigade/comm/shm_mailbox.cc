@@ -1,10 +1,18 @@
+// One state machine (rings, matching, parking, single copy, and which
+// thread drives them): its invariants are read together, hence one file
+// past the usual length.
 #include "brigade/comm/shm_mailbox.h"
 
 #include <sched.h>
+#include <sys/uio.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <cstring>
 #include <deque>
 #include <list>
@@ -23,11 +31,49 @@ using shm::AtomicU64;
 using shm::kLineBytes;
 
 struct FrameHeader {
-  uint64_t tag;
+  uint64_t tag;  // the message's tag, with kSingleCopyFlag for a single-copy frame
   uint64_t bytes;
 };
 constexpr int64_t kFrameHeaderBytes = sizeof(FrameHeader);
-constexpr int64_t kRingControlBytes = 2 * kLineBytes;  // head line, tail line
+// A single-copy frame carries, instead of the payload, where the payload
+// lies in the sender's address space and the slot its receiver acknowledges.
+constexpr uint64_t kSingleCopyFlag = uint64_t{1} << 32;
+struct SingleCopyDescriptor {
+  uint64_t address;
+  uint64_t sequence;  // of single-copy messages from this sender to this receiver
+};
+constexpr int64_t kSingleCopyFrameBytes = kFrameHeaderBytes + sizeof(SingleCopyDescriptor);
+// Messages of at least this many bytes take the single-copy path when the
+// receiver can read the sender's memory. Below it, two copies through the
+// ring cost less than the system call and the acknowledgement round trip.
+constexpr int64_t kSingleCopyBytes = 64 << 10;
+// Single-copy messages a sender may have unacknowledged per receiver: each
+// owns an acknowledgement slot (sequence % kAckSlots) until acknowledged.
+constexpr int64_t kAckSlots = 64;
+// An unmatched single-copy message at the front of a ring is pulled into the
+// receiver's private buffer (a second copy) once it has waited this long, so
+// a send never waits for its recv to be posted for more than about this.
+constexpr int64_t kParkAfterNs = 2'000'000;
+// What a receiver publishes about reading a sender's memory.
+constexpr uint64_t kReadableUnknown = 0, kReadable = 1, kNotReadable = 2;
+// An acknowledgement slot's value before sequence s is acknowledged, once it
+// is, and once the sender has withdrawn s (its send failed, its buffer may
+// be gone): the receiver's and the sender's compare-exchanges from the first
+// decide which happened, so a receiver never keeps data read from a buffer
+// its sender had already given up.
+constexpr uint64_t ack_before(uint64_t s) {
+  return s >= kAckSlots ? s - kAckSlots + 1 : 0;
+}
+constexpr uint64_t ack_done(uint64_t s) {
+  return s + 1;
+}
+constexpr uint64_t ack_withdrawn(uint64_t s) {
+  return (s + 1) | (uint64_t{1} << 63);
+}
+// Per ring: [head][tail][readable][spare][acks x kAckSlots]. The sender
+// writes the head, the receiver the tail and `readable`; both may write an
+// acknowledgement slot (see ack_before).
+constexpr int64_t kRingControlBytes = 4 * kLineBytes + kAckSlots * sizeof(uint64_t);
 // Sender and receiver publish their positions every this many bytes, so the
 // two copies of a large message overlap instead of taking turns.
 constexpr int64_t kPieceBytes = 64 << 10;
@@ -40,11 +86,25 @@ constexpr int64_t kYieldNs = 1'000'000;
 constexpr auto kNap = std::chrono::microseconds(50);
 constexpr auto kIdlePoll = std::chrono::milliseconds(1);
 constexpr int64_t kLivenessCheckNs = 20'000'000;
+// How long a waiter polls before it sleeps: a ping-pong's round trip is a
+// few microseconds, a pipeline stage waiting for its neighbour's compute
+// waits milliseconds and should give its core back long before.
+constexpr int64_t kWaiterPollNs = 100'000;
+// The progress thread stays out of the way while a waiter polls (on two
+// cores, two threads spinning over the same rings slow each other): until
+// the waiter gives up (it wakes the thread) or, if it finished or was
+// descheduled, for at most this long after its last poll.
+constexpr int64_t kWaiterActiveNs = 1'000'000;
 
 // One ring: the byte stream from one sender to one receiver.
 struct Ring {
   uint64_t* head;  // bytes ever written; stored by the sender (release)
   uint64_t* tail;  // bytes ever consumed; stored by the receiver (release)
+  // kReadable* : whether the receiver can read the sender's memory (CMA).
+  // The ring from a rank to itself carries no messages: its head holds the
+  // address of the rank's probe word, its tail the word's value.
+  uint64_t* readable;
+  uint64_t* acks;  // slot sequence % kAckSlots holds sequence + 1 once copied
   std::byte* data;
   int64_t capacity;
 
@@ -74,7 +134,8 @@ struct Pending {
   uint64_t record_id = 0;
   int64_t deadline_ns = 0;
   std::shared_ptr<Work> work;
-  int64_t moved = 0;  // sends: stream bytes written, frame header included
+  int64_t moved = 0;      // sends: stream bytes written, frame header included
+  uint64_t sequence = 0;  // single-copy sends: the acknowledgement awaited
 };
 
 // A message that arrived before its recv was posted.
@@ -101,27 +162,53 @@ std::string rank_or_none(uint64_t pid) {
 
 }  // namespace
 
-struct ShmMailboxes::Impl {
+struct ShmMailboxes::Impl : std::enable_shared_from_this<Impl> {
   Impl(std::string group_name, FlightRecorder::GroupId flight_group, int rank, int size,
        int64_t timeout_ms, std::byte* region, int64_t ring_bytes,
-       std::function<uint64_t(int)> peer_pid);
+       std::function<uint64_t(int)> peer_pid, bool single_copy);
 
   Ring ring(int src, int dst) const {
     std::byte* base =
         region + (static_cast<int64_t>(src) * size + dst) * (kRingControlBytes + ring_bytes);
-    return Ring{reinterpret_cast<uint64_t*>(base), reinterpret_cast<uint64_t*>(base + kLineBytes),
-                base + kRingControlBytes, ring_bytes};
+    return Ring{reinterpret_cast<uint64_t*>(base),
+                reinterpret_cast<uint64_t*>(base + kLineBytes),
+                reinterpret_cast<uint64_t*>(base + 2 * kLineBytes),
+                reinterpret_cast<uint64_t*>(base + 4 * kLineBytes),
+                base + kRingControlBytes,
+                ring_bytes};
   }
 
   std::shared_ptr<Work> post(bool is_send, std::byte* data, int64_t bytes, int peer, uint32_t tag,
                              std::string what);
   void run();
-  // One pass over everything; returns whether anything moved.
+  // One pass of a waiter's (or a poster's) thread, unless another thread is
+  // in the middle of one.
+  void poll();
+  // With `state` held: accepts posted operations, moves data, checks
+  // deadlines; returns whether anything moved. A failure fails everything.
+  bool pass();
+  // With `state` held: whether any operation is under way.
+  bool busy() const;
+  // One pass over the rings; returns whether anything moved.
   bool progress();
   bool progress_sends(int dst);
   bool drain(int src);
+  // Publishes this rank's probe word, then (each pass, until every peer's
+  // probe is there) whether it can read each peer's memory.
+  void publish_probe();
+  void probe_peers();
+  // Copies `bytes` from `address` in rank src's memory; false if src's
+  // process has exited, throws a CommError naming `op` for any other failure.
+  void read_peer(int src, uint64_t address, std::byte* to, int64_t bytes, const Pending* op);
+  // Completes this rank's single-copy sends that their receivers acknowledged.
+  bool collect_acks(int dst);
   bool accept_posted();  // whether there was anything to accept
   void match_recv(const std::shared_ptr<Pending>& recv);
+  // Consumes the single-copy frame at the front of src's ring: reads the
+  // message into `recv` (or, if that is recvs.end(), into a parked buffer)
+  // and acknowledges it.
+  void take_single_copy(int src, uint32_t tag, int64_t bytes,
+                        std::list<std::shared_ptr<Pending>>::iterator recv);
   void deliver(Pending& recv, const std::byte* from);
   void complete(Pending& op);
   void check_deadlines();
@@ -136,6 +223,9 @@ struct ShmMailboxes::Impl {
   std::byte* const region;
   const int64_t ring_bytes;
   const std::function<uint64_t(int)> peer_pid;
+  const bool single_copy;
+  uint64_t probe_word = 0;  // peers read it to learn whether they can read us
+  std::atomic<int64_t> single_copy_received{0};
 
   std::mutex mutex;
   std::condition_variable posted_cv;
@@ -143,14 +233,31 @@ struct ShmMailboxes::Impl {
   uint64_t next_seq = 0;                         // of point-to-point records
   bool stopping = false;
   std::thread thread;
+  std::atomic<int64_t> last_poll_ns{0};  // when a waiter last polled
+  std::atomic<bool> waiter_polling{false};
+  bool waiter_active() const {
+    return waiter_polling.load(std::memory_order_relaxed) &&
+           now_ns() - last_poll_ns.load(std::memory_order_relaxed) < kWaiterActiveNs;
+  }
 
-  // Touched only by the progress thread.
+  // Everything below is touched only with `state` held, by the progress
+  // thread or a caller's thread (posting or waiting). Lock order: state,
+  // then mutex.
+  std::mutex state;
+  bool stopped = false;  // the progress thread has ended: the rings may be gone
   std::vector<std::deque<std::shared_ptr<Pending>>> sends;  // per destination, in order
   std::list<std::shared_ptr<Pending>> recvs;                // posted, not yet matched
   std::list<std::shared_ptr<Unexpected>> unexpected;        // arrival order
   std::vector<Incoming> incoming;                           // per source
   std::vector<uint64_t> head;                               // my write position per destination
   std::vector<uint64_t> tail;                               // my read position per source
+  // Single-copy sends written into the ring and awaiting the receiver's
+  // acknowledgement, per destination, and the next sequence number.
+  std::vector<std::deque<std::shared_ptr<Pending>>> awaiting_ack;
+  std::vector<uint64_t> next_sequence;
+  std::vector<int64_t> unmatched_since_ns;  // per source: an unmatched single-copy frame waits
+  std::vector<bool> probed;                 // per source: readable verdict published
+  int unprobed = 0;
   std::string broken;
   std::vector<int> broken_peers;
   int64_t next_liveness_ns = 0;
@@ -158,7 +265,7 @@ struct ShmMailboxes::Impl {
 
 ShmMailboxes::Impl::Impl(std::string group, FlightRecorder::GroupId flight_group_, int rank_,
                          int size_, int64_t timeout, std::byte* base, int64_t ring,
-                         std::function<uint64_t(int)> pid)
+                         std::function<uint64_t(int)> pid, bool single_copy_)
     : group_name(std::move(group)),
       flight_group(flight_group_),
       rank(rank_),
@@ -167,10 +274,22 @@ ShmMailboxes::Impl::Impl(std::string group, FlightRecorder::GroupId flight_group
       region(base),
       ring_bytes(ring),
       peer_pid(std::move(pid)),
+      single_copy(single_copy_),
       sends(size_),
       incoming(size_),
       head(size_, 0),
-      tail(size_, 0) {}
+      tail(size_, 0),
+      awaiting_ack(size_),
+      next_sequence(size_, 0),
+      unmatched_since_ns(size_, 0),
+      probed(size_, false),
+      unprobed(size_ - 1) {
+  probed[rank_] = true;
+}
+
+int64_t ShmMailboxes::single_copy_messages() const {
+  return impl_->single_copy_received.load(std::memory_order_relaxed);
+}
 
 int64_t ShmMailboxes::region_bytes(int size, int64_t ring_bytes) {
   return static_cast<int64_t>(size) * size * (kRingControlBytes + ring_bytes);
@@ -178,13 +297,14 @@ int64_t ShmMailboxes::region_bytes(int size, int64_t ring_bytes) {
 
 ShmMailboxes::ShmMailboxes(std::string group_name, FlightRecorder::GroupId flight_group, int rank,
                            int size, int64_t timeout_ms, std::byte* region, int64_t ring_bytes,
-                           std::function<uint64_t(int)> peer_pid) {
+                           std::function<uint64_t(int)> peer_pid, bool single_copy) {
   if (ring_bytes < 4096 || (ring_bytes & (ring_bytes - 1)) != 0) {
     throw_error("shm group '{}': mailbox ring of {} bytes must be a power of two >= 4096",
                 group_name, ring_bytes);
   }
-  impl_ = std::make_unique<Impl>(std::move(group_name), flight_group, rank, size, timeout_ms,
-                                 region, ring_bytes, std::move(peer_pid));
+  impl_ = std::make_shared<Impl>(std::move(group_name), flight_group, rank, size, timeout_ms,
+                                 region, ring_bytes, std::move(peer_pid), single_copy);
+  impl_->publish_probe();
   impl_->thread = std::thread([impl = impl_.get()] { impl->run(); });
 }
 
@@ -222,14 +342,59 @@ std::shared_ptr<Work> ShmMailboxes::Impl::post(bool is_send, std::byte* data, in
   op->what = std::move(what);
   op->deadline_ns = now_ns() + timeout_ms * 1'000'000;
   op->work = std::make_shared<Work>();
+  op->work->set_poll(
+      [weak = weak_from_this()] {
+        if (const std::shared_ptr<Impl> impl = weak.lock()) impl->poll();
+      },
+      kWaiterPollNs,
+      [weak = weak_from_this()] {
+        if (const std::shared_ptr<Impl> impl = weak.lock()) {
+          impl->waiter_polling.store(false, std::memory_order_relaxed);
+          std::lock_guard<std::mutex> lock(impl->mutex);
+          impl->posted_cv.notify_one();
+        }
+      });
   {
     std::lock_guard<std::mutex> lock(mutex);
     op->record_id = FlightRecorder::global().scheduled(flight_group, RecordKind::kPointToPoint,
                                                        next_seq++, "shm", op->what, bytes);
     posted.push_back(op);
   }
-  posted_cv.notify_one();
+  // Moved at once on this thread where it can be (a send whose ring has
+  // room, a recv whose message is there). The progress thread is not woken:
+  // it looks within kIdlePoll, and a waiter polls for itself meanwhile.
+  std::unique_lock<std::mutex> lock(state, std::try_to_lock);
+  if (lock.owns_lock() && !stopped) pass();
   return op->work;
+}
+
+void ShmMailboxes::Impl::poll() {
+  std::unique_lock<std::mutex> lock(state, std::try_to_lock);
+  if (!lock.owns_lock() || stopped) return;
+  last_poll_ns.store(now_ns(), std::memory_order_relaxed);
+  waiter_polling.store(true, std::memory_order_relaxed);
+  pass();
+}
+
+bool ShmMailboxes::Impl::pass() {
+  bool moved = false;
+  try {
+    moved = accept_posted();
+    moved |= progress();
+    check_deadlines();
+  } catch (const CommError& e) {
+    fail_everything(e.what(), e.peer_ranks());
+  }
+  return moved;
+}
+
+bool ShmMailboxes::Impl::busy() const {
+  // Unprobed peers count: a sender of a large message waits for the verdict.
+  return unprobed > 0 || !recvs.empty() ||
+         std::any_of(sends.begin(), sends.end(), [](auto& q) { return !q.empty(); }) ||
+         std::any_of(awaiting_ack.begin(), awaiting_ack.end(),
+                     [](auto& q) { return !q.empty(); }) ||
+         std::any_of(incoming.begin(), incoming.end(), [](auto& f) { return f.active; });
 }
 
 void ShmMailboxes::Impl::run() {
@@ -237,24 +402,23 @@ void ShmMailboxes::Impl::run() {
   // for a while (a peer that is computing, stopped or gone).
   int spins = 0;
   int64_t quiet_since_ns = 0;
+  bool was_busy = true;  // until the first pass has probed the peers
   for (;;) {
     {
       std::unique_lock<std::mutex> lock(mutex);
-      const bool busy =
-          !recvs.empty() || !posted.empty() ||
-          std::any_of(sends.begin(), sends.end(), [](auto& q) { return !q.empty(); }) ||
-          std::any_of(incoming.begin(), incoming.end(), [](auto& f) { return f.active; });
-      // Nothing pending: give the core back to the workers' compute.
-      if (!busy && !stopping) posted_cv.wait_for(lock, kIdlePoll);
+      // Nothing pending, or a waiter moving things itself: give the core
+      // back to the workers' compute.
+      if (((!was_busy && posted.empty()) || waiter_active()) && !stopping) {
+        posted_cv.wait_for(lock, kIdlePoll);
+      }
       if (stopping) break;
     }
+    if (waiter_active()) continue;
     bool moved = false;
-    try {
-      moved = accept_posted();
-      moved |= progress();
-      check_deadlines();
-    } catch (const CommError& e) {
-      fail_everything(e.what(), e.peer_ranks());
+    {
+      std::lock_guard<std::mutex> state_lock(state);
+      moved = pass();
+      was_busy = busy();
     }
     if (moved) {
       spins = 0;
@@ -272,7 +436,9 @@ void ShmMailboxes::Impl::run() {
       }
     }
   }
+  std::lock_guard<std::mutex> state_lock(state);
   fail_everything(fmt::format("the communicator of group '{}' was destroyed", group_name), {});
+  stopped = true;
 }
 
 bool ShmMailboxes::Impl::accept_posted() {
@@ -302,11 +468,105 @@ bool ShmMailboxes::Impl::accept_posted() {
 }
 
 bool ShmMailboxes::Impl::progress() {
+  if (unprobed > 0) probe_peers();
   bool moved = false;
   for (int peer = 0; peer < size; ++peer) {
     if (peer == rank) continue;
     moved |= progress_sends(peer);
+    moved |= collect_acks(peer);
     moved |= drain(peer);
+  }
+  return moved;
+}
+
+void ShmMailboxes::Impl::publish_probe() {
+  probe_word = (static_cast<uint64_t>(::getpid()) << 32) ^ static_cast<uint64_t>(now_ns()) ^ 1;
+  const Ring self = ring(rank, rank);
+  AtomicU64(*self.tail).store(probe_word, std::memory_order_relaxed);
+  AtomicU64(*self.head).store(reinterpret_cast<uintptr_t>(&probe_word), std::memory_order_release);
+}
+
+void ShmMailboxes::Impl::probe_peers() {
+  for (int p = 0; p < size; ++p) {
+    if (probed[p]) continue;
+    uint64_t verdict = kNotReadable;
+    if (single_copy) {
+      const Ring theirs = ring(p, p);
+      const uint64_t address = AtomicU64(*theirs.head).load(std::memory_order_acquire);
+      const uint64_t pid = peer_pid(p);
+      if (address == 0 || pid == 0) continue;  // not published yet: look again next pass
+      const uint64_t expected = AtomicU64(*theirs.tail).load(std::memory_order_relaxed);
+      uint64_t seen = 0;
+      iovec local{&seen, sizeof(seen)};
+      iovec remote{reinterpret_cast<void*>(address), sizeof(seen)};
+      const ssize_t n = ::process_vm_readv(static_cast<pid_t>(pid), &local, 1, &remote, 1, 0);
+      if (n == static_cast<ssize_t>(sizeof(seen)) && seen == expected) {
+        verdict = kReadable;
+      } else if (n < 0 && errno == ESRCH) {
+        // Gone already (it sends nothing more): no verdict on the machine.
+      } else {
+        const std::string why = n < 0 ? std::strerror(errno) : "read the wrong value";
+        static std::atomic<bool> warned{false};
+        if (!warned.exchange(true)) {
+          std::fprintf(stderr,
+                       "brigade: shm group '%s': rank %d cannot read rank %d's memory with "
+                       "process_vm_readv (%s); send/recv of %lld bytes and more take the "
+                       "two-copy path through the ring. Single copy needs the ranks to run as "
+                       "one user with ptrace allowed between them "
+                       "(/proc/sys/kernel/yama/ptrace_scope 0, or CAP_SYS_PTRACE).\n",
+                       group_name.c_str(), rank, p, why.c_str(),
+                       static_cast<long long>(kSingleCopyBytes));
+        }
+      }
+    }
+    AtomicU64(*ring(p, rank).readable).store(verdict, std::memory_order_release);
+    probed[p] = true;
+    --unprobed;
+  }
+}
+
+void ShmMailboxes::Impl::read_peer(int src, uint64_t address, std::byte* to, int64_t bytes,
+                                   const Pending* op) {
+  const uint64_t pid = peer_pid(src);
+  int64_t done = 0;
+  while (done < bytes) {
+    iovec local{to + done, static_cast<size_t>(bytes - done)};
+    iovec remote{reinterpret_cast<void*>(address + static_cast<uint64_t>(done)),
+                 static_cast<size_t>(bytes - done)};
+    const ssize_t n = ::process_vm_readv(static_cast<pid_t>(pid), &local, 1, &remote, 1, 0);
+    if (n > 0) {
+      done += n;
+      continue;
+    }
+    const int error = n < 0 ? errno : EFAULT;
+    if (error == EINTR) continue;
+    const std::string reason =
+        error == ESRCH || !shm::process_exists(pid)
+            ? fmt::format("peer rank {} ({}) has exited", src, rank_or_none(pid))
+            : fmt::format("cannot read rank {}'s message of {} bytes (process_vm_readv: {})", src,
+                          bytes, std::strerror(error));
+    if (op != nullptr) fail(*op, reason);
+    throw CommError(fmt::format("shm point-to-point on group '{}' (rank {} of {}) failed: {}",
+                                group_name, rank, size, reason),
+                    {src});
+  }
+}
+
+bool ShmMailboxes::Impl::collect_acks(int dst) {
+  auto& queue = awaiting_ack[dst];
+  if (queue.empty()) return false;
+  const Ring out = ring(rank, dst);
+  bool moved = false;
+  // The receiver may take them in any order (by tag).
+  for (auto it = queue.begin(); it != queue.end();) {
+    const uint64_t s = (*it)->sequence;
+    if (AtomicU64(out.acks[s % kAckSlots]).load(std::memory_order_acquire) == ack_done(s)) {
+      complete(**it);
+      it = queue.erase(it);
+      moved = true;
+    } else {
+      ++it;
+    }
   }
   return moved;
 }
@@ -318,6 +578,34 @@ bool ShmMailboxes::Impl::progress_sends(int dst) {
     Pending& op = *sends[dst].front();
     const uint64_t consumed = AtomicU64(*out.tail).load(std::memory_order_acquire);
     int64_t space = ring_bytes - static_cast<int64_t>(head[dst] - consumed);
+    const uint64_t readable = op.moved == 0 && op.bytes >= kSingleCopyBytes
+                                  ? AtomicU64(*out.readable).load(std::memory_order_acquire)
+                                  : kNotReadable;
+    // The receiver says within its first pass; until then, wait, so which
+    // path a message takes does not depend on timing.
+    if (readable == kReadableUnknown) break;
+    if (readable == kReadable) {
+      // Single copy: only where the message is goes through the ring; the
+      // receiver reads it from this process and acknowledges.
+      if (space < kSingleCopyFrameBytes ||
+          static_cast<int64_t>(awaiting_ack[dst].size()) >= kAckSlots) {
+        break;
+      }
+      op.sequence = next_sequence[dst]++;
+      const struct {
+        FrameHeader header;
+        SingleCopyDescriptor descriptor;
+      } frame{{op.tag | kSingleCopyFlag, static_cast<uint64_t>(op.bytes)},
+              {reinterpret_cast<uintptr_t>(op.data), op.sequence}};
+      static_assert(sizeof(frame) == kSingleCopyFrameBytes);
+      out.write(head[dst], reinterpret_cast<const std::byte*>(&frame), kSingleCopyFrameBytes);
+      head[dst] += kSingleCopyFrameBytes;
+      AtomicU64(*out.head).store(head[dst], std::memory_order_release);
+      awaiting_ack[dst].push_back(std::move(sends[dst].front()));
+      sends[dst].pop_front();
+      moved = true;
+      continue;
+    }
     if (op.moved < kFrameHeaderBytes) {
       // The header goes in whole, so the receiver never sees half of one.
       if (space < kFrameHeaderBytes) break;
@@ -359,6 +647,8 @@ bool ShmMailboxes::Impl::drain(int src) {
       FrameHeader header{};
       in.read(tail[src], reinterpret_cast<std::byte*>(&header), kFrameHeaderBytes);
       const auto tag = static_cast<uint32_t>(header.tag);
+      const bool single = (header.tag & kSingleCopyFlag) != 0;
+      if (single && available < kSingleCopyFrameBytes) break;
       // Older parked messages of this (src, tag) come first, so a recv only
       // takes a frame straight off the ring when none are parked.
       const bool parked = std::any_of(unexpected.begin(), unexpected.end(),
@@ -372,7 +662,19 @@ bool ShmMailboxes::Impl::drain(int src) {
       const bool blocking =
           available >= ring_bytes / 2 ||
           std::any_of(recvs.begin(), recvs.end(), [&](auto& r) { return r->peer == src; });
-      if (recv == recvs.end() && !blocking) break;
+      if (recv == recvs.end() && !blocking) {
+        if (!single) break;
+        // Its sender waits for the copy: park it once it has waited long
+        // enough that its recv is evidently not about to be posted.
+        const int64_t now = now_ns();
+        if (unmatched_since_ns[src] == 0) unmatched_since_ns[src] = now;
+        if (now - unmatched_since_ns[src] < kParkAfterNs) break;
+      }
+      if (single) {
+        take_single_copy(src, tag, static_cast<int64_t>(header.bytes), recv);
+        moved = true;
+        continue;
+      }
       tail[src] += kFrameHeaderBytes;
       frame = Incoming{true, static_cast<int64_t>(header.bytes), 0, nullptr, nullptr};
       if (recv != recvs.end()) {
@@ -421,6 +723,54 @@ bool ShmMailboxes::Impl::drain(int src) {
   return moved;
 }
 
+void ShmMailboxes::Impl::take_single_copy(int src, uint32_t tag, int64_t bytes,
+                                          std::list<std::shared_ptr<Pending>>::iterator recv) {
+  const Ring in = ring(src, rank);
+  SingleCopyDescriptor descriptor{};
+  in.read(tail[src] + kFrameHeaderBytes, reinterpret_cast<std::byte*>(&descriptor),
+          sizeof(descriptor));
+  std::shared_ptr<Unexpected> parked;
+  std::byte* to = nullptr;
+  const Pending* op = nullptr;
+  if (recv != recvs.end()) {
+    op = recv->get();
+    if (op->bytes != bytes) {
+      fail(*op, fmt::format("rank {} sent a message of {} bytes with this tag", src, bytes));
+    }
+    to = op->data;
+  } else {
+    parked = std::make_shared<Unexpected>();
+    parked->src = src;
+    parked->tag = tag;
+    parked->data.resize(static_cast<size_t>(bytes));
+    to = parked->data.data();
+  }
+  read_peer(src, descriptor.address, to, bytes, op);
+  const uint64_t s = descriptor.sequence;
+  uint64_t expected = ack_before(s);
+  if (!AtomicU64(in.acks[s % kAckSlots])
+           .compare_exchange_strong(expected, ack_done(s), std::memory_order_acq_rel)) {
+    const std::string reason =
+        fmt::format("rank {} withdrew its message of {} bytes (its send failed)", src, bytes);
+    if (op != nullptr) fail(*op, reason);
+    throw CommError(fmt::format("shm point-to-point on group '{}' (rank {} of {}) failed: {}",
+                                group_name, rank, size, reason),
+                    {src});
+  }
+  tail[src] += kSingleCopyFrameBytes;
+  AtomicU64(*in.tail).store(tail[src], std::memory_order_release);
+  unmatched_since_ns[src] = 0;
+  single_copy_received.fetch_add(1, std::memory_order_relaxed);
+  if (op != nullptr) {
+    std::shared_ptr<Pending> done = *recv;
+    recvs.erase(recv);
+    complete(*done);
+  } else {
+    parked->received = bytes;
+    unexpected.push_back(std::move(parked));
+  }
+}
+
 void ShmMailboxes::Impl::match_recv(const std::shared_ptr<Pending>& recv) {
   auto message = std::find_if(unexpected.begin(), unexpected.end(),
                               [&](auto& u) { return u->src == recv->peer && u->tag == recv->tag; });
@@ -463,6 +813,9 @@ void ShmMailboxes::Impl::check_deadlines() {
   for (const auto& queue : sends) {
     for (const auto& op : queue) check(*op);
   }
+  for (const auto& queue : awaiting_ack) {
+    for (const auto& op : queue) check(*op);
+  }
   for (const auto& op : recvs) check(*op);
   for (const Incoming& frame : incoming) {
     if (frame.recv) check(*frame.recv);
@@ -485,6 +838,22 @@ void ShmMailboxes::Impl::fail_everything(const std::string& reason, std::vector<
   for (auto& queue : sends) {
     failing.insert(failing.end(), queue.begin(), queue.end());
     queue.clear();
+  }
+  for (int dst = 0; dst < size; ++dst) {
+    for (auto& op : awaiting_ack[dst]) {
+      // Taken back before its Work fails (and its buffer may go): a receiver
+      // that reads it anyway finds out. One the receiver has acknowledged
+      // meanwhile did arrive.
+      uint64_t expected = ack_before(op->sequence);
+      if (AtomicU64(ring(rank, dst).acks[op->sequence % kAckSlots])
+              .compare_exchange_strong(expected, ack_withdrawn(op->sequence),
+                                       std::memory_order_acq_rel)) {
+        failing.push_back(op);
+      } else {
+        complete(*op);
+      }
+    }
+    awaiting_ack[dst].clear();
   }
   failing.insert(failing.end(), recvs.begin(), recvs.end());
   recvs.clear();

@@ -1,0 +1,303 @@
+// The shared-memory send/recv paths beyond the basics of
+// shm_communicator_test.cc: single copy (the receiver reading the sender's
+// buffer with process_vm_readv) around its 64 KiB threshold, the ring path
+// when a rank turns it off, many messages in flight both ways, and the
+// failures that are new with it: a sender whose receiver has exited, and a
+// receiver that reads a message its sender has already given up.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "brigade/comm/shm_communicator.h"
+#include "testing/forked_ranks.h"
+
+namespace brigade {
+namespace {
+
+using testing::Clock;
+using testing::ms_since;
+using testing::PipeSignal;
+using testing::reap;
+using testing::reap_all;
+using testing::require;
+
+// The single-copy threshold of shm_mailbox.cc, in floats.
+constexpr int64_t kThresholdFloats = (64 << 10) / 4;
+// Small rings, so ring-path messages stream through them in many pieces.
+constexpr int64_t kTestMailboxBytes = 8192;
+constexpr auto kHangLimit = std::chrono::seconds(60);
+// What a failing operation may take beyond its cause (thread wake-ups and
+// the 20 ms liveness check, on a loaded machine).
+constexpr int64_t kLateMs = 5000;
+
+std::string unique_segment_name() {
+  static int counter = 0;
+  return fmt::format("/brigade-sendrecv-test-{}-{}", ::getpid(), counter++);
+}
+
+// Forks `size` ranks; rank r opens the communicator with single copy as
+// single_copy(r) says and runs body(comm).
+std::vector<pid_t> fork_ranks(
+    int size, int64_t timeout_ms, const std::function<void(ShmCommunicator&)>& body,
+    const std::function<bool(int)>& single_copy = [](int) { return true; }) {
+  const std::string name = unique_segment_name();
+  return testing::fork_ranks(size, [&](int rank) {
+    ShmCommunicatorOptions options;
+    options.segment_name = name;
+    options.group_name = "test";
+    options.rank = rank;
+    options.size = size;
+    options.timeout_ms = timeout_ms;
+    options.slot_bytes = 4096;
+    options.mailbox_bytes = kTestMailboxBytes;
+    options.single_copy = single_copy(rank);
+    ShmCommunicator comm(options);
+    body(comm);
+  });
+}
+
+float value(int src, int message, int64_t i) {
+  return static_cast<float>((src * 131 + message * 17 + i) % 1009);
+}
+
+// Every rank sends `counts[k]` floats to every other rank (tag k), posting
+// all sends first and the recvs in reverse order, and checks every element.
+// Returns how many of the messages it received were of single-copy size.
+int64_t exchange_all(ShmCommunicator& comm, const std::vector<int64_t>& counts) {
+  const int rank = comm.rank();
+  const int size = comm.size();
+  const int n = static_cast<int>(counts.size());
+  std::vector<std::vector<float>> out(n), in(static_cast<size_t>(n) * size);
+  std::vector<std::shared_ptr<Work>> works;
+  for (int k = 0; k < n; ++k) {
+    out[k].resize(counts[k]);
+    for (int64_t i = 0; i < counts[k]; ++i) out[k][i] = value(rank, k, i);
+  }
+  for (int k = 0; k < n; ++k) {
+    for (int p = 0; p < size; ++p) {
+      if (p != rank) works.push_back(comm.send(out[k].data(), counts[k], DType::kF32, p, k));
+    }
+  }
+  int64_t large = 0;
+  for (int k = n - 1; k >= 0; --k) {
+    for (int p = 0; p < size; ++p) {
+      if (p == rank) continue;
+      auto& buffer = in[static_cast<size_t>(k) * size + p];
+      buffer.assign(counts[k], -1.0f);
+      works.push_back(comm.recv(buffer.data(), counts[k], DType::kF32, p, k));
+      if (counts[k] >= kThresholdFloats) ++large;
+    }
+  }
+  for (auto& work : works) work->wait();
+  for (int k = 0; k < n; ++k) {
+    for (int p = 0; p < size; ++p) {
+      if (p == rank) continue;
+      const auto& buffer = in[static_cast<size_t>(k) * size + p];
+      for (int64_t i = 0; i < counts[k]; ++i) {
+        require(buffer[i] == value(p, k, i),
+                "message {} ({} floats) from rank {}: element {} is {}, expected {}", k, counts[k],
+                p, i, buffer[i], value(p, k, i));
+      }
+    }
+  }
+  return large;
+}
+
+TEST(ShmSendRecv, SizesAroundTheSingleCopyThresholdTakeTheRightPath) {
+  const auto pids = fork_ranks(3, 10000, [](ShmCommunicator& comm) {
+    const int64_t before = comm.single_copy_messages();
+    const int64_t large = exchange_all(
+        comm, {kThresholdFloats - 1, kThresholdFloats, kThresholdFloats + 1, 1, 300'001});
+    require(large == 6, "expected 6 messages of single-copy size, counted {}", large);
+    const int64_t taken = comm.single_copy_messages() - before;
+    require(taken == large, "{} messages took the single copy, expected {}", taken, large);
+    comm.barrier()->wait();
+  });
+  const auto codes = reap_all(pids, kHangLimit);
+  for (size_t r = 0; r < codes.size(); ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
+}
+
+// A send whose ring has room is copied in as it is posted, on the caller's
+// thread: its Work is done when send() returns, with no hand-off to the
+// progress thread. (One that finds the thread mid-pass is left to it, so
+// the test asks this of one send in 20, each waited for before the next.)
+TEST(ShmSendRecv, ASmallSendWhoseRingHasRoomIsDoneWhenPosted) {
+  const auto pids = fork_ranks(2, 10000, [](ShmCommunicator& comm) {
+    constexpr int kSends = 20;
+    std::vector<float> data(100, 1.5f);
+    int done_at_once = 0;
+    for (int k = 0; k < kSends; ++k) {
+      if (comm.rank() == 0) {
+        auto work = comm.send(data.data(), data.size(), DType::kF32, 1, 2);
+        if (work->test()) ++done_at_once;
+        work->wait();
+      } else {
+        comm.recv(data.data(), data.size(), DType::kF32, 0, 2)->wait();
+        require(data[99] == 1.5f, "message {} corrupted", k);
+      }
+    }
+    require(comm.rank() == 1 || done_at_once > 0, "none of {} sends was done when posted", kSends);
+    comm.barrier()->wait();
+  });
+  const auto codes = reap_all(pids, kHangLimit);
+  for (size_t r = 0; r < codes.size(); ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
+}
+
+// A single-copy send completes before its recv is posted (the receiver
+// reads the message into a private buffer once it has waited a while), so
+// a rank may wait for its send before receiving, as with the ring.
+TEST(ShmSendRecv, ASingleCopySendDoesNotWaitForItsRecv) {
+  const auto pids = fork_ranks(2, 10000, [](ShmCommunicator& comm) {
+    std::vector<float> data(3 * kThresholdFloats, comm.rank() == 0 ? 4.5f : 0.0f);
+    if (comm.rank() == 0) comm.send(data.data(), data.size(), DType::kF32, 1, 8)->wait();
+    comm.barrier()->wait();
+    if (comm.rank() == 1) {
+      comm.recv(data.data(), data.size(), DType::kF32, 0, 8)->wait();
+      require(std::all_of(data.begin(), data.end(), [](float v) { return v == 4.5f; }),
+              "parked single-copy message corrupted");
+      require(comm.single_copy_messages() == 1, "{} single-copy messages, expected 1",
+              comm.single_copy_messages());
+    }
+    comm.barrier()->wait();
+  });
+  const auto codes = reap_all(pids, kHangLimit);
+  for (size_t r = 0; r < codes.size(); ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
+}
+
+// More single-copy messages in flight per pair than there are
+// acknowledgement slots (64), mixed with ring messages, both ways; the recvs
+// come in reverse order, so the first frames wait parked.
+TEST(ShmSendRecv, ManyMessagesInFlightBothWays) {
+  const auto pids = fork_ranks(2, 20000, [](ShmCommunicator& comm) {
+    std::vector<int64_t> counts;
+    for (int k = 0; k < 100; ++k) counts.push_back(k % 3 == 0 ? 700 : kThresholdFloats + 97 * k);
+    exchange_all(comm, counts);
+    comm.barrier()->wait();
+  });
+  const auto codes = reap_all(pids, kHangLimit);
+  for (size_t r = 0; r < codes.size(); ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
+}
+
+// Rank 1 turns single copy off: what it receives comes through the ring,
+// what rank 0 receives does not; the data is right either way.
+TEST(ShmSendRecv, ARankWithoutSingleCopyReceivesThroughTheRing) {
+  const auto pids = fork_ranks(
+      2, 10000,
+      [](ShmCommunicator& comm) {
+        const int64_t large = exchange_all(comm, {kThresholdFloats, 250'000, 100});
+        const int64_t expected = comm.rank() == 1 ? 0 : large;
+        require(comm.single_copy_messages() == expected,
+                "rank {}: {} messages took the single copy, expected {}", comm.rank(),
+                comm.single_copy_messages(), expected);
+        comm.barrier()->wait();
+      },
+      [](int rank) { return rank != 1; });
+  const auto codes = reap_all(pids, kHangLimit);
+  for (size_t r = 0; r < codes.size(); ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
+}
+
+// Rank 1 has exited (and been reaped) before rank 0 sends it a single-copy
+// message: the send fails naming it, long before the timeout.
+TEST(ShmSendRecv, SendToARankThatExitedFailsNamingIt) {
+  constexpr int64_t kTimeoutMs = 30000;
+  PipeSignal go;  // the parent -> rank 0, once rank 1 is gone
+  const auto pids = fork_ranks(2, kTimeoutMs, [&](ShmCommunicator& comm) {
+    comm.barrier()->wait();
+    if (comm.rank() == 1) ::_exit(0);  // at once: no recv, no clean shutdown
+    require(go.wait(1, kHangLimit), "the parent never said rank 1 is gone");
+    std::vector<float> data(4 * kThresholdFloats, 1.0f);
+    const auto start = Clock::now();
+    try {
+      comm.send(data.data(), data.size(), DType::kF32, 1, 0)->wait();
+      require(false, "a send to a rank that exited succeeded");
+    } catch (const CommError& e) {
+      require(e.peer_ranks() == std::vector<int>{1}, "blamed the wrong ranks: {}", e.what());
+      require(std::string(e.what()).find("exited") != std::string::npos, "{}", e.what());
+      require(ms_since(start) < kLateMs, "the error took {} ms", ms_since(start));
+    }
+  });
+  EXPECT_EQ(reap(pids[1], Clock::now() + kHangLimit), 0);
+  go.notify();
+  EXPECT_EQ(reap(pids[0], Clock::now() + kHangLimit), 0);
+}
+
+// Waits until `pid` is stopped (its /proc state is 'T'), up to `limit`.
+bool wait_stopped(pid_t pid, std::chrono::milliseconds limit) {
+  const auto deadline = Clock::now() + limit;
+  while (Clock::now() < deadline) {
+    int status = 0;
+    if (::waitpid(pid, &status, WUNTRACED | WNOHANG) == pid && WIFSTOPPED(status)) return true;
+    std::this_thread::yield();
+  }
+  return false;
+}
+
+// Rank 0's single-copy send times out while rank 1 is stopped, so it takes
+// the message back; once rank 1 runs again its recv finds the frame, may
+// still read the (live) buffer, and must fail instead of keeping the data.
+TEST(ShmSendRecv, AMessageItsSenderWithdrewFailsTheRecv) {
+  constexpr int64_t kSendTimeoutMs = 1000;
+  PipeSignal go;         // the parent -> rank 0, once rank 1 is stopped
+  PipeSignal withdrawn;  // rank 0 -> the parent, once its send failed
+  PipeSignal finished;   // rank 1 -> rank 0: the buffer may go
+  const std::string name = unique_segment_name();
+  const auto pids = testing::fork_ranks(2, [&](int rank) {
+    ShmCommunicatorOptions options;
+    options.segment_name = name;
+    options.group_name = "test";
+    options.rank = rank;
+    options.size = 2;
+    // Rank 1's recv must outlive its stop; rank 0's send must not.
+    options.timeout_ms = rank == 0 ? kSendTimeoutMs : 60000;
+    options.slot_bytes = 4096;
+    options.mailbox_bytes = kTestMailboxBytes;
+    ShmCommunicator comm(options);
+    std::vector<float> data(2 * kThresholdFloats, rank == 0 ? 3.0f : 0.0f);
+    // One message first, so rank 0 knows rank 1 can read it (the verdict
+    // comes from rank 1's progress thread, frozen below).
+    if (rank == 0) comm.send(data.data(), data.size(), DType::kF32, 1, 4)->wait();
+    if (rank == 1) comm.recv(data.data(), data.size(), DType::kF32, 0, 4)->wait();
+    require(comm.single_copy_messages() == rank, "rank {}: the first message took the ring", rank);
+    comm.barrier()->wait();
+    if (rank == 1) {
+      ::raise(SIGSTOP);  // before the message exists: nothing can read it early
+      try {
+        comm.recv(data.data(), data.size(), DType::kF32, 0, 5)->wait();
+        finished.notify();
+        require(false, "the recv kept a message its sender had withdrawn");
+      } catch (const CommError& e) {
+        finished.notify();
+        require(std::string(e.what()).find("withdrew") != std::string::npos, "{}", e.what());
+        require(e.peer_ranks() == std::vector<int>{0}, "blamed the wrong ranks: {}", e.what());
+      }
+      return;
+    }
+    require(go.wait(1, kHangLimit), "the parent never saw rank 1 stop");
+    try {
+      comm.send(data.data(), data.size(), DType::kF32, 1, 5)->wait();
+      require(false, "a send to a stopped rank succeeded");
+    } catch (const CommError& e) {
+      require(std::string(e.what()).find("timed out") != std::string::npos, "{}", e.what());
+    }
+    withdrawn.notify();
+    require(finished.wait(1, kHangLimit), "rank 1 never finished its recv");
+  });
+  EXPECT_TRUE(wait_stopped(pids[1], kHangLimit)) << "rank 1 never stopped";
+  go.notify();
+  EXPECT_TRUE(withdrawn.wait(1, kHangLimit)) << "rank 0's send never failed";
+  ::kill(pids[1], SIGCONT);
+  const auto codes = reap_all(pids, kHangLimit);
+  for (size_t r = 0; r < codes.size(); ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
+}
+
+}  // namespace
+}  // namespace brigade
