@@ -275,7 +275,7 @@ class ElasticStandby : public ElasticNodes {
   std::string script() const {
     const std::string out = dir_.path().string();
     return "if [ $BRIGADE_GENERATION = 0 ]; then echo $$ > " + out + "/tmp.$RANK && mv " + out +
-           "/tmp.$RANK " + out + "/running.$RANK && exec sleep 100; fi; echo " +
+           "/tmp.$RANK " + out + "/running.$RANK && exec sleep 100; fi; " + gen1_ + "echo " +
            "$BRIGADE_GENERATION $GROUP_RANK $RANK > " + out + "/done.$RANK";
   }
   std::vector<std::string> args(const std::vector<std::string>& role) const {
@@ -306,6 +306,7 @@ class ElasticStandby : public ElasticNodes {
     return pids;
   }
   std::string rdzv_ = "127.0.0.1:" + std::to_string(testing::free_port());
+  std::string gen1_;  // what generation 1's workers do first
 };
 
 TEST_F(ElasticStandby, AStandbyTakesTheRankOfANodeWhoseLauncherWasKilled) {
@@ -350,6 +351,54 @@ TEST_F(ElasticStandby, AStandbyTakesTheRankOfANodeWhoseLauncherWasKilled) {
                                           "workers as generation 1"),
             std::string::npos)
       << launchers.err("standby");
+  for (int rank = 0; rank < 4; ++rank) {
+    std::ifstream in(dir_.path() / ("done." + std::to_string(rank)));
+    std::string line;
+    std::getline(in, line);
+    EXPECT_EQ(line, "1 " + std::to_string(rank / 2) + " " + std::to_string(rank))
+        << "rank " << rank;
+  }
+}
+
+// Node 1's launcher stopped (SIGSTOP: hung) in generation 0, its workers
+// still running: the standby takes node 1's rank. Continued while
+// generation 1 runs, node 1's old agent finds itself lost, stops its
+// generation-0 workers and leaves without disturbing generation 1, which
+// then completes.
+TEST_F(ElasticStandby, AHungNodeIsReplacedAndItsAgentCannotComeBack) {
+  const std::string out = dir_.path().string();
+  gen1_ = "while [ ! -f " + out + "/release ]; do sleep 0.05; done; ";
+  Launchers launchers(dir_.path());
+  const pid_t node0 = launchers.start("node0", args({"--node-rank", "0"}));
+  const pid_t node1 = launchers.start("node1", args({"--node-rank", "1"}));
+  const pid_t standby = launchers.start("standby", args({"--standby"}));
+  ASSERT_TRUE(wait_for([&] { return running_pids().size() == 4; }, std::chrono::seconds(60)))
+      << launchers.err("node0") << launchers.err("node1");
+  ASSERT_TRUE(wait_for(
+      [&] { return launchers.err("standby").find("waits to take the place") != std::string::npos; },
+      std::chrono::seconds(60)));
+  const std::vector<pid_t> generation0 = running_pids();
+  ::kill(node1, SIGSTOP);
+  const bool replaced = wait_for(
+      [&] {
+        return launchers.err("standby").find("takes the place of node 1") != std::string::npos;
+      },
+      std::chrono::seconds(60));
+  ::kill(node1, SIGCONT);
+  ASSERT_TRUE(replaced) << launchers.err("node0") << launchers.err("standby");
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  EXPECT_EQ(launchers.wait(node1, deadline), 1) << launchers.err("node1");
+  EXPECT_NE(launchers.err("node1").find("the coordinator declared node 1 lost in generation 0"),
+            std::string::npos)
+      << launchers.err("node1");
+  EXPECT_EQ(launchers.err("node1").find("restarting"), std::string::npos) << launchers.err("node1");
+  for (const pid_t pid : {generation0[2], generation0[3]}) {
+    EXPECT_TRUE(wait_for([&] { return ::kill(pid, 0) != 0; }, std::chrono::seconds(10)))
+        << "node 1's worker " << pid << " outlived its agent";
+  }
+  std::ofstream(dir_.path() / "release").close();
+  EXPECT_EQ(launchers.wait(node0, deadline), 0) << launchers.err("node0");
+  EXPECT_EQ(launchers.wait(standby, deadline), 0) << launchers.err("standby");
   for (int rank = 0; rank < 4; ++rank) {
     std::ifstream in(dir_.path() / ("done." + std::to_string(rank)));
     std::string line;

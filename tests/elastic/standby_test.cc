@@ -182,7 +182,19 @@ TEST_F(StandbyTest, ALostNodesAgentThatComesBackCannotDisturbTheNextGeneration) 
   EXPECT_NE(back.why.find("declared node 1 lost in generation 0"), std::string::npos) << back.why;
   EXPECT_EQ(*raw_store_.try_get(coordinator_key("agent/1/beat")), beat_before)
       << "a lost agent beats no more";
+  // Nor does it report, stop, or end anything.
+  Incident hang;
+  hang.kind = "hang";
+  hang.rank = 2;
+  hang.what = "rank 2 is stuck";
+  n1->coordinator->report_failure(hang);
+  n1->coordinator->report_stopped(false);
+  n1->coordinator->report_end("the launcher of node 1 received SIGTERM");
+  n1->coordinator->mark_node_fault("kill-agent");
   EXPECT_FALSE(raw_store_.try_get(coordinator_key("gen/0/stopped/1")));
+  EXPECT_FALSE(raw_store_.try_get(coordinator_key("gen/0/failure/1")));
+  EXPECT_FALSE(raw_store_.try_get(coordinator_key("gen/0/node_fault/1")));
+  EXPECT_EQ(raw_store_.add(coordinator_key("end/claims"), 0), 1);
   EXPECT_EQ(s->poll(t).state, State::kRunning) << "the stale end is not the job's";
   EXPECT_EQ(n0->poll(t).state, State::kFailing) << "the stale end is not the job's";
   n0->coordinator->report_stopped(false);

@@ -53,6 +53,9 @@ bool Agent::wait_for_a_node(int* status) {
         generation_ = coordinator_->generation();
         // The job's restarts so far, as the other nodes count them.
         restarts_ = static_cast<int>(generation_);
+        // Its workers resume where the job's are (no worker of its own has
+        // said so yet).
+        run_dir_ = view.run_dir;
         options_.environment.set("GROUP_RANK", std::to_string(options_.node_rank));
         std::fprintf(stderr,
                      "brigade launch: standby node %d takes the place of node %d: starting its "

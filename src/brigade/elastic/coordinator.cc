@@ -192,7 +192,12 @@ Coordinator::Coordinator(CoordinatorStore& store, CoordinatorOptions options, in
 Coordinator::~Coordinator() = default;
 
 void Coordinator::mark_node_fault(const std::string& kind) {
+  if (lost_in()) return;
   store_.set(node_fault_key(generation_, options_.node_rank), kind);
+}
+
+void Coordinator::publish_run_dir(const std::string& run_dir) {
+  store_.set(coordinator_key("run_dir"), run_dir);
 }
 
 void Coordinator::release_standbys() {
@@ -210,6 +215,8 @@ void Coordinator::report_failure(Incident incident) {
 
 void Coordinator::send_report() {
   if (!pending_report_) return;
+  // A lost node's agent that came back writes nothing (see check_not_lost).
+  if (lost_in()) return;
   // The report first, then the count the others poll: a count they see
   // always has its report readable. Sent again after an error, the report
   // is the same and the count only needs to be above 0.
@@ -220,6 +227,7 @@ void Coordinator::send_report() {
 }
 
 void Coordinator::report_end(const std::string& why) {
+  if (lost_in()) return;
   end_job({{"kind", "signal"},
            {"what", why},
            {"node", options_.node_rank},
@@ -227,7 +235,7 @@ void Coordinator::report_end(const std::string& why) {
 }
 
 void Coordinator::report_stopped(bool succeeded) {
-  if (reported_stopped_) return;
+  if (reported_stopped_ || lost_in()) return;
   // A node whose workers failed reports the failure before it says so.
   send_report();
   store_.set(stopped_key(generation_, options_.node_rank), succeeded ? "ok" : "failed");
@@ -238,6 +246,7 @@ void Coordinator::try_end_job(const std::string& what) {
   if (tried_end_) return;
   tried_end_ = true;
   try {
+    if (lost_in()) return;  // the job went on without this node
     end_job({{"kind", "coordinator_lost"},
              {"node", options_.node_rank},
              {"generation", generation_},
@@ -290,14 +299,21 @@ JobView Coordinator::poll(int64_t now_ns) {
   }
 }
 
-std::optional<JobView> Coordinator::check_not_lost() {
-  if (leader()) return std::nullopt;
+std::optional<int64_t> Coordinator::lost_in() {
+  if (leader() || options_.standby) return std::nullopt;
   const std::string key = lost_key(options_.node_rank);
   const auto value = store_.try_get(key);
   if (!value) return std::nullopt;
   const int64_t lost_in = parse_count(key, *value);
   // A standby that took this node's rank later is not the one declared lost.
   if (lost_in < generation_) return std::nullopt;
+  return lost_in;
+}
+
+std::optional<JobView> Coordinator::check_not_lost() {
+  const std::optional<int64_t> lost = lost_in();
+  if (!lost) return std::nullopt;
+  const int64_t lost_in = *lost;
   JobView v;
   v.state = JobView::State::kEnded;
   v.lost_coordinator = true;  // nobody waits for this node any more
@@ -343,6 +359,7 @@ JobView Coordinator::standby_poll(int64_t now_ns) {
       options_.node_rank = given->node;
       generation_ = given->generation;
       v.state = JobView::State::kRestart;
+      v.run_dir = store_.try_get(coordinator_key("run_dir")).value_or("");
       return v;
     }
   }

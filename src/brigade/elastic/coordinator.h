@@ -13,6 +13,7 @@
 //   gen/<g>/cause                 the report the job's incident is made of
 //   gen/<g+1>/open                "<g+1>": generation g+1 may start
 //   end                           why the job ends (JSON), once and for all
+//   run_dir                       where the job's workers write (node 0's)
 //   end/claims                    a counter: the agent that adds 1 first writes
 //                                 `end`; unwritten after agent_timeout_ms (its
 //                                 agent died in between), node 0 writes its own
@@ -155,6 +156,9 @@ struct JobView {
   int lost_node = -1;
   // kEnded because this agent lost the store or the leader.
   bool lost_coordinator = false;
+  // A standby's kRestart: the run directory the job's nodes published (its
+  // workers resume from its newest checkpoint); empty if none did.
+  std::string run_dir;
   // kEnded because a launcher received a signal: the workers may be saving
   // (an interrupt checkpoint is collective), so every node gives them the
   // signal's grace, not the failure's.
@@ -184,6 +188,9 @@ class Coordinator {
   void mark_node_fault(const std::string& kind);
   // Node 0, at the end of the job: every standby still waiting exits.
   void release_standbys();
+  // Node 0, once its workers said where they write: a standby that takes a
+  // node's place resumes from there. Throws Error if the store did not take it.
+  void publish_run_dir(const std::string& run_dir);
 
   // This node's first failure in the current generation (later ones are
   // consequences); `incident.node` is set here. Throws Error if the store
@@ -211,7 +218,10 @@ class Coordinator {
   JobView read_state();
   // A standby waiting: its assignment, the job's end, or the leader's loss.
   JobView standby_poll(int64_t now_ns);
-  // Whether this node's agent was declared lost (it came back too late).
+  // The generation this node's agent was declared lost in, if it was at
+  // or after its own (it came back too late); never for the leader or a
+  // standby still waiting.
+  std::optional<int64_t> lost_in();
   std::optional<JobView> check_not_lost();
   // Whether `end` was written by a node declared lost after it wrote it
   // (too late to stop the job, which went on without it).
