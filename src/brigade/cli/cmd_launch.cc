@@ -1,4 +1,5 @@
-// brigade launch --nproc-per-node N [--nnodes M --node-rank R --rdzv HOST:PORT] -- COMMAND ...
+// brigade launch --nproc-per-node N [--nnodes M (--node-rank R | --standby)
+//                --rdzv HOST:PORT] -- COMMAND ...
 // Starts this node's workers; see launcher.h for what each worker is given.
 #include <cstdio>
 #include <cstdlib>
