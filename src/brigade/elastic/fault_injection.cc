@@ -159,9 +159,11 @@ NodeFault parse_node_fault(std::string_view text) {
     fault.kind = NodeFault::Kind::kPartition;
   } else {
     throw_error(
-        "launch --inject takes {}, got '{}': the other faults are raised by brigade train's "
-        "workers themselves; pass them to `brigade train --inject`",
-        kNodeForm, text);
+        "launch --inject takes only chaos:mtbf=SECONDS[:kinds=kill+stop][:seed=N] (at most one), "
+        "kill-agent:node=N:step=S[:gen=G] and partition:node=N:step=S[:gen=G], got '{}': the "
+        "other faults are raised by brigade train's workers themselves; pass them to `brigade "
+        "train --inject`",
+        text);
   }
   bool has_node = false, has_step = false, has_gen = false;
   for (size_t i = 1; i < fields.size(); ++i) {
