@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -48,6 +49,8 @@ dp = 4
 timeout_s = 30
 )";
 
+constexpr int kStandby = -1;
+
 std::vector<nlohmann::json> read_jsonl(const fs::path& path) {
   std::vector<nlohmann::json> lines;
   std::ifstream in(path);
@@ -57,38 +60,34 @@ std::vector<nlohmann::json> read_jsonl(const fs::path& path) {
 
 class ElasticNodesCluster : public ::testing::Test {
  protected:
-  // Brings up a 2-node cluster of its own name and subnet.
-  void up(const std::string& name, const std::string& net) {
+  // Brings up a cluster of `nodes` of its own name and subnet.
+  void up(const std::string& name, const std::string& net, int nodes = 2) {
     cluster_.emplace(name, net, dir_.path());
-    const ClusterResult r = cluster_->script({"up", "2"});
+    const ClusterResult r = cluster_->script({"up", std::to_string(nodes)});
     ASSERT_EQ(r.status, 0) << r.output;
     config_ = dir_.path() / "config.toml";
     std::ofstream(config_) << testing::kTinyModelToml << kTraining;
   }
 
+  // Node `node`'s launcher; kStandby: a standby's. `flags`: more of launch's.
   std::vector<std::string> launch(int node, const std::string& run, std::vector<std::string> train,
-                                  int port) {
-    std::vector<std::string> args = {testing::kBrigade,
-                                     "launch",
-                                     "--nproc-per-node",
-                                     "2",
-                                     "--nnodes",
-                                     "2",
-                                     "--node-rank",
-                                     std::to_string(node),
-                                     "--rdzv",
-                                     cluster_->address(0) + ":" + std::to_string(port),
-                                     "--rdzv-token",
-                                     "elastic-nodes-test",
-                                     "--rdzv-timeout-s",
-                                     "60",
-                                     "--max-restarts",
-                                     "2",
-                                     "--",
-                                     "train",
-                                     config_.string(),
-                                     "--set",
-                                     "train.run_dir=\"" + (dir_.path() / run).string() + "\""};
+                                  int port, const std::vector<std::string>& flags = {}) {
+    std::vector<std::string> args = {
+        testing::kBrigade,  "launch",
+        "--nproc-per-node", "2",
+        "--nnodes",         "2",
+        "--rdzv",           cluster_->address(0) + ":" + std::to_string(port),
+        "--rdzv-token",     "elastic-nodes-test",
+        "--rdzv-timeout-s", "60",
+        "--max-restarts",   "2"};
+    if (node == kStandby) {
+      args.push_back("--standby");
+    } else {
+      args.insert(args.end(), {"--node-rank", std::to_string(node)});
+    }
+    args.insert(args.end(), flags.begin(), flags.end());
+    args.insert(args.end(), {"--", "train", config_.string(), "--set",
+                             "train.run_dir=\"" + (dir_.path() / run).string() + "\""});
     args.insert(args.end(), train.begin(), train.end());
     return args;
   }
@@ -157,6 +156,60 @@ class ElasticNodesCluster : public ::testing::Test {
     EXPECT_FALSE(fs::exists(dir_.path() / "faulty" / "incidents.node1.jsonl"));
   }
 
+  // 2 nodes and a standby (on namespace node 2); `fault` strikes node 1
+  // after step 4 (launch --inject): the standby takes node 1's place, and
+  // the job ends bit-identical to the run without faults. Node 1's
+  // launcher's status is returned.
+  int expect_standby_takes_over(const std::string& fault, const char* kind) {
+    const std::string reference = reference_hash();
+    const std::vector<std::string> flags = {"--inject", fault};
+    const fs::path log0 = dir_.path() / "standby.node0.log";
+    const fs::path log1 = dir_.path() / "standby.node1.log";
+    const fs::path log2 = dir_.path() / "standby.node2.log";
+    Started started;
+    const pid_t standby =
+        started.add(cluster_->start_on(2, launch(kStandby, "standby", {}, 29534, flags), log2));
+    const pid_t node1 =
+        started.add(cluster_->start_on(1, launch(1, "standby", {}, 29534, flags), log1));
+    const pid_t node0 =
+        started.add(cluster_->start_on(0, launch(0, "standby", {}, 29534, flags), log0));
+    const ClusterResult r0 = started.finish(node0, log0, 180s);
+    const ClusterResult r1 = started.finish(node1, log1, 60s);
+    const ClusterResult r2 = started.finish(standby, log2, 60s);
+    EXPECT_EQ(r0.status, 0) << r0.output << "\nnode 1:\n"
+                            << r1.output << "\nstandby:\n"
+                            << r2.output;
+    EXPECT_EQ(r2.status, 0) << r2.output << "\nnode 0:\n" << r0.output;
+    EXPECT_NE(r1.output.find("brigade launch: injecting " + fault.substr(0, fault.find(':')) +
+                             " on node 1 after step 4 (generation 0)"),
+              std::string::npos)
+        << r1.output;
+    EXPECT_NE(r0.output.find("standby node 0 takes its place as node 1 in generation 1; "
+                             "restarting the workers as generation 1 (restart 1 of 2)"),
+              std::string::npos)
+        << r0.output;
+    EXPECT_NE(r2.output.find("standby node 0 takes the place of node 1: starting its workers as "
+                             "generation 1"),
+              std::string::npos)
+        << r2.output;
+    EXPECT_EQ(hash("standby"), reference);
+    const auto lines = read_jsonl(dir_.path() / "standby" / "incidents.jsonl");
+    EXPECT_EQ(lines.size(), 2u);
+    if (lines.size() == 2) {
+      const nlohmann::json& incident = lines[0];
+      EXPECT_EQ(incident.at("kind"), kind) << incident;
+      EXPECT_EQ(incident.at("node"), 1) << incident;
+      EXPECT_EQ(incident.at("injected"), true) << incident;
+      EXPECT_EQ(incident.at("generation"), 0) << incident;
+      // 2 s of silence, seen within the leader's next ticks.
+      EXPECT_GE(incident.at("detected_after_ms").get<double>(), 2'000.0) << incident;
+      EXPECT_LE(incident.at("detected_after_ms").get<double>(), 3'000.0) << incident;
+      EXPECT_FALSE(incident.at("recovered_after_ms").is_null()) << incident;
+      EXPECT_EQ(lines[1].at("restarts"), 1);
+    }
+    return r1.status;
+  }
+
   testing::TempDir dir_{"brigade_elastic_nodes"};
   std::optional<Cluster> cluster_;  // destroyed (brought down) before dir_
   fs::path config_;
@@ -216,6 +269,28 @@ TEST_F(ElasticNodesCluster, ANodeCutOffTheNetworkIsNamedAndEndsTheJob) {
   EXPECT_EQ(lines[0].at("node"), 1) << lines[0];
   EXPECT_GE(lines[0].at("detected_after_ms").get<double>(), 2'000.0) << lines[0];
   EXPECT_LE(lines[0].at("detected_after_ms").get<double>(), 3'000.0) << lines[0];
+}
+
+// Node 1's launcher SIGKILLs its workers and itself after step 4: a
+// standby node takes node 1's rank and the job ends as if nothing happened.
+TEST_F(ElasticNodesCluster, ANodeWhoseAgentDiedIsReplacedByAStandbyBitIdentical) {
+  SKIP_WITHOUT_FAKE_CLUSTER();
+  up("brgsk", "10.88.21", 3);
+  EXPECT_EQ(expect_standby_takes_over("kill-agent:node=1:step=4", "node_lost"), 128 + SIGKILL);
+}
+
+// Node 1's launcher takes its own network interface down after step 4 (the
+// cable pulled): the standby takes its place; node 1, cut off, gives up.
+TEST_F(ElasticNodesCluster, ANodeCutOffTheNetworkIsReplacedByAStandbyBitIdentical) {
+  SKIP_WITHOUT_FAKE_CLUSTER();
+  up("brgsp", "10.88.22", 3);
+  EXPECT_NE(expect_standby_takes_over("partition:node=1:step=4", "partition"), 0);
+  // Cut by its own agent, from inside the node.
+  const fs::path log = dir_.path() / "link.log";
+  const ClusterResult link = testing::finish(
+      testing::spawn({"/bin/sh", "-c", "ip -n " + cluster_->netns(1) + " link show eth0"}, log),
+      log, 30s);
+  EXPECT_NE(link.output.find("state DOWN"), std::string::npos) << link.output;
 }
 
 }  // namespace BRIGADE_TEST_FILE

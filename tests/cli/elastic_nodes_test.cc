@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -204,6 +205,250 @@ TEST_F(ElasticNodes, CtrlCOfOneLauncherStopsEveryNodeWithoutARestart) {
         << "rank " << rank << " was killed before it saved\n"
         << text(0) << text(1);
   }
+}
+
+// Launchers the test starts itself (fork, exec), stderr to a file each, so
+// that it can kill one by pid; every one left is SIGKILLed by the
+// destructor.
+class Launchers {
+ public:
+  explicit Launchers(fs::path dir) : dir_(std::move(dir)) {}
+  ~Launchers() {
+    for (const pid_t pid : pids_) {
+      if (pid > 0 && ::kill(pid, SIGKILL) == 0) ::waitpid(pid, nullptr, 0);
+    }
+  }
+  pid_t start(const std::string& name, const std::vector<std::string>& args) {
+    const std::string err = (dir_ / (name + ".err")).string();
+    std::vector<std::string> argv = {testing::kBrigade};
+    argv.insert(argv.end(), args.begin(), args.end());
+    std::fflush(nullptr);
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      if (::freopen(err.c_str(), "w", stderr) == nullptr) ::_exit(126);
+      std::vector<char*> p;
+      for (const std::string& a : argv) p.push_back(const_cast<char*>(a.c_str()));
+      p.push_back(nullptr);
+      ::execv(p[0], p.data());
+      ::_exit(127);
+    }
+    pids_.push_back(pid);
+    return pid;
+  }
+  // Its exit status (128 + signal when killed), or -1 past the deadline.
+  int wait(pid_t pid, std::chrono::steady_clock::time_point deadline) {
+    int status = 0;
+    while (::waitpid(pid, &status, WNOHANG) == 0) {
+      if (std::chrono::steady_clock::now() > deadline) return -1;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    std::erase(pids_, pid);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  }
+  std::string err(const std::string& name) const {
+    std::ifstream in(dir_ / (name + ".err"));
+    return std::string{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  }
+
+ private:
+  fs::path dir_;
+  std::vector<pid_t> pids_;
+};
+
+bool wait_for(const std::function<bool()>& ready, std::chrono::seconds limit) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  while (!ready()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return true;
+}
+
+// Node 1's whole launcher SIGKILLed in generation 0 (its workers die with
+// it): with a standby waiting, node 0 does not end the job; the standby
+// runs node 1's ranks (2 and 3, GROUP_RANK 1) in generation 1 and the job
+// succeeds. Without one, node 0 ends the job naming node 1.
+class ElasticStandby : public ElasticNodes {
+ protected:
+  // Generation 0: each worker writes its pid and sleeps; generation 1 says
+  // who it is and exits 0.
+  std::string script() const {
+    const std::string out = dir_.path().string();
+    return "if [ $BRIGADE_GENERATION = 0 ]; then echo $$ > " + out + "/tmp.$RANK && mv " + out +
+           "/tmp.$RANK " + out + "/running.$RANK && exec sleep 100; fi; " + gen1_ + "echo " +
+           "$BRIGADE_GENERATION $GROUP_RANK $RANK > " + out + "/done.$RANK";
+  }
+  std::vector<std::string> args(const std::vector<std::string>& role) const {
+    std::vector<std::string> a = {"launch",
+                                  "--nproc-per-node",
+                                  "2",
+                                  "--nnodes",
+                                  "2",
+                                  "--rdzv",
+                                  rdzv_,
+                                  "--rdzv-token",
+                                  "standby-test",
+                                  "--rdzv-timeout-s",
+                                  "60",
+                                  "--max-restarts",
+                                  "1"};
+    a.insert(a.end(), role.begin(), role.end());
+    a.insert(a.end(), {"--", "sh", "-c", script()});
+    return a;
+  }
+  std::vector<pid_t> running_pids() const {
+    std::vector<pid_t> pids;
+    for (int rank = 0; rank < 4; ++rank) {
+      std::ifstream in(dir_.path() / ("running." + std::to_string(rank)));
+      pid_t pid = 0;
+      if (in >> pid) pids.push_back(pid);
+    }
+    return pids;
+  }
+  std::string rdzv_ = "127.0.0.1:" + std::to_string(testing::free_port());
+  std::string gen1_;  // what generation 1's workers do first
+};
+
+TEST_F(ElasticStandby, AStandbyTakesTheRankOfANodeWhoseLauncherWasKilled) {
+  Launchers launchers(dir_.path());
+  const pid_t node0 = launchers.start("node0", args({"--node-rank", "0"}));
+  const pid_t node1 = launchers.start("node1", args({"--node-rank", "1"}));
+  const pid_t standby = launchers.start("standby", args({"--standby"}));
+  ASSERT_TRUE(wait_for([&] { return running_pids().size() == 4; }, std::chrono::seconds(60)))
+      << launchers.err("node0") << launchers.err("node1");
+  ASSERT_TRUE(wait_for(
+      [&] { return launchers.err("standby").find("waits to take the place") != std::string::npos; },
+      std::chrono::seconds(60)))
+      << launchers.err("standby");
+  const std::vector<pid_t> generation0 = running_pids();
+  const auto killed_at = std::chrono::steady_clock::now();
+  ::kill(node1, SIGKILL);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  EXPECT_EQ(launchers.wait(node1, deadline), 128 + SIGKILL);
+  // Node 1's workers do not outlive their launcher.
+  for (const pid_t pid : {generation0[2], generation0[3]}) {
+    EXPECT_TRUE(wait_for([&] { return ::kill(pid, 0) != 0; }, std::chrono::seconds(10)))
+        << "worker " << pid << " outlived its launcher";
+  }
+  const int status0 = launchers.wait(node0, deadline);
+  const double ended_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
+  const int status_standby = launchers.wait(standby, deadline);
+  EXPECT_EQ(status0, 0) << launchers.err("node0") << "\nstandby:\n" << launchers.err("standby");
+  EXPECT_EQ(status_standby, 0) << launchers.err("standby") << "\nnode 0:\n"
+                               << launchers.err("node0");
+  // 2 s of silence, then a restart of sleepers: far below the 60 s the
+  // rendezvous would wait, with room for a loaded machine.
+  EXPECT_LT(ended_s, 30.0);
+  EXPECT_NE(launchers.err("node0").find("node 1 is lost: its agent sent no heartbeat for"),
+            std::string::npos)
+      << launchers.err("node0");
+  EXPECT_NE(launchers.err("node0").find("standby node 0 takes its place as node 1 in generation 1; "
+                                        "restarting the workers as generation 1 (restart 1 of 1)"),
+            std::string::npos)
+      << launchers.err("node0");
+  EXPECT_NE(launchers.err("standby").find("standby node 0 takes the place of node 1: starting its "
+                                          "workers as generation 1"),
+            std::string::npos)
+      << launchers.err("standby");
+  for (int rank = 0; rank < 4; ++rank) {
+    std::ifstream in(dir_.path() / ("done." + std::to_string(rank)));
+    std::string line;
+    std::getline(in, line);
+    EXPECT_EQ(line, "1 " + std::to_string(rank / 2) + " " + std::to_string(rank))
+        << "rank " << rank;
+  }
+}
+
+// Node 1's launcher stopped (SIGSTOP: hung) in generation 0, its workers
+// still running: the standby takes node 1's rank. Continued while
+// generation 1 runs, node 1's old agent finds itself lost, stops its
+// generation-0 workers and leaves without disturbing generation 1, which
+// then completes.
+TEST_F(ElasticStandby, AHungNodeIsReplacedAndItsAgentCannotComeBack) {
+  const std::string out = dir_.path().string();
+  gen1_ = "while [ ! -f " + out + "/release ]; do sleep 0.05; done; ";
+  Launchers launchers(dir_.path());
+  const pid_t node0 = launchers.start("node0", args({"--node-rank", "0"}));
+  const pid_t node1 = launchers.start("node1", args({"--node-rank", "1"}));
+  const pid_t standby = launchers.start("standby", args({"--standby"}));
+  ASSERT_TRUE(wait_for([&] { return running_pids().size() == 4; }, std::chrono::seconds(60)))
+      << launchers.err("node0") << launchers.err("node1");
+  ASSERT_TRUE(wait_for(
+      [&] { return launchers.err("standby").find("waits to take the place") != std::string::npos; },
+      std::chrono::seconds(60)));
+  const std::vector<pid_t> generation0 = running_pids();
+  ::kill(node1, SIGSTOP);
+  const bool replaced = wait_for(
+      [&] {
+        return launchers.err("standby").find("takes the place of node 1") != std::string::npos;
+      },
+      std::chrono::seconds(60));
+  ::kill(node1, SIGCONT);
+  ASSERT_TRUE(replaced) << launchers.err("node0") << launchers.err("standby");
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  EXPECT_EQ(launchers.wait(node1, deadline), 1) << launchers.err("node1");
+  EXPECT_NE(launchers.err("node1").find("the coordinator declared node 1 lost in generation 0"),
+            std::string::npos)
+      << launchers.err("node1");
+  EXPECT_EQ(launchers.err("node1").find("restarting"), std::string::npos) << launchers.err("node1");
+  for (const pid_t pid : {generation0[2], generation0[3]}) {
+    EXPECT_TRUE(wait_for([&] { return ::kill(pid, 0) != 0; }, std::chrono::seconds(10)))
+        << "node 1's worker " << pid << " outlived its agent";
+  }
+  std::ofstream(dir_.path() / "release").close();
+  EXPECT_EQ(launchers.wait(node0, deadline), 0) << launchers.err("node0");
+  EXPECT_EQ(launchers.wait(standby, deadline), 0) << launchers.err("standby");
+  for (int rank = 0; rank < 4; ++rank) {
+    std::ifstream in(dir_.path() / ("done." + std::to_string(rank)));
+    std::string line;
+    std::getline(in, line);
+    EXPECT_EQ(line, "1 " + std::to_string(rank / 2) + " " + std::to_string(rank))
+        << "rank " << rank;
+  }
+}
+
+TEST_F(ElasticStandby, WithNoStandbyALostNodeEndsTheJobNamingIt) {
+  Launchers launchers(dir_.path());
+  const pid_t node0 = launchers.start("node0", args({"--node-rank", "0"}));
+  const pid_t node1 = launchers.start("node1", args({"--node-rank", "1"}));
+  ASSERT_TRUE(wait_for([&] { return running_pids().size() == 4; }, std::chrono::seconds(60)))
+      << launchers.err("node0") << launchers.err("node1");
+  ::kill(node1, SIGKILL);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  EXPECT_EQ(launchers.wait(node1, deadline), 128 + SIGKILL);
+  EXPECT_EQ(launchers.wait(node0, deadline), 1) << launchers.err("node0");
+  EXPECT_NE(launchers.err("node0").find("node 1 is lost: its agent sent no heartbeat for"),
+            std::string::npos)
+      << launchers.err("node0");
+  EXPECT_NE(launchers.err("node0").find(
+                "with no standby node the job cannot go on at the same world size"),
+            std::string::npos)
+      << launchers.err("node0");
+  EXPECT_EQ(launchers.err("node0").find("restarting"), std::string::npos);
+  EXPECT_FALSE(fs::exists(dir_.path() / "done.0"));
+}
+
+// A standby is a spare for a job of 2 nodes or more, and holds no node rank
+// of its own.
+TEST_F(ElasticStandby, AStandbyOutsideAMultiNodeJobIsRefused) {
+  auto r = run_brigade({"launch", "--nproc-per-node", "1", "--standby", "--", "true"},
+                       std::chrono::seconds(30));
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.err.find("--standby waits to replace a lost node other than node 0"),
+            std::string::npos)
+      << r.err;
+  r = run_brigade({"launch", "--nproc-per-node", "1", "--nnodes", "2", "--node-rank", "1",
+                   "--standby", "--rdzv", rdzv_, "--", "true"},
+                  std::chrono::seconds(30));
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.err.find("--node-rank excludes --standby"), std::string::npos) << r.err;
+  // A partition on loopback would cut every node of this machine.
+  r = run_brigade(
+      {"launch", "--nproc-per-node", "1", "--inject", "partition:node=0:step=1", "--", "true"},
+      std::chrono::seconds(30));
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.err.find("a loopback interface"), std::string::npos) << r.err;
 }
 
 }  // namespace BRIGADE_TEST_FILE

@@ -479,3 +479,45 @@ TEST(Generations, ShmSegmentsOfEachGenerationHaveTheirOwnName) {
 
 }  // namespace BRIGADE_TEST_FILE
 }  // namespace brigade::elastic
+
+namespace brigade::elastic {
+namespace {
+
+// The agent's whole-node faults: launch --inject's, beside chaos; a
+// worker's fault there, or a node fault given to the workers, is refused
+// naming where it belongs.
+TEST(FaultInjection, NodeFaultsAreTheLaunchersAndParsedWithTheirGeneration) {
+  const auto faults =
+      parse_node_faults("kill-agent:node=1:step=4,chaos:mtbf=30,partition:node=2:step=6:gen=1");
+  ASSERT_EQ(faults.size(), 2u);
+  EXPECT_EQ(faults[0].kind, NodeFault::Kind::kKillAgent);
+  EXPECT_EQ(faults[0].node, 1);
+  EXPECT_EQ(faults[0].step, 4);
+  EXPECT_EQ(faults[0].generation, 0);
+  EXPECT_STREQ(faults[0].name(), "kill-agent");
+  EXPECT_EQ(faults[1].kind, NodeFault::Kind::kPartition);
+  EXPECT_EQ(faults[1].node, 2);
+  EXPECT_EQ(faults[1].generation, 1);
+  EXPECT_STREQ(faults[1].name(), "partition");
+  auto error_of = [](auto parse, const std::string& spec) {
+    try {
+      parse(spec);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  const auto node = [](const std::string& s) { parse_node_faults(s); };
+  const auto worker = [](const std::string& s) { parse_faults(s); };
+  EXPECT_NE(error_of(node, "kill:rank=1:step=2").find("pass them to `brigade train --inject`"),
+            std::string::npos);
+  EXPECT_NE(error_of(node, "kill-agent:node=1").find("needs node= and step="), std::string::npos);
+  EXPECT_NE(error_of(node, "partition:node=1:step=2:rank=1").find("unknown or repeated key 'rank'"),
+            std::string::npos);
+  EXPECT_NE(
+      error_of(worker, "kill-agent:node=1:step=2").find("pass it to `brigade launch --inject`"),
+      std::string::npos);
+}
+
+}  // namespace
+}  // namespace brigade::elastic

@@ -1,4 +1,5 @@
-// brigade launch --nproc-per-node N [--nnodes M --node-rank R --rdzv HOST:PORT] -- COMMAND ...
+// brigade launch --nproc-per-node N [--nnodes M (--node-rank R | --standby)
+//                --rdzv HOST:PORT] -- COMMAND ...
 // Starts this node's workers; see launcher.h for what each worker is given.
 #include <cstdio>
 #include <cstdlib>
@@ -26,8 +27,18 @@ void add_launch_command(CLI::App& app) {
                   "Workers on this node (under srun leave it out: each task is one worker)")
       ->check(CLI::Range(1, 4096));
   cmd->add_option("--nnodes", options->nnodes, "Nodes in the job")->capture_default_str();
-  cmd->add_option("--node-rank", options->node_rank, "This node's rank, 0..nnodes-1")
-      ->capture_default_str();
+  CLI::Option* node_rank =
+      cmd->add_option("--node-rank", options->node_rank, "This node's rank, 0..nnodes-1")
+          ->capture_default_str();
+  cmd->add_flag("--standby", options->standby,
+                "Start a standby node for a job of --nnodes nodes (standbys not counted; no "
+                "--node-rank): it joins the rendezvous, runs no workers and waits; when a node "
+                "other than node 0 is lost (its launcher killed, hung or cut off the network "
+                "for 2 s), the coordinator gives that node's rank to a free standby, which runs "
+                "its workers from the newest checkpoint at the same world size (needs "
+                "--max-restarts, which the restart counts against). Start as many as you want "
+                "spare nodes")
+      ->excludes(node_rank);
   cmd->add_option("--rdzv", options->rdzv,
                   "HOST:PORT where node 0's launcher hosts the rendezvous store (needed with "
                   "--nnodes > 1; one node defaults to 127.0.0.1 and a free port)");
@@ -61,9 +72,13 @@ void add_launch_command(CLI::App& app) {
                   "no authentication: keep it on loopback unless the network is trusted")
       ->capture_default_str();
   cmd->add_option("--inject", *inject,
-                  "Random faults on the workers, for tests and demos: "
+                  "Faults for tests and demos, separated by commas: "
                   "chaos:mtbf=SECONDS[:kinds=kill+stop][:seed=N] (SIGKILL or SIGSTOP to a random "
-                  "worker at exponentially distributed intervals; restarts need --max-restarts)");
+                  "worker at exponentially distributed intervals; restarts need --max-restarts); "
+                  "kill-agent:node=N:step=S[:gen=G] (node N's launcher kills its workers and "
+                  "itself once they completed step S); partition:node=N:step=S[:gen=G] (node N's "
+                  "launcher takes its network interface down then: root, and no loopback). A "
+                  "fault strikes generation G only (0 by default)");
   cmd->add_option("command", options->command,
                   "The command and its arguments, after --: a brigade verb or a program")
       ->required();
@@ -85,13 +100,7 @@ void add_launch_command(CLI::App& app) {
     options->rdzv_timeout_ms = *rdzv_timeout_s * 1000;
     options->failure_grace_ms = static_cast<int64_t>(*grace_period_s * 1000);
     options->step_timeout_ms = static_cast<int64_t>(*step_timeout_s * 1000);
-    if (!elastic::parse_faults(*inject).empty()) {
-      throw_error(
-          "launch --inject takes only chaos:mtbf=SECONDS[:kinds=kill+stop][:seed=N], got '{}': "
-          "the other faults are raised by brigade train's workers themselves; pass them to "
-          "`brigade train --inject`",
-          *inject);
-    }
+    options->node_faults = elastic::parse_node_faults(*inject);
     options->chaos = elastic::parse_chaos(*inject);
     const int status = run_launch(*options);
     if (status != 0) {

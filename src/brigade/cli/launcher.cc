@@ -18,6 +18,7 @@
 #include <optional>
 #include <utility>
 
+#include "brigade/cli/launch_nodes.h"
 #include "brigade/comm/tcp_store.h"
 #include "brigade/core/clock.h"
 #include "brigade/core/error.h"
@@ -448,6 +449,11 @@ void validate(const LaunchOptions& o) {
     throw_error("a launch over {} nodes needs --rdzv HOST:PORT, where node 0 hosts the store",
                 o.nnodes);
   }
+  if (o.standby && o.nnodes < 2) {
+    throw_error(
+        "--standby waits to replace a lost node other than node 0 (whose loss ends the job): it "
+        "needs --nnodes 2 or more (the job's nodes, standbys not counted) and --rdzv");
+  }
   if (o.rdzv_timeout_ms <= 0) throw_error("--rdzv-timeout-s must be positive");
   if (o.max_restarts < 0) throw_error("--max-restarts must be 0 or more, got {}", o.max_restarts);
   if (o.step_timeout_ms < 1000) {
@@ -478,12 +484,25 @@ int run_launch(const LaunchOptions& o) {
   const std::string token = resolve_token(o, /*may_generate=*/o.nnodes == 1, situation);
 
   std::optional<TcpStoreServer> server;
-  if (o.node_rank == 0) {
+  if (o.node_rank == 0 && !o.standby) {
     server.emplace(is_loopback(master.host) ? master.host : "", master.port, token);
     master.port = server->port();
   }
   TcpStore store(master.host, master.port, token, o.rdzv_timeout_ms);
-  join_nodes(store, o);
+  if (o.standby) {
+    join_as_standby(store, o);
+  } else {
+    join_nodes(store, o);
+  }
+  std::string partition_iface;
+  for (const elastic::NodeFault& f : o.node_faults) {
+    // Checked before any worker starts, on the node it strikes (a standby
+    // may become any node).
+    if (f.kind == elastic::NodeFault::Kind::kPartition && (o.standby || f.node == o.node_rank) &&
+        partition_iface.empty()) {
+      partition_iface = partition_interface(o, master.host, master.port);
+    }
+  }
 
   const int world_size = o.nnodes * o.nproc_per_node;
   Environment worker_env;
@@ -514,6 +533,9 @@ int run_launch(const LaunchOptions& o) {
   agent.failure_grace_ms = o.failure_grace_ms;
   agent.watchdog.step_timeout_ms = o.step_timeout_ms;
   agent.chaos = o.chaos;
+  agent.standby = o.standby;
+  agent.node_faults = o.node_faults;
+  agent.partition_iface = partition_iface;
   // The coordinator's calls get their own connection with a short timeout
   // (kCoordinatorCallTimeoutMs), through the same token check.
   std::optional<TcpStore> coordinator_client;
@@ -557,8 +579,16 @@ int run_launch(const LaunchOptions& o) {
     // timeout to say it is done, to nobody.
     if (o.nnodes > 1 && !supervisor.lost_coordinator()) {
       try {
-        store.set(done_key(o.node_rank), std::to_string(exit_status));
-        if (o.node_rank == 0) wait_for_other_nodes(store, o, supervisor.lost_node());
+        // A standby that took a node's place is that node now.
+        const int node = supervisor.node_rank();
+        if (node >= 0) store.set(done_key(node), std::to_string(exit_status));
+        if (o.standby) standby_done(store, supervisor.standby_id());
+        if (node == 0) {
+          wait_for_other_nodes(store, o, supervisor.lost_node());
+          // Released by the agent's end: a waiting standby sees it within
+          // a tick, a live one says so well within the silence allowed.
+          wait_for_standbys(store, elastic::CoordinatorOptions{}.agent_timeout_ms);
+        }
       } catch (const Error& e) {
         fmt::print(stderr, "brigade launch: {}\n", e.what());
       }

@@ -31,7 +31,9 @@
 // (elastic/coordinator.h) through the store: a failure on any node stops
 // every node's workers, and a restart starts them all again as one new
 // generation (every node must be given the same --max-restarts); a node
-// that stops answering ends the job, named.
+// that stops answering is replaced by a waiting standby node (--standby,
+// launch_nodes.h) in the next generation, at the same world size, or,
+// with none free, ends the job, named. Node 0 cannot be replaced.
 #pragma once
 
 #include <cstdint>
@@ -74,6 +76,11 @@ struct LaunchOptions {
   // Random faults on this node's workers for as long as the job runs
   // (elastic/fault_injection.h's chaos); none when unset.
   std::optional<elastic::ChaosSpec> chaos;
+  // Whole-node faults (kill-agent, partition), raised by this node's agent
+  // when they name its node (a standby's: the node it takes over).
+  std::vector<elastic::NodeFault> node_faults;
+  // A standby node (launch_nodes.h): node_rank is not used.
+  bool standby = false;
   // A brigade verb and its arguments (run with this same binary), or any
   // program and its arguments.
   std::vector<std::string> command;

@@ -72,12 +72,22 @@ Agent::Agent(AgentOptions options) : options_(std::move(options)) {
     c.nnodes = options_.nnodes;
     c.node_rank = options_.node_rank;
     c.max_restarts = options_.max_restarts;
+    c.standby = options_.standby;
     coordinator_.emplace(*options_.store, c, now_ns());
   }
+  if (options_.standby) {
+    if (!coordinator_) throw_error("a standby node's agent needs the coordinator's store");
+    options_.node_rank = -1;  // until the coordinator gives it one
+  }
+  node_fault_raised_.assign(options_.node_faults.size(), false);
 }
 
 int Agent::run(const sigset_t& child_mask) {
   start_ns_ = now_ns();
+  if (options_.standby) {
+    int status = 0;
+    if (!wait_for_a_node(&status)) return status;
+  }
   if (options_.chaos) {
     chaos_.emplace(*options_.chaos, options_.node_rank, options_.nnodes);
     chaos_->start(start_ns_);
@@ -201,6 +211,7 @@ Agent::Outcome Agent::supervise(WorkerGroup& group, const HeartbeatTable& table)
     publish_status(group, table);
     learn_run_dir(table);
     if (coordinator_) follow_job(coordinator_->poll(now_ns()), &group);
+    if (!group.stopping()) raise_node_fault(group, table);
   }
   if (received_signal_ != 0) return Outcome::kSignalled;
   if (failure_) return Outcome::kFailed;
@@ -397,7 +408,16 @@ void Agent::end_generation(const HeartbeatTable& table) {
 }
 
 void Agent::learn_run_dir(const HeartbeatTable& table) {
+  const bool known = !run_dir_.empty();
   for (int r = 0; r < table.slots() && run_dir_.empty(); ++r) run_dir_ = table.read(r).run_dir;
+  // For a standby that takes a node's place: it resumes from there.
+  if (!known && !run_dir_.empty() && coordinator_ && coordinator_->leader()) {
+    try {
+      coordinator_->publish_run_dir(run_dir_);
+    } catch (const Error& e) {
+      std::fprintf(stderr, "brigade launch: could not tell the coordinator: %s\n", e.what());
+    }
+  }
   if (!run_dir_.empty() && !incident_base_) incident_base_ = last_incident_number(run_dir_);
 }
 
@@ -438,6 +458,13 @@ void Agent::keep_newest_snapshot() const {
 
 int Agent::finish(Outcome outcome, int stopped) {
   write_incidents(/*final=*/true);
+  if (coordinator_ && coordinator_->leader()) {
+    try {
+      coordinator_->release_standbys();
+    } catch (const Error& e) {
+      std::fprintf(stderr, "brigade launch: could not release the standby nodes: %s\n", e.what());
+    }
+  }
   // The snapshots go with the agent; the newest state must not.
   if (outcome != Outcome::kSucceeded) keep_newest_snapshot();
   if (options_.brigade_train && !run_dir_.empty() && options_.node_rank == 0) {

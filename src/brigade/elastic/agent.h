@@ -43,8 +43,13 @@
 // agent starts its workers again in place, at the same world size, from the
 // run directory's newest checkpoint. In-memory snapshots stay one node only
 // (elastic/snapshots.h), so a multi-node job has none. A node whose agent
-// stops beating (dead, or cut off the network) ends the job within about
-// 2 s, naming the node: nothing can take its place yet. A launcher's
+// stops beating (dead, or cut off the network) is lost within about 2 s:
+// a standby node's agent (options.standby), which runs no workers and
+// waits, takes its node rank in the next generation if the coordinator
+// gives it (elastic/standby.h), and runs that node's workers from the
+// newest checkpoint; with none free the job ends, naming the node. The
+// agent raises the whole-node faults (NodeFault: kill-agent, partition)
+// itself, once its workers completed the fault's step. A launcher's
 // signal ends the job on every node, whose workers all get the signal's
 // grace (an interrupt checkpoint is collective). Node 0's agent
 // writes incidents.jsonl and the summary for the whole job: it learns every
@@ -119,6 +124,15 @@ struct AgentOptions {
   // Random faults on this node's workers (elastic/fault_injection.h's
   // chaos), for as long as the job runs; none when unset.
   std::optional<ChaosSpec> chaos;
+  // A standby node's agent (multi-node only): node_rank is not used; it
+  // waits until the coordinator gives it a lost node's.
+  bool standby = false;
+  // Whole-node faults (kill-agent, partition) this agent raises when they
+  // are its node's and generation's.
+  std::vector<NodeFault> node_faults;
+  // The interface a partition takes down: the one that carries this node's
+  // traffic to the others (the launcher checks it is no loopback).
+  std::string partition_iface;
 };
 
 // What the agent saw at its last look (every 100 ms or sooner), for the
@@ -157,6 +171,10 @@ class Agent {
   // longer answers in time, so the launcher should not wait on it).
   int lost_node() const { return lost_node_; }
   bool lost_coordinator() const { return lost_coordinator_; }
+  // The node this agent ran (a standby's once given one; -1 before), and a
+  // standby's id (-1 for a node's agent).
+  int node_rank() const { return options_.node_rank; }
+  int standby_id() const { return coordinator_ ? coordinator_->standby_id() : -1; }
 
  private:
   enum class Outcome { kSucceeded, kFailed, kSignalled, kRemoteFailure };
@@ -179,6 +197,11 @@ class Agent {
   // the coordinator's decision: kFailed with will_restart_ to restart.
   void follow_job(const JobView& view, WorkerGroup* group);
   Outcome settle_generation(Outcome outcome);
+  // A standby: waits for a node (true: options_.node_rank and generation_
+  // are set), or returns false with *status the launcher's exit status.
+  bool wait_for_a_node(int* status);
+  // Raises this node's whole-node fault once its workers completed its step.
+  void raise_node_fault(WorkerGroup& group, const HeartbeatTable& table);
   void record_job_incident(const JobView& view);
   void report_end(const std::string& why);
   void write_incidents(bool final);
@@ -215,6 +238,7 @@ class Agent {
   int chaos_raised_ = 0;
   double machine_peak_gflops_ = 0;  // rank 0's, once measured
   int chaos_skipped_ = 0;           // overdue together with a raised one, or no worker to strike
+  std::vector<bool> node_fault_raised_;
   mutable std::mutex status_mutex_;
   AgentStatus status_;
 };

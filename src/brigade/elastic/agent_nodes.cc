@@ -1,8 +1,12 @@
 // The agent's part in a multi-node job: following the coordinator
 // (elastic/coordinator.h). Kept apart from agent.cc, which supervises one
 // node's workers and is the same on one node and many.
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <csignal>
 #include <cstdio>
+#include <cstring>
 
 #include "brigade/core/clock.h"
 #include "brigade/core/error.h"
@@ -14,7 +18,120 @@ namespace {
 constexpr int64_t kTickMs = 100;
 constexpr int64_t kNsPerMs = 1'000'000;
 
+// `ip link set dev IFACE down`; the error, or "".
+std::string take_interface_down(const std::string& iface) {
+  std::fflush(nullptr);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::execlp("ip", "ip", "link", "set", "dev", iface.c_str(), "down", nullptr);
+    ::_exit(127);
+  }
+  if (pid < 0) return std::strerror(errno);
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return "";
+  return fmt::format("`ip link set dev {} down` {}", iface,
+                     WIFEXITED(status) && WEXITSTATUS(status) == 127
+                         ? "could not run (is iproute2 installed?)"
+                         : "failed (it needs root: CAP_NET_ADMIN)");
+}
+
 }  // namespace
+
+bool Agent::wait_for_a_node(int* status) {
+  using State = JobView::State;
+  std::fprintf(stderr, "brigade launch: standby node %d waits to take the place of a lost node\n",
+               coordinator_->standby_id());
+  std::fflush(stderr);
+  const sigset_t watched = watched_signals();
+  for (;;) {
+    const JobView view = coordinator_->poll(now_ns());
+    switch (view.state) {
+      case State::kRestart:
+        options_.node_rank = coordinator_->node_rank();
+        generation_ = coordinator_->generation();
+        // The job's restarts so far, as the other nodes count them.
+        restarts_ = static_cast<int>(generation_);
+        // Its workers resume where the job's are (no worker of its own has
+        // said so yet).
+        run_dir_ = view.run_dir;
+        options_.environment.set("GROUP_RANK", std::to_string(options_.node_rank));
+        std::fprintf(stderr,
+                     "brigade launch: standby node %d takes the place of node %d: starting its "
+                     "workers as generation %lld\n",
+                     coordinator_->standby_id(), options_.node_rank,
+                     static_cast<long long>(generation_));
+        std::fflush(stderr);
+        return true;
+      case State::kSucceeded:
+        std::fprintf(stderr, "brigade launch: the job is over; standby node %d was not needed\n",
+                     coordinator_->standby_id());
+        *status = 0;
+        return false;
+      case State::kEnded:
+        lost_coordinator_ = view.lost_coordinator;
+        std::fprintf(stderr, "brigade launch: standby node %d: the job ended: %s\n",
+                     coordinator_->standby_id(), view.why.c_str());
+        *status = 1;
+        return false;
+      case State::kRunning:
+      case State::kFailing:
+        break;
+    }
+    const timespec tick{0, kTickMs * kNsPerMs};
+    const int sig = ::sigtimedwait(&watched, nullptr, &tick);
+    if (sig == SIGINT || sig == SIGTERM || sig == SIGHUP) {
+      // A standby's signal concerns it alone: the job goes on without it.
+      std::fprintf(stderr, "brigade launch: standby node %d received %s; leaving\n",
+                   coordinator_->standby_id(), signal_name(sig).c_str());
+      *status = 128 + sig;
+      return false;
+    }
+  }
+}
+
+void Agent::raise_node_fault(WorkerGroup& group, const HeartbeatTable& table) {
+  for (size_t i = 0; i < options_.node_faults.size(); ++i) {
+    const NodeFault& fault = options_.node_faults[i];
+    if (node_fault_raised_[i] || fault.node != options_.node_rank ||
+        fault.generation != generation_) {
+      continue;
+    }
+    // Once every worker of the node completed the step.
+    bool due = true;
+    for (int r = 0; r < table.slots() && due; ++r) due = table.read(r).step >= fault.step;
+    if (!due) continue;
+    node_fault_raised_[i] = true;
+    std::fprintf(stderr,
+                 "brigade launch: injecting %s on node %d after step %lld (generation %lld)\n",
+                 fault.name(), fault.node, static_cast<long long>(fault.step),
+                 static_cast<long long>(generation_));
+    std::fflush(stderr);
+    if (coordinator_) {
+      try {
+        coordinator_->mark_node_fault(fault.name());
+      } catch (const Error& e) {
+        std::fprintf(stderr, "brigade launch: could not tell the coordinator: %s\n", e.what());
+      }
+    }
+    if (fault.kind == NodeFault::Kind::kKillAgent) {
+      // The whole node at once: its workers first (each its own process
+      // group), so that none outlives the agent even for the moment
+      // PR_SET_PDEATHSIG takes.
+      for (const Worker& w : group.workers()) {
+        if (w.running) ::kill(-w.pid, SIGKILL);
+      }
+      ::kill(::getpid(), SIGKILL);
+    }
+    const std::string error = take_interface_down(options_.partition_iface);
+    if (!error.empty()) {
+      std::fprintf(stderr, "brigade launch: the partition fault did not cut node %d: %s\n",
+                   options_.node_rank, error.c_str());
+      std::fflush(stderr);
+    }
+  }
+}
 
 void Agent::follow_job(const JobView& view, WorkerGroup* group) {
   using State = JobView::State;

@@ -9,23 +9,17 @@
 
 #include "brigade/comm/tcp_store.h"
 #include "brigade/core/error.h"
+#include "brigade/elastic/coordinator_keys.h"
+#include "brigade/elastic/standby.h"
 
 namespace brigade::elastic {
 namespace {
 
 constexpr int64_t kNsPerMs = 1'000'000;
 
-// A value under brigade/coord/ that no agent of this job would write: only
-// a holder of the token can have written it, and it is refused rather than
-// taken for a decision. Unlike a lost store, the store still answers.
-class MalformedValue : public Error {
- public:
-  MalformedValue(const std::string& key, const std::string& value, const std::string& expected)
-      : Error(fmt::format(
-            "the coordinator key '{}' holds '{}', not {}: refusing it (only this job's agents "
-            "write under brigade/coord/; another process holding the job's token wrote it)",
-            key, value.size() > 80 ? value.substr(0, 80) + "..." : value, expected)) {}
-};
+}  // namespace
+
+namespace detail {
 
 std::string beat_key(int node) {
   return coordinator_key(fmt::format("agent/{}/beat", node));
@@ -103,7 +97,10 @@ Incident parse_report(const std::string& key, const nlohmann::json& j, int64_t n
   }
   const std::string kind = j.at("kind");
   const double detected_after_ms = j.at("detected_after_ms");
-  if ((kind != "crash" && kind != "hang") || !(detected_after_ms >= 0)) return fail();
+  if ((kind != "crash" && kind != "hang" && kind != "node_lost" && kind != "partition") ||
+      !(detected_after_ms >= 0)) {
+    return fail();
+  }
   if ((j.contains("signal") && !j.at("signal").is_number_integer()) ||
       (j.contains("exit_code") && !j.at("exit_code").is_number_integer())) {
     return fail();
@@ -124,7 +121,26 @@ Incident parse_report(const std::string& key, const nlohmann::json& j, int64_t n
   return i;
 }
 
-}  // namespace
+std::string lost_key(int node) {
+  return coordinator_key(fmt::format("node/{}/lost", node));
+}
+std::string replaced_key(int64_t g, int node) {
+  return coordinator_key(fmt::format("gen/{}/node/{}", g, node));
+}
+std::string node_fault_key(int64_t g, int node) {
+  return coordinator_key(fmt::format("gen/{}/node_fault/{}", g, node));
+}
+
+}  // namespace detail
+
+using namespace detail;
+
+MalformedValue::MalformedValue(const std::string& key, const std::string& value,
+                               const std::string& expected)
+    : Error(fmt::format(
+          "the coordinator key '{}' holds '{}', not {}: refusing it (only this job's agents "
+          "write under brigade/coord/; another process holding the job's token wrote it)",
+          key, value.size() > 80 ? value.substr(0, 80) + "..." : value, expected)) {}
 
 std::string coordinator_key(const std::string& suffix) {
   return "brigade/coord/" + suffix;
@@ -157,6 +173,7 @@ Coordinator::Coordinator(CoordinatorStore& store, CoordinatorOptions options, in
       options_(options),
       last_beat_(static_cast<size_t>(options.nnodes), -1),
       beat_changed_ns_(static_cast<size_t>(options.nnodes), now_ns) {
+  for (int n = 0; n < options_.nnodes; ++n) beat_keys_.push_back(beat_key(n));
   // A call that takes its whole timeout and then succeeds delays the next
   // beat by as much: past half the silence allowed, a healthy agent could
   // look lost.
@@ -168,8 +185,30 @@ Coordinator::Coordinator(CoordinatorStore& store, CoordinatorOptions options, in
         store_.address(), store_.call_timeout_ms(), options_.agent_timeout_ms,
         options_.agent_timeout_ms / 2);
   }
-  store_.add(beat_key(options_.node_rank), 1);
+  if (options_.standby) {
+    standby_id_ = static_cast<int>(store_.add(standby_count_key(), 1) - 1);
+    beat_key_ = standby_beat_key(standby_id_);
+  } else {
+    beat_key_ = beat_key(options_.node_rank);
+  }
+  if (leader()) standbys_ = std::make_unique<StandbyPool>(store_, options_.agent_timeout_ms);
+  store_.add(beat_key_, 1);
   next_beat_ns_ = now_ns + options_.beat_interval_ms * kNsPerMs;
+}
+
+Coordinator::~Coordinator() = default;
+
+void Coordinator::mark_node_fault(const std::string& kind) {
+  if (lost_in()) return;
+  store_.set(node_fault_key(generation_, options_.node_rank), kind);
+}
+
+void Coordinator::publish_run_dir(const std::string& run_dir) {
+  store_.set(coordinator_key("run_dir"), run_dir);
+}
+
+void Coordinator::release_standbys() {
+  store_.set(standby_release_key(), "1");
 }
 
 void Coordinator::report_failure(Incident incident) {
@@ -183,6 +222,8 @@ void Coordinator::report_failure(Incident incident) {
 
 void Coordinator::send_report() {
   if (!pending_report_) return;
+  // A lost node's agent that came back writes nothing (see check_not_lost).
+  if (lost_in()) return;
   // The report first, then the count the others poll: a count they see
   // always has its report readable. Sent again after an error, the report
   // is the same and the count only needs to be above 0.
@@ -193,11 +234,15 @@ void Coordinator::send_report() {
 }
 
 void Coordinator::report_end(const std::string& why) {
-  end_job({{"kind", "signal"}, {"what", why}, {"node", options_.node_rank}});
+  if (lost_in()) return;
+  end_job({{"kind", "signal"},
+           {"what", why},
+           {"node", options_.node_rank},
+           {"generation", generation_}});
 }
 
 void Coordinator::report_stopped(bool succeeded) {
-  if (reported_stopped_) return;
+  if (reported_stopped_ || lost_in()) return;
   // A node whose workers failed reports the failure before it says so.
   send_report();
   store_.set(stopped_key(generation_, options_.node_rank), succeeded ? "ok" : "failed");
@@ -208,7 +253,11 @@ void Coordinator::try_end_job(const std::string& what) {
   if (tried_end_) return;
   tried_end_ = true;
   try {
-    end_job({{"kind", "coordinator_lost"}, {"node", options_.node_rank}, {"what", what}});
+    if (lost_in()) return;  // the job went on without this node
+    end_job({{"kind", "coordinator_lost"},
+             {"node", options_.node_rank},
+             {"generation", generation_},
+             {"what", what}});
   } catch (const Error&) {
     // The store is gone for this node too: the leader, if alive, finds this
     // agent silent and ends the job itself.
@@ -223,12 +272,17 @@ void Coordinator::end_job(const nlohmann::json& end) {
 
 JobView Coordinator::poll(int64_t now_ns) {
   try {
+    if (options_.standby) return standby_poll(now_ns);
+    // A lost node's agent that came back writes nothing more, not even a beat.
+    if (const auto lost = check_not_lost()) return *lost;
     send_report();
     if (now_ns >= next_beat_ns_) {
-      store_.add(beat_key(options_.node_rank), 1);
+      store_.add(beat_key_, 1);
       next_beat_ns_ = now_ns + options_.beat_interval_ms * kNsPerMs;
     }
-    if (const auto end = store_.try_get(end_key())) return ended_view(*end);
+    if (const auto end = store_.try_get(end_key()); end && !end_from_lost_node(*end)) {
+      return ended_view(*end);
+    }
     JobView state = read_state();
     // Nodes that are done stop beating: success needs no watching.
     if (state.state == JobView::State::kSucceeded) return state;
@@ -245,7 +299,9 @@ JobView Coordinator::poll(int64_t now_ns) {
     v.lost_coordinator = !leader();
     v.why = fmt::format("lost contact with the coordinator's store at {}: {}", store_.address(),
                         e.what());
-    if (!leader()) try_end_job(fmt::format("node {} {}", options_.node_rank, v.why));
+    // A standby's loss of the store concerns nobody else.
+    if (!leader() && !options_.standby)
+      try_end_job(fmt::format("node {} {}", options_.node_rank, v.why));
     return v;
   }
 }
@@ -289,7 +345,7 @@ JobView Coordinator::read_state() {
 }
 
 bool Coordinator::beat_moved(int node, int64_t now_ns) {
-  const std::string key = beat_key(node);
+  const std::string& key = beat_keys_[node];
   const auto value = store_.try_get(key);
   if (!value) return false;  // not registered yet: counts as silent
   const int64_t beat = parse_count(key, *value);
@@ -301,46 +357,43 @@ bool Coordinator::beat_moved(int node, int64_t now_ns) {
 
 std::optional<JobView> Coordinator::lead(int64_t now_ns) {
   const int64_t timeout_ns = options_.agent_timeout_ms * kNsPerMs;
+  standbys_->watch(now_ns);
   for (int n = 1; n < options_.nnodes; ++n) {
+    if (lost_.contains(n)) continue;
     if (beat_moved(n, now_ns) || now_ns - beat_changed_ns_[n] <= timeout_ns) continue;
-    const double silent_s = (now_ns - beat_changed_ns_[n]) * 1e-9;
-    Incident lost;
-    lost.kind = "node_lost";
-    lost.node = n;
-    lost.rank = -1;
-    lost.generation = generation_;
-    lost.what = fmt::format(
-        "node {} is lost: its agent sent no heartbeat for {:.1f} s (the agent died, or the node "
-        "lost its network); with no standby node the job cannot go on at the same world size, "
-        "so it ends (continuing on fewer nodes is not supported yet)",
-        n, silent_s);
-    return lead_end({{"kind", "node_lost"},
-                     {"node", n},
-                     {"what", lost.what},
-                     {"silent_ms", (now_ns - beat_changed_ns_[n]) * 1e-6}},
-                    now_ns);
+    if (const auto ended = on_silent_node(n, now_ns)) return ended;
   }
   const std::string reports = reports_key(generation_);
   const auto count = store_.try_get(reports);
   if (!count || parse_count(reports, *count) == 0) return std::nullopt;
   if (store_.try_get(open_key(generation_ + 1))) return std::nullopt;
   for (int n = 0; n < options_.nnodes; ++n) {
-    if (!store_.try_get(stopped_key(generation_, n))) return std::nullopt;
+    if (!lost_.contains(n) && !store_.try_get(stopped_key(generation_, n))) return std::nullopt;
   }
-  // Every node's workers of this generation are gone: decide.
-  const std::optional<Incident> cause = choose_cause();
+  // Every node's workers of this generation are gone: decide. A lost node
+  // is the cause: the other nodes' failures are its consequences.
+  std::optional<Incident> cause = lost_.empty() ? choose_cause() : lost_.begin()->second;
   if (!cause) {
     throw MalformedValue(reports, *count, "a count of reports that exist (none does)");
   }
-  nlohmann::json report = report_json(*cause);
-  if (generation_ < options_.max_restarts) {
-    store_.set(cause_key(generation_), report.dump());
+  if (generation_ < options_.max_restarts && replace_lost_nodes(now_ns, *cause)) {
+    store_.set(cause_key(generation_), report_json(*cause).dump());
     store_.set(open_key(generation_ + 1), std::to_string(generation_ + 1));
     return std::nullopt;  // read_state() sees it on the next poll, as everyone does
   }
+  if (!lost_.empty()) {
+    return lead_end({{"kind", "node_lost"},
+                     {"node", cause->node},
+                     {"generation", generation_},
+                     {"what", cause->what},
+                     {"silent_ms", cause->detected_after_ms()}},
+                    now_ns);
+  }
+  nlohmann::json report = report_json(*cause);
   return lead_end(
       {{"kind", "failure"},
        {"node", cause->node},
+       {"generation", generation_},
        {"what", options_.max_restarts == 0
                     ? cause->what
                     : fmt::format("{} (no restart left: {} used)", cause->what, generation_)},
@@ -350,7 +403,9 @@ std::optional<JobView> Coordinator::lead(int64_t now_ns) {
 
 std::optional<JobView> Coordinator::lead_end(const nlohmann::json& end, int64_t now_ns) {
   end_job(end);
-  if (const auto written = store_.try_get(end_key())) return ended_view(*written);
+  if (const auto written = store_.try_get(end_key()); written && !end_from_lost_node(*written)) {
+    return ended_view(*written);
+  }
   // Another agent claimed the end first and has not written it yet: a later
   // poll reads it. Not written within agent_timeout_ms, its agent died or
   // lost the store between its two calls, and the leader's end stands.
@@ -395,8 +450,9 @@ std::optional<JobView> Coordinator::watch_leader(int64_t now_ns) {
       "s",
       store_.address(), (now_ns - beat_changed_ns_[0]) * 1e-9);
   // Node 0's agent may be alive but slow or cut off from this node only:
-  // its workers must not wait on this node's in a collective.
-  try_end_job(fmt::format("node {} {}", options_.node_rank, v.why));
+  // its workers must not wait on this node's in a collective. A standby
+  // runs no workers: nobody waits on it.
+  if (!options_.standby) try_end_job(fmt::format("node {} {}", options_.node_rank, v.why));
   return v;
 }
 
@@ -441,6 +497,7 @@ void Coordinator::enter_next_generation() {
         generation_ + 1, generation_);
   }
   ++generation_;
+  lost_.clear();
   reported_failure_ = false;
   pending_report_.reset();
   reported_stopped_ = false;

@@ -13,6 +13,7 @@
 //   gen/<g>/cause                 the report the job's incident is made of
 //   gen/<g+1>/open                "<g+1>": generation g+1 may start
 //   end                           why the job ends (JSON), once and for all
+//   run_dir                       where the job's workers write (node 0's)
 //   end/claims                    a counter: the agent that adds 1 first writes
 //                                 `end`; unwritten after agent_timeout_ms (its
 //                                 agent died in between), node 0 writes its own
@@ -26,10 +27,18 @@
 //     restarts are left (g < max_restarts: restarts are counted across the
 //     job, never per node), else ends the job with that cause.
 //   - An agent whose beat has not moved for agent_timeout_ms (2 s: its
-//     agent died, hangs, or its node lost its network) ends the job naming
-//     the node: with no standby node the job cannot go on at the same world
-//     size. Continuing on fewer nodes, standby nodes and rejoining are a
-//     later increment.
+//     agent died, hangs, or its node lost its network) is lost. With a
+//     restart left and a standby node free (elastic/standby.h: one whose
+//     beat the leader saw move within agent_timeout_ms), the leader marks
+//     the node lost (node/<n>/lost = g), counts a report in g so that every
+//     other node stops its workers, and once they are reaped gives the
+//     node's rank to the standby (gen/<g+1>/node/<n> = "standby <s>", and
+//     the standby's own key) before it opens g+1: the standby runs the lost
+//     node's workers, at the same world size, so the result stays the same.
+//     The lost node is the generation's cause (its kind "node_lost", or
+//     "partition" when its agent said it cut its own network: an injected
+//     fault writes gen/<g>/node_fault/<n> first). With no standby free or
+//     no restart left the job ends naming the node.
 //   - The other agents watch the leader's beat the same way, and treat a
 //     store that no longer answers (each call is bounded by the store
 //     client's timeout, at most half of agent_timeout_ms, so that one slow
@@ -37,6 +46,14 @@
 //     Such an agent still tries once to end the job for everyone, so that
 //     node 0's workers, if they live, do not sit in collectives with this
 //     node's until the collective timeout.
+// Node 0, the leader, cannot be replaced: its loss ends the job (its
+// launcher hosts the store too); surviving it needs a store with leases
+// and leader election (etcd), a later increment.
+// A lost node never comes back into the job: its agent, should it come
+// back (it was stopped, or its network returns), finds node/<n>/lost at
+// or after its generation on its next poll and ends for itself without
+// writing anything; an end it wrote before it knew (a claim on `end`
+// carries the writer's node and generation) is not taken by the others.
 // No agent or worker of generation g can join g+1: the leader opens g+1
 // only after every node reported g's workers reaped, and the workers of g
 // key their store entries and shm segments by BRIGADE_GENERATION
@@ -47,10 +64,13 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "brigade/core/error.h"
 #include "brigade/elastic/incidents.h"
 
 namespace brigade {
@@ -89,9 +109,22 @@ class TcpCoordinatorStore : public CoordinatorStore {
   TcpStore& store_;
 };
 
+// A value under brigade/coord/ that no agent of this job would write: only
+// a holder of the token can have written it, and it is refused rather than
+// taken for a decision. Unlike a lost store, the store still answers.
+class MalformedValue : public Error {
+ public:
+  MalformedValue(const std::string& key, const std::string& value, const std::string& expected);
+};
+
+class StandbyPool;
+
 struct CoordinatorOptions {
   int nnodes = 1;
-  int node_rank = 0;
+  int node_rank = 0;  // ignored for a standby, until it is given a node
+  // A standby node's agent (elastic/standby.h): it registers, beats and
+  // waits for a lost node's rank.
+  bool standby = false;
   int max_restarts = 0;
   int64_t beat_interval_ms = 200;
   // Two seconds without a beat: a loaded machine's agent still beats ten
@@ -104,8 +137,11 @@ struct JobView {
   enum class State {
     kRunning,    // nothing reported
     kFailing,    // a failure was reported: stop the workers, report stopped()
-    kRestart,    // generation + 1 is open: enter() it and start the workers
-    kSucceeded,  // every node's workers of this generation exited 0
+    kRestart,    // generation + 1 is open: enter() it and start the workers;
+                 // for a standby: it was given node_rank() from generation()
+                 // on, which is open (no enter: start the workers)
+    kSucceeded,  // every node's workers of this generation exited 0 (for a
+                 // waiting standby: the job is over without needing it)
     kEnded,      // the job ends: `why`
   };
   State state = State::kRunning;
@@ -120,6 +156,9 @@ struct JobView {
   int lost_node = -1;
   // kEnded because this agent lost the store or the leader.
   bool lost_coordinator = false;
+  // A standby's kRestart: the run directory the job's nodes published (its
+  // workers resume from its newest checkpoint); empty if none did.
+  std::string run_dir;
   // kEnded because a launcher received a signal: the workers may be saving
   // (an interrupt checkpoint is collective), so every node gives them the
   // signal's grace, not the failure's.
@@ -132,9 +171,26 @@ class Coordinator {
   // cannot be reached, or if its calls may take more than half of
   // agent_timeout_ms.
   Coordinator(CoordinatorStore& store, CoordinatorOptions options, int64_t now_ns);
+  ~Coordinator();
 
   int64_t generation() const { return generation_; }
-  bool leader() const { return options_.node_rank == 0; }
+  bool leader() const { return !options_.standby && options_.node_rank == 0; }
+  // A standby still waiting for a node.
+  bool standby() const { return options_.standby; }
+  // This agent's node: a standby's once given one, -1 before.
+  int node_rank() const { return options_.standby ? -1 : options_.node_rank; }
+  // A standby's id (elastic/standby.h), given or not a node; -1 for a node's agent.
+  int standby_id() const { return standby_id_; }
+
+  // This node raises a whole-node fault now (elastic/fault_injection.h's
+  // NodeFault: "kill-agent" or "partition"), so that the leader records
+  // the node's loss as that. Throws Error if the store did not take it.
+  void mark_node_fault(const std::string& kind);
+  // Node 0, at the end of the job: every standby still waiting exits.
+  void release_standbys();
+  // Node 0, once its workers said where they write: a standby that takes a
+  // node's place resumes from there. Throws Error if the store did not take it.
+  void publish_run_dir(const std::string& run_dir);
 
   // This node's first failure in the current generation (later ones are
   // consequences); `incident.node` is set here. Throws Error if the store
@@ -160,6 +216,23 @@ class Coordinator {
 
  private:
   JobView read_state();
+  // A standby waiting: its assignment, the job's end, or the leader's loss.
+  JobView standby_poll(int64_t now_ns);
+  // The generation this node's agent was declared lost in, if it was at
+  // or after its own (it came back too late); never for the leader or a
+  // standby still waiting.
+  std::optional<int64_t> lost_in();
+  std::optional<JobView> check_not_lost();
+  // Whether `end` was written by a node declared lost after it wrote it
+  // (too late to stop the job, which went on without it).
+  bool end_from_lost_node(const std::string& value);
+  // Node 0: a silent node is lost; with a standby free and a restart left
+  // the job goes on without it.
+  std::optional<JobView> on_silent_node(int node, int64_t now_ns);
+  Incident lost_incident(int node, int64_t now_ns);
+  // Node 0: gives every lost node of the generation to a free standby;
+  // false when none is free for one of them.
+  bool replace_lost_nodes(int64_t now_ns, Incident& cause);
   // Node 0: checks the agents' beats and turns reports into decisions.
   std::optional<JobView> lead(int64_t now_ns);
   // The leader's beat, seen from the other nodes.
@@ -177,6 +250,15 @@ class Coordinator {
 
   CoordinatorStore& store_;
   CoordinatorOptions options_;
+  int standby_id_ = -1;
+  std::string beat_key_;  // this agent's own
+  // Node 0: the standbys, and the nodes lost in this generation (the
+  // incident each is, by node).
+  std::unique_ptr<StandbyPool> standbys_;
+  std::map<int, Incident> lost_;
+  // Per node: the key its agent beats under (a standby that took a node's
+  // place keeps its own).
+  std::vector<std::string> beat_keys_;
   int64_t generation_ = 0;
   int64_t next_beat_ns_ = 0;
   bool reported_failure_ = false;

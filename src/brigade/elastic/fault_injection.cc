@@ -62,10 +62,15 @@ InjectedFault parse_one(std::string_view text) {
     fault.kind = InjectedFault::Kind::kSdc;
   } else if (fields[0] == "nan") {
     fault.kind = InjectedFault::Kind::kNan;
+  } else if (fields[0] == "kill-agent" || fields[0] == "partition") {
+    throw_error(
+        "fault '{}': {} is a whole node's fault, raised by its agent: pass it to `brigade launch "
+        "--inject`, not to the workers",
+        text, fields[0]);
   } else {
     throw_error(
         "fault '{}': unknown kind '{}' (this build injects kill, stop, skip, mismatch, slow, sdc, "
-        "nan and chaos); the form is {}",
+        "nan and chaos; kill-agent and partition through brigade launch); the form is {}",
         text, fields[0], kForm);
   }
   const bool slow = fault.kind == InjectedFault::Kind::kSlow;
@@ -141,6 +146,53 @@ bool is_chaos(std::string_view part) {
   return part.starts_with("chaos:") || part == "chaos";
 }
 
+constexpr const char* kNodeForm =
+    "kill-agent:node=N:step=S[:gen=G] or partition:node=N:step=S[:gen=G] (and at most one "
+    "chaos:mtbf=SECONDS[:kinds=kill+stop][:seed=N]), separated by commas";
+
+NodeFault parse_node_fault(std::string_view text) {
+  const std::vector<std::string_view> fields = split(text, ':');
+  NodeFault fault;
+  if (fields[0] == "kill-agent") {
+    fault.kind = NodeFault::Kind::kKillAgent;
+  } else if (fields[0] == "partition") {
+    fault.kind = NodeFault::Kind::kPartition;
+  } else {
+    throw_error(
+        "launch --inject takes only chaos:mtbf=SECONDS[:kinds=kill+stop][:seed=N] (at most one), "
+        "kill-agent:node=N:step=S[:gen=G] and partition:node=N:step=S[:gen=G], got '{}': the "
+        "other faults are raised by brigade train's workers themselves; pass them to `brigade "
+        "train --inject`",
+        text);
+  }
+  bool has_node = false, has_step = false, has_gen = false;
+  for (size_t i = 1; i < fields.size(); ++i) {
+    const size_t eq = fields[i].find('=');
+    if (eq == std::string_view::npos) {
+      throw_error("fault '{}': '{}' is not key=value; the form is {}", text, fields[i], kNodeForm);
+    }
+    const std::string_view key = fields[i].substr(0, eq);
+    const int64_t value = parse_number(text, key, fields[i].substr(eq + 1));
+    if (key == "node" && !has_node) {
+      fault.node = static_cast<int>(value);
+      has_node = true;
+    } else if (key == "step" && !has_step) {
+      fault.step = value;
+      has_step = true;
+    } else if (key == "gen" && !has_gen) {
+      fault.generation = value;
+      has_gen = true;
+    } else {
+      throw_error("fault '{}': unknown or repeated key '{}'; the form is {}", text, key, kNodeForm);
+    }
+  }
+  if (!has_node || !has_step || fault.step < 1) {
+    throw_error("fault '{}' needs node= and step= (a step from 1 on); the form is {}", text,
+                kNodeForm);
+  }
+  return fault;
+}
+
 ChaosSpec parse_chaos_part(std::string_view text) {
   const std::vector<std::string_view> fields = split(text, ':');
   ChaosSpec spec;
@@ -198,6 +250,16 @@ std::vector<InjectedFault> parse_faults(std::string_view spec) {
   parse_chaos(spec);  // checked here too: the workers parse the spec before the agent acts on it
   for (std::string_view part : split(spec, ',')) {
     if (!is_chaos(part)) faults.push_back(parse_one(part));
+  }
+  return faults;
+}
+
+std::vector<NodeFault> parse_node_faults(std::string_view spec) {
+  std::vector<NodeFault> faults;
+  if (spec.empty()) return faults;
+  parse_chaos(spec);
+  for (std::string_view part : split(spec, ',')) {
+    if (!is_chaos(part)) faults.push_back(parse_node_fault(part));
   }
   return faults;
 }

@@ -43,6 +43,17 @@
 // chaos_skipped (also those with no worker left to strike). The draws are
 // Philox(seed) (ChaosSchedule), so a seed gives the same intervals, ranks
 // and kinds on every run; where they land in training depends on timing.
+//
+//   kill-agent:node=1:step=4[:gen=G]   node 1's agent SIGKILLs its workers
+//                                      and itself once they completed step 4
+//   partition:node=1:step=4[:gen=G]    node 1's agent takes its network
+//                                      interface down then (the node's cable
+//                                      pulled; needs root, never loopback)
+//
+// are the agent's too (`brigade launch --inject`, NodeFault): whole-node
+// faults, which only a standby node can take the place of. The agent
+// writes the fault's kind to the coordinator first, so the leader records
+// the incident as injected and of that kind when it finds the node silent.
 #pragma once
 
 #include <cstdint>
@@ -113,6 +124,21 @@ class ChaosSchedule {
   Fault pending_;
   int64_t due_ns_ = 0;
 };
+
+// A whole node's fault, raised by its agent.
+struct NodeFault {
+  enum class Kind { kKillAgent, kPartition } kind = Kind::kKillAgent;
+  int node = 0;
+  int64_t step = 0;  // once every worker of the node completed it (from 1)
+  int64_t generation = 0;
+  // "kill-agent" or "partition", as in the spec.
+  const char* name() const { return kind == Kind::kKillAgent ? "kill-agent" : "partition"; }
+};
+
+// The kill-agent and partition parts of an inject spec for `brigade
+// launch`, whose only other part may be chaos. Throws Error naming a
+// malformed part, or a worker's fault (kill, stop, ...: brigade train's).
+std::vector<NodeFault> parse_node_faults(std::string_view spec);
 
 // The kill, stop, skip, mismatch or sdc (not when=forward) planned for
 // `rank` right after `step` in `generation`, or null.

@@ -34,7 +34,7 @@
 namespace brigade::elastic {
 
 struct Incident {
-  std::string kind;  // "crash", "hang" or "node_lost", as the agents saw it
+  std::string kind;  // "crash", "hang", "node_lost" or "partition", as the agents saw it
   int rank = 0;
   int node = 0;  // the node of the worker (or the node that was lost)
   int64_t pid = 0;

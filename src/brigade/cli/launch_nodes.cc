@@ -1,0 +1,139 @@
+#include "brigade/cli/launch_nodes.h"
+
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <vector>
+
+#include "brigade/comm/tcp_store.h"
+#include "brigade/core/error.h"
+#include "brigade/elastic/standby.h"
+
+namespace brigade::cli {
+namespace {
+
+std::string standby_done_key(int standby_id) {
+  return fmt::format("brigade/launch/standby/{}/done", standby_id);
+}
+
+// The local IPv4 address this machine would reach host:port from (a UDP
+// socket's connect sends nothing).
+std::string local_address_towards(const std::string& host, int port) {
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* head = nullptr;
+  const std::string service = std::to_string(port);
+  if (::getaddrinfo(host.c_str(), service.c_str(), &hints, &head) != 0 || head == nullptr) {
+    throw_error("cannot resolve the rendezvous host '{}' to an IPv4 address", host);
+  }
+  const int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  sockaddr_in local{};
+  socklen_t length = sizeof(local);
+  const bool ok = fd >= 0 && ::connect(fd, head->ai_addr, head->ai_addrlen) == 0 &&
+                  ::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &length) == 0;
+  const int error = errno;
+  ::freeaddrinfo(head);
+  if (fd >= 0) ::close(fd);
+  if (!ok) throw_error("no route to the rendezvous host {}: {}", host, std::strerror(error));
+  char text[INET_ADDRSTRLEN] = {};
+  ::inet_ntop(AF_INET, &local.sin_addr, text, sizeof(text));
+  return text;
+}
+
+}  // namespace
+
+void join_as_standby(TcpStore& store, const LaunchOptions& o) {
+  const std::string node0 = "brigade/launch/node/0";
+  try {
+    store.wait({node0}, o.rdzv_timeout_ms);
+  } catch (const StoreTimeoutError&) {
+    throw_error(
+        "node 0 did not join the rendezvous at {} within {} ms: a standby waits for a job that "
+        "runs; start node 0's `brigade launch --nnodes {} --node-rank 0` first",
+        store.address(), o.rdzv_timeout_ms, o.nnodes);
+  }
+  const std::string nproc = store.get(node0);
+  if (nproc != std::to_string(o.nproc_per_node)) {
+    throw_error(
+        "node 0 runs {} workers but this standby was given --nproc-per-node {}: a standby runs a "
+        "lost node's workers, so give it the nodes' --nproc-per-node",
+        nproc, o.nproc_per_node);
+  }
+  const std::string restarts = store.get("brigade/launch/node/0/max_restarts");
+  if (restarts != std::to_string(o.max_restarts)) {
+    throw_error(
+        "node 0 was given --max-restarts {} but this standby {}: give it the same --max-restarts "
+        "(restarts are counted for the whole job)",
+        restarts, o.max_restarts);
+  }
+}
+
+void standby_done(TcpStore& store, int standby_id) {
+  store.set(standby_done_key(standby_id), "1");
+}
+
+void wait_for_standbys(TcpStore& store, int64_t limit_ms) {
+  const std::string count_key = elastic::standby_count_key();
+  if (!store.check({count_key})) return;
+  const int64_t count = store.add(count_key, 0);
+  std::vector<std::string> keys;
+  for (int s = 0; s < count; ++s) keys.push_back(standby_done_key(s));
+  if (keys.empty()) return;
+  try {
+    store.wait(keys, limit_ms);
+  } catch (const StoreTimeoutError&) {
+    fmt::print(stderr,
+               "brigade launch: not every standby node said it is done within {} ms (a standby "
+               "that died, or was taken off the network); closing the rendezvous store anyway\n",
+               limit_ms);
+  }
+}
+
+std::string partition_interface(const LaunchOptions& o, const std::string& store_host,
+                                int store_port) {
+  if (::geteuid() != 0) {
+    throw_error(
+        "the partition fault takes this node's network interface down, which needs root "
+        "(CAP_NET_ADMIN): run the node's launcher as root, inside its own network namespace "
+        "(scripts/fake_cluster.sh)");
+  }
+  std::string name = o.iface;
+  bool loopback = false;
+  const std::string address =
+      name.empty() ? local_address_towards(store_host, store_port) : std::string();
+  ifaddrs* head = nullptr;
+  if (::getifaddrs(&head) != 0) throw_error("cannot list the network interfaces");
+  for (ifaddrs* a = head; a != nullptr; a = a->ifa_next) {
+    if (a->ifa_addr == nullptr || a->ifa_addr->sa_family != AF_INET) continue;
+    char text[INET_ADDRSTRLEN] = {};
+    ::inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(a->ifa_addr)->sin_addr, text,
+                sizeof(text));
+    if ((name.empty() && address == text) || (!name.empty() && name == a->ifa_name)) {
+      name = a->ifa_name;
+      loopback = (a->ifa_flags & IFF_LOOPBACK) != 0;
+      break;
+    }
+  }
+  ::freeifaddrs(head);
+  if (name.empty()) {
+    throw_error("no interface of this node holds {}, its address towards the rendezvous host {}",
+                address, store_host);
+  }
+  if (loopback) {
+    throw_error(
+        "the partition fault would take down {}, a loopback interface (the nodes reach the "
+        "rendezvous store {} over it): that cuts every node on this machine; run each node in "
+        "its own network namespace (scripts/fake_cluster.sh), or give --iface",
+        name, store_host);
+  }
+  return name;
+}
+
+}  // namespace brigade::cli

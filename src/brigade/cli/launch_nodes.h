@@ -1,0 +1,41 @@
+// The parts of `brigade launch` (launcher.h) that only a job over several
+// nodes has: standby nodes and whole-node faults.
+//
+// A standby (`brigade launch --nnodes N --standby ...`, no --node-rank)
+// joins the job's store without claiming a node rank, after checking it
+// runs the workers the nodes do (--nproc-per-node, --max-restarts, compared
+// with node 0's), and its agent waits (elastic/standby.h). Node 0's
+// launcher, at the end of the job, gives the standbys that still wait a
+// moment to see they are released before it closes the store.
+#pragma once
+
+#include <string>
+
+#include "brigade/cli/launcher.h"
+
+namespace brigade {
+class TcpStore;
+}  // namespace brigade
+
+namespace brigade::cli {
+
+// Waits (the rendezvous timeout) for node 0 to join, and refuses a standby
+// whose workers would not match the nodes'. Throws Error naming the fix.
+void join_as_standby(TcpStore& store, const LaunchOptions& o);
+
+// A standby's launcher says it is done (whether or not it ran a node).
+void standby_done(TcpStore& store, int standby_id);
+
+// Node 0: waits, at most `limit_ms`, for every registered standby's done.
+// A dead standby never says it; it costs `limit_ms` at the end, no more.
+void wait_for_standbys(TcpStore& store, int64_t limit_ms);
+
+// The interface a partition fault of this node takes down: --iface, else
+// the one the node reaches the store's host through. Throws Error if that
+// is a loopback interface (cutting it would cut every node on this
+// machine, and the machine's own loopback) or if this process cannot take
+// an interface down (it needs root).
+std::string partition_interface(const LaunchOptions& o, const std::string& store_host,
+                                int store_port);
+
+}  // namespace brigade::cli

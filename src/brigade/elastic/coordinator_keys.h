@@ -1,0 +1,34 @@
+// The coordinator's store keys and value formats (elastic/coordinator.h
+// lists the keys), shared by coordinator.cc and coordinator_standby.cc; not
+// for other users: they go through Coordinator.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "brigade/elastic/incidents.h"
+
+namespace brigade::elastic::detail {
+
+std::string beat_key(int node);
+std::string reports_key(int64_t g);
+std::string failure_key(int64_t g, int node);
+std::string stopped_key(int64_t g, int node);
+std::string cause_key(int64_t g);
+std::string open_key(int64_t g);
+const std::string& end_key();
+std::string lost_key(int node);
+std::string replaced_key(int64_t g, int node);
+std::string node_fault_key(int64_t g, int node);
+
+// Throw MalformedValue for a value no agent of the job would write.
+int64_t parse_count(const std::string& key, const std::string& value);
+nlohmann::json parse_object(const std::string& key, const std::string& value, const char* expected);
+// A failure report as it travels between agents. Times are per node, so
+// only the detection delay travels: the reader places it on its own clock
+// (parse_report's now_ns).
+nlohmann::json report_json(const Incident& i);
+Incident parse_report(const std::string& key, const nlohmann::json& j, int64_t now_ns);
+
+}  // namespace brigade::elastic::detail

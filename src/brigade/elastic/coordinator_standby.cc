@@ -1,0 +1,174 @@
+// The coordinator's part in standby nodes (elastic/standby.h): the leader
+// giving a lost node's rank to a standby, a standby waiting for one, and a
+// lost node's agent kept out. Kept apart from coordinator.cc, which runs
+// generations the same with standbys or without.
+#include <fmt/format.h>
+
+#include "brigade/elastic/coordinator.h"
+#include "brigade/elastic/coordinator_keys.h"
+#include "brigade/elastic/standby.h"
+
+namespace brigade::elastic {
+namespace {
+
+constexpr int64_t kNsPerMs = 1'000'000;
+
+}  // namespace
+
+using namespace detail;
+
+std::optional<int64_t> Coordinator::lost_in() {
+  if (leader() || options_.standby) return std::nullopt;
+  const std::string key = lost_key(options_.node_rank);
+  const auto value = store_.try_get(key);
+  if (!value) return std::nullopt;
+  const int64_t lost_in = parse_count(key, *value);
+  // A standby that took this node's rank later is not the one declared lost.
+  if (lost_in < generation_) return std::nullopt;
+  return lost_in;
+}
+
+std::optional<JobView> Coordinator::check_not_lost() {
+  const std::optional<int64_t> lost = lost_in();
+  if (!lost) return std::nullopt;
+  const int64_t lost_in = *lost;
+  JobView v;
+  v.state = JobView::State::kEnded;
+  v.lost_coordinator = true;  // nobody waits for this node any more
+  v.why = fmt::format(
+      "the coordinator declared node {} lost in generation {} (its agent sent no heartbeat for "
+      "too long) and gave its place to a standby node: this agent stops its workers and does not "
+      "rejoin",
+      options_.node_rank, lost_in);
+  return v;
+}
+
+bool Coordinator::end_from_lost_node(const std::string& value) {
+  const nlohmann::json j = nlohmann::json::parse(value, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object() || !j.contains("node") || !j.at("node").is_number_integer() ||
+      !j.contains("generation") || !j.at("generation").is_number_integer()) {
+    return false;  // ended_view() says what is wrong with it
+  }
+  const int node = j.at("node");
+  if (node <= 0 || node >= options_.nnodes) return false;
+  const std::string key = lost_key(node);
+  const auto lost_in = store_.try_get(key);
+  return lost_in && parse_count(key, *lost_in) >= j.at("generation").get<int64_t>();
+}
+
+JobView Coordinator::standby_poll(int64_t now_ns) {
+  if (now_ns >= next_beat_ns_) {
+    store_.add(beat_key_, 1);
+    next_beat_ns_ = now_ns + options_.beat_interval_ms * kNsPerMs;
+  }
+  if (const auto end = store_.try_get(end_key()); end && !end_from_lost_node(*end)) {
+    return ended_view(*end);
+  }
+  JobView v;
+  if (store_.try_get(standby_release_key())) {
+    v.state = JobView::State::kSucceeded;
+    return v;
+  }
+  if (const auto given = read_assignment(store_, standby_id_, options_.nnodes)) {
+    // The leader gives the node, then opens the generation once the other
+    // nodes' workers are gone: until then this standby waits.
+    if (store_.try_get(open_key(given->generation))) {
+      options_.standby = false;
+      options_.node_rank = given->node;
+      generation_ = given->generation;
+      v.state = JobView::State::kRestart;
+      v.run_dir = store_.try_get(coordinator_key("run_dir")).value_or("");
+      return v;
+    }
+  }
+  if (const auto lost = watch_leader(now_ns)) return *lost;
+  return v;
+}
+
+Incident Coordinator::lost_incident(int n, int64_t now_ns) {
+  Incident lost;
+  lost.kind = "node_lost";
+  lost.node = n;
+  lost.rank = -1;
+  lost.generation = generation_;
+  lost.detected_ns = now_ns;
+  lost.fault_ns = beat_changed_ns_[n];
+  lost.last_step = -1;
+  const std::string key = node_fault_key(generation_, n);
+  if (const auto fault = store_.try_get(key)) {
+    if (*fault != "kill-agent" && *fault != "partition") {
+      throw MalformedValue(key, *fault, "'kill-agent' or 'partition'");
+    }
+    lost.injected = true;
+    if (*fault == "partition") lost.kind = "partition";
+  }
+  const double silent_s = (now_ns - beat_changed_ns_[n]) * 1e-9;
+  lost.what = fmt::format(
+      "node {} is lost: its agent sent no heartbeat for {:.1f} s (the agent died, or the node "
+      "lost its network{})",
+      n, silent_s,
+      lost.injected
+          ? fmt::format("; injected: {}", lost.kind == "partition" ? "partition" : "kill-agent")
+          : "");
+  return lost;
+}
+
+std::optional<JobView> Coordinator::on_silent_node(int n, int64_t now_ns) {
+  Incident lost = lost_incident(n, now_ns);
+  const int standbys = standbys_->registered();
+  if (generation_ < options_.max_restarts && standbys_->pick(now_ns)) {
+    // Marked before the others hear of it: its agent, should it come back,
+    // finds itself out before it can see the next generation open.
+    store_.set(lost_key(n), std::to_string(generation_));
+    lost_.emplace(n, std::move(lost));
+    store_.add(reports_key(generation_), 1);
+    return std::nullopt;
+  }
+  std::string why;
+  if (standbys == 0) {
+    why =
+        "with no standby node the job cannot go on at the same world size, so it ends "
+        "(continuing on fewer nodes is not supported yet)";
+  } else if (generation_ >= options_.max_restarts) {
+    why = fmt::format("no restart left ({} used), so the job ends", generation_);
+  } else {
+    why = fmt::format(
+        "no standby node is free (of {} registered, none unused with a heartbeat in the last "
+        "{} ms), so the job ends",
+        standbys, options_.agent_timeout_ms);
+  }
+  lost.what += "; " + why;
+  return lead_end({{"kind", "node_lost"},
+                   {"node", n},
+                   {"generation", generation_},
+                   {"what", lost.what},
+                   {"silent_ms", (now_ns - beat_changed_ns_[n]) * 1e-6}},
+                  now_ns);
+}
+
+bool Coordinator::replace_lost_nodes(int64_t now_ns, Incident& cause) {
+  for (auto& [n, lost] : lost_) {
+    // Checked again: a standby may have died while the others stopped.
+    const std::optional<int> standby = standbys_->pick(now_ns);
+    if (!standby) {
+      cause = lost;
+      cause.what += fmt::format(
+          "; no standby node is free any more (none unused with a heartbeat in the last {} ms), "
+          "so the job ends",
+          options_.agent_timeout_ms);
+      return false;
+    }
+    standbys_->assign(*standby, n, generation_ + 1);
+    store_.set(replaced_key(generation_ + 1, n), fmt::format("standby {}", *standby));
+    lost.what += fmt::format("; standby node {} takes its place as node {} in generation {}",
+                             *standby, n, generation_ + 1);
+    if (cause.node == n) cause.what = lost.what;
+    // Watched from now on under the standby's own key.
+    beat_keys_[n] = standby_beat_key(*standby);
+    last_beat_[n] = -1;
+    beat_changed_ns_[n] = now_ns;
+  }
+  return true;
+}
+
+}  // namespace brigade::elastic

@@ -1,0 +1,89 @@
+#include "brigade/elastic/standby.h"
+
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <cstdlib>
+
+namespace brigade::elastic {
+namespace {
+
+constexpr int64_t kNsPerMs = 1'000'000;
+
+int64_t read_count(CoordinatorStore& store, const std::string& key) {
+  const auto value = store.try_get(key);
+  if (!value) return 0;
+  char* end = nullptr;
+  const long long n = std::strtoll(value->c_str(), &end, 10);
+  if (value->empty() || *end != '\0' || n < 0 || n > 1'000'000) {
+    throw MalformedValue(key, *value, "a non-negative decimal number");
+  }
+  return n;
+}
+
+}  // namespace
+
+std::string standby_count_key() {
+  return coordinator_key("standby/count");
+}
+std::string standby_beat_key(int standby) {
+  return coordinator_key(fmt::format("standby/{}/beat", standby));
+}
+std::string standby_node_key(int standby) {
+  return coordinator_key(fmt::format("standby/{}/node", standby));
+}
+std::string standby_release_key() {
+  return coordinator_key("standby/release");
+}
+
+std::optional<StandbyAssignment> read_assignment(CoordinatorStore& store, int standby, int nnodes) {
+  const std::string key = standby_node_key(standby);
+  const auto value = store.try_get(key);
+  if (!value) return std::nullopt;
+  StandbyAssignment a;
+  long long generation = 0;
+  int consumed = 0;
+  if (std::sscanf(value->c_str(), "%d %lld%n", &a.node, &generation, &consumed) != 2 ||
+      consumed != static_cast<int>(value->size()) || a.node < 1 || a.node >= nnodes ||
+      generation < 1) {
+    throw MalformedValue(
+        key, *value,
+        fmt::format("'NODE GENERATION' with NODE in 1..{} and GENERATION >= 1", nnodes - 1));
+  }
+  a.generation = generation;
+  return a;
+}
+
+void StandbyPool::watch(int64_t now_ns) {
+  const int64_t count = read_count(store_, standby_count_key());
+  while (static_cast<int64_t>(standbys_.size()) < count) {
+    standbys_.push_back({.beat = -1, .changed_ns = now_ns, .moved = false, .taken = false});
+  }
+  for (size_t s = 0; s < standbys_.size(); ++s) {
+    Standby& standby = standbys_[s];
+    if (standby.taken) continue;
+    const int64_t beat = read_count(store_, standby_beat_key(static_cast<int>(s)));
+    if (beat == standby.beat) continue;
+    // The first value read is no movement: it may be a dead standby's last.
+    standby.moved = standby.beat >= 0;
+    standby.beat = beat;
+    standby.changed_ns = now_ns;
+  }
+}
+
+std::optional<int> StandbyPool::pick(int64_t now_ns) const {
+  for (size_t s = 0; s < standbys_.size(); ++s) {
+    const Standby& standby = standbys_[s];
+    if (standby.taken || !standby.moved) continue;
+    if (now_ns - standby.changed_ns > agent_timeout_ms_ * kNsPerMs) continue;
+    return static_cast<int>(s);
+  }
+  return std::nullopt;
+}
+
+void StandbyPool::assign(int standby, int node, int64_t generation) {
+  standbys_.at(static_cast<size_t>(standby)).taken = true;
+  store_.set(standby_node_key(standby), fmt::format("{} {}", node, generation));
+}
+
+}  // namespace brigade::elastic

@@ -1,0 +1,76 @@
+// Standby nodes: agents that wait, registered with the coordinator
+// (elastic/coordinator.h), to take the place of a lost node.
+//
+// A standby's agent (`brigade launch --standby`) registers under
+// "brigade/coord/standby/":
+//   count                 a counter: adding 1 gives the standby its id s
+//   <s>/beat              a counter its agent adds to every 200 ms
+//   <s>/node              "<node> <generation>": written by the leader only,
+//                         once: the standby runs that node's workers (the
+//                         same node rank, local ranks and world size) from
+//                         that generation on
+//   release               the job is over: every standby still waiting exits
+// The leader watches every standby's beat as it watches the nodes', and
+// gives a lost node's rank only to a standby it has seen beating within
+// agent_timeout_ms and that has no node yet; a standby whose beat never
+// moved while the leader watched (it died before, or never really started)
+// is never chosen. A standby keeps beating under its own key once it runs a
+// node's workers: the lost node's agent, should it come back, beats under
+// the node's old key, which nobody watches any more.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "brigade/elastic/coordinator.h"
+
+namespace brigade::elastic {
+
+std::string standby_count_key();
+std::string standby_beat_key(int standby);
+std::string standby_node_key(int standby);
+std::string standby_release_key();
+
+// A standby's assignment, as the leader wrote it.
+struct StandbyAssignment {
+  int node = 0;
+  int64_t generation = 0;
+};
+
+// Reads `<s>/node`: nullopt while unassigned. Throws MalformedValue for a
+// value the leader would not write (a node outside 1..nnodes-1: node 0,
+// the leader, is never replaced).
+std::optional<StandbyAssignment> read_assignment(CoordinatorStore& store, int standby, int nnodes);
+
+// The leader's view of the standbys: whose beat is alive, who is free.
+class StandbyPool {
+ public:
+  StandbyPool(CoordinatorStore& store, int64_t agent_timeout_ms)
+      : store_(store), agent_timeout_ms_(agent_timeout_ms) {}
+
+  // Reads how many standbys registered and each one's beat (every poll of
+  // the leader, so that a beat's movement is seen as it happens).
+  void watch(int64_t now_ns);
+  // The lowest free standby whose beat moved within agent_timeout_ms, or
+  // nullopt when none is.
+  std::optional<int> pick(int64_t now_ns) const;
+  // Gives `node` to `standby` from `generation` on. The standby is taken
+  // for good, whether or not it ever starts.
+  void assign(int standby, int node, int64_t generation);
+  int registered() const { return static_cast<int>(standbys_.size()); }
+
+ private:
+  struct Standby {
+    int64_t beat = -1;
+    int64_t changed_ns = 0;
+    bool moved = false;  // seen to move at least once
+    bool taken = false;
+  };
+  CoordinatorStore& store_;
+  int64_t agent_timeout_ms_;
+  std::vector<Standby> standbys_;
+};
+
+}  // namespace brigade::elastic

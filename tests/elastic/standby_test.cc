@@ -1,0 +1,263 @@
+// Standby nodes (elastic/standby.h): the leader's choice among them, and the
+// coordinator giving a lost node's rank to one (elastic/coordinator.h). As
+// in coordinator_test.cc, every agent is a Coordinator over its own client
+// of one real TcpStore, and time is passed in by the test. End to end:
+// tests/cli/elastic_nodes_test.cc (loopback) and
+// tests/cli/elastic_nodes_cluster_test.cc (namespace nodes).
+#include "brigade/elastic/standby.h"
+
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "brigade/comm/tcp_store.h"
+#include "brigade/core/error.h"
+
+namespace brigade::elastic {
+namespace {
+
+constexpr int64_t kMs = 1'000'000;
+constexpr char kToken[] = "standby-test-token";
+using State = JobView::State;
+
+struct Agent {
+  Agent(uint16_t port, int nnodes, int rank, bool standby, int64_t now)
+      : client("127.0.0.1", port, kToken, 1'000), store(client) {
+    CoordinatorOptions o;
+    o.nnodes = nnodes;
+    o.node_rank = rank;
+    o.max_restarts = 3;
+    o.standby = standby;
+    coordinator = std::make_unique<Coordinator>(store, o, now);
+  }
+  JobView poll(int64_t t) { return coordinator->poll(t); }
+  TcpStore client;
+  TcpCoordinatorStore store;
+  std::unique_ptr<Coordinator> coordinator;
+};
+
+class StandbyTest : public ::testing::Test {
+ protected:
+  std::unique_ptr<Agent> node(int rank, int nnodes = 2) {
+    return std::make_unique<Agent>(server_.port(), nnodes, rank, false, 0);
+  }
+  std::unique_ptr<Agent> standby(int nnodes = 2) {
+    return std::make_unique<Agent>(server_.port(), nnodes, 0, true, 0);
+  }
+  TcpStoreServer server_{"127.0.0.1", 0, kToken};
+  TcpStore raw_{"127.0.0.1", server_.port(), kToken, 1'000};
+  TcpCoordinatorStore raw_store_{raw_};
+};
+
+// The pool alone: a standby is chosen only if the leader saw its beat move
+// within agent_timeout_ms, and only once.
+TEST_F(StandbyTest, ThePoolPicksOnlyAFreeStandbyWhoseBeatMovedRecently) {
+  StandbyPool pool(raw_store_, 2'000);
+  const auto beat = [&](int s) { raw_store_.add(standby_beat_key(s), 1); };
+  raw_store_.add(standby_count_key(), 2);
+  beat(0);
+  beat(1);
+  pool.watch(0);
+  // Registered, but neither beat has moved under the leader's eyes yet: a
+  // registered standby may have died right after.
+  EXPECT_EQ(pool.pick(0), std::nullopt);
+  beat(1);
+  pool.watch(100 * kMs);
+  EXPECT_EQ(pool.pick(100 * kMs), 1);
+  EXPECT_EQ(pool.pick(2'100 * kMs), 1);  // 2 s after its last beat: still in time
+  EXPECT_EQ(pool.pick(2'101 * kMs), std::nullopt) << "silent for more than 2 s";
+  beat(0);
+  beat(1);
+  pool.watch(3'000 * kMs);
+  EXPECT_EQ(pool.pick(3'000 * kMs), 0);
+  pool.assign(0, 1, 4);
+  EXPECT_EQ(pool.pick(3'000 * kMs), 1) << "standby 0 is taken";
+  EXPECT_EQ(read_assignment(raw_store_, 0, 2)->node, 1);
+  EXPECT_EQ(read_assignment(raw_store_, 0, 2)->generation, 4);
+  EXPECT_EQ(read_assignment(raw_store_, 1, 2), std::nullopt);
+  // Node 0 is the leader, never given away; a node outside the job neither.
+  for (const char* bad : {"0 1", "2 1", "1 0", "1", "1 1 x", "one 1"}) {
+    raw_store_.set(standby_node_key(1), bad);
+    EXPECT_THROW(read_assignment(raw_store_, 1, 2), MalformedValue) << bad;
+  }
+}
+
+// Node 1's agent falls silent with a standby beating: the job does not end.
+// Node 0 stops its workers, the standby is given node 1 for generation 1,
+// which opens once node 0's workers are reaped; the incident is node 1's.
+TEST_F(StandbyTest, ALostNodesRankGoesToALiveStandbyInTheNextGeneration) {
+  auto n0 = node(0), n1 = node(1), s = standby();
+  int64_t t = 0;
+  for (; t <= 1'000 * kMs; t += 100 * kMs) {
+    n1->poll(t);
+    EXPECT_EQ(s->poll(t).state, State::kRunning);
+    EXPECT_EQ(n0->poll(t).state, State::kRunning);
+  }
+  // Node 1 is silent from here (its last beat at 1000 ms).
+  for (; t <= 3'000 * kMs; t += 100 * kMs) {
+    EXPECT_EQ(s->poll(t).state, State::kRunning);
+    EXPECT_EQ(n0->poll(t).state, State::kRunning) << t / kMs;
+  }
+  EXPECT_EQ(s->poll(t).state, State::kRunning);
+  JobView v = n0->poll(t);  // the loss is a report: node 0 stops its workers
+  EXPECT_EQ(n0->poll(t += 100 * kMs).state, State::kFailing);
+  EXPECT_TRUE(n0->poll(t).will_restart);
+  // Not given before the survivors' workers are gone.
+  EXPECT_EQ(s->poll(t).state, State::kRunning);
+  EXPECT_EQ(s->coordinator->node_rank(), -1);
+  n0->coordinator->report_stopped(false);
+  n0->poll(t += 100 * kMs);  // decides
+  v = n0->poll(t += 100 * kMs);
+  ASSERT_EQ(v.state, State::kRestart);
+  ASSERT_TRUE(v.cause);
+  EXPECT_EQ(v.cause->kind, "node_lost");
+  EXPECT_EQ(v.cause->node, 1);
+  EXPECT_EQ(v.cause->rank, -1);
+  EXPECT_FALSE(v.cause->injected);
+  EXPECT_NE(v.cause->what.find("node 1 is lost: its agent sent no heartbeat for 2.1 s"),
+            std::string::npos)
+      << v.cause->what;
+  EXPECT_NE(v.cause->what.find("standby node 0 takes its place as node 1 in generation 1"),
+            std::string::npos)
+      << v.cause->what;
+  EXPECT_NEAR(v.cause->detected_after_ms(), 2'100.0, 0.01);
+  const JobView given = s->poll(t);
+  ASSERT_EQ(given.state, State::kRestart);
+  EXPECT_EQ(s->coordinator->node_rank(), 1);
+  EXPECT_EQ(s->coordinator->generation(), 1);
+  EXPECT_FALSE(s->coordinator->standby());
+  n0->coordinator->enter_next_generation();
+
+  // Generation 1: the leader watches the standby's beat, not node 1's old
+  // key, which a stale writer may still move.
+  for (int i = 0; i < 10; ++i) {
+    EXPECT_EQ(s->poll(t += 100 * kMs).state, State::kRunning);
+    EXPECT_EQ(n0->poll(t).state, State::kRunning);
+  }
+  // (The standby beats every 200 ms: its last beat was 0-200 ms ago.)
+  for (int i = 0; i < 18; ++i) {
+    raw_store_.add(coordinator_key("agent/1/beat"), 1);
+    v = n0->poll(t += 100 * kMs);
+  }
+  EXPECT_EQ(v.state, State::kRunning) << "1.8 s after the standby's last poll: not yet lost";
+  for (int i = 0; i < 5 && v.state == State::kRunning; ++i) {
+    raw_store_.add(coordinator_key("agent/1/beat"), 1);
+    v = n0->poll(t += 100 * kMs);
+  }
+  ASSERT_EQ(v.state, State::kEnded) << "the standby, now node 1, went silent";
+  EXPECT_EQ(v.lost_node, 1);
+  EXPECT_NE(v.why.find("no standby node is free (of 1 registered"), std::string::npos) << v.why;
+}
+
+// The lost node's agent comes back (it was stopped, or its network came
+// back): it ends for itself without writing, never runs generation 1, and
+// an end it claimed before it knew is not the job's.
+TEST_F(StandbyTest, ALostNodesAgentThatComesBackCannotDisturbTheNextGeneration) {
+  auto n0 = node(0), n1 = node(1), s = standby();
+  int64_t t = 0;
+  for (; t <= 1'000 * kMs; t += 100 * kMs) {
+    n1->poll(t);
+    s->poll(t);
+    n0->poll(t);
+  }
+  for (; t <= 3'100 * kMs; t += 100 * kMs) {
+    s->poll(t);
+    n0->poll(t);
+  }
+  ASSERT_EQ(n0->poll(t).state, State::kFailing);
+  // Before it learns it is lost, node 1's agent ended the job for everyone
+  // (it had lost the leader, from its side).
+  raw_store_.add(coordinator_key("end/claims"), 1);
+  raw_store_.set(coordinator_key("end"), nlohmann::json{{"kind", "coordinator_lost"},
+                                                        {"node", 1},
+                                                        {"generation", 0},
+                                                        {"what", "node 1 lost the coordinator"}}
+                                             .dump());
+  const std::string beat_before = *raw_store_.try_get(coordinator_key("agent/1/beat"));
+  const JobView back = n1->poll(t += 100 * kMs);
+  ASSERT_EQ(back.state, State::kEnded);
+  EXPECT_TRUE(back.lost_coordinator);
+  EXPECT_NE(back.why.find("declared node 1 lost in generation 0"), std::string::npos) << back.why;
+  EXPECT_EQ(*raw_store_.try_get(coordinator_key("agent/1/beat")), beat_before)
+      << "a lost agent beats no more";
+  // Nor does it report, stop, or end anything.
+  Incident hang;
+  hang.kind = "hang";
+  hang.rank = 2;
+  hang.what = "rank 2 is stuck";
+  n1->coordinator->report_failure(hang);
+  n1->coordinator->report_stopped(false);
+  n1->coordinator->report_end("the launcher of node 1 received SIGTERM");
+  n1->coordinator->mark_node_fault("kill-agent");
+  EXPECT_FALSE(raw_store_.try_get(coordinator_key("gen/0/stopped/1")));
+  EXPECT_FALSE(raw_store_.try_get(coordinator_key("gen/0/failure/1")));
+  EXPECT_FALSE(raw_store_.try_get(coordinator_key("gen/0/node_fault/1")));
+  EXPECT_EQ(raw_store_.add(coordinator_key("end/claims"), 0), 1);
+  EXPECT_EQ(s->poll(t).state, State::kRunning) << "the stale end is not the job's";
+  EXPECT_EQ(n0->poll(t).state, State::kFailing) << "the stale end is not the job's";
+  n0->coordinator->report_stopped(false);
+  n0->poll(t += 100 * kMs);
+  EXPECT_EQ(n0->poll(t += 100 * kMs).state, State::kRestart);
+  EXPECT_EQ(s->poll(t).state, State::kRestart);
+  EXPECT_EQ(n1->poll(t).state, State::kEnded) << "node 1's old agent never sees generation 1";
+  EXPECT_THROW(n1->coordinator->enter_next_generation(), Error);
+}
+
+// A registered standby whose beat the leader never saw move (it died just
+// after registering) is never given a node: the job ends naming node 1.
+TEST_F(StandbyTest, AStandbyThatStoppedBeatingIsNeverGivenANode) {
+  auto n0 = node(0), n1 = node(1), s = standby();
+  int64_t t = 0;
+  for (; t <= 1'000 * kMs; t += 100 * kMs) {
+    n1->poll(t);
+    n0->poll(t);
+  }
+  JobView v;
+  for (; t <= 3'200 * kMs && v.state != State::kEnded; t += 100 * kMs) v = n0->poll(t);
+  ASSERT_EQ(v.state, State::kEnded);
+  EXPECT_EQ(v.lost_node, 1);
+  EXPECT_NE(v.why.find("no standby node is free (of 1 registered, none unused with a heartbeat"),
+            std::string::npos)
+      << v.why;
+  EXPECT_FALSE(raw_store_.try_get(standby_node_key(0)));
+  // The standby hears of the end.
+  const JobView ended = s->poll(t);
+  EXPECT_EQ(ended.state, State::kEnded);
+}
+
+// A node that cut its own network said so first: its loss is recorded as a
+// partition, injected.
+TEST_F(StandbyTest, AnInjectedPartitionIsTheIncidentsKind) {
+  auto n0 = node(0), n1 = node(1), s = standby();
+  int64_t t = 0;
+  for (; t <= 1'000 * kMs; t += 100 * kMs) {
+    n1->poll(t);
+    s->poll(t);
+    n0->poll(t);
+  }
+  n1->coordinator->mark_node_fault("partition");
+  for (; t <= 3'200 * kMs; t += 100 * kMs) {
+    s->poll(t);
+    n0->poll(t);
+  }
+  n0->coordinator->report_stopped(false);
+  n0->poll(t += 100 * kMs);
+  const JobView v = n0->poll(t += 100 * kMs);
+  ASSERT_EQ(v.state, State::kRestart);
+  EXPECT_EQ(v.cause->kind, "partition");
+  EXPECT_TRUE(v.cause->injected);
+  EXPECT_EQ(v.cause->node, 1);
+}
+
+// The job's end releases a standby that waited in vain.
+TEST_F(StandbyTest, AWaitingStandbyIsReleasedAtTheEnd) {
+  auto n0 = node(0), s = standby();
+  EXPECT_EQ(s->poll(100 * kMs).state, State::kRunning);
+  n0->coordinator->release_standbys();
+  EXPECT_EQ(s->poll(200 * kMs).state, State::kSucceeded);
+}
+
+}  // namespace
+}  // namespace brigade::elastic
