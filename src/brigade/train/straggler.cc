@@ -1,0 +1,110 @@
+#include "brigade/train/straggler.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <utility>
+
+#include "brigade/core/error.h"
+
+namespace brigade {
+namespace {
+
+double median(std::vector<double> v) {
+  const size_t mid = v.size() / 2;
+  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(mid), v.end());
+  if (v.size() % 2 == 1) return v[mid];
+  const double upper = v[mid];
+  return (upper + *std::max_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(mid))) / 2;
+}
+
+}  // namespace
+
+std::string StragglerEvent::line() const {
+  const std::string verb = section == "compute" ? "computes" : "spends in " + section;
+  if (started) {
+    return fmt::format(
+        "straggler: rank {} (node {}) {} {:.1f}x slower than the median rank over steps {}-{} "
+        "(section: {}; {:.2f} ms against {:.2f} ms, {:.2f} ms of it waiting for a core)",
+        rank, node, verb, ratio, first_step, last_step, section, median_ms, others_median_ms,
+        runqueue_ms);
+  }
+  return fmt::format(
+      "straggler: rank {} (node {}) is no longer slow over steps {}-{} ({:.1f}x the median rank, "
+      "section: {})",
+      rank, node, first_step, last_step, ratio, section);
+}
+
+StragglerDetector::StragglerDetector(std::string section, std::vector<int> nodes,
+                                     StragglerOptions options)
+    : section_(std::move(section)),
+      nodes_(std::move(nodes)),
+      options_(options),
+      state_(nodes_.size()) {
+  BRIGADE_CHECK(options_.window >= 1 && options_.confirm >= 1 &&
+                options_.recover_ratio <= options_.ratio);
+}
+
+std::vector<StragglerEvent> StragglerDetector::observe(int64_t step, const std::vector<double>& ms,
+                                                       const std::vector<double>& runqueue_ms) {
+  BRIGADE_CHECK(ms.size() == nodes_.size(), "{} times for {} ranks", ms.size(), nodes_.size());
+  BRIGADE_CHECK(runqueue_ms.empty() || runqueue_ms.size() == ms.size());
+  std::vector<StragglerEvent> events;
+  // One rank has no peers to be slower than.
+  if (nodes_.size() < 2) return events;
+  if (history_.empty()) first_step_ = step;
+  history_.push_back(ms);
+  runqueue_.push_back(runqueue_ms.empty() ? std::vector<double>(ms.size(), 0.0) : runqueue_ms);
+  if (static_cast<int64_t>(history_.size()) > options_.window) {
+    history_.pop_front();
+    runqueue_.pop_front();
+    ++first_step_;
+  }
+  if (static_cast<int64_t>(history_.size()) < options_.window) return events;
+  const size_t n = nodes_.size();
+  // Each rank's median over the window: of its times, and of its times
+  // less its waits for a core.
+  std::vector<double> medians(n), on_cpu(n), waits(n);
+  for (size_t r = 0; r < n; ++r) {
+    std::vector<double> mine, mine_on_cpu, mine_waits;
+    for (size_t k = 0; k < history_.size(); ++k) {
+      mine.push_back(history_[k][r]);
+      mine_waits.push_back(runqueue_[k][r]);
+      mine_on_cpu.push_back(std::max(0.0, history_[k][r] - runqueue_[k][r]));
+    }
+    medians[r] = median(std::move(mine));
+    on_cpu[r] = median(std::move(mine_on_cpu));
+    waits[r] = median(std::move(mine_waits));
+  }
+  const auto others_median = [&](const std::vector<double>& v, size_t r) {
+    std::vector<double> others;
+    for (size_t o = 0; o < n; ++o) {
+      if (o != r) others.push_back(v[o]);
+    }
+    return median(std::move(others));
+  };
+  for (size_t r = 0; r < n; ++r) {
+    const double base = others_median(medians, r);
+    const double cpu_base = others_median(on_cpu, r);
+    const double ratio = base > 0 ? medians[r] / base : 0.0;
+    const double cpu_ratio = cpu_base > 0 ? on_cpu[r] / cpu_base : 0.0;
+    const bool excess = medians[r] - base >= options_.min_excess_ms;
+    // Slower both in wall time and on the CPU: a rank that is only waiting
+    // for a core longer is starved by other processes, not slow.
+    const auto past = [&](double threshold) {
+      return excess && ratio > threshold && cpu_ratio > threshold;
+    };
+    RankState& s = state_[r];
+    // Past the threshold that would end the current state.
+    const bool flipping = s.slow ? !past(options_.recover_ratio) : past(options_.ratio);
+    s.streak = flipping ? s.streak + 1 : 0;
+    if (s.streak < options_.confirm) continue;
+    s.slow = !s.slow;
+    s.streak = 0;
+    events.push_back({s.slow, static_cast<int>(r), nodes_[r], ratio, medians[r], base, waits[r],
+                      first_step_, step, section_});
+  }
+  return events;
+}
+
+}  // namespace brigade
