@@ -69,6 +69,9 @@ Totals check_breakdowns(const fs::path& run, size_t ranks) {
       EXPECT_GT(step_ms, 0) << line;
       EXPECT_NEAR(sum, step_ms, 0.02 * step_ms) << line;
       EXPECT_GT(b.at("compute_ms").get<double>(), 0) << line;
+      // Every rank here fills micro-batches (dp ranks; the pipeline's first
+      // and last stages).
+      EXPECT_GT(b.at("data_ms").get<double>(), 0) << line;
       t.step_ms += step_ms;
       t.other_ms += b.at("other_ms").get<double>();
       t.bubble_ms += b.at("bubble_ms").get<double>();
