@@ -63,7 +63,9 @@ RankStepStats RankStats::gather(int64_t step, const StepBreakdown& mine, double 
     compute.push_back(out.breakdown.back()[StepPart::kCompute]);
     runqueue.push_back(out.breakdown.back().compute_runqueue_ms);
   }
-  out.stragglers = detector_.observe(step, compute, runqueue);
+  // Only the rank that reports needs them.
+  if (world_ == nullptr || world_->rank() == 0)
+    out.stragglers = detector_.observe(step, compute, runqueue);
   return out;
 }
 

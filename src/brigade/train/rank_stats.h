@@ -23,7 +23,8 @@ struct RankStepStats {
   std::vector<StepBreakdown> breakdown;  // by world rank
   std::vector<double> peak_rss_bytes;
   std::vector<double> bubble_ms;  // the pipeline's measured bubble (StepMetrics::bubble_ms)
-  // Episodes that started or ended with this step (the same on every rank).
+  // Episodes that started or ended with this step (world rank 0 only: the
+  // detector's medians cost about 1 us a rank a step).
   std::vector<StragglerEvent> stragglers;
 };
 
