@@ -75,6 +75,8 @@ TEST(StragglerDetector, ASlowFromTheStartRankIsNamedWithin20Steps) {
   }
   EXPECT_GT(named_at, 0);
   EXPECT_LE(named_at, 20);
+  // Scores from step 5 on (first_window), 9 in a row (confirm).
+  EXPECT_EQ(named_at, 13);
 }
 
 TEST(StragglerDetector, AnEpisodeEndsOnRecoveryAndASecondOneIsReported) {
@@ -126,7 +128,9 @@ TEST(StragglerDetector, ReportsTheSlowRanksWaitForACore) {
   }
   ASSERT_EQ(events.size(), 1u);
   EXPECT_DOUBLE_EQ(events[0].runqueue_ms, 4.0);
-  EXPECT_NE(events[0].line().find("4.00 ms of it waiting for a core"), std::string::npos)
+  EXPECT_NE(
+      events[0].line().find("26.00 ms against 9.50 ms on a core, and 4.00 ms waiting for one"),
+      std::string::npos)
       << events[0].line();
 }
 

@@ -36,7 +36,7 @@ std::string StragglerEvent::line() const {
   if (started) {
     return fmt::format(
         "straggler: rank {} (node {}) {} {:.1f}x slower than the median rank over steps {}-{} "
-        "(section: {}; {:.2f} ms against {:.2f} ms, {:.2f} ms of it waiting for a core)",
+        "(section: {}; {:.2f} ms against {:.2f} ms on a core, and {:.2f} ms waiting for one)",
         rank, node, verb, ratio, first_step, last_step, section, median_ms, others_median_ms,
         runqueue_ms);
   }
@@ -52,7 +52,7 @@ StragglerDetector::StragglerDetector(std::string section, std::vector<int> nodes
       nodes_(std::move(nodes)),
       options_(options),
       state_(nodes_.size()) {
-  BRIGADE_CHECK(options_.window >= 1 && options_.confirm >= 1 &&
+  BRIGADE_CHECK(options_.window >= 1 && options_.first_window >= 1 && options_.confirm >= 1 &&
                 options_.recover_ratio <= options_.ratio);
 }
 
@@ -71,44 +71,37 @@ std::vector<StragglerEvent> StragglerDetector::observe(int64_t step, const std::
     runqueue_.pop_front();
     ++first_step_;
   }
-  if (static_cast<int64_t>(history_.size()) < options_.window) return events;
+  if (static_cast<int64_t>(history_.size()) < std::min(options_.first_window, options_.window)) {
+    return events;
+  }
   const size_t n = nodes_.size();
-  // Each rank's median over the window: of its times, and of its times
-  // less its waits for a core.
-  std::vector<double> medians(n), on_cpu(n), waits(n);
+  // Each rank's median over the window of its times less its waits for a
+  // core (what its own speed decides), and of those waits.
+  std::vector<double> on_cpu(n), waits(n);
   for (size_t r = 0; r < n; ++r) {
-    std::vector<double> mine, mine_on_cpu, mine_waits;
+    std::vector<double> mine, mine_waits;
     for (size_t k = 0; k < history_.size(); ++k) {
-      mine.push_back(history_[k][r]);
+      mine.push_back(std::max(0.0, history_[k][r] - runqueue_[k][r]));
       mine_waits.push_back(runqueue_[k][r]);
-      mine_on_cpu.push_back(std::max(0.0, history_[k][r] - runqueue_[k][r]));
     }
-    medians[r] = median(std::move(mine));
-    on_cpu[r] = median(std::move(mine_on_cpu));
+    on_cpu[r] = median(std::move(mine));
     waits[r] = median(std::move(mine_waits));
   }
-  std::vector<double> sorted_medians = medians, sorted_on_cpu = on_cpu;
-  std::sort(sorted_medians.begin(), sorted_medians.end());
-  std::sort(sorted_on_cpu.begin(), sorted_on_cpu.end());
+  std::vector<double> sorted = on_cpu;
+  std::sort(sorted.begin(), sorted.end());
   for (size_t r = 0; r < n; ++r) {
-    const double base = median_without(sorted_medians, medians[r]);
-    const double cpu_base = median_without(sorted_on_cpu, on_cpu[r]);
-    const double ratio = base > 0 ? medians[r] / base : 0.0;
-    const double cpu_ratio = cpu_base > 0 ? on_cpu[r] / cpu_base : 0.0;
-    const bool excess = medians[r] - base >= options_.min_excess_ms;
-    // Slower both in wall time and on the CPU: a rank that is only waiting
-    // for a core longer is starved by other processes, not slow.
-    const auto past = [&](double threshold) {
-      return excess && ratio > threshold && cpu_ratio > threshold;
-    };
+    const double base = median_without(sorted, on_cpu[r]);
+    const double ratio = base > 0 ? on_cpu[r] / base : 0.0;
+    const bool excess = on_cpu[r] - base >= options_.min_excess_ms;
     RankState& s = state_[r];
     // Past the threshold that would end the current state.
-    const bool flipping = s.slow ? !past(options_.recover_ratio) : past(options_.ratio);
+    const bool flipping =
+        s.slow ? !(excess && ratio >= options_.recover_ratio) : excess && ratio > options_.ratio;
     s.streak = flipping ? s.streak + 1 : 0;
     if (s.streak < options_.confirm) continue;
     s.slow = !s.slow;
     s.streak = 0;
-    events.push_back({s.slow, static_cast<int>(r), nodes_[r], ratio, medians[r], base, waits[r],
+    events.push_back({s.slow, static_cast<int>(r), nodes_[r], ratio, on_cpu[r], base, waits[r],
                       first_step_, step, section_});
   }
   return events;
