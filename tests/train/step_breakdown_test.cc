@@ -5,8 +5,12 @@
 #include "brigade/train/step_breakdown.h"
 
 #include <gtest/gtest.h>
+#include <sched.h>
 
+#include <atomic>
 #include <cstdint>
+#include <filesystem>
+#include <thread>
 
 #include "brigade/core/clock.h"
 
@@ -78,6 +82,42 @@ TEST(StepClock, EachWindowStartsWhereTheLastEnded) {
   EXPECT_GE(second[StepPart::kCompute], 1.0);
   EXPECT_LT(second.step_ms, first.step_ms + 1.0 + 50.0);
   EXPECT_NEAR(second[StepPart::kCompute], second.step_ms, 1e-9);
+}
+
+// Two threads spinning on one CPU: the clock's thread waits on the run
+// queue about half the time, and compute says so.
+TEST(StepClock, CountsComputesWaitForACore) {
+  if (!std::filesystem::exists("/proc/thread-self/schedstat")) {
+    GTEST_SKIP() << "this kernel keeps no schedstat";
+  }
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  ASSERT_EQ(::sched_getaffinity(0, sizeof(one), &one), 0);
+  cpu_set_t saved = one;
+  int cpu = 0;
+  while (!CPU_ISSET(cpu, &one)) ++cpu;
+  CPU_ZERO(&one);
+  CPU_SET(cpu, &one);
+  ASSERT_EQ(::sched_setaffinity(0, sizeof(one), &one), 0);
+  std::atomic<bool> stop{false};
+  // Inherits the affinity: the same CPU.
+  std::thread rival([&] {
+    while (!stop.load(std::memory_order_relaxed)) {
+    }
+  });
+  StepClock clock;
+  {
+    const StepClock::Section compute(clock, StepPart::kCompute);
+    spin_ms(200);
+  }
+  const StepBreakdown b = clock.end_step();
+  stop = true;
+  rival.join();
+  ::sched_setaffinity(0, sizeof(saved), &saved);
+  EXPECT_GE(b[StepPart::kCompute], 200.0);
+  // Half of it shared with the rival; a margin for other processes.
+  EXPECT_GT(b.compute_runqueue_ms, 20.0);
+  EXPECT_LE(b.compute_runqueue_ms, b[StepPart::kCompute]);
 }
 
 TEST(StepBreakdown, TravelsAsAVectorAndPrintsPercentages) {
