@@ -47,6 +47,7 @@
 #include "brigade/elastic/agent.h"
 #include "brigade/elastic/fault_injection.h"
 #include "brigade/elastic/heartbeat.h"
+#include "brigade/elastic/incidents.h"
 #include "brigade/elastic/snapshots.h"
 #include "brigade/kernels/cpu/fma_peak.h"
 #include "brigade/kernels/cpu/gemm.h"
@@ -55,6 +56,7 @@
 #include "brigade/parallel/mesh.h"
 #include "brigade/parallel/pipeline_stage.h"
 #include "brigade/schedule/simulate.h"
+#include "brigade/train/rank_stats.h"
 #include "brigade/train/silent_corruption.h"
 #include "brigade/train/trainer.h"
 
@@ -92,15 +94,16 @@ class ProgressLine {
   explicit ProgressLine(int64_t total_steps)
       : total_steps_(total_steps), tty_(isatty(fileno(stderr)) != 0) {}
 
-  void update(const StepMetrics& m, double mfu) {
+  // breakdown: where the step's time went, "compute 71% comm 12% ...".
+  void update(const StepMetrics& m, double mfu, const std::string& breakdown) {
     // Smooth the step time so the ETA does not jump with every step.
     ema_ms_ = ema_ms_ == 0 ? m.step_ms : 0.9 * ema_ms_ + 0.1 * m.step_ms;
     const double eta_s = static_cast<double>(total_steps_ - m.step - 1) * ema_ms_ * 1e-3;
     const std::string line = fmt::format(
         "step {:>6}/{} | loss {:.4f} | lr {:.2e} | {:>8.0f} tok/s | MFU {:5.1f}% | "
-        "{:.0f} ms/step | ETA {}",
+        "{:.0f} ms/step | ETA {} | {}",
         m.step + 1, total_steps_, m.loss, m.lr, m.tokens_per_s, 100.0 * mfu, m.step_ms,
-        format_duration(eta_s));
+        format_duration(eta_s), breakdown);
     const bool last = m.step + 1 == total_steps_;
     if (tty_) {
       std::fprintf(stderr, "\r%s\033[K%s", line.c_str(), last ? "\n" : "");
@@ -213,16 +216,20 @@ class RunReport {
       std::fprintf(stderr, "resumed at step %lld from %s\n", static_cast<long long>(trainer.step()),
                    options.resume.c_str());
     }
+    incidents_path_ = run_dir / "incidents.jsonl";
     metrics_.open(run_dir / "metrics.jsonl", std::ios::app);
     if (!metrics_) throw_error("cannot append to {}", (run_dir / "metrics.jsonl").string());
   }
 
   // Returns the step's MFU.
+  // ranks: every rank's breakdown, peak RSS and straggler episodes
+  // (train/rank_stats.h); rank 0's breakdown is this process's.
   double step(const StepMetrics& m, const std::vector<BucketTiming>& bucket_timings,
-              const std::vector<double>& peak_rss_per_rank,
+              const RankStepStats& ranks,
               const std::optional<AsyncCheckpointWriter::Stats>& checkpoint,
               const std::optional<AsyncCheckpointWriter::Stats>& snapshot, double loop_ms,
               const std::vector<double>& bubble_ms_per_stage) {
+    const std::vector<double>& peak_rss_per_rank = ranks.peak_rss_bytes;
     const double mfu = flops_per_step_ / (m.step_ms * 1e-3) / (peak_gflops_ * 1e9);
     nlohmann::json line = {{"step", m.step + 1},
                            {"loss", m.loss},
@@ -235,7 +242,9 @@ class RunReport {
                            {"exposed_comm_fraction", m.exposed_comm_ms / m.step_ms},
                            {"tp_comm_ms", m.tp_comm_ms},
                            {"mfu", mfu},
+                           {"optimizer_ms", m.optimizer_ms},
                            {"peak_rss_bytes", peak_rss_bytes()}};
+    add_breakdown(line, ranks);
     if (bubble_ms_per_stage.size() > 1) line["bubble_ms_per_stage"] = bubble_ms_per_stage;
     if (peak_rss_per_rank.size() > 1) {
       line["peak_rss_bytes_per_rank"] = nlohmann::json::array();
@@ -267,7 +276,17 @@ class RunReport {
     if (checkpoint) line["checkpoint"] = save_json(*checkpoint);
     if (snapshot) line["snapshot"] = save_json(*snapshot);
     metrics_ << line.dump() << "\n" << std::flush;
-    progress_.update(m, mfu);
+    progress_.update(m, mfu, ranks.breakdown.front().percentages());
+    for (const StragglerEvent& e : ranks.stragglers) {
+      progress_.note(e.line());
+      // Beside the agent's incidents, which people read for what went
+      // wrong; no restart, so readers of recoveries (brigade ettr) pass over it.
+      try {
+        elastic::append_json_line(incidents_path_, straggler_json(e));
+      } catch (const Error& error) {
+        progress_.note(fmt::format("brigade train: {}", error.what()));
+      }
+    }
     return mfu;
   }
 
@@ -279,6 +298,52 @@ class RunReport {
   void note(const std::string& message) { progress_.note(message); }
 
  private:
+  static nlohmann::json straggler_json(const StragglerEvent& e) {
+    return {{"kind", e.started ? "straggler" : "straggler_recovered"},
+            {"restart", false},
+            {"rank", e.rank},
+            {"node", e.node},
+            {"section", e.section},
+            {"ratio", e.ratio},
+            {"median_ms", e.median_ms},
+            {"others_median_ms", e.others_median_ms},
+            {"runqueue_ms", e.runqueue_ms},
+            {"first_step", e.first_step},
+            {"last_step", e.last_step},
+            {"what", e.line()}};
+  }
+
+  // The step's breakdown (this rank's, whose parts sum to its step_ms: the
+  // loop iteration's wall time, train_step and what the loop did around
+  // it), every rank's, and the straggler episodes that started or ended.
+  static void add_breakdown(nlohmann::json& line, const RankStepStats& ranks) {
+    const auto parts = [](const StepBreakdown& b) {
+      nlohmann::json j = {{"step_ms", b.step_ms}, {"compute_runqueue_ms", b.compute_runqueue_ms}};
+      for (int i = 0; i < kStepParts; ++i) {
+        j[fmt::format("{}_ms", step_part_name(static_cast<StepPart>(i)))] =
+            b.ms[static_cast<size_t>(i)];
+      }
+      return j;
+    };
+    line["breakdown"] = parts(ranks.breakdown.front());
+    if (ranks.breakdown.size() > 1) {
+      nlohmann::json per_rank = nlohmann::json::array();
+      for (const StepBreakdown& b : ranks.breakdown) per_rank.push_back(parts(b));
+      line["breakdown_by_rank"] = std::move(per_rank);
+      // The straggler signal, charted per rank by brigade report.
+      nlohmann::json compute = nlohmann::json::array();
+      for (const StepBreakdown& b : ranks.breakdown) compute.push_back(b[StepPart::kCompute]);
+      line["section_compute_ms_per_rank"] = std::move(compute);
+    }
+    if (!ranks.stragglers.empty()) {
+      line["stragglers"] = nlohmann::json::array();
+      for (const StragglerEvent& e : ranks.stragglers) {
+        line["stragglers"].push_back(straggler_json(e));
+      }
+    }
+  }
+
+  fs::path incidents_path_;
   ProgressLine progress_;
   std::ofstream metrics_;
   double peak_gflops_ = 0;
@@ -511,41 +576,51 @@ void run_train(const std::string& config_path, const std::vector<std::string>& o
   };
   int stop_signal = 0;
   int64_t previous_end_ns = 0;
+  // Each step's window on the clock runs from the previous step's gather to
+  // this one's: the gather, the report, the saves started and evaluations
+  // after a step are the next step's (train/step_breakdown.h).
+  StepClock& clock = trainer.step_clock();
+  RankStats rank_stats(group, node_from_environment());
+  const auto agreed_stop = [&] {
+    const StepClock::Section comm(clock, StepPart::kComm);
+    return agreed_stop_signal();
+  };
+  clock.restart();
   try {
-    while (trainer.step() < options.steps && (stop_signal = agreed_stop_signal()) == 0) {
+    while (trainer.step() < options.steps && (stop_signal = agreed_stop()) == 0) {
       const StepMetrics m = trainer.train_step();
       if (slow_factor > 1) {
         // An injected straggler: its compute takes factor times as long.
+        const StepClock::Section compute(clock, StepPart::kCompute);
         std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(
             m.compute_ms * static_cast<double>(slow_factor - 1)));
       }
-      // Every rank's peak RSS, for rank 0's metrics (ZeRO's saving shows per rank).
-      // And every stage's bubble (each rank's; one rank per stage is reported).
-      std::vector<double> bubble(group ? group->size() : 1, m.bubble_ms);
-      if (group && trainer.pp_size() > 1) {
-        double waited = m.bubble_ms;
-        group->all_gather(&waited, bubble.data(), 1, DType::kF64)->wait();
+      const StepBreakdown breakdown = clock.end_step();
+      // Every rank's breakdown and peak RSS, for rank 0's metrics (ZeRO's
+      // saving shows per rank), every stage's bubble (one rank per stage is
+      // reported), and the straggler check.
+      const RankStepStats ranks = [&] {
+        const StepClock::Section comm(clock, StepPart::kComm);
+        return rank_stats.gather(trainer.step(), breakdown, static_cast<double>(peak_rss_bytes()),
+                                 m.bubble_ms);
+      }();
+      std::optional<AsyncCheckpointWriter::Stats> checkpoint, snapshot;
+      {
+        // Collective: a save in flight completes, or fails, on every rank at once.
+        const StepClock::Section stall(clock, StepPart::kCheckpoint);
+        checkpoint = trainer.poll_checkpoint();
+        snapshot = trainer.poll_snapshot();
       }
-      std::vector<double> rss(group ? group->size() : 1);
-      double mine = static_cast<double>(peak_rss_bytes());
-      if (group) {
-        group->all_gather(&mine, rss.data(), 1, DType::kF64)->wait();
-      } else {
-        rss[0] = mine;
-      }
-      // Collective: a save in flight completes, or fails, on every rank at once.
-      const auto checkpoint = trainer.poll_checkpoint();
-      const auto snapshot = trainer.poll_snapshot();
       const int64_t end_ns = now_ns();
       const double loop_ms = previous_end_ns > 0 ? (end_ns - previous_end_ns) / 1e6 : 0.0;
       previous_end_ns = end_ns;
       elastic::StepStats stats;
       stats.loss = m.loss;
       stats.tokens_per_s = m.tokens_per_s;
-      stats.comm_wait_fraction = m.exposed_comm_ms / m.step_ms;
+      stats.comm_wait_fraction = breakdown[StepPart::kComm] / breakdown.step_ms;
       if (report) {
-        stats.mfu = report->step(m, trainer.bucket_timings(), rss, checkpoint, snapshot, loop_ms,
-                                 stage_bubbles(bubble, trainer));
+        stats.mfu = report->step(m, trainer.bucket_timings(), ranks, checkpoint, snapshot, loop_ms,
+                                 stage_bubbles(ranks.bubble_ms, trainer));
       }
       const int64_t done = trainer.step();
       if (heartbeat) {
@@ -569,16 +644,19 @@ void run_train(const std::string& config_path, const std::vector<std::string>& o
       // the save can commit (train/silent_corruption.h).
       if (trainer.snapshots_enabled() && done % options.snapshot_every == 0 &&
           done < options.steps) {
+        const StepClock::Section stall(clock, StepPart::kCheckpoint);
         trainer.start_snapshot();
       }
       if (options.checkpoint_every > 0 && done % options.checkpoint_every == 0 &&
           done < options.steps) {
         // Training goes on while it is written; the next save waits for it.
+        const StepClock::Section stall(clock, StepPart::kCheckpoint);
         const fs::path saving = trainer.start_checkpoint();
         note("saving " + saving.string() + " in the background");
       }
       if (options.eval_every > 0 && done % options.eval_every == 0 && done < options.steps &&
           trainer.dataset() != nullptr) {
+        const StepClock::Section eval(clock, StepPart::kEval);
         evaluate(done);
       }
     }

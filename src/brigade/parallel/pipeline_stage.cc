@@ -378,7 +378,11 @@ PipelineStepStats PipelineStage::run(const Fill& fill, const int32_t* inputs,
         break;  // the trainer's, after the gradients are reduced
     }
   }
-  for (auto& w : sends_) w->wait();
+  if (!sends_.empty()) {
+    const int64_t sends_start = now_ns();
+    for (auto& w : sends_) w->wait();
+    stats.send_wait_ms = static_cast<double>(now_ns() - sends_start) * 1e-6;
+  }
   sends_.clear();
   return stats;
 }

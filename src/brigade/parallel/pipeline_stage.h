@@ -65,6 +65,10 @@ struct PipelineStepStats {
   double loss_sum = 0;  // the micro-batches' mean losses, summed (last stage only; else 0)
   // Milliseconds this stage waited for a peer's activation or gradient.
   double bubble_ms = 0;
+  // Milliseconds it waited at the step's end for its sends to leave (a
+  // peer slow to take them; not in bubble_ms, which the schedule's
+  // simulated bubble is compared with).
+  double send_wait_ms = 0;
   // Most (micro-batch, chunk) passes whose forward had run and whose
   // backward had not: the activations this stage kept at once (GPipe m;
   // 1F1B p - stage; ZB-H1 until the weight half).

@@ -323,6 +323,7 @@ int64_t shared_bytes_for_training(const GptConfig& model) {
 
 double Trainer::sum_over_ranks(double value) {
   if (dp_group_ == nullptr || dp_group_->size() == 1) return value;
+  const StepClock::Section comm(clock_, StepPart::kComm);
   dp_group_->all_reduce(&value, 1, DType::kF64, ReduceOp::kSum)->wait();
   return value;
 }
@@ -347,6 +348,7 @@ double Trainer::global_grad_norm() {
     }
   }
   if (zero_ >= 1) squares = sum_over_ranks(squares);
+  const StepClock::Section comm(clock_, StepPart::kComm);
   if (tp_size() > 1) tp_group_->all_reduce(&squares, 1, DType::kF64, ReduceOp::kSum)->wait();
   if (pp_size() > 1) pp_group_->all_reduce(&squares, 1, DType::kF64, ReduceOp::kSum)->wait();
   return std::sqrt(squares);
@@ -364,11 +366,15 @@ StepMetrics Trainer::forward_backward() {
     grads_.zero();
   }
   if (tp_) tp_->take_comm_ms();  // an evaluation's since the last step is not this step's
+  if (sharded_params_) sharded_params_->take_wait_ms();
   const float loss_scale = 1.0f / static_cast<float>(options_.global_batch() * t);
   const int64_t first_sample = dp_rank() * b * accum;
   // Only the last backward reduces: the earlier ones just accumulate. The
   // tied wte's buckets wait for its gradient from the other end of the pipeline.
-  const auto fill = [&](int64_t micro) { fill_batch(first_sample + micro * b, b); };
+  const auto fill = [&](int64_t micro) {
+    const StepClock::Section data(clock_, StepPart::kData);
+    fill_batch(first_sample + micro * b, b);
+  };
   const auto arm = [sync = grad_sync_.get()] {
     if (sync) sync->arm();
   };
@@ -380,12 +386,15 @@ StepMetrics Trainer::forward_backward() {
   }
   const PipelineStepStats pipeline =
       stage_->run(fill, inputs_.data(), targets_.data(), b, t, loss_scale, arm, hook);
+  // Measured inside the compute section by the layers that waited.
+  clock_.move(pipeline.bubble_ms + pipeline.send_wait_ms, StepPart::kBubble);
   double loss = pipeline.loss_sum;
   if (poisoned_losses_ > 0 && poisoned_step_ == step_) {
     loss = std::numeric_limits<double>::quiet_NaN();
     --poisoned_losses_;
   }
   if (tied_end_ > 0) {
+    const StepClock::Section comm(clock_, StepPart::kComm);
     const int64_t wte = layout().wte();
     stage_->sum_tied_gradients(grads_.data() + wte, tied_numel(layout()));
   }
@@ -394,17 +403,26 @@ StepMetrics Trainer::forward_backward() {
   m.bubble_ms = pipeline.bubble_ms;
   m.live_microbatches = pipeline.peak_live;
   if (grad_sync_) {
+    const StepClock::Section comm(clock_, StepPart::kComm);
     m.exposed_comm_ms = grad_sync_->finish();
     m.backward_end_ms = grad_sync_->backward_end_ms();
   }
   // ZeRO 3's parameter gathers that forward and backward had to wait for.
-  if (sharded_params_) m.exposed_comm_ms += sharded_params_->take_wait_ms();
+  if (sharded_params_) {
+    const double waited = sharded_params_->take_wait_ms();
+    clock_.move(waited, StepPart::kComm);
+    m.exposed_comm_ms += waited;
+  }
   if (tp_) {
     m.tp_comm_ms = tp_->take_comm_ms();
+    clock_.move(m.tp_comm_ms, StepPart::kComm);
     m.exposed_comm_ms += m.tp_comm_ms;
   }
   // The last stage computed the losses.
-  if (pp_size() > 1) pp_group_->all_reduce(&loss, 1, DType::kF64, ReduceOp::kSum)->wait();
+  if (pp_size() > 1) {
+    const StepClock::Section comm(clock_, StepPart::kComm);
+    pp_group_->all_reduce(&loss, 1, DType::kF64, ReduceOp::kSum)->wait();
+  }
   local_loss_ = loss;
   m.loss = sum_over_ranks(loss) / static_cast<double>(accum * dp_size());
   m.grad_norm = global_grad_norm();
@@ -413,6 +431,8 @@ StepMetrics Trainer::forward_backward() {
 
 StepMetrics Trainer::train_step() {
   Stopwatch sw;
+  // What no section inside claims is compute.
+  const StepClock::Section compute(clock_, StepPart::kCompute);
   if (flip_step_ == step_) {
     flip_step_ = -1;
     std::fprintf(stderr, "brigade train: flipped a bit of %s at the start of step %lld\n",
@@ -425,6 +445,7 @@ StepMetrics Trainer::train_step() {
   const auto non_finite = [&] {
     double bad = std::isfinite(m.loss) && std::isfinite(m.grad_norm) ? 0.0 : 1.0;
     if (world_ != nullptr && world_->size() > 1) {
+      const StepClock::Section comm(clock_, StepPart::kComm);
       world_->all_reduce(&bad, 1, DType::kF64, ReduceOp::kMax)->wait();
     }
     return bad != 0.0;
@@ -443,13 +464,22 @@ StepMetrics Trainer::train_step() {
   }
   m.lr = options_.lr.at(step_);
   // The update writes what an unstaged snapshot is still reading.
-  if (snapshot_saver_) snapshot_saver_->wait_until_written();
+  if (snapshot_saver_) {
+    const StepClock::Section stall(clock_, StepPart::kCheckpoint);
+    snapshot_saver_->wait_until_written();
+  }
   // Before the update: every replica still holds the last update's result,
   // and whatever the snapshot read has been read.
   if (before_update_) before_update_();
-  optimizer_->step(params_.data(), grads_.data(), m.lr,
-                   clip_scale(m.grad_norm, options_.grad_clip));
+  {
+    const StepClock::Section update(clock_, StepPart::kOptimizer);
+    const int64_t update_start = now_ns();
+    optimizer_->step(params_.data(), grads_.data(), m.lr,
+                     clip_scale(m.grad_norm, options_.grad_clip));
+    m.optimizer_ms = static_cast<double>(now_ns() - update_start) * 1e-6;
+  }
   if (zero_ == 1 || zero_ == 2) {
+    const StepClock::Section comm(clock_, StepPart::kComm);
     // Each rank updated its slices; gather everyone's, bucket by bucket, in
     // place. (ZeRO 3 gathers each block when the next forward needs it.)
     const int64_t gather_start = now_ns();

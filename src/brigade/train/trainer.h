@@ -58,6 +58,7 @@
 #include "brigade/parallel/sharded_params.h"
 #include "brigade/parallel/tensor_parallel_group.h"
 #include "brigade/train/checkpoint_saver.h"
+#include "brigade/train/step_breakdown.h"
 #include "brigade/train/train_options.h"
 
 namespace brigade {
@@ -89,6 +90,8 @@ struct StepMetrics {
   double bubble_ms = 0.0;
   // The most micro-batches whose activations this rank kept at once.
   int64_t live_microbatches = 0;
+  // The optimizer's update (part of compute_ms).
+  double optimizer_ms = 0.0;
 };
 
 // Bytes one rank holds for training state, by kind.
@@ -203,6 +206,11 @@ class Trainer {
   void load_checkpoint(const std::filesystem::path& path);
   void load_checkpoint(const ResolvedCheckpoint& checkpoint);
 
+  // The clock train_step charges its sections to (train/step_breakdown.h);
+  // the training loop charges what it does around the steps to it too and
+  // closes each step's window.
+  StepClock& step_clock() { return clock_; }
+
   int64_t step() const { return step_; }  // steps completed
   const GptConfig& model_config() const { return model_->config(); }
   const TrainOptions& options() const { return options_; }
@@ -288,6 +296,7 @@ class Trainer {
   std::unique_ptr<GlobalSampler> sampler_;
   std::vector<int32_t> inputs_, targets_;  // one micro-batch, (B,T) each
   int64_t step_ = 0;
+  StepClock clock_;
   std::function<void()> before_update_;
   double local_loss_ = 0;  // this dp rank's loss sum of the last forward_backward
   int64_t flip_step_ = -1;

@@ -1,0 +1,52 @@
+// What every rank's step says, brought to every rank once per step by one
+// small all-gather on the world group: its step-time breakdown
+// (train/step_breakdown.h), peak RSS and pipeline bubble, with the ranks'
+// nodes learnt once. From it world rank 0 writes the per-rank metrics, and
+// the straggler detector (train/straggler.h) runs on the compute section.
+//
+// Why every step and every rank: the detector needs each step's compute
+// times (a straggler named within 20 steps), and the vector is 12 doubles a
+// rank, the cost of the two 1-double gathers (RSS, bubble) it replaces.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "brigade/train/step_breakdown.h"
+#include "brigade/train/straggler.h"
+
+namespace brigade {
+
+class Communicator;
+
+struct RankStepStats {
+  std::vector<StepBreakdown> breakdown;  // by world rank
+  std::vector<double> peak_rss_bytes;
+  std::vector<double> bubble_ms;  // the pipeline's measured bubble (StepMetrics::bubble_ms)
+  // Episodes that started or ended with this step (world rank 0 only: the
+  // detector's medians cost about 1 us a rank a step).
+  std::vector<StragglerEvent> stragglers;
+};
+
+class RankStats {
+ public:
+  // Collective over `world` (null: this process alone): gathers the ranks'
+  // nodes. node: this rank's (the launcher's GROUP_RANK).
+  RankStats(Communicator* world, int node, StragglerOptions options = {});
+
+  // Collective: every rank's numbers of 1-based step `step`.
+  RankStepStats gather(int64_t step, const StepBreakdown& mine, double peak_rss_bytes,
+                       double bubble_ms);
+
+  const std::vector<int>& nodes() const { return nodes_; }
+
+ private:
+  Communicator* world_;
+  std::vector<int> nodes_;
+  StragglerDetector detector_;
+};
+
+// This process's node under a launcher (GROUP_RANK), 0 without one.
+int node_from_environment();
+
+}  // namespace brigade
