@@ -15,7 +15,7 @@
 #include "testing/temp_dir.h"
 
 namespace brigade {
-namespace {
+namespace BRIGADE_TEST_FILE {
 namespace fs = std::filesystem;
 using testing::run_brigade;
 
@@ -130,5 +130,5 @@ TEST(StepBreakdown, PipelinePartsAddUpWithABubbleOnEveryStage) {
   }
 }
 
-}  // namespace
+}  // namespace BRIGADE_TEST_FILE
 }  // namespace brigade

@@ -10,7 +10,7 @@
 #include "testing/temp_dir.h"
 
 namespace brigade {
-namespace {
+namespace BRIGADE_TEST_FILE {
 namespace fs = std::filesystem;
 using testing::run_brigade;
 
@@ -44,5 +44,5 @@ synthetic = true
   EXPECT_EQ(steps, 1000);
 }
 
-}  // namespace
+}  // namespace BRIGADE_TEST_FILE
 }  // namespace brigade

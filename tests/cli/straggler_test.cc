@@ -14,7 +14,7 @@
 #include "testing/temp_dir.h"
 
 namespace brigade {
-namespace {
+namespace BRIGADE_TEST_FILE {
 namespace fs = std::filesystem;
 using testing::run_brigade;
 
@@ -107,5 +107,5 @@ TEST(Straggler, ACleanRunOf100StepsNamesNone) {
   EXPECT_EQ(steps, 100);
 }
 
-}  // namespace
+}  // namespace BRIGADE_TEST_FILE
 }  // namespace brigade

@@ -21,7 +21,7 @@
 #include "testing/forked_ranks.h"
 
 namespace brigade {
-namespace {
+namespace BRIGADE_TEST_FILE {
 
 using testing::Clock;
 using testing::ms_since;
@@ -299,5 +299,5 @@ TEST(ShmSendRecv, AMessageItsSenderWithdrewFailsTheRecv) {
   for (size_t r = 0; r < codes.size(); ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
 }
 
-}  // namespace
+}  // namespace BRIGADE_TEST_FILE
 }  // namespace brigade

@@ -481,7 +481,7 @@ TEST(Generations, ShmSegmentsOfEachGenerationHaveTheirOwnName) {
 }  // namespace brigade::elastic
 
 namespace brigade::elastic {
-namespace {
+namespace BRIGADE_TEST_FILE {
 
 // The agent's whole-node faults: launch --inject's, beside chaos; a
 // worker's fault there, or a node fault given to the workers, is refused
@@ -519,5 +519,5 @@ TEST(FaultInjection, NodeFaultsAreTheLaunchersAndParsedWithTheirGeneration) {
       std::string::npos);
 }
 
-}  // namespace
+}  // namespace BRIGADE_TEST_FILE
 }  // namespace brigade::elastic

@@ -16,7 +16,7 @@
 #include "brigade/core/error.h"
 
 namespace brigade::elastic {
-namespace {
+namespace BRIGADE_TEST_FILE {
 
 constexpr int64_t kMs = 1'000'000;
 constexpr char kToken[] = "standby-test-token";
@@ -259,5 +259,5 @@ TEST_F(StandbyTest, AWaitingStandbyIsReleasedAtTheEnd) {
   EXPECT_EQ(s->poll(200 * kMs).state, State::kSucceeded);
 }
 
-}  // namespace
+}  // namespace BRIGADE_TEST_FILE
 }  // namespace brigade::elastic

@@ -15,7 +15,7 @@
 #include "brigade/core/clock.h"
 
 namespace brigade {
-namespace {
+namespace BRIGADE_TEST_FILE {
 
 void spin_ms(double ms) {
   const int64_t until = now_ns() + static_cast<int64_t>(ms * 1e6);
@@ -140,5 +140,5 @@ TEST(StepBreakdown, TravelsAsAVectorAndPrintsPercentages) {
   EXPECT_EQ(b.percentages(), "compute 71% opt 4% comm 12% bubble 9% data 1% ckpt 0% other 7%");
 }
 
-}  // namespace
+}  // namespace BRIGADE_TEST_FILE
 }  // namespace brigade

@@ -11,7 +11,7 @@
 #include <vector>
 
 namespace brigade {
-namespace {
+namespace BRIGADE_TEST_FILE {
 
 // One step of `ranks` compute times around 10 ms: +-10% jitter, and now and
 // then one rank descheduled for a time slice (+4 ms or more).
@@ -134,5 +134,5 @@ TEST(StragglerDetector, ReportsTheSlowRanksWaitForACore) {
       << events[0].line();
 }
 
-}  // namespace
+}  // namespace BRIGADE_TEST_FILE
 }  // namespace brigade
