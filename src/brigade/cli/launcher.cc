@@ -45,7 +45,6 @@ constexpr std::array<std::string_view, 6> kBrigadeVerbs = {"train", "eval",     
                                                            "bench", "tokenizer", "data"};
 // How often node 0 looks for the other nodes' done keys (and a signal) at the end.
 constexpr int64_t kDoneCheckMs = 500;
-constexpr int64_t kNsPerMs = 1'000'000;
 
 // Store keys the launchers of one job share.
 const std::string kNodesJoinedKey = "brigade/launch/nodes_joined";

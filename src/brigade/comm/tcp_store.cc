@@ -41,7 +41,6 @@ constexpr int64_t kHandshakeTimeoutMs = 10'000;
 // A blocking get/wait is timed by the server; the client waits this much
 // longer for the answer before it gives up on the connection.
 constexpr int64_t kReplyGraceMs = 2'000;
-constexpr int64_t kNsPerMs = 1'000'000;
 // The serving loop's depth is fixed (answers to parked requests, and the
 // frames behind them, are taken up from a work queue, never by recursion),
 // so it needs little stack; a regression that recursed once per request

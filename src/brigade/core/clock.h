@@ -7,6 +7,8 @@
 
 namespace brigade {
 
+inline constexpr int64_t kNsPerMs = 1'000'000;
+
 inline int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
              std::chrono::steady_clock::now().time_since_epoch())

@@ -21,8 +21,6 @@
 namespace brigade::diag {
 namespace {
 
-constexpr int64_t kNsPerMs = 1'000'000;
-
 std::string response(int code, const char* reason, const std::string& body, bool head,
                      const char* extra_headers = "") {
   std::string r = fmt::format(

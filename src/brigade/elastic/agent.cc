@@ -20,11 +20,6 @@ namespace brigade::elastic {
 namespace fs = std::filesystem;
 namespace {
 
-// The longest sigtimedwait sleeps before the loop looks around again: the
-// watchdog's resolution.
-constexpr int64_t kTickMs = 100;
-constexpr int64_t kNsPerMs = 1'000'000;
-
 std::string plural(int n, const char* noun) {
   return fmt::format("{} {}{}", n, noun, n == 1 ? "" : "s");
 }
@@ -168,8 +163,8 @@ Program Agent::program_for_generation() const {
 Agent::Outcome Agent::supervise(WorkerGroup& group, const HeartbeatTable& table) {
   const sigset_t watched = watched_signals();
   while (group.running() > 0) {
-    const int64_t wait_ms =
-        std::max<int64_t>(0, std::min(group.ms_until_kill(kTickMs), inject_chaos(group, table)));
+    const int64_t wait_ms = std::max<int64_t>(
+        0, std::min(group.ms_until_kill(kAgentTickMs), inject_chaos(group, table)));
     const timespec tick{static_cast<time_t>(wait_ms / 1000),
                         static_cast<long>((wait_ms % 1000) * kNsPerMs)};
     const int sig = ::sigtimedwait(&watched, nullptr, &tick);
@@ -260,16 +255,17 @@ void Agent::check_watchdog(WorkerGroup& group, const HeartbeatTable& table) {
 }
 
 int64_t Agent::inject_chaos(const WorkerGroup& group, const HeartbeatTable& table) {
-  if (!chaos_) return kTickMs;
+  if (!chaos_) return kAgentTickMs;
   // Faults that fall due while the generation stops (and between
   // generations: evidence, settling, the restart) wait here: none is
   // raised on workers that are going anyway.
-  if (group.stopping()) return kTickMs;
+  if (group.stopping()) return kAgentTickMs;
   const int64_t now = now_ns();
   // The first overdue fault strikes this generation (one that fell due
   // during a restart restarts it); the others overdue with it are dropped.
   const std::optional<ChaosSchedule::Fault> due = chaos_->take_due(now, &chaos_skipped_);
-  if (!due) return std::min<int64_t>(kTickMs, (chaos_->due_ns() - now + kNsPerMs - 1) / kNsPerMs);
+  if (!due)
+    return std::min<int64_t>(kAgentTickMs, (chaos_->due_ns() - now + kNsPerMs - 1) / kNsPerMs);
   const ChaosSchedule::Fault fault = *due;
   // A stop is detected by the silence of the heartbeat, so only a worker
   // that beats can be stopped; one that does not yet is killed instead.
@@ -297,7 +293,7 @@ int64_t Agent::inject_chaos(const WorkerGroup& group, const HeartbeatTable& tabl
     std::fflush(stderr);
     ::kill(victim.pid, kill ? SIGKILL : SIGSTOP);
   }
-  return std::min<int64_t>(kTickMs, (chaos_->due_ns() - now + kNsPerMs - 1) / kNsPerMs);
+  return std::min<int64_t>(kAgentTickMs, (chaos_->due_ns() - now + kNsPerMs - 1) / kNsPerMs);
 }
 
 void Agent::on_failure(WorkerGroup& group, const HeartbeatTable& table, Incident incident) {

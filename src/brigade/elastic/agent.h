@@ -79,6 +79,10 @@ class Config;
 
 namespace brigade::elastic {
 
+// The longest the agent's loop sleeps before it looks around again: the
+// watchdog's resolution, and how often the coordinator is polled.
+inline constexpr int64_t kAgentTickMs = 100;
+
 // The [elastic] section of a training config: what `brigade train --nproc`
 // hands its agent, and the faults its workers inject.
 struct ElasticConfig {

@@ -15,9 +15,6 @@
 namespace brigade::elastic {
 namespace {
 
-constexpr int64_t kTickMs = 100;
-constexpr int64_t kNsPerMs = 1'000'000;
-
 // `ip link set dev IFACE down`; the error, or "".
 std::string take_interface_down(const std::string& iface) {
   std::fflush(nullptr);
@@ -79,7 +76,7 @@ bool Agent::wait_for_a_node(int* status) {
       case State::kFailing:
         break;
     }
-    const timespec tick{0, kTickMs * kNsPerMs};
+    const timespec tick{0, kAgentTickMs * kNsPerMs};
     const int sig = ::sigtimedwait(&watched, nullptr, &tick);
     if (sig == SIGINT || sig == SIGTERM || sig == SIGHUP) {
       // A standby's signal concerns it alone: the job goes on without it.
@@ -206,7 +203,7 @@ Agent::Outcome Agent::settle_generation(Outcome outcome) {
     }
     // The other nodes are still stopping (or still training): look again
     // soon, and take the user's signal meanwhile.
-    const timespec tick{0, kTickMs * kNsPerMs};
+    const timespec tick{0, kAgentTickMs * kNsPerMs};
     const int sig = ::sigtimedwait(&watched, nullptr, &tick);
     if (sig == SIGINT || sig == SIGTERM || sig == SIGHUP) {
       received_signal_ = sig;

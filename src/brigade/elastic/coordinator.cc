@@ -8,16 +8,12 @@
 #include <tuple>
 
 #include "brigade/comm/tcp_store.h"
+#include "brigade/core/clock.h"
 #include "brigade/core/error.h"
 #include "brigade/elastic/coordinator_keys.h"
 #include "brigade/elastic/standby.h"
 
 namespace brigade::elastic {
-namespace {
-
-constexpr int64_t kNsPerMs = 1'000'000;
-
-}  // namespace
 
 namespace detail {
 

@@ -4,16 +4,12 @@
 // generations the same with standbys or without.
 #include <fmt/format.h>
 
+#include "brigade/core/clock.h"
 #include "brigade/elastic/coordinator.h"
 #include "brigade/elastic/coordinator_keys.h"
 #include "brigade/elastic/standby.h"
 
 namespace brigade::elastic {
-namespace {
-
-constexpr int64_t kNsPerMs = 1'000'000;
-
-}  // namespace
 
 using namespace detail;
 

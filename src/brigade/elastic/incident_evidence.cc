@@ -14,9 +14,6 @@
 
 namespace brigade::elastic {
 namespace fs = std::filesystem;
-namespace {
-constexpr int64_t kNsPerMs = 1'000'000;
-}  // namespace
 
 std::string agent_view_file(int node) {
   return fmt::format("agent_node{}.json", node);

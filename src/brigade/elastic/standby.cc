@@ -5,10 +5,10 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "brigade/core/clock.h"
+
 namespace brigade::elastic {
 namespace {
-
-constexpr int64_t kNsPerMs = 1'000'000;
 
 int64_t read_count(CoordinatorStore& store, const std::string& key) {
   const auto value = store.try_get(key);

@@ -2,12 +2,13 @@
 
 #include <fmt/format.h>
 
+#include "brigade/core/clock.h"
+
 namespace brigade::elastic {
 
 std::optional<Stall> check_progress(const WorkerProgress& p, int64_t now_ns,
                                     const WatchdogOptions& options) {
   if (p.beat_ns == 0) return std::nullopt;
-  constexpr int64_t kNsPerMs = 1'000'000;
   const int64_t silent_ns = now_ns - p.beat_ns;
   if (silent_ns > options.heartbeat_timeout_ms * kNsPerMs) {
     return Stall{

@@ -19,8 +19,6 @@ extern char** environ;
 namespace brigade::elastic {
 namespace {
 
-constexpr int64_t kNsPerMs = 1'000'000;
-
 // Writes a fixed message from a forked child, where only async-signal-safe
 // calls are allowed.
 void child_write(const std::string& text) {
