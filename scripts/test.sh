@@ -31,7 +31,7 @@ cmake -S . -B build-tsan "${sanitizer_build[@]}" -DBRIGADE_TSAN=ON >/dev/null
 ninja -C build-tsan comm_tests elastic_tests
 TSAN_OPTIONS="halt_on_error=1 die_after_fork=0 suppressions=$PWD/tests/tsan.supp" \
   OMP_WAIT_POLICY=PASSIVE build-tsan/tests/comm_tests \
-  --gtest_filter='ShmCommunicator*:*ShmCommunicatorRanks*:OpQueue*:FlightRecorder*:TcpStore*'
+  --gtest_filter='ShmCommunicator*:*ShmCommunicatorRanks*:ShmSendRecv*:OpQueue*:FlightRecorder*:TcpStore*'
 # The elastic agent's parts: the heartbeat thread against its readers.
 TSAN_OPTIONS="halt_on_error=1 die_after_fork=0 suppressions=$PWD/tests/tsan.supp" \
   OMP_WAIT_POLICY=PASSIVE build-tsan/tests/elastic_tests
