@@ -221,14 +221,17 @@ TEST(ShmSendRecv, ManyMessagesInFlightBothWays) {
   const auto pids = fork_ranks(2, 20000, [](ShmCommunicator& comm) {
     std::vector<int64_t> counts;
     for (int k = 0; k < 200; ++k) counts.push_back(k % 4 == 0 ? 10 : kThresholdFloats + 97 * k);
-    exchange_all(comm, counts, [&](const std::vector<std::shared_ptr<Work>>& sends) {
-      int64_t unfinished = 0;
-      for (size_t k = 0; k < sends.size(); ++k) {
-        if (counts[k] >= kThresholdFloats && !sends[k]->test()) ++unfinished;
-      }
-      require(unfinished > 64, "only {} single-copy sends were in flight at once", unfinished);
-      comm.barrier()->wait();
-    });
+    const int64_t large =
+        exchange_all(comm, counts, [&](const std::vector<std::shared_ptr<Work>>& sends) {
+          int64_t unfinished = 0;
+          for (size_t k = 0; k < sends.size(); ++k) {
+            if (counts[k] >= kThresholdFloats && !sends[k]->test()) ++unfinished;
+          }
+          require(unfinished > 64, "only {} single-copy sends were in flight at once", unfinished);
+          comm.barrier()->wait();
+        });
+    require(comm.single_copy_messages() == large, "{} of {} large messages took the single copy",
+            comm.single_copy_messages(), large);
     comm.barrier()->wait();
   });
   const auto codes = reap_all(pids, kHangLimit);
