@@ -4,6 +4,7 @@
 // when a rank turns it off, many messages in flight both ways, and the
 // failures that are new with it: a sender whose receiver has exited, and a
 // receiver that reads a message its sender has already given up.
+#include <dirent.h>
 #include <gtest/gtest.h>
 #include <sys/mman.h>
 #include <sys/uio.h>
@@ -14,12 +15,15 @@
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
+#include <fstream>
 #include <functional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "brigade/comm/shm_communicator.h"
+#include "brigade/comm/shm_mailbox.h"
 #include "testing/forked_ranks.h"
 
 namespace brigade {
@@ -165,11 +169,14 @@ TEST(ShmSendRecv, SizesAroundTheSingleCopyThresholdTakeTheRightPath) {
 // A send whose ring has room is copied in as it is posted, on the caller's
 // thread: its Work is done when send() returns, with no hand-off to the
 // progress thread. (One that finds the thread mid-pass is left to it, so
-// the test asks this of one send in 20, each waited for before the next.)
+// the test asks this of one send in 20, each waited for before the next,
+// after a barrier: until the peer has built its mailboxes, the thread
+// passes over the rings back to back, waiting for the peer's probe.)
 TEST(ShmSendRecv, ASmallSendWhoseRingHasRoomIsDoneWhenPosted) {
   const auto pids = fork_ranks(2, 10000, [](ShmCommunicator& comm) {
     constexpr int kSends = 20;
     std::vector<float> data(100, 1.5f);
+    comm.barrier()->wait();
     int done_at_once = 0;
     for (int k = 0; k < kSends; ++k) {
       if (comm.rank() == 0) {
@@ -392,6 +399,50 @@ TEST(ShmSendRecv, AMessageItsSenderWithdrewFailsTheRecv) {
 TEST(ShmSendRecv, AMessageItsSenderWithdrewAndFreedFailsTheRecvNamingTheWithdrawal) {
   if (!single_copy_possible()) GTEST_SKIP() << kNoSingleCopy;
   expect_a_withdrawn_message_fails_the_recv(true);
+}
+
+// The voluntary context switches of this process's thread `tid` so far.
+int64_t voluntary_switches(int tid) {
+  std::ifstream status(fmt::format("/proc/self/task/{}/status", tid));
+  const std::string key = "voluntary_ctxt_switches:";
+  for (std::string line; std::getline(status, line);) {
+    if (line.rfind(key, 0) == 0) return std::atoll(line.c_str() + key.size());
+  }
+  throw Error(fmt::format("no {} in /proc/self/task/{}/status", key, tid));
+}
+
+// A peer that died between the rendezvous and building its mailboxes never
+// publishes its probe. Its verdict is "not readable" once it is seen gone,
+// so the progress thread idles (a wake-up per millisecond) instead of
+// napping 50 us at a time for the communicator's life, waiting for it.
+TEST(ShmSendRecv, APeerThatDiedBeforeBuildingItsMailboxesDoesNotKeepTheThreadBusy) {
+  constexpr auto kWindow = std::chrono::milliseconds(500);
+  constexpr int64_t kMostSwitches = 2 * 500;  // idle: about one per millisecond
+  const pid_t dead = ::fork();
+  if (dead == 0) ::_exit(0);
+  ASSERT_EQ(reap(dead, Clock::now() + kHangLimit), 0);
+  const auto pids = testing::fork_ranks(1, [&](int) {
+    std::vector<std::byte> region(static_cast<size_t>(ShmMailboxes::region_bytes(2, 4096)));
+    const uint64_t self = static_cast<uint64_t>(::getpid());
+    ShmMailboxes mailboxes("test", FlightRecorder::GroupId{}, 0, 2, 60000, region.data(), 4096,
+                           [&](int r) { return r == 0 ? self : static_cast<uint64_t>(dead); });
+    // The forked child had one thread; the mailboxes started the other.
+    int thread = 0;
+    DIR* tasks = ::opendir("/proc/self/task");
+    require(tasks != nullptr, "cannot list /proc/self/task");
+    while (const dirent* entry = ::readdir(tasks)) {
+      const int tid = std::atoi(entry->d_name);
+      if (tid > 0 && tid != ::gettid()) thread = tid;
+    }
+    ::closedir(tasks);
+    require(thread != 0, "no progress thread in /proc/self/task");
+    const int64_t before = voluntary_switches(thread);
+    std::this_thread::sleep_for(kWindow);
+    const int64_t switches = voluntary_switches(thread) - before;
+    require(switches < kMostSwitches, "the progress thread woke {} times in {} ms", switches,
+            kWindow.count());
+  });
+  EXPECT_EQ(reap(pids[0], Clock::now() + kHangLimit), 0);
 }
 
 }  // namespace
