@@ -873,6 +873,10 @@ int64_t ShmCommunicator::single_copy_messages() const {
   return impl_->mailboxes ? impl_->mailboxes->single_copy_messages() : 0;
 }
 
+int64_t ShmCommunicator::single_copy_reads() const {
+  return impl_->mailboxes ? impl_->mailboxes->single_copy_reads() : 0;
+}
+
 int64_t ShmCommunicator::shared_buffer_bytes() const {
   return impl_->options.shared_bytes;
 }

@@ -126,8 +126,11 @@ class ShmCommunicator final : public Communicator {
   int64_t shared_buffer_bytes() const override;
 
   // How many messages this rank has received by single copy (see
-  // ShmCommunicatorOptions::single_copy); for benchmarks and tests.
+  // ShmCommunicatorOptions::single_copy), and how many it has started to
+  // read from a sender's memory (failed reads included); for benchmarks and
+  // tests.
   int64_t single_copy_messages() const;
+  int64_t single_copy_reads() const;
 
  private:
   struct Impl;

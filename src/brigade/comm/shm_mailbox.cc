@@ -181,9 +181,9 @@ struct ShmMailboxes::Impl : std::enable_shared_from_this<Impl> {
   std::shared_ptr<Work> post(bool is_send, std::byte* data, int64_t bytes, int peer, uint32_t tag,
                              std::string what);
   void run();
-  // One pass of a waiter's (or a poster's) thread, unless another thread is
-  // in the middle of one.
-  void poll();
+  // One pass of the thread waiting for `mine`, unless another thread is in
+  // the middle of one.
+  void poll(Work& mine);
   // With `state` held: accepts posted operations, moves data, checks
   // deadlines; returns whether anything moved. A failure fails everything.
   bool pass();
@@ -197,9 +197,9 @@ struct ShmMailboxes::Impl : std::enable_shared_from_this<Impl> {
   // probe is there) whether it can read each peer's memory.
   void publish_probe();
   void probe_peers();
-  // Copies `bytes` from `address` in rank src's memory; false if src's
-  // process has exited, throws a CommError naming `op` for any other failure.
-  void read_peer(int src, uint64_t address, std::byte* to, int64_t bytes, const Pending* op);
+  // Copies `bytes` from `address` in rank src's memory; returns 0, or the
+  // errno of the read that failed.
+  int read_peer(int src, uint64_t address, std::byte* to, int64_t bytes);
   // Completes this rank's single-copy sends that their receivers acknowledged.
   bool collect_acks(int dst);
   bool accept_posted();  // whether there was anything to accept
@@ -226,6 +226,7 @@ struct ShmMailboxes::Impl : std::enable_shared_from_this<Impl> {
   const bool single_copy;
   uint64_t probe_word = 0;  // peers read it to learn whether they can read us
   std::atomic<int64_t> single_copy_received{0};
+  std::atomic<int64_t> single_copy_reads{0};
 
   std::mutex mutex;
   std::condition_variable posted_cv;
@@ -258,6 +259,7 @@ struct ShmMailboxes::Impl : std::enable_shared_from_this<Impl> {
   std::vector<int64_t> unmatched_since_ns;  // per source: an unmatched single-copy frame waits
   std::vector<bool> probed;                 // per source: readable verdict published
   int unprobed = 0;
+  int64_t next_probe_liveness_ns = 0;  // when to look whether an unprobed peer is gone
   std::string broken;
   std::vector<int> broken_peers;
   int64_t next_liveness_ns = 0;
@@ -289,6 +291,10 @@ ShmMailboxes::Impl::Impl(std::string group, FlightRecorder::GroupId flight_group
 
 int64_t ShmMailboxes::single_copy_messages() const {
   return impl_->single_copy_received.load(std::memory_order_relaxed);
+}
+
+int64_t ShmMailboxes::single_copy_reads() const {
+  return impl_->single_copy_reads.load(std::memory_order_relaxed);
 }
 
 int64_t ShmMailboxes::region_bytes(int size, int64_t ring_bytes) {
@@ -343,8 +349,9 @@ std::shared_ptr<Work> ShmMailboxes::Impl::post(bool is_send, std::byte* data, in
   op->deadline_ns = now_ns() + timeout_ms * 1'000'000;
   op->work = std::make_shared<Work>();
   op->work->set_poll(
-      [weak = weak_from_this()] {
-        if (const std::shared_ptr<Impl> impl = weak.lock()) impl->poll();
+      // The Work outlives the polls of its own wait().
+      [weak = weak_from_this(), work = op->work.get()] {
+        if (const std::shared_ptr<Impl> impl = weak.lock()) impl->poll(*work);
       },
       kWaiterPollNs,
       [weak = weak_from_this()] {
@@ -368,12 +375,22 @@ std::shared_ptr<Work> ShmMailboxes::Impl::post(bool is_send, std::byte* data, in
   return op->work;
 }
 
-void ShmMailboxes::Impl::poll() {
+void ShmMailboxes::Impl::poll(Work& mine) {
   std::unique_lock<std::mutex> lock(state, std::try_to_lock);
   if (!lock.owns_lock() || stopped) return;
   last_poll_ns.store(now_ns(), std::memory_order_relaxed);
   waiter_polling.store(true, std::memory_order_relaxed);
   pass();
+  if (mine.test()) {
+    // Its waiter leaves with this pass: what it leaves behind (recvs posted
+    // ahead, acknowledgements, a stream) is the thread's again at once, not
+    // once the waiter's last poll has aged.
+    waiter_polling.store(false, std::memory_order_relaxed);
+    if (busy()) {
+      std::lock_guard<std::mutex> posted_lock(mutex);
+      posted_cv.notify_one();
+    }
+  }
 }
 
 bool ShmMailboxes::Impl::pass() {
@@ -390,6 +407,8 @@ bool ShmMailboxes::Impl::pass() {
 
 bool ShmMailboxes::Impl::busy() const {
   // Unprobed peers count: a sender of a large message waits for the verdict.
+  // Broken, nothing moves any more (see progress()).
+  if (!broken.empty()) return false;
   return unprobed > 0 || !recvs.empty() ||
          std::any_of(sends.begin(), sends.end(), [](auto& q) { return !q.empty(); }) ||
          std::any_of(awaiting_ack.begin(), awaiting_ack.end(),
@@ -468,6 +487,10 @@ bool ShmMailboxes::Impl::accept_posted() {
 }
 
 bool ShmMailboxes::Impl::progress() {
+  // Broken, the rings are left as they are: every operation has failed, a
+  // frame cut off in the middle would be misread, and a single-copy frame
+  // that failed would be read (and fail) again on every pass.
+  if (!broken.empty()) return false;
   if (unprobed > 0) probe_peers();
   bool moved = false;
   for (int peer = 0; peer < size; ++peer) {
@@ -487,14 +510,22 @@ void ShmMailboxes::Impl::publish_probe() {
 }
 
 void ShmMailboxes::Impl::probe_peers() {
+  const int64_t now = now_ns();
+  const bool check_liveness = now >= next_probe_liveness_ns;
+  if (check_liveness) next_probe_liveness_ns = now + kLivenessCheckNs;
   for (int p = 0; p < size; ++p) {
     if (probed[p]) continue;
     uint64_t verdict = kNotReadable;
-    if (single_copy) {
-      const Ring theirs = ring(p, p);
-      const uint64_t address = AtomicU64(*theirs.head).load(std::memory_order_acquire);
-      const uint64_t pid = peer_pid(p);
-      if (address == 0 || pid == 0) continue;  // not published yet: look again next pass
+    const Ring theirs = ring(p, p);
+    const uint64_t address =
+        single_copy ? AtomicU64(*theirs.head).load(std::memory_order_acquire) : 0;
+    const uint64_t pid = peer_pid(p);
+    if (single_copy && (address == 0 || pid == 0)) {
+      // Not published yet: look again next pass, unless the peer died before
+      // building its mailboxes (it sends nothing, and waiting for it would
+      // keep this rank busy for good).
+      if (!check_liveness || shm::process_exists(pid)) continue;
+    } else if (single_copy) {
       const uint64_t expected = AtomicU64(*theirs.tail).load(std::memory_order_relaxed);
       uint64_t seen = 0;
       iovec local{&seen, sizeof(seen)};
@@ -525,31 +556,23 @@ void ShmMailboxes::Impl::probe_peers() {
   }
 }
 
-void ShmMailboxes::Impl::read_peer(int src, uint64_t address, std::byte* to, int64_t bytes,
-                                   const Pending* op) {
-  const uint64_t pid = peer_pid(src);
+int ShmMailboxes::Impl::read_peer(int src, uint64_t address, std::byte* to, int64_t bytes) {
+  single_copy_reads.fetch_add(1, std::memory_order_relaxed);
+  const auto pid = static_cast<pid_t>(peer_pid(src));
   int64_t done = 0;
   while (done < bytes) {
     iovec local{to + done, static_cast<size_t>(bytes - done)};
     iovec remote{reinterpret_cast<void*>(address + static_cast<uint64_t>(done)),
                  static_cast<size_t>(bytes - done)};
-    const ssize_t n = ::process_vm_readv(static_cast<pid_t>(pid), &local, 1, &remote, 1, 0);
+    const ssize_t n = ::process_vm_readv(pid, &local, 1, &remote, 1, 0);
     if (n > 0) {
       done += n;
       continue;
     }
     const int error = n < 0 ? errno : EFAULT;
-    if (error == EINTR) continue;
-    const std::string reason =
-        error == ESRCH || !shm::process_exists(pid)
-            ? fmt::format("peer rank {} ({}) has exited", src, rank_or_none(pid))
-            : fmt::format("cannot read rank {}'s message of {} bytes (process_vm_readv: {})", src,
-                          bytes, std::strerror(error));
-    if (op != nullptr) fail(*op, reason);
-    throw CommError(fmt::format("shm point-to-point on group '{}' (rank {} of {}) failed: {}",
-                                group_name, rank, size, reason),
-                    {src});
+    if (error != EINTR) return error;
   }
+  return 0;
 }
 
 bool ShmMailboxes::Impl::collect_acks(int dst) {
@@ -745,13 +768,24 @@ void ShmMailboxes::Impl::take_single_copy(int src, uint32_t tag, int64_t bytes,
     parked->data.resize(static_cast<size_t>(bytes));
     to = parked->data.data();
   }
-  read_peer(src, descriptor.address, to, bytes, op);
+  const int error = read_peer(src, descriptor.address, to, bytes);
   const uint64_t s = descriptor.sequence;
+  AtomicU64 ack(in.acks[s % kAckSlots]);
   uint64_t expected = ack_before(s);
-  if (!AtomicU64(in.acks[s % kAckSlots])
-           .compare_exchange_strong(expected, ack_done(s), std::memory_order_acq_rel)) {
+  // A sender withdraws before its buffer may go, so a read that failed on a
+  // withdrawn message failed because of it.
+  const bool withdrawn =
+      error == 0 ? !ack.compare_exchange_strong(expected, ack_done(s), std::memory_order_acq_rel)
+                 : ack.load(std::memory_order_acquire) == ack_withdrawn(s);
+  if (error != 0 || withdrawn) {
+    const uint64_t pid = peer_pid(src);
     const std::string reason =
-        fmt::format("rank {} withdrew its message of {} bytes (its send failed)", src, bytes);
+        withdrawn
+            ? fmt::format("rank {} withdrew its message of {} bytes (its send failed)", src, bytes)
+        : error == ESRCH || !shm::process_exists(pid)
+            ? fmt::format("peer rank {} ({}) has exited", src, rank_or_none(pid))
+            : fmt::format("cannot read rank {}'s message of {} bytes (process_vm_readv: {})", src,
+                          bytes, std::strerror(error));
     if (op != nullptr) fail(*op, reason);
     throw CommError(fmt::format("shm point-to-point on group '{}' (rank {} of {}) failed: {}",
                                 group_name, rank, size, reason),

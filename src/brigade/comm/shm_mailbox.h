@@ -41,7 +41,8 @@
 // Each send and recv must finish within timeout_ms of being issued. One that
 // does not, or whose peer process has exited, fails with a CommError naming
 // the peer; like the collectives, the mailboxes then fail every later send
-// and recv, since the ranks no longer agree on the streams.
+// and recv, since the ranks no longer agree on the streams (and they read
+// nothing more from the rings).
 #pragma once
 
 #include <cstddef>
@@ -83,8 +84,11 @@ class ShmMailboxes {
   std::shared_ptr<Work> recv(std::byte* data, int64_t bytes, int peer, uint32_t tag,
                              std::string what);
 
-  // How many messages this rank has received by single copy so far.
+  // How many messages this rank has received by single copy so far, and how
+  // many it has started to read from a sender's memory (failed reads and
+  // withdrawn messages included).
   int64_t single_copy_messages() const;
+  int64_t single_copy_reads() const;
 
  private:
   struct Impl;
