@@ -305,8 +305,9 @@ class RunReport {
             {"node", e.node},
             {"section", e.section},
             {"ratio", e.ratio},
-            {"median_ms", e.median_ms},
-            {"others_median_ms", e.others_median_ms},
+            {"on_cpu_ms", e.on_cpu_ms},
+            {"peers_on_cpu_ms", e.peers_on_cpu_ms},
+            {"compute_ms", e.compute_ms},
             {"runqueue_ms", e.runqueue_ms},
             {"first_step", e.first_step},
             {"last_step", e.last_step},
@@ -580,7 +581,8 @@ void run_train(const std::string& config_path, const std::vector<std::string>& o
   // this one's: the gather, the report, the saves started and evaluations
   // after a step are the next step's (train/step_breakdown.h).
   StepClock& clock = trainer.step_clock();
-  RankStats rank_stats(group, node_from_environment());
+  RankStats rank_stats(group, node_from_environment(), trainer.pp_stage(), clock.counts_runqueue());
+  for (const std::string& line : rank_stats.notes()) note(line);
   const auto agreed_stop = [&] {
     const StepClock::Section comm(clock, StepPart::kComm);
     return agreed_stop_signal();
