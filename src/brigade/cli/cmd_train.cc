@@ -316,25 +316,30 @@ class RunReport {
 
   // The step's breakdown (this rank's, whose parts sum to its step_ms: the
   // loop iteration's wall time, train_step and what the loop did around
-  // it), every rank's, and the straggler episodes that started or ended.
+  // it), every rank's as one array per part ("compute_ms_per_rank", by
+  // world rank: brigade report charts each; compute's is the straggler
+  // signal), and the straggler episodes that started or ended.
   static void add_breakdown(nlohmann::json& line, const RankStepStats& ranks) {
-    const auto parts = [](const StepBreakdown& b) {
-      nlohmann::json j = {{"step_ms", b.step_ms}, {"compute_runqueue_ms", b.compute_runqueue_ms}};
-      for (int i = 0; i < kStepParts; ++i) {
-        j[fmt::format("{}_ms", step_part_name(static_cast<StepPart>(i)))] =
-            b.ms[static_cast<size_t>(i)];
-      }
-      return j;
-    };
-    line["breakdown"] = parts(ranks.breakdown.front());
+    const StepBreakdown& mine = ranks.breakdown.front();
+    line["breakdown"] = {{"step_ms", mine.step_ms},
+                         {"compute_runqueue_ms", mine.compute_runqueue_ms}};
+    for (int i = 0; i < kStepParts; ++i) {
+      line["breakdown"][fmt::format("{}_ms", step_part_name(static_cast<StepPart>(i)))] =
+          mine.ms[static_cast<size_t>(i)];
+    }
     if (ranks.breakdown.size() > 1) {
-      nlohmann::json per_rank = nlohmann::json::array();
-      for (const StepBreakdown& b : ranks.breakdown) per_rank.push_back(parts(b));
-      line["breakdown_by_rank"] = std::move(per_rank);
-      // The straggler signal, charted per rank by brigade report.
-      nlohmann::json compute = nlohmann::json::array();
-      for (const StepBreakdown& b : ranks.breakdown) compute.push_back(b[StepPart::kCompute]);
-      line["section_compute_ms_per_rank"] = std::move(compute);
+      const auto per_rank = [&](const std::string& key, const auto& value) {
+        nlohmann::json values = nlohmann::json::array();
+        for (const StepBreakdown& b : ranks.breakdown) values.push_back(value(b));
+        line[key + "_per_rank"] = std::move(values);
+      };
+      per_rank("step_ms", [](const StepBreakdown& b) { return b.step_ms; });
+      per_rank("compute_runqueue_ms", [](const StepBreakdown& b) { return b.compute_runqueue_ms; });
+      for (int i = 0; i < kStepParts; ++i) {
+        const auto part = static_cast<StepPart>(i);
+        per_rank(fmt::format("{}_ms", step_part_name(part)),
+                 [part](const StepBreakdown& b) { return b[part]; });
+      }
     }
     if (!ranks.stragglers.empty()) {
       line["stragglers"] = nlohmann::json::array();
