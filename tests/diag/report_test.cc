@@ -40,6 +40,10 @@ class ReportData : public ::testing::Test {
     incidents
         << R"({"kind":"crash","rank":1,"what":"worker rank 1 was killed","detected_after_ms":12.5})"
         << "\n"
+        << R"j({"kind":"straggler","restart":false,"rank":3,"what":"straggler: rank 3 (node 1)"})j"
+        << "\n"
+        << R"({"kind":"straggler_recovered","restart":false,"rank":3,"what":"no longer slow"})"
+        << "\n"
         << R"({"kind":"summary","ettr":0.9,"incidents":1,"restarts":1,"wall_s":10,"productive_s":9,"lost_s":1})"
         << "\n";
     std::ofstream(dir_.path() / "config.toml")
@@ -71,8 +75,12 @@ TEST_F(ReportData, ReadsTheRunDirectory) {
   const nlohmann::json& rss = run["per_rank"]["peak_rss_bytes_per_rank"];
   ASSERT_EQ(rss["ranks"].size(), 2u);
   EXPECT_DOUBLE_EQ(rss["ranks"][1][0].get<double>(), 4.0);  // 2 * mean(1, 2, 3)
+  // The straggler records are no incidents: a list of their own.
   ASSERT_EQ(run["incidents"].size(), 1u);
   EXPECT_EQ(run["incidents"][0]["rank"], 1);
+  ASSERT_EQ(run["stragglers"].size(), 2u);
+  EXPECT_EQ(run["stragglers"][0]["what"], "straggler: rank 3 (node 1)");
+  EXPECT_EQ(run["stragglers"][1]["kind"], "straggler_recovered");
   EXPECT_DOUBLE_EQ(run["summary"]["ettr"].get<double>(), 0.9);
   EXPECT_EQ(run["mesh"]["dp"], 2);
   EXPECT_EQ(run["mesh"]["zero"], 1);

@@ -10,7 +10,10 @@
 //   brigade_loss                     the last step's training loss (the same on every rank)
 //   brigade_tokens_per_second        the global batch's tokens over the last step's time
 //   brigade_mfu                      model FLOPs utilisation, on the node of rank 0
-//   brigade_comm_wait_fraction{rank} exposed communication time over step time
+//   brigade_comm_wait_fraction{rank} the step's comm part over its time
+//                                    (train/step_breakdown.h): collective waits
+//                                    nothing overlapped, the stop agreement and
+//                                    the per-step metrics gather included
 //   brigade_step_seconds{rank}       the last step's time
 //   brigade_heartbeat_age_seconds{rank}  since the worker last beat
 //   brigade_worker_up{rank}          1 while the worker runs

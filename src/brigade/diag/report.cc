@@ -192,6 +192,7 @@ nlohmann::json read_run(const fs::path& run_dir) {
                         {"validation", std::move(validation)},
                         {"per_rank", per_rank_series(steps)},
                         {"incidents", nlohmann::json::array()},
+                        {"stragglers", nlohmann::json::array()},
                         {"summary", nullptr},
                         {"config", nullptr},
                         {"config_files", nlohmann::json::array()},
@@ -200,8 +201,12 @@ nlohmann::json read_run(const fs::path& run_dir) {
   if (fs::is_regular_file(incidents_path)) {
     for (nlohmann::json& line : read_jsonl(incidents_path)) {
       // The summary of the run's last launch: a resumed run appends its own.
-      if (line.value("kind", "") == "summary") {
+      const std::string kind = line.value("kind", "");
+      if (kind == "summary") {
         run["summary"] = std::move(line);
+      } else if (kind.starts_with("straggler")) {
+        // A slow rank named or recovered: no failure, no restart.
+        run["stragglers"].push_back(std::move(line));
       } else {
         run["incidents"].push_back(std::move(line));
       }

@@ -4,10 +4,11 @@
 // step's time went (compute, communication that overlap did not hide, the
 // rest), every per-rank series metrics.jsonl holds (keys ending in
 // `_per_rank`, one line per rank), the incidents with their detection and
-// recovery times and the run's ETTR (incidents.jsonl), and the config and
-// mesh. Charts are Chart.js 3 (Debian's libjs-chart.js), inlined into the
-// file with the data, so the page needs no network when it is opened, on a
-// laptop or attached to a ticket.
+// recovery times and the run's ETTR (incidents.jsonl; the straggler
+// episodes recorded there apart, in a list of their own: a slow rank is no
+// failure and restarts nothing), and the config and mesh. Charts are Chart.js 3 (Debian's
+// libjs-chart.js), inlined into the file with the data, so the page needs no network when it is
+// opened, on a laptop or attached to a ticket.
 //
 // The data goes in a <script type="application/json"> element with every
 // '<', '>' and '&' written as a \u escape (and U+2028/9 too), so no value (a

@@ -56,6 +56,7 @@ constexpr char kBody[] = R"html(</head><body>
 <section><h2>Per rank</h2><div class="grid" id="rank-charts"></div>
 <p class="muted" id="rank-none"></p></section>
 <section><h2>Incidents</h2><div id="incidents"></div></section>
+<section><h2>Stragglers</h2><div id="stragglers"></div></section>
 <section><h2>Layout and config</h2><div id="mesh"></div><pre id="config"></pre></section>
 )html";
 
@@ -150,6 +151,7 @@ constexpr char kMain[] = R"js(
   kpi('tokens/s (last)', fixed(last(s.tokens_per_s), 0));
   if (last(s.mfu) !== null) kpi('MFU (last)', fixed(100 * last(s.mfu), 1) + ' %');
   kpi('incidents', run.incidents.length);
+  kpi('straggler episodes', run.stragglers.filter(e => e.kind === 'straggler').length);
   if (run.summary) {
     kpi('ETTR', fixed(100 * run.summary.ettr, 1) + ' %');
     kpi('restarts', run.summary.restarts);
@@ -225,6 +227,16 @@ constexpr char kMain[] = R"js(
       table.appendChild(row);
     });
     incidents.appendChild(table);
+  }
+  // Slow ranks named and recovered (no restart): their own list.
+  const stragglers = document.getElementById('stragglers');
+  if (!run.stragglers.length) {
+    stragglers.appendChild(el('p', 'No straggler named.', 'muted'));
+  } else {
+    const list = el('ul');
+    list.id = 'straggler-list';
+    for (const e of run.stragglers) list.appendChild(el('li', e.what));
+    stragglers.appendChild(list);
   }
   if (run.summary) {
     incidents.appendChild(el('p', 'ETTR ' + fixed(100 * run.summary.ettr, 1) + ' %: ' +

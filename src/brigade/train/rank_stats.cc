@@ -1,5 +1,7 @@
 #include "brigade/train/rank_stats.h"
 
+#include <fmt/format.h>
+
 #include <cstdlib>
 #include <string>
 
@@ -14,14 +16,30 @@ constexpr int kRss = StepBreakdown::kVectorSize;
 constexpr int kBubble = kRss + 1;
 constexpr int kPerRank = kBubble + 1;
 
-std::vector<int> gather_nodes(Communicator* world, int node) {
-  if (world == nullptr || world->size() == 1) return {node};
-  std::vector<double> all(static_cast<size_t>(world->size()));
-  const double mine = node;
-  world->all_gather(&mine, all.data(), 1, DType::kF64)->wait();
-  std::vector<int> nodes;
-  for (double n : all) nodes.push_back(static_cast<int>(n));
-  return nodes;
+// Each rank's node, pipeline stage and whether its clock counts the wait
+// for a core, in world rank order.
+constexpr int kStartFields = 3;
+std::vector<double> gather_start(Communicator* world, int node, int stage, bool counts_runqueue) {
+  const std::vector<double> mine = {static_cast<double>(node), static_cast<double>(stage),
+                                    counts_runqueue ? 1.0 : 0.0};
+  if (world == nullptr || world->size() == 1) return mine;
+  std::vector<double> all(static_cast<size_t>(world->size()) * kStartFields);
+  world->all_gather(mine.data(), all.data(), kStartFields, DType::kF64)->wait();
+  return all;
+}
+
+std::vector<int> field(const std::vector<double>& ranks, int at) {
+  std::vector<int> out;
+  for (size_t r = 0; r < ranks.size() / kStartFields; ++r) {
+    out.push_back(static_cast<int>(ranks[r * kStartFields + static_cast<size_t>(at)]));
+  }
+  return out;
+}
+
+std::string list(const std::vector<int>& ranks) {
+  std::string out;
+  for (int r : ranks) out += (out.empty() ? "" : ", ") + std::to_string(r);
+  return out;
 }
 
 }  // namespace
@@ -38,8 +56,41 @@ int node_from_environment() {
   return static_cast<int>(node);
 }
 
-RankStats::RankStats(Communicator* world, int node, StragglerOptions options)
-    : world_(world), nodes_(gather_nodes(world, node)), detector_("compute", nodes_, options) {}
+RankStats::RankStats(Communicator* world, int node, int stage, bool counts_runqueue,
+                     StragglerOptions options)
+    : RankStats(world, gather_start(world, node, stage, counts_runqueue), options) {}
+
+RankStats::RankStats(Communicator* world, const std::vector<double>& ranks,
+                     StragglerOptions options)
+    : world_(world),
+      nodes_(field(ranks, 0)),
+      detector_("compute", nodes_, field(ranks, 1), options) {
+  if (nodes_.size() < 2) return;
+  const std::vector<int> stages = field(ranks, 1);
+  const std::vector<int> alone = detector_.unpeered();
+  if (!alone.empty()) {
+    std::vector<int> alone_stages;
+    for (int r : alone) alone_stages.push_back(stages[static_cast<size_t>(r)]);
+    notes_.push_back(fmt::format(
+        "brigade train: no straggler check for rank{} {} (pipeline stage{} {}): a rank is "
+        "compared only with the ranks of its stage, and {} none; run with dp or tp > 1 to check "
+        "them",
+        alone.size() > 1 ? "s" : "", list(alone), alone_stages.size() > 1 ? "s" : "",
+        list(alone_stages), alone.size() > 1 ? "these have" : "it has"));
+  }
+  std::vector<int> uncounted;
+  const std::vector<int> counted = field(ranks, 2);
+  for (size_t r = 0; r < counted.size(); ++r) {
+    if (counted[r] == 0) uncounted.push_back(static_cast<int>(r));
+  }
+  if (!uncounted.empty()) {
+    notes_.push_back(fmt::format(
+        "brigade train: /proc/thread-self/schedstat is missing or reads zeros (the kernel's "
+        "scheduler accounting is off) on rank{} {}: straggler scores there count the wait for a "
+        "core as compute, so a rank starved by other processes can be named",
+        uncounted.size() > 1 ? "s" : "", list(uncounted)));
+  }
+}
 
 RankStepStats RankStats::gather(int64_t step, const StepBreakdown& mine, double peak_rss_bytes,
                                 double bubble_ms) {

@@ -1,8 +1,10 @@
 // What every rank's step says, brought to every rank once per step by one
 // small all-gather on the world group: its step-time breakdown
 // (train/step_breakdown.h), peak RSS and pipeline bubble, with the ranks'
-// nodes learnt once. From it world rank 0 writes the per-rank metrics, and
-// the straggler detector (train/straggler.h) runs on the compute section.
+// nodes, pipeline stages (a rank's straggler peers are those of its
+// stage) and whether their clocks count the wait for a core learnt once. From it world rank 0
+// writes the per-rank metrics, and the straggler detector (train/straggler.h) runs on the compute
+// section.
 //
 // Why every step and every rank: the detector needs each step's compute
 // times (a straggler named within 20 steps), and the vector is 12 doubles a
@@ -10,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "brigade/train/step_breakdown.h"
@@ -31,18 +34,28 @@ struct RankStepStats {
 class RankStats {
  public:
   // Collective over `world` (null: this process alone): gathers the ranks'
-  // nodes. node: this rank's (the launcher's GROUP_RANK).
-  RankStats(Communicator* world, int node, StragglerOptions options = {});
+  // nodes, stages and clocks. node: this rank's (the launcher's
+  // GROUP_RANK); stage: its pipeline stage (0 without a pipeline);
+  // counts_runqueue: its StepClock's.
+  RankStats(Communicator* world, int node, int stage, bool counts_runqueue,
+            StragglerOptions options = {});
 
   // Collective: every rank's numbers of 1-based step `step`.
   RankStepStats gather(int64_t step, const StepBreakdown& mine, double peak_rss_bytes,
                        double bubble_ms);
 
   const std::vector<int>& nodes() const { return nodes_; }
+  // What people should know once, at the start, about the straggler check:
+  // the stages it cannot check (a rank alone in its stage has no peers),
+  // and ranks whose compute counts their wait for a core (no schedstat).
+  const std::vector<std::string>& notes() const { return notes_; }
 
  private:
+  RankStats(Communicator* world, const std::vector<double>& ranks, StragglerOptions options);
+
   Communicator* world_;
   std::vector<int> nodes_;
+  std::vector<std::string> notes_;
   StragglerDetector detector_;
 };
 

@@ -71,7 +71,17 @@ std::string StepBreakdown::percentages() const {
   return out;
 }
 
-StepClock::StepClock() : schedstat_fd_(::open("/proc/thread-self/schedstat", O_RDONLY)) {
+StepClock::StepClock()
+    : schedstat_fd_(::open("/proc/thread-self/schedstat", O_RDONLY | O_CLOEXEC)) {
+  // "0 0 0": the kernel keeps the file but not the accounting (a thread
+  // that has run has spent time on a cpu).
+  if (schedstat_fd_ >= 0) {
+    int64_t on_cpu = 0, waited = 0;
+    if (!read_schedstat(on_cpu, waited) || (on_cpu == 0 && waited == 0)) {
+      ::close(schedstat_fd_);
+      schedstat_fd_ = -1;
+    }
+  }
   restart();
 }
 
@@ -79,16 +89,22 @@ StepClock::~StepClock() {
   if (schedstat_fd_ >= 0) ::close(schedstat_fd_);
 }
 
-int64_t StepClock::runqueue_ns() const {
-  if (schedstat_fd_ < 0) return 0;
+bool StepClock::read_schedstat(int64_t& on_cpu_ns, int64_t& runqueue_ns) const {
   // "<ns on a cpu> <ns waiting on a run queue> <time slices>"
   char text[96];
   const ssize_t n = ::pread(schedstat_fd_, text, sizeof(text) - 1, 0);
-  if (n <= 0) return 0;
+  if (n <= 0) return false;
   text[n] = '\0';
   char* end = nullptr;
-  std::strtoll(text, &end, 10);
-  return std::strtoll(end, nullptr, 10);
+  on_cpu_ns = std::strtoll(text, &end, 10);
+  runqueue_ns = std::strtoll(end, nullptr, 10);
+  return true;
+}
+
+int64_t StepClock::runqueue_ns() const {
+  int64_t on_cpu = 0, waited = 0;
+  if (schedstat_fd_ < 0 || !read_schedstat(on_cpu, waited)) return 0;
+  return waited;
 }
 
 void StepClock::charge(int64_t now) {

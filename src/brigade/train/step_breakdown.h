@@ -80,6 +80,11 @@ class StepClock {
   StepClock(const StepClock&) = delete;
   StepClock& operator=(const StepClock&) = delete;
 
+  // Whether compute_runqueue_ms is measured: false where
+  // /proc/thread-self/schedstat is missing or reads all zeros (the
+  // kernel's scheduler accounting is off); it is then 0.
+  bool counts_runqueue() const { return schedstat_fd_ >= 0; }
+
   // Starts a new step window now; whatever was open stays open.
   void restart();
   // Closes the window at now: its parts (other = the rest), and the next
@@ -112,6 +117,7 @@ class StepClock {
   void entered(StepPart was);
   // The thread's run-queue wait so far, ns (0 without schedstat).
   int64_t runqueue_ns() const;
+  bool read_schedstat(int64_t& on_cpu_ns, int64_t& runqueue_ns) const;
 
   int schedstat_fd_ = -1;
   int64_t runqueue_at_ns_ = 0;  // runqueue_ns() when compute became current

@@ -10,6 +10,13 @@
 namespace brigade {
 namespace {
 
+// The k-th lowest of `v` (0-based; the highest when k is past the end).
+double kth_lowest(std::vector<double> v, size_t k) {
+  k = std::min(k, v.size() - 1);
+  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(k), v.end());
+  return v[k];
+}
+
 double median(std::vector<double> v) {
   const size_t mid = v.size() / 2;
   std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(mid), v.end());
@@ -35,25 +42,49 @@ std::string StragglerEvent::line() const {
   const std::string verb = section == "compute" ? "computes" : "spends in " + section;
   if (started) {
     return fmt::format(
-        "straggler: rank {} (node {}) {} {:.1f}x slower than the median rank over steps {}-{} "
-        "(section: {}; {:.2f} ms against {:.2f} ms on a core, and {:.2f} ms waiting for one)",
-        rank, node, verb, ratio, first_step, last_step, section, median_ms, others_median_ms,
-        runqueue_ms);
+        "straggler: rank {} (node {}) {} {:.1f}x slower than its peers over steps {}-{} "
+        "(section: {}; {:.2f} ms on a core against their {:.2f} ms; {:.0f}% of its {:.2f} ms "
+        "waiting for a core)",
+        rank, node, verb, ratio, first_step, last_step, section, on_cpu_ms, peers_on_cpu_ms,
+        compute_ms > 0 ? 100.0 * runqueue_ms / compute_ms : 0.0, compute_ms);
   }
   return fmt::format(
-      "straggler: rank {} (node {}) is no longer slow over steps {}-{} ({:.1f}x the median rank, "
+      "straggler: rank {} (node {}) is no longer slow over steps {}-{} ({:.1f}x its peers, "
       "section: {})",
       rank, node, first_step, last_step, ratio, section);
 }
 
 StragglerDetector::StragglerDetector(std::string section, std::vector<int> nodes,
-                                     StragglerOptions options)
+                                     std::vector<int> peer_groups, StragglerOptions options)
     : section_(std::move(section)),
       nodes_(std::move(nodes)),
       options_(options),
       state_(nodes_.size()) {
   BRIGADE_CHECK(options_.window >= 1 && options_.first_window >= 1 && options_.confirm >= 1 &&
-                options_.recover_ratio <= options_.ratio);
+                options_.low_rank >= 0 && options_.recover_ratio <= options_.ratio);
+  if (peer_groups.empty()) peer_groups.assign(nodes_.size(), 0);
+  BRIGADE_CHECK(peer_groups.size() == nodes_.size(), "{} peer groups for {} ranks",
+                peer_groups.size(), nodes_.size());
+  // Dense group numbers, in order of first appearance.
+  std::vector<int> seen;
+  for (size_t r = 0; r < peer_groups.size(); ++r) {
+    const auto at = std::find(seen.begin(), seen.end(), peer_groups[r]);
+    const auto g = static_cast<size_t>(at - seen.begin());
+    if (at == seen.end()) {
+      seen.push_back(peer_groups[r]);
+      members_.emplace_back();
+    }
+    groups_.push_back(static_cast<int>(g));
+    members_[g].push_back(r);
+  }
+}
+
+std::vector<int> StragglerDetector::unpeered() const {
+  std::vector<int> alone;
+  for (size_t r = 0; r < groups_.size(); ++r) {
+    if (members_[static_cast<size_t>(groups_[r])].size() < 2) alone.push_back(static_cast<int>(r));
+  }
+  return alone;
 }
 
 std::vector<StragglerEvent> StragglerDetector::observe(int64_t step, const std::vector<double>& ms,
@@ -61,8 +92,8 @@ std::vector<StragglerEvent> StragglerDetector::observe(int64_t step, const std::
   BRIGADE_CHECK(ms.size() == nodes_.size(), "{} times for {} ranks", ms.size(), nodes_.size());
   BRIGADE_CHECK(runqueue_ms.empty() || runqueue_ms.size() == ms.size());
   std::vector<StragglerEvent> events;
-  // One rank has no peers to be slower than.
-  if (nodes_.size() < 2) return events;
+  // No rank has peers to be slower than.
+  if (members_.size() == nodes_.size()) return events;
   if (history_.empty()) first_step_ = step;
   history_.push_back(ms);
   runqueue_.push_back(runqueue_ms.empty() ? std::vector<double>(ms.size(), 0.0) : runqueue_ms);
@@ -75,22 +106,35 @@ std::vector<StragglerEvent> StragglerDetector::observe(int64_t step, const std::
     return events;
   }
   const size_t n = nodes_.size();
-  // Each rank's median over the window of its times less its waits for a
-  // core (what its own speed decides), and of those waits.
-  std::vector<double> on_cpu(n), waits(n);
+  // Each rank's low quantile over the window of its times less its waits
+  // for a core (what its own speed decides), and the medians of its times
+  // and waits (for the line).
+  const size_t k = static_cast<int64_t>(history_.size()) < options_.window
+                       ? 0
+                       : static_cast<size_t>(options_.low_rank);
+  std::vector<double> on_cpu(n), walls(n), waits(n);
   for (size_t r = 0; r < n; ++r) {
-    std::vector<double> mine, mine_waits;
-    for (size_t k = 0; k < history_.size(); ++k) {
-      mine.push_back(std::max(0.0, history_[k][r] - runqueue_[k][r]));
-      mine_waits.push_back(runqueue_[k][r]);
+    std::vector<double> mine, mine_walls, mine_waits;
+    for (size_t s = 0; s < history_.size(); ++s) {
+      mine.push_back(std::max(0.0, history_[s][r] - runqueue_[s][r]));
+      mine_walls.push_back(history_[s][r]);
+      mine_waits.push_back(runqueue_[s][r]);
     }
-    on_cpu[r] = median(std::move(mine));
+    on_cpu[r] = kth_lowest(std::move(mine), k);
+    walls[r] = median(std::move(mine_walls));
     waits[r] = median(std::move(mine_waits));
   }
-  std::vector<double> sorted = on_cpu;
-  std::sort(sorted.begin(), sorted.end());
+  // Each group's scores, sorted once: the peers' median of a rank is its
+  // group's without it.
+  std::vector<std::vector<double>> sorted(members_.size());
+  for (size_t g = 0; g < members_.size(); ++g) {
+    for (size_t r : members_[g]) sorted[g].push_back(on_cpu[r]);
+    std::sort(sorted[g].begin(), sorted[g].end());
+  }
   for (size_t r = 0; r < n; ++r) {
-    const double base = median_without(sorted, on_cpu[r]);
+    const std::vector<double>& peers = sorted[static_cast<size_t>(groups_[r])];
+    if (peers.size() < 2) continue;
+    const double base = median_without(peers, on_cpu[r]);
     const double ratio = base > 0 ? on_cpu[r] / base : 0.0;
     const bool excess = on_cpu[r] - base >= options_.min_excess_ms;
     RankState& s = state_[r];
@@ -101,8 +145,8 @@ std::vector<StragglerEvent> StragglerDetector::observe(int64_t step, const std::
     if (s.streak < options_.confirm) continue;
     s.slow = !s.slow;
     s.streak = 0;
-    events.push_back({s.slow, static_cast<int>(r), nodes_[r], ratio, on_cpu[r], base, waits[r],
-                      first_step_, step, section_});
+    events.push_back({s.slow, static_cast<int>(r), nodes_[r], ratio, on_cpu[r], base, walls[r],
+                      waits[r], first_step_, step, section_});
   }
   return events;
 }
