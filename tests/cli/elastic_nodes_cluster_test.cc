@@ -184,7 +184,7 @@ class ElasticNodesCluster : public ::testing::Test {
                              " on node 1 after step 4 (generation 0)"),
               std::string::npos)
         << r1.output;
-    EXPECT_NE(r0.output.find("standby node 0 takes its place as node 1 in generation 1; "
+    EXPECT_NE(r0.output.find("standby 0 takes its place as node 1 in generation 1; "
                              "restarting the workers as generation 1 (restart 1 of 2)"),
               std::string::npos)
         << r0.output;

@@ -343,7 +343,7 @@ TEST_F(ElasticStandby, AStandbyTakesTheRankOfANodeWhoseLauncherWasKilled) {
   EXPECT_NE(launchers.err("node0").find("node 1 is lost: its agent sent no heartbeat for"),
             std::string::npos)
       << launchers.err("node0");
-  EXPECT_NE(launchers.err("node0").find("standby node 0 takes its place as node 1 in generation 1; "
+  EXPECT_NE(launchers.err("node0").find("standby 0 takes its place as node 1 in generation 1; "
                                         "restarting the workers as generation 1 (restart 1 of 1)"),
             std::string::npos)
       << launchers.err("node0");

@@ -412,11 +412,14 @@ void join_nodes(TcpStore& store, const LaunchOptions& o) {
 
 // Node 0 keeps the store up until every node's workers are done with it;
 // gives up after the rendezvous timeout or on a signal.
-// A node whose loss ended the job (lost_node) never reports.
-void wait_for_other_nodes(TcpStore& store, const LaunchOptions& o, int lost_node) {
+// A node whose loss ended the job (lost_nodes) never reports.
+void wait_for_other_nodes(TcpStore& store, const LaunchOptions& o,
+                          const std::vector<int>& lost_nodes) {
   std::vector<std::string> keys;
   for (int r = 0; r < o.nnodes; ++r) {
-    if (r != lost_node) keys.push_back(done_key(r));
+    if (std::find(lost_nodes.begin(), lost_nodes.end(), r) == lost_nodes.end()) {
+      keys.push_back(done_key(r));
+    }
   }
   const sigset_t watched = watched_signals();
   const int64_t deadline_ns = now_ns() + o.rdzv_timeout_ms * kNsPerMs;
@@ -584,7 +587,7 @@ int run_launch(const LaunchOptions& o) {
         if (node >= 0) store.set(done_key(node), std::to_string(exit_status));
         if (o.standby) standby_done(store, supervisor.standby_id());
         if (node == 0) {
-          wait_for_other_nodes(store, o, supervisor.lost_node());
+          wait_for_other_nodes(store, o, supervisor.lost_nodes());
           // Released by the agent's end: a waiting standby sees it within
           // a tick, a live one says so well within the silence allowed.
           wait_for_standbys(store, elastic::CoordinatorOptions{}.agent_timeout_ms);

@@ -140,7 +140,7 @@ void Agent::follow_job(const JobView& view, WorkerGroup* group) {
   }
   if (view.state == State::kEnded) {
     remote_failure_ = view.why;
-    lost_node_ = view.lost_node;
+    lost_nodes_ = view.lost_nodes;
     lost_coordinator_ = view.lost_coordinator;
     record_job_incident(view);
   }

@@ -52,8 +52,9 @@
 // A lost node never comes back into the job: its agent, should it come
 // back (it was stopped, or its network returns), finds node/<n>/lost at
 // or after its generation on its next poll and ends for itself without
-// writing anything; an end it wrote before it knew (a claim on `end`
-// carries the writer's node and generation) is not taken by the others.
+// writing anything; an end it wrote before it knew (an end carries its
+// writer's node and generation, "by" and "by_generation") is not taken by
+// the others, and the next end written overwrites it.
 // No agent or worker of generation g can join g+1: the leader opens g+1
 // only after every node reported g's workers reaped, and the workers of g
 // key their store entries and shm segments by BRIGADE_GENERATION
@@ -154,6 +155,9 @@ struct JobView {
   std::string why;
   // kEnded for a lost node: its rank; -1 otherwise.
   int lost_node = -1;
+  // kEnded for a lost node: every node the job lost (lost_node among them;
+  // more when several were lost at once), whose launchers never say done.
+  std::vector<int> lost_nodes;
   // kEnded because this agent lost the store or the leader.
   bool lost_coordinator = false;
   // A standby's kRestart: the run directory the job's nodes published (its
@@ -239,6 +243,7 @@ class Coordinator {
   std::optional<JobView> watch_leader(int64_t now_ns);
   bool beat_moved(int node, int64_t now_ns);
   std::optional<Incident> choose_cause();
+  nlohmann::json signed_end(nlohmann::json end) const;
   void end_job(const nlohmann::json& end);
   // Node 0 ends the job with `end`, unless another agent's end came first.
   std::optional<JobView> lead_end(const nlohmann::json& end, int64_t now_ns);
