@@ -275,7 +275,7 @@ class ElasticStandby : public ElasticNodes {
   std::string script() const {
     const std::string out = dir_.path().string();
     return "if [ $BRIGADE_GENERATION = 0 ]; then echo $$ > " + out + "/tmp.$RANK && mv " + out +
-           "/tmp.$RANK " + out + "/running.$RANK && exec sleep 100; fi; " + gen1_ + "echo " +
+           "/tmp.$RANK " + out + "/running.$RANK && " + gen0_ + "; fi; " + gen1_ + "echo " +
            "$BRIGADE_GENERATION $GROUP_RANK $RANK > " + out + "/done.$RANK";
   }
   std::vector<std::string> args(const std::vector<std::string>& role) const {
@@ -306,7 +306,8 @@ class ElasticStandby : public ElasticNodes {
     return pids;
   }
   std::string rdzv_ = "127.0.0.1:" + std::to_string(testing::free_port());
-  std::string gen1_;  // what generation 1's workers do first
+  std::string gen0_ = "exec sleep 100";  // what generation 0's workers do once running
+  std::string gen1_;                     // what generation 1's workers do first
 };
 
 TEST_F(ElasticStandby, AStandbyTakesTheRankOfANodeWhoseLauncherWasKilled) {
@@ -406,6 +407,68 @@ TEST_F(ElasticStandby, AHungNodeIsReplacedAndItsAgentCannotComeBack) {
     EXPECT_EQ(line, "1 " + std::to_string(rank / 2) + " " + std::to_string(rank))
         << "rank " << rank;
   }
+}
+
+// A standby started before node 1 joined waits for the whole job (node 0's
+// agent beats only once every node joined), then serves: node 1, started
+// well after the 2 s the standby allows the leader's silence, is killed and
+// the standby takes its place.
+TEST_F(ElasticStandby, AStandbyStartedBeforeEveryNodeJoinedStillServes) {
+  Launchers launchers(dir_.path());
+  const pid_t node0 = launchers.start("node0", args({"--node-rank", "0"}));
+  const pid_t standby = launchers.start("standby", args({"--standby"}));
+  ASSERT_TRUE(wait_for(
+      [&] {
+        return launchers.err("standby").find("standby waits for the job's 2 nodes to join") !=
+               std::string::npos;
+      },
+      std::chrono::seconds(60)))
+      << launchers.err("standby") << launchers.err("node0");
+  // The scenario itself, not a wait for an event: node 1 comes late, twice
+  // the leader silence a standby allows.
+  std::this_thread::sleep_for(std::chrono::seconds(4));
+  const pid_t node1 = launchers.start("node1", args({"--node-rank", "1"}));
+  ASSERT_TRUE(wait_for([&] { return running_pids().size() == 4; }, std::chrono::seconds(60)))
+      << launchers.err("node0") << launchers.err("node1") << launchers.err("standby");
+  ASSERT_TRUE(wait_for(
+      [&] { return launchers.err("standby").find("waits to take the place") != std::string::npos; },
+      std::chrono::seconds(60)))
+      << launchers.err("standby");
+  ::kill(node1, SIGKILL);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  EXPECT_EQ(launchers.wait(node1, deadline), 128 + SIGKILL);
+  EXPECT_EQ(launchers.wait(node0, deadline), 0) << launchers.err("node0") << "\nstandby:\n"
+                                                << launchers.err("standby");
+  EXPECT_EQ(launchers.wait(standby, deadline), 0) << launchers.err("standby");
+  EXPECT_NE(launchers.err("standby").find("takes the place of node 1"), std::string::npos)
+      << launchers.err("standby");
+}
+
+// A job that needs no standby: every node's workers exit 0, and the
+// waiting standby, released by node 0, exits 0 saying it was not needed.
+TEST_F(ElasticStandby, AStandbyNotNeededIsReleasedAndExitsZero) {
+  gen0_ = "while [ ! -f " + dir_.path().string() + "/release ]; do sleep 0.05; done; exit 0";
+  Launchers launchers(dir_.path());
+  const pid_t node0 = launchers.start("node0", args({"--node-rank", "0"}));
+  const pid_t node1 = launchers.start("node1", args({"--node-rank", "1"}));
+  const pid_t standby = launchers.start("standby", args({"--standby"}));
+  ASSERT_TRUE(wait_for([&] { return running_pids().size() == 4; }, std::chrono::seconds(60)))
+      << launchers.err("node0") << launchers.err("node1");
+  ASSERT_TRUE(wait_for(
+      [&] { return launchers.err("standby").find("waits to take the place") != std::string::npos; },
+      std::chrono::seconds(60)))
+      << launchers.err("standby");
+  std::ofstream(dir_.path() / "release").close();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  EXPECT_EQ(launchers.wait(node0, deadline), 0) << launchers.err("node0");
+  EXPECT_EQ(launchers.wait(node1, deadline), 0) << launchers.err("node1");
+  EXPECT_EQ(launchers.wait(standby, deadline), 0) << launchers.err("standby");
+  EXPECT_NE(launchers.err("standby").find("the job is over; standby node 0 was not needed"),
+            std::string::npos)
+      << launchers.err("standby");
+  EXPECT_EQ(launchers.err("node0").find("not every standby node said it is done"),
+            std::string::npos)
+      << launchers.err("node0");
 }
 
 TEST_F(ElasticStandby, WithNoStandbyALostNodeEndsTheJobNamingIt) {

@@ -8,10 +8,13 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <vector>
 
 #include "brigade/comm/tcp_store.h"
+#include "brigade/core/clock.h"
 #include "brigade/core/error.h"
 #include "brigade/elastic/standby.h"
 
@@ -51,6 +54,7 @@ std::string local_address_towards(const std::string& host, int port) {
 
 void join_as_standby(TcpStore& store, const LaunchOptions& o) {
   const std::string node0 = "brigade/launch/node/0";
+  const int64_t deadline_ns = now_ns() + o.rdzv_timeout_ms * 1'000'000;
   try {
     store.wait({node0}, o.rdzv_timeout_ms);
   } catch (const StoreTimeoutError&) {
@@ -72,6 +76,21 @@ void join_as_standby(TcpStore& store, const LaunchOptions& o) {
         "node 0 was given --max-restarts {} but this standby {}: give it the same --max-restarts "
         "(restarts are counted for the whole job)",
         restarts, o.max_restarts);
+  }
+  // Node 0's agent starts beating once every node joined: watched before,
+  // its silence would look like the leader's loss.
+  fmt::print(stderr, "brigade launch: standby waits for the job's {} nodes to join\n", o.nnodes);
+  std::fflush(stderr);
+  const std::string leader_beat = elastic::coordinator_key("agent/0/beat");
+  const int64_t left_ms = std::max<int64_t>(1, (deadline_ns - now_ns()) / 1'000'000);
+  try {
+    store.wait({leader_beat}, left_ms);
+  } catch (const StoreTimeoutError&) {
+    throw_error(
+        "the job's {} nodes did not all join the rendezvous at {} within {} ms (node 0's agent "
+        "has not started): a standby waits for a job that runs; start every node's `brigade "
+        "launch --nnodes {} --node-rank R`",
+        o.nnodes, store.address(), o.rdzv_timeout_ms, o.nnodes);
   }
 }
 

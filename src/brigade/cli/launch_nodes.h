@@ -19,8 +19,10 @@ class TcpStore;
 
 namespace brigade::cli {
 
-// Waits (the rendezvous timeout) for node 0 to join, and refuses a standby
-// whose workers would not match the nodes'. Throws Error naming the fix.
+// Waits (the rendezvous timeout) for node 0 to join, refuses a standby
+// whose workers would not match the nodes', then waits (within the same
+// timeout) for node 0's agent to beat, which it does once every node
+// joined. Throws Error naming the fix.
 void join_as_standby(TcpStore& store, const LaunchOptions& o);
 
 // A standby's launcher says it is done (whether or not it ran a node).
