@@ -3,6 +3,9 @@
 // unit label. The same on network-namespace nodes, with training, a hang
 // and a cut network, is tests/cli/elastic_nodes_cluster_test.cc.
 #include <gtest/gtest.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -14,6 +17,7 @@
 #include <functional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "testing/free_port.h"
@@ -506,12 +510,69 @@ TEST_F(ElasticStandby, AStandbyOutsideAMultiNodeJobIsRefused) {
                   std::chrono::seconds(30));
   EXPECT_NE(r.status, 0);
   EXPECT_NE(r.err.find("--node-rank excludes --standby"), std::string::npos) << r.err;
-  // A partition on loopback would cut every node of this machine.
-  r = run_brigade(
-      {"launch", "--nproc-per-node", "1", "--inject", "partition:node=0:step=1", "--", "true"},
-      std::chrono::seconds(30));
-  EXPECT_NE(r.status, 0);
-  EXPECT_NE(r.err.find("a loopback interface"), std::string::npos) << r.err;
+}
+
+// Whole-node faults and standbys that cannot work are refused before the
+// rendezvous: nobody listens at rdzv_, which a launcher that joined would
+// wait for 60 s, twice the time each refusal is given.
+TEST_F(ElasticStandby, NodeFaultsAndStandbysThatCannotWorkAreRefusedBeforeTheRendezvous) {
+  const auto launch = [&](std::vector<std::string> flags) {
+    std::vector<std::string> a = {
+        "launch",       "--nproc-per-node", "1", "--rdzv", rdzv_, "--rdzv-token",
+        "refused-test", "--rdzv-timeout-s", "60"};
+    a.insert(a.end(), flags.begin(), flags.end());
+    a.insert(a.end(), {"--", "true"});
+    return run_brigade(a, std::chrono::seconds(30));
+  };
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--inject", "partition:node=1:step=1"}, "it needs --nnodes 2 or more"},
+      {{"--nnodes", "2", "--node-rank", "1", "--inject", "kill-agent:node=0:step=1"},
+       "strikes node 0, which hosts the rendezvous store and leads the job"},
+      {{"--nnodes", "2", "--node-rank", "1", "--inject", "kill-agent:node=2:step=1"},
+       "kill-agent:node=2 names no node of this job (--nnodes 2): strike node 1..1"},
+      {{"--nnodes", "2", "--standby"}, "give every node and the standby --max-restarts 1 or more"},
+      // A partition on loopback would cut every node of this machine
+      // (refused before root is asked for, so for any user).
+      {{"--nnodes", "2", "--node-rank", "1", "--inject", "partition:node=1:step=1"},
+       "a loopback interface"},
+  };
+  for (const auto& [flags, message] : cases) {
+    const Output r = launch(flags);
+    EXPECT_EQ(r.status, 1) << message << "\n" << r.err;
+    EXPECT_NE(r.err.find(message), std::string::npos) << r.err;
+  }
+  // A real interface of the machine's own network namespace (this test's):
+  // never taken down, not even as root.
+  std::string iface;
+  ifaddrs* head = nullptr;
+  ASSERT_EQ(::getifaddrs(&head), 0);
+  for (ifaddrs* a = head; a != nullptr && iface.empty(); a = a->ifa_next) {
+    if (a->ifa_addr != nullptr && a->ifa_addr->sa_family == AF_INET &&
+        (a->ifa_flags & IFF_LOOPBACK) == 0) {
+      iface = a->ifa_name;
+    }
+  }
+  ::freeifaddrs(head);
+  if (!iface.empty()) {
+    const Output r = launch({"--nnodes", "2", "--node-rank", "1", "--iface", iface, "--inject",
+                             "partition:node=1:step=1"});
+    EXPECT_EQ(r.status, 1) << r.err;
+    EXPECT_NE(r.err.find(::geteuid() == 0 ? "refusing the partition fault" : "needs root"),
+              std::string::npos)
+        << r.err;
+  }
+  // No agent to follow the coordinator under srun's one task per worker.
+  ::setenv("SLURM_PROCID", "0", 1);
+  ::setenv("SLURM_NTASKS", "2", 1);
+  ::setenv("SLURM_STEP_ID", "0", 1);
+  const Output r =
+      run_brigade({"launch", "--nnodes", "2", "--standby", "--", "true"}, std::chrono::seconds(30));
+  ::unsetenv("SLURM_PROCID");
+  ::unsetenv("SLURM_NTASKS");
+  ::unsetenv("SLURM_STEP_ID");
+  EXPECT_EQ(r.status, 1) << r.err;
+  EXPECT_NE(r.err.find("under srun's one task per worker there is none"), std::string::npos)
+      << r.err;
 }
 
 }  // namespace

@@ -439,7 +439,9 @@ void wait_for_other_nodes(TcpStore& store, const LaunchOptions& o,
              o.rdzv_timeout_ms);
 }
 
-void validate(const LaunchOptions& o) {
+// Returns the interface a partition fault of this node takes down ("" if
+// none strikes it): checked here, so that a refused node never joins.
+std::string validate(const LaunchOptions& o) {
   if (o.nproc_per_node < 1) {
     throw_error("pass --nproc-per-node N (the number of workers on this node), or run under srun");
   }
@@ -466,12 +468,30 @@ void validate(const LaunchOptions& o) {
   if (o.metrics_address != "off" && o.metrics_address != "auto") {
     diag::parse_metrics_address(o.metrics_address);
   }
+  check_standby_and_node_faults(o);
+  for (const elastic::NodeFault& f : o.node_faults) {
+    // On the node it strikes (a standby may become any node).
+    if (f.kind == elastic::NodeFault::Kind::kPartition && (o.standby || f.node == o.node_rank)) {
+      const HostPort master = parse_host_port(o.rdzv, /*allow_port_0=*/false);
+      return partition_interface(o, master.host, master.port);
+    }
+  }
+  return "";
 }
 
 }  // namespace
 
 int run_launch(const LaunchOptions& o) {
-  if (o.nproc_per_node == 0 && in_srun_task()) exec_slurm_task(o);
+  if (o.nproc_per_node == 0 && in_srun_task()) {
+    if (o.standby || !o.node_faults.empty()) {
+      throw_error(
+          "--standby and the kill-agent and partition faults need one launcher per node, whose "
+          "agent follows the coordinator; under srun's one task per worker there is none: run "
+          "`srun --ntasks-per-node=1 brigade launch --nproc-per-node N --nnodes $SLURM_NNODES "
+          "--node-rank $SLURM_NODEID ...`");
+    }
+    exec_slurm_task(o);
+  }
   if (o.nproc_per_node == 0 && env("SLURM_JOB_ID")) {
     throw_error(
         "this is Slurm's batch script (or salloc's shell), not a task srun started: run `srun "
@@ -479,7 +499,7 @@ int run_launch(const LaunchOptions& o) {
         "launch --nproc-per-node N --nnodes $SLURM_NNODES --node-rank $SLURM_NODEID ...` (one "
         "launcher per node); examples/slurm/train.sbatch shows both");
   }
-  validate(o);
+  const std::string partition_iface = validate(o);
   const Program program = resolve_program(o.command);
   HostPort master{"127.0.0.1", 0};
   if (!o.rdzv.empty()) master = parse_host_port(o.rdzv, /*allow_port_0=*/o.nnodes == 1);
@@ -496,15 +516,6 @@ int run_launch(const LaunchOptions& o) {
     join_as_standby(store, o);
   } else {
     join_nodes(store, o);
-  }
-  std::string partition_iface;
-  for (const elastic::NodeFault& f : o.node_faults) {
-    // Checked before any worker starts, on the node it strikes (a standby
-    // may become any node).
-    if (f.kind == elastic::NodeFault::Kind::kPartition && (o.standby || f.node == o.node_rank) &&
-        partition_iface.empty()) {
-      partition_iface = partition_interface(o, master.host, master.port);
-    }
   }
 
   const int world_size = o.nnodes * o.nproc_per_node;
