@@ -373,6 +373,10 @@ TEST_F(ElasticStandby, AStandbyTakesTheRankOfANodeWhoseLauncherWasKilled) {
 TEST_F(ElasticStandby, AHungNodeIsReplacedAndItsAgentCannotComeBack) {
   const std::string out = dir_.path().string();
   gen1_ = "while [ ! -f " + out + "/release ]; do sleep 0.05; done; ";
+  // Generation 0's workers note a SIGTERM and go on: node 1's, whose agent
+  // was declared lost, must get SIGKILL at once (no grace in which to
+  // write the run directory the standby now uses).
+  gen0_ = "trap 'touch " + out + "/termed.$RANK' TERM; while true; do sleep 0.05; done";
   Launchers launchers(dir_.path());
   const pid_t node0 = launchers.start("node0", args({"--node-rank", "0"}));
   const pid_t node1 = launchers.start("node1", args({"--node-rank", "1"}));
@@ -401,6 +405,8 @@ TEST_F(ElasticStandby, AHungNodeIsReplacedAndItsAgentCannotComeBack) {
     EXPECT_TRUE(wait_for([&] { return ::kill(pid, 0) != 0; }, std::chrono::seconds(10)))
         << "node 1's worker " << pid << " outlived its agent";
   }
+  EXPECT_FALSE(fs::exists(dir_.path() / "termed.2")) << "given a SIGTERM's grace";
+  EXPECT_FALSE(fs::exists(dir_.path() / "termed.3")) << "given a SIGTERM's grace";
   std::ofstream(dir_.path() / "release").close();
   EXPECT_EQ(launchers.wait(node0, deadline), 0) << launchers.err("node0");
   EXPECT_EQ(launchers.wait(standby, deadline), 0) << launchers.err("standby");
