@@ -395,6 +395,51 @@ TEST_F(StandbyTest, AnEndAfterALostNodesStaleEndReplacesIt) {
   EXPECT_EQ(v.why, "the launcher of node 0 received SIGTERM");
 }
 
+// Standby 0 is given node 1 but hangs before it starts: the leader finds
+// node 1 silent again in generation 1 and gives it to standby 1. Standby 0,
+// back, leaves instead of starting node 1's workers of generation 1.
+TEST_F(StandbyTest, AStandbyGivenANodeTooLateLeaves) {
+  auto n0 = node(0), n1 = node(1), s0 = standby(), s1 = standby();
+  int64_t t = 0;
+  for (; t <= 1'000 * kMs; t += 100 * kMs) {
+    n1->poll(t);
+    s0->poll(t);
+    s1->poll(t);
+    n0->poll(t);
+  }
+  JobView v;
+  for (; v.state != State::kFailing && t <= 4'000 * kMs; t += 100 * kMs) {
+    s0->poll(t);
+    s1->poll(t);
+    v = n0->poll(t);
+  }
+  ASSERT_EQ(v.state, State::kFailing);
+  n0->coordinator->report_stopped(false);
+  n0->poll(t += 100 * kMs);
+  ASSERT_EQ(n0->poll(t += 100 * kMs).state, State::kRestart);
+  ASSERT_EQ(read_assignment(raw_store_, 0, 2)->node, 1) << "standby 0 was given node 1";
+  n0->coordinator->enter_next_generation();
+  // Standby 0 is stopped from here; standby 1 beats on.
+  for (v = JobView{}; v.state != State::kFailing && t <= 8'000 * kMs; t += 100 * kMs) {
+    s1->poll(t);
+    v = n0->poll(t);
+  }
+  ASSERT_EQ(v.state, State::kFailing);
+  EXPECT_EQ(raw_store_.try_get(coordinator_key("node/1/lost")), "1");
+  n0->coordinator->report_stopped(false);
+  n0->poll(t += 100 * kMs);
+  ASSERT_EQ(n0->poll(t += 100 * kMs).state, State::kRestart);
+  ASSERT_EQ(s1->poll(t).state, State::kRestart);
+  EXPECT_EQ(s1->coordinator->generation(), 2);
+  const JobView late = s0->poll(t);
+  ASSERT_EQ(late.state, State::kEnded);
+  EXPECT_TRUE(late.lost_coordinator);
+  EXPECT_NE(late.why.find("standby 0 was given node 1 in generation 1 but started too late"),
+            std::string::npos)
+      << late.why;
+  EXPECT_EQ(s0->coordinator->node_rank(), -1);
+}
+
 // The job's end releases a standby that waited in vain.
 TEST_F(StandbyTest, AWaitingStandbyIsReleasedAtTheEnd) {
   auto n0 = node(0), s = standby();

@@ -75,6 +75,19 @@ JobView Coordinator::standby_poll(int64_t now_ns) {
     // The leader gives the node, then opens the generation once the other
     // nodes' workers are gone: until then this standby waits.
     if (store_.try_get(open_key(given->generation))) {
+      // Too late: the leader found this standby silent as that node, and
+      // the node went to another standby.
+      const std::string lost = lost_key(given->node);
+      if (const auto lost_in = store_.try_get(lost);
+          lost_in && parse_count(lost, *lost_in) >= given->generation) {
+        v.state = JobView::State::kEnded;
+        v.lost_coordinator = true;  // nobody waits for this standby
+        v.why = fmt::format(
+            "standby {} was given node {} in generation {} but started too late: the coordinator "
+            "declared the node lost again in generation {}; this standby leaves",
+            standby_id_, given->node, given->generation, parse_count(lost, *lost_in));
+        return v;
+      }
       options_.standby = false;
       options_.node_rank = given->node;
       generation_ = given->generation;
