@@ -213,7 +213,8 @@ class Agent {
   int64_t generation_ = 0;
   int restarts_ = 0;
   int64_t start_ns_ = 0;
-  std::string run_dir_;  // as the workers said; empty for other programs
+  std::string run_dir_;             // as the workers said; empty for other programs
+  bool run_dir_published_ = false;  // node 0: the coordinator has it
   // Incident numbers this launch gives are this plus the generation's
   // (from 1): the same on every node sharing the run directory, after a
   // resumed run's earlier incidents. Read once, when the run directory is
