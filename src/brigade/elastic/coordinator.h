@@ -28,8 +28,9 @@
 //     job, never per node), else ends the job with that cause.
 //   - An agent whose beat has not moved for agent_timeout_ms (2 s: its
 //     agent died, hangs, or its node lost its network) is lost. With a
-//     restart left and a standby node free (elastic/standby.h: one whose
-//     beat the leader saw move within agent_timeout_ms), the leader marks
+//     restart left and a standby node free for it besides one for each
+//     node already lost in g (elastic/standby.h: one whose beat the leader
+//     saw move within agent_timeout_ms), the leader marks
 //     the node lost (node/<n>/lost = g), counts a report in g so that every
 //     other node stops its workers, and once they are reaped gives the
 //     node's rank to the standby (gen/<g+1>/node/<n> = "standby <s>", and
@@ -38,7 +39,12 @@
 //     The lost node is the generation's cause (its kind "node_lost", or
 //     "partition" when its agent said it cut its own network: an injected
 //     fault writes gen/<g>/node_fault/<n> first). With no standby free or
-//     no restart left the job ends naming the node.
+//     no restart left the job ends naming the node (and every node lost
+//     with it). At the decision every lost node gets a live standby, or
+//     none does and the job ends: a standby that died meanwhile is not
+//     replaced by half a job. A standby given a node that the leader then
+//     declared lost again in that generation (it was too slow to start)
+//     leaves without starting workers.
 //   - The other agents watch the leader's beat the same way, and treat a
 //     store that no longer answers (each call is bounded by the store
 //     client's timeout, at most half of agent_timeout_ms, so that one slow
