@@ -34,8 +34,10 @@ void wait_for_standbys(TcpStore& store, int64_t limit_ms);
 
 // Refuses, naming the fix, --standby without restarts and a kill-agent or
 // partition fault no standby could answer: one node alone, node 0 (it
-// hosts the store and leads), a node outside the job.
-void check_standby_and_node_faults(const LaunchOptions& o);
+// hosts the store and leads), a node outside the job, or a launch as one
+// of srun's tasks per worker (`srun_tasks`: no agent follows the
+// coordinator there).
+void check_standby_and_node_faults(const LaunchOptions& o, bool srun_tasks);
 
 // The interface a partition fault of this node takes down: --iface, else
 // the one the node reaches the store's host through. Throws Error if that

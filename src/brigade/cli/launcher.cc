@@ -468,7 +468,7 @@ std::string validate(const LaunchOptions& o) {
   if (o.metrics_address != "off" && o.metrics_address != "auto") {
     diag::parse_metrics_address(o.metrics_address);
   }
-  check_standby_and_node_faults(o);
+  check_standby_and_node_faults(o, /*srun_tasks=*/false);
   for (const elastic::NodeFault& f : o.node_faults) {
     // On the node it strikes (a standby may become any node).
     if (f.kind == elastic::NodeFault::Kind::kPartition && (o.standby || f.node == o.node_rank)) {
@@ -483,13 +483,7 @@ std::string validate(const LaunchOptions& o) {
 
 int run_launch(const LaunchOptions& o) {
   if (o.nproc_per_node == 0 && in_srun_task()) {
-    if (o.standby || !o.node_faults.empty()) {
-      throw_error(
-          "--standby and the kill-agent and partition faults need one launcher per node, whose "
-          "agent follows the coordinator; under srun's one task per worker there is none: run "
-          "`srun --ntasks-per-node=1 brigade launch --nproc-per-node N --nnodes $SLURM_NNODES "
-          "--node-rank $SLURM_NODEID ...`");
-    }
+    check_standby_and_node_faults(o, /*srun_tasks=*/true);
     exec_slurm_task(o);
   }
   if (o.nproc_per_node == 0 && env("SLURM_JOB_ID")) {
