@@ -8,11 +8,13 @@
 // otherwise. Every launcher is stopped by pid whatever happens (Started),
 // then the cluster is brought down.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -111,14 +113,30 @@ class ElasticNodesCluster : public ::testing::Test {
     return r.out;
   }
 
-  // The final parameters of the same job without faults (once per binary).
+  // The final parameters of the same job without faults. ctest runs every
+  // TEST in a process of its own, so the hash is kept in a file of a fixed
+  // temporary directory, named by the job's config and the brigade binary
+  // (its size and time: a rebuilt trainer computes it again).
   std::string reference_hash() {
-    static std::string reference;
-    if (reference.empty()) {
-      const auto [r0, r1] = run_job("reference", {}, 29531);
-      EXPECT_EQ(r0.status, 0) << r0.output << "\nnode 1:\n" << r1.output;
-      EXPECT_EQ(r1.status, 0) << r1.output;
-      reference = hash("reference");
+    const fs::path cache_dir = fs::temp_directory_path() / "brigade_elastic_nodes_reference";
+    const std::string config = testing::read_all(config_);
+    const auto binary_time = fs::last_write_time(testing::kBrigade).time_since_epoch().count();
+    const std::string key = std::to_string(
+        std::hash<std::string>{}(config + "|" + std::to_string(fs::file_size(testing::kBrigade)) +
+                                 "|" + std::to_string(binary_time)));
+    const fs::path cached = cache_dir / key;
+    if (std::string reference = testing::read_all(cached); !reference.empty()) return reference;
+    const auto [r0, r1] = run_job("reference", {}, 29531);
+    EXPECT_EQ(r0.status, 0) << r0.output << "\nnode 1:\n" << r1.output;
+    EXPECT_EQ(r1.status, 0) << r1.output;
+    const std::string reference = hash("reference");
+    if (r0.status == 0 && r1.status == 0 && !reference.empty()) {
+      // Renamed into place: a test reading it at the same time never sees
+      // half of it.
+      fs::create_directories(cache_dir);
+      const fs::path partial = cache_dir / (key + "." + std::to_string(::getpid()));
+      std::ofstream(partial) << reference;
+      fs::rename(partial, cached);
     }
     return reference;
   }
@@ -184,7 +202,7 @@ class ElasticNodesCluster : public ::testing::Test {
                              " on node 1 after step 4 (generation 0)"),
               std::string::npos)
         << r1.output;
-    EXPECT_NE(r0.output.find("standby node 0 takes its place as node 1 in generation 1; "
+    EXPECT_NE(r0.output.find("standby 0 takes its place as node 1 in generation 1; "
                              "restarting the workers as generation 1 (restart 1 of 2)"),
               std::string::npos)
         << r0.output;
@@ -201,9 +219,10 @@ class ElasticNodesCluster : public ::testing::Test {
       EXPECT_EQ(incident.at("node"), 1) << incident;
       EXPECT_EQ(incident.at("injected"), true) << incident;
       EXPECT_EQ(incident.at("generation"), 0) << incident;
-      // 2 s of silence, seen within the leader's next ticks.
+      // 2 s of silence, seen within the leader's next ticks (4 s: two
+      // loaded cores).
       EXPECT_GE(incident.at("detected_after_ms").get<double>(), 2'000.0) << incident;
-      EXPECT_LE(incident.at("detected_after_ms").get<double>(), 3'000.0) << incident;
+      EXPECT_LE(incident.at("detected_after_ms").get<double>(), 4'000.0) << incident;
       EXPECT_FALSE(incident.at("recovered_after_ms").is_null()) << incident;
       EXPECT_EQ(lines[1].at("restarts"), 1);
     }

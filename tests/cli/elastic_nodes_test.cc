@@ -3,6 +3,9 @@
 // unit label. The same on network-namespace nodes, with training, a hang
 // and a cut network, is tests/cli/elastic_nodes_cluster_test.cc.
 #include <gtest/gtest.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -14,6 +17,7 @@
 #include <functional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "testing/free_port.h"
@@ -275,7 +279,7 @@ class ElasticStandby : public ElasticNodes {
   std::string script() const {
     const std::string out = dir_.path().string();
     return "if [ $BRIGADE_GENERATION = 0 ]; then echo $$ > " + out + "/tmp.$RANK && mv " + out +
-           "/tmp.$RANK " + out + "/running.$RANK && exec sleep 100; fi; " + gen1_ + "echo " +
+           "/tmp.$RANK " + out + "/running.$RANK && " + gen0_ + "; fi; " + gen1_ + "echo " +
            "$BRIGADE_GENERATION $GROUP_RANK $RANK > " + out + "/done.$RANK";
   }
   std::vector<std::string> args(const std::vector<std::string>& role) const {
@@ -306,7 +310,8 @@ class ElasticStandby : public ElasticNodes {
     return pids;
   }
   std::string rdzv_ = "127.0.0.1:" + std::to_string(testing::free_port());
-  std::string gen1_;  // what generation 1's workers do first
+  std::string gen0_ = "exec sleep 100";  // what generation 0's workers do once running
+  std::string gen1_;                     // what generation 1's workers do first
 };
 
 TEST_F(ElasticStandby, AStandbyTakesTheRankOfANodeWhoseLauncherWasKilled) {
@@ -343,7 +348,7 @@ TEST_F(ElasticStandby, AStandbyTakesTheRankOfANodeWhoseLauncherWasKilled) {
   EXPECT_NE(launchers.err("node0").find("node 1 is lost: its agent sent no heartbeat for"),
             std::string::npos)
       << launchers.err("node0");
-  EXPECT_NE(launchers.err("node0").find("standby node 0 takes its place as node 1 in generation 1; "
+  EXPECT_NE(launchers.err("node0").find("standby 0 takes its place as node 1 in generation 1; "
                                         "restarting the workers as generation 1 (restart 1 of 1)"),
             std::string::npos)
       << launchers.err("node0");
@@ -368,6 +373,10 @@ TEST_F(ElasticStandby, AStandbyTakesTheRankOfANodeWhoseLauncherWasKilled) {
 TEST_F(ElasticStandby, AHungNodeIsReplacedAndItsAgentCannotComeBack) {
   const std::string out = dir_.path().string();
   gen1_ = "while [ ! -f " + out + "/release ]; do sleep 0.05; done; ";
+  // Generation 0's workers note a SIGTERM and go on: node 1's, whose agent
+  // was declared lost, must get SIGKILL at once (no grace in which to
+  // write the run directory the standby now uses).
+  gen0_ = "trap 'touch " + out + "/termed.$RANK' TERM; while true; do sleep 0.05; done";
   Launchers launchers(dir_.path());
   const pid_t node0 = launchers.start("node0", args({"--node-rank", "0"}));
   const pid_t node1 = launchers.start("node1", args({"--node-rank", "1"}));
@@ -396,6 +405,8 @@ TEST_F(ElasticStandby, AHungNodeIsReplacedAndItsAgentCannotComeBack) {
     EXPECT_TRUE(wait_for([&] { return ::kill(pid, 0) != 0; }, std::chrono::seconds(10)))
         << "node 1's worker " << pid << " outlived its agent";
   }
+  EXPECT_FALSE(fs::exists(dir_.path() / "termed.2")) << "given a SIGTERM's grace";
+  EXPECT_FALSE(fs::exists(dir_.path() / "termed.3")) << "given a SIGTERM's grace";
   std::ofstream(dir_.path() / "release").close();
   EXPECT_EQ(launchers.wait(node0, deadline), 0) << launchers.err("node0");
   EXPECT_EQ(launchers.wait(standby, deadline), 0) << launchers.err("standby");
@@ -406,6 +417,68 @@ TEST_F(ElasticStandby, AHungNodeIsReplacedAndItsAgentCannotComeBack) {
     EXPECT_EQ(line, "1 " + std::to_string(rank / 2) + " " + std::to_string(rank))
         << "rank " << rank;
   }
+}
+
+// A standby started before node 1 joined waits for the whole job (node 0's
+// agent beats only once every node joined), then serves: node 1, started
+// well after the 2 s the standby allows the leader's silence, is killed and
+// the standby takes its place.
+TEST_F(ElasticStandby, AStandbyStartedBeforeEveryNodeJoinedStillServes) {
+  Launchers launchers(dir_.path());
+  const pid_t node0 = launchers.start("node0", args({"--node-rank", "0"}));
+  const pid_t standby = launchers.start("standby", args({"--standby"}));
+  ASSERT_TRUE(wait_for(
+      [&] {
+        return launchers.err("standby").find("standby waits for the job's 2 nodes to join") !=
+               std::string::npos;
+      },
+      std::chrono::seconds(60)))
+      << launchers.err("standby") << launchers.err("node0");
+  // The scenario itself, not a wait for an event: node 1 comes late, twice
+  // the leader silence a standby allows.
+  std::this_thread::sleep_for(std::chrono::seconds(4));
+  const pid_t node1 = launchers.start("node1", args({"--node-rank", "1"}));
+  ASSERT_TRUE(wait_for([&] { return running_pids().size() == 4; }, std::chrono::seconds(60)))
+      << launchers.err("node0") << launchers.err("node1") << launchers.err("standby");
+  ASSERT_TRUE(wait_for(
+      [&] { return launchers.err("standby").find("waits to take the place") != std::string::npos; },
+      std::chrono::seconds(60)))
+      << launchers.err("standby");
+  ::kill(node1, SIGKILL);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  EXPECT_EQ(launchers.wait(node1, deadline), 128 + SIGKILL);
+  EXPECT_EQ(launchers.wait(node0, deadline), 0) << launchers.err("node0") << "\nstandby:\n"
+                                                << launchers.err("standby");
+  EXPECT_EQ(launchers.wait(standby, deadline), 0) << launchers.err("standby");
+  EXPECT_NE(launchers.err("standby").find("takes the place of node 1"), std::string::npos)
+      << launchers.err("standby");
+}
+
+// A job that needs no standby: every node's workers exit 0, and the
+// waiting standby, released by node 0, exits 0 saying it was not needed.
+TEST_F(ElasticStandby, AStandbyNotNeededIsReleasedAndExitsZero) {
+  gen0_ = "while [ ! -f " + dir_.path().string() + "/release ]; do sleep 0.05; done; exit 0";
+  Launchers launchers(dir_.path());
+  const pid_t node0 = launchers.start("node0", args({"--node-rank", "0"}));
+  const pid_t node1 = launchers.start("node1", args({"--node-rank", "1"}));
+  const pid_t standby = launchers.start("standby", args({"--standby"}));
+  ASSERT_TRUE(wait_for([&] { return running_pids().size() == 4; }, std::chrono::seconds(60)))
+      << launchers.err("node0") << launchers.err("node1");
+  ASSERT_TRUE(wait_for(
+      [&] { return launchers.err("standby").find("waits to take the place") != std::string::npos; },
+      std::chrono::seconds(60)))
+      << launchers.err("standby");
+  std::ofstream(dir_.path() / "release").close();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  EXPECT_EQ(launchers.wait(node0, deadline), 0) << launchers.err("node0");
+  EXPECT_EQ(launchers.wait(node1, deadline), 0) << launchers.err("node1");
+  EXPECT_EQ(launchers.wait(standby, deadline), 0) << launchers.err("standby");
+  EXPECT_NE(launchers.err("standby").find("the job is over; standby node 0 was not needed"),
+            std::string::npos)
+      << launchers.err("standby");
+  EXPECT_EQ(launchers.err("node0").find("not every standby node said it is done"),
+            std::string::npos)
+      << launchers.err("node0");
 }
 
 TEST_F(ElasticStandby, WithNoStandbyALostNodeEndsTheJobNamingIt) {
@@ -443,12 +516,69 @@ TEST_F(ElasticStandby, AStandbyOutsideAMultiNodeJobIsRefused) {
                   std::chrono::seconds(30));
   EXPECT_NE(r.status, 0);
   EXPECT_NE(r.err.find("--node-rank excludes --standby"), std::string::npos) << r.err;
-  // A partition on loopback would cut every node of this machine.
-  r = run_brigade(
-      {"launch", "--nproc-per-node", "1", "--inject", "partition:node=0:step=1", "--", "true"},
-      std::chrono::seconds(30));
-  EXPECT_NE(r.status, 0);
-  EXPECT_NE(r.err.find("a loopback interface"), std::string::npos) << r.err;
+}
+
+// Whole-node faults and standbys that cannot work are refused before the
+// rendezvous: nobody listens at rdzv_, which a launcher that joined would
+// wait for 60 s, twice the time each refusal is given.
+TEST_F(ElasticStandby, NodeFaultsAndStandbysThatCannotWorkAreRefusedBeforeTheRendezvous) {
+  const auto launch = [&](std::vector<std::string> flags) {
+    std::vector<std::string> a = {
+        "launch",       "--nproc-per-node", "1", "--rdzv", rdzv_, "--rdzv-token",
+        "refused-test", "--rdzv-timeout-s", "60"};
+    a.insert(a.end(), flags.begin(), flags.end());
+    a.insert(a.end(), {"--", "true"});
+    return run_brigade(a, std::chrono::seconds(30));
+  };
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--inject", "partition:node=1:step=1"}, "it needs --nnodes 2 or more"},
+      {{"--nnodes", "2", "--node-rank", "1", "--inject", "kill-agent:node=0:step=1"},
+       "strikes node 0, which hosts the rendezvous store and leads the job"},
+      {{"--nnodes", "2", "--node-rank", "1", "--inject", "kill-agent:node=2:step=1"},
+       "kill-agent:node=2 names no node of this job (--nnodes 2): strike node 1..1"},
+      {{"--nnodes", "2", "--standby"}, "give every node and the standby --max-restarts 1 or more"},
+      // A partition on loopback would cut every node of this machine
+      // (refused before root is asked for, so for any user).
+      {{"--nnodes", "2", "--node-rank", "1", "--inject", "partition:node=1:step=1"},
+       "a loopback interface"},
+  };
+  for (const auto& [flags, message] : cases) {
+    const Output r = launch(flags);
+    EXPECT_EQ(r.status, 1) << message << "\n" << r.err;
+    EXPECT_NE(r.err.find(message), std::string::npos) << r.err;
+  }
+  // A real interface of the machine's own network namespace (this test's):
+  // never taken down, not even as root.
+  std::string iface;
+  ifaddrs* head = nullptr;
+  ASSERT_EQ(::getifaddrs(&head), 0);
+  for (ifaddrs* a = head; a != nullptr && iface.empty(); a = a->ifa_next) {
+    if (a->ifa_addr != nullptr && a->ifa_addr->sa_family == AF_INET &&
+        (a->ifa_flags & IFF_LOOPBACK) == 0) {
+      iface = a->ifa_name;
+    }
+  }
+  ::freeifaddrs(head);
+  if (!iface.empty()) {
+    const Output r = launch({"--nnodes", "2", "--node-rank", "1", "--iface", iface, "--inject",
+                             "partition:node=1:step=1"});
+    EXPECT_EQ(r.status, 1) << r.err;
+    EXPECT_NE(r.err.find(::geteuid() == 0 ? "refusing the partition fault" : "needs root"),
+              std::string::npos)
+        << r.err;
+  }
+  // No agent to follow the coordinator under srun's one task per worker.
+  ::setenv("SLURM_PROCID", "0", 1);
+  ::setenv("SLURM_NTASKS", "2", 1);
+  ::setenv("SLURM_STEP_ID", "0", 1);
+  const Output r =
+      run_brigade({"launch", "--nnodes", "2", "--standby", "--", "true"}, std::chrono::seconds(30));
+  ::unsetenv("SLURM_PROCID");
+  ::unsetenv("SLURM_NTASKS");
+  ::unsetenv("SLURM_STEP_ID");
+  EXPECT_EQ(r.status, 1) << r.err;
+  EXPECT_NE(r.err.find("under srun's one task per worker there is none"), std::string::npos)
+      << r.err;
 }
 
 }  // namespace BRIGADE_TEST_FILE

@@ -11,6 +11,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "brigade/comm/tcp_store.h"
 #include "brigade/core/error.h"
@@ -56,28 +57,39 @@ class StandbyTest : public ::testing::Test {
 TEST_F(StandbyTest, ThePoolPicksOnlyAFreeStandbyWhoseBeatMovedRecently) {
   StandbyPool pool(raw_store_, 2'000);
   const auto beat = [&](int s) { raw_store_.add(standby_beat_key(s), 1); };
+  const auto first = [&](int64_t t) -> std::optional<int> {
+    const std::vector<int> free = pool.pick(t, 1);
+    if (free.empty()) return std::nullopt;
+    return free[0];
+  };
   raw_store_.add(standby_count_key(), 2);
   beat(0);
   beat(1);
   pool.watch(0);
   // Registered, but neither beat has moved under the leader's eyes yet: a
   // registered standby may have died right after.
-  EXPECT_EQ(pool.pick(0), std::nullopt);
+  EXPECT_EQ(first(0), std::nullopt);
   beat(1);
   pool.watch(100 * kMs);
-  EXPECT_EQ(pool.pick(100 * kMs), 1);
-  EXPECT_EQ(pool.pick(2'100 * kMs), 1);  // 2 s after its last beat: still in time
-  EXPECT_EQ(pool.pick(2'101 * kMs), std::nullopt) << "silent for more than 2 s";
+  EXPECT_EQ(first(100 * kMs), 1);
+  EXPECT_EQ(first(2'100 * kMs), 1);  // 2 s after its last beat: still in time
+  EXPECT_EQ(first(2'101 * kMs), std::nullopt) << "silent for more than 2 s";
   beat(0);
   beat(1);
   pool.watch(3'000 * kMs);
-  EXPECT_EQ(pool.pick(3'000 * kMs), 0);
+  EXPECT_EQ(pool.pick(3'000 * kMs, 3), (std::vector<int>{0, 1}));
   pool.assign(0, 1, 4);
-  EXPECT_EQ(pool.pick(3'000 * kMs), 1) << "standby 0 is taken";
+  EXPECT_EQ(first(3'000 * kMs), 1) << "standby 0 is taken";
   EXPECT_EQ(read_assignment(raw_store_, 0, 2)->node, 1);
   EXPECT_EQ(read_assignment(raw_store_, 0, 2)->generation, 4);
   EXPECT_EQ(read_assignment(raw_store_, 1, 2), std::nullopt);
   // Node 0 is the leader, never given away; a node outside the job neither.
+  // A beat counts on past a million (55 hours at 5 a second).
+  raw_store_.set(standby_beat_key(1), "2000000");
+  pool.watch(3'100 * kMs);
+  EXPECT_EQ(pool.pick(3'100 * kMs, 1), std::vector<int>{1});
+  raw_store_.set(standby_count_key(), "2000000");
+  EXPECT_THROW(pool.watch(3'200 * kMs), MalformedValue) << "no job has 2 million standbys";
   for (const char* bad : {"0 1", "2 1", "1 0", "1", "1 1 x", "one 1"}) {
     raw_store_.set(standby_node_key(1), bad);
     EXPECT_THROW(read_assignment(raw_store_, 1, 2), MalformedValue) << bad;
@@ -119,7 +131,7 @@ TEST_F(StandbyTest, ALostNodesRankGoesToALiveStandbyInTheNextGeneration) {
   EXPECT_NE(v.cause->what.find("node 1 is lost: its agent sent no heartbeat for 2.1 s"),
             std::string::npos)
       << v.cause->what;
-  EXPECT_NE(v.cause->what.find("standby node 0 takes its place as node 1 in generation 1"),
+  EXPECT_NE(v.cause->what.find("standby 0 takes its place as node 1 in generation 1"),
             std::string::npos)
       << v.cause->what;
   EXPECT_NEAR(v.cause->detected_after_ms(), 2'100.0, 0.01);
@@ -173,7 +185,9 @@ TEST_F(StandbyTest, ALostNodesAgentThatComesBackCannotDisturbTheNextGeneration) 
   raw_store_.set(coordinator_key("end"), nlohmann::json{{"kind", "coordinator_lost"},
                                                         {"node", 1},
                                                         {"generation", 0},
-                                                        {"what", "node 1 lost the coordinator"}}
+                                                        {"what", "node 1 lost the coordinator"},
+                                                        {"by", 1},
+                                                        {"by_generation", 0}}
                                              .dump());
   const std::string beat_before = *raw_store_.try_get(coordinator_key("agent/1/beat"));
   const JobView back = n1->poll(t += 100 * kMs);
@@ -249,6 +263,181 @@ TEST_F(StandbyTest, AnInjectedPartitionIsTheIncidentsKind) {
   EXPECT_EQ(v.cause->kind, "partition");
   EXPECT_TRUE(v.cause->injected);
   EXPECT_EQ(v.cause->node, 1);
+}
+
+// The only standby dies between the leader's detection of node 1 and its
+// decision: node 0 ends the job naming node 1, and node 2 takes that end
+// (node 0 wrote it, though it names a node declared lost).
+TEST_F(StandbyTest, AStandbyThatDiesBeforeTheDecisionEndsTheJobForEveryNode) {
+  auto n0 = node(0, 3), n1 = node(1, 3), n2 = node(2, 3), s = standby(3);
+  int64_t t = 0;
+  for (; t <= 1'000 * kMs; t += 100 * kMs) {
+    n1->poll(t);
+    n2->poll(t);
+    s->poll(t);
+    n0->poll(t);
+  }
+  JobView v;
+  for (; v.state == State::kRunning && t <= 4'000 * kMs; t += 100 * kMs) {
+    n2->poll(t);
+    s->poll(t);
+    v = n0->poll(t);
+  }
+  ASSERT_EQ(n0->poll(t).state, State::kFailing) << "node 1 is lost and the standby free";
+  ASSERT_EQ(raw_store_.try_get(coordinator_key("node/1/lost")), "0");
+  // The standby beats no more; node 2 stops its workers.
+  ASSERT_EQ(n2->poll(t).state, State::kFailing);
+  for (int i = 0; i < 22; ++i) {
+    n2->poll(t += 100 * kMs);
+    v = n0->poll(t);
+  }
+  // The survivors' workers are reaped after 2.2 s without a standby beat.
+  n2->coordinator->report_stopped(false);
+  n0->coordinator->report_stopped(false);
+  v = n0->poll(t += 100 * kMs);
+  ASSERT_EQ(v.state, State::kEnded);
+  EXPECT_EQ(v.lost_node, 1);
+  EXPECT_NE(v.why.find("0 of the 1 lost nodes (1) can have a standby"), std::string::npos) << v.why;
+  const JobView other = n2->poll(t += 100 * kMs);
+  ASSERT_EQ(other.state, State::kEnded) << "node 0's end stands for node 2";
+  EXPECT_EQ(other.lost_node, 1);
+  EXPECT_EQ(s->poll(t).state, State::kEnded);
+  EXPECT_FALSE(raw_store_.try_get(standby_node_key(0)));
+}
+
+// Nodes 1 and 2 fall silent together with one standby: the first is
+// marked lost, the second ends the job at once, and the end names both
+// (node 0's launcher waits for neither).
+TEST_F(StandbyTest, TwoNodesLostWithOneStandbyEndTheJobNamingBoth) {
+  auto n0 = node(0, 3), n1 = node(1, 3), n2 = node(2, 3), s = standby(3);
+  int64_t t = 0;
+  for (; t <= 1'000 * kMs; t += 100 * kMs) {
+    n1->poll(t);
+    n2->poll(t);
+    s->poll(t);
+    n0->poll(t);
+  }
+  JobView v;
+  for (; v.state == State::kRunning && t <= 4'000 * kMs; t += 100 * kMs) {
+    s->poll(t);
+    v = n0->poll(t);
+  }
+  ASSERT_EQ(v.state, State::kEnded) << "ended as both are found silent";
+  EXPECT_EQ(v.lost_node, 2);
+  EXPECT_EQ(v.lost_nodes, (std::vector<int>{2, 1}));
+  EXPECT_EQ(s->poll(t).state, State::kEnded);
+  EXPECT_FALSE(raw_store_.try_get(standby_node_key(0)));
+}
+
+// Two nodes lost, two standbys free when found; one of them dies before
+// the decision: neither is given a node (half a replacement is none), and
+// the job ends naming both lost nodes.
+TEST_F(StandbyTest, NoStandbyIsGivenANodeUnlessEveryLostNodeHasOne) {
+  auto n0 = node(0, 3), n1 = node(1, 3), n2 = node(2, 3), s0 = standby(3), s1 = standby(3);
+  int64_t t = 0;
+  for (; t <= 1'000 * kMs; t += 100 * kMs) {
+    n1->poll(t);
+    n2->poll(t);
+    s0->poll(t);
+    s1->poll(t);
+    n0->poll(t);
+  }
+  JobView v;
+  for (; v.state == State::kRunning && t <= 4'000 * kMs; t += 100 * kMs) {
+    s0->poll(t);
+    s1->poll(t);
+    v = n0->poll(t);
+  }
+  ASSERT_EQ(n0->poll(t).state, State::kFailing);
+  EXPECT_TRUE(raw_store_.try_get(coordinator_key("node/2/lost")));
+  // Standby 1 stops beating; node 0's workers are reaped 2.2 s later.
+  for (int i = 0; i < 22; ++i) {
+    s0->poll(t += 100 * kMs);
+    n0->poll(t);
+  }
+  n0->coordinator->report_stopped(false);
+  v = n0->poll(t += 100 * kMs);
+  ASSERT_EQ(v.state, State::kEnded);
+  EXPECT_NE(v.why.find("1 of the 2 lost nodes (1, 2) can have a standby"), std::string::npos)
+      << v.why;
+  EXPECT_EQ(v.lost_nodes, (std::vector<int>{1, 2}));
+  EXPECT_FALSE(raw_store_.try_get(standby_node_key(0))) << "half a replacement";
+  EXPECT_FALSE(raw_store_.try_get(standby_node_key(1)));
+  EXPECT_EQ(s0->poll(t).state, State::kEnded);
+}
+
+// A stale end (written by node 1 before it was declared lost) does not use
+// up the one end: the next end written replaces it.
+TEST_F(StandbyTest, AnEndAfterALostNodesStaleEndReplacesIt) {
+  auto n0 = node(0), n1 = node(1), s = standby();
+  int64_t t = 0;
+  for (; t <= 1'000 * kMs; t += 100 * kMs) {
+    n1->poll(t);
+    s->poll(t);
+    n0->poll(t);
+  }
+  for (; t <= 3'100 * kMs; t += 100 * kMs) {
+    s->poll(t);
+    n0->poll(t);
+  }
+  ASSERT_EQ(n0->poll(t).state, State::kFailing);
+  raw_store_.add(coordinator_key("end/claims"), 1);
+  raw_store_.set(coordinator_key("end"), nlohmann::json{{"kind", "coordinator_lost"},
+                                                        {"node", 1},
+                                                        {"generation", 0},
+                                                        {"what", "node 1 lost the coordinator"},
+                                                        {"by", 1},
+                                                        {"by_generation", 0}}
+                                             .dump());
+  n0->coordinator->report_end("the launcher of node 0 received SIGTERM");
+  const JobView v = s->poll(t += 100 * kMs);
+  ASSERT_EQ(v.state, State::kEnded);
+  EXPECT_EQ(v.why, "the launcher of node 0 received SIGTERM");
+}
+
+// Standby 0 is given node 1 but hangs before it starts: the leader finds
+// node 1 silent again in generation 1 and gives it to standby 1. Standby 0,
+// back, leaves instead of starting node 1's workers of generation 1.
+TEST_F(StandbyTest, AStandbyGivenANodeTooLateLeaves) {
+  auto n0 = node(0), n1 = node(1), s0 = standby(), s1 = standby();
+  int64_t t = 0;
+  for (; t <= 1'000 * kMs; t += 100 * kMs) {
+    n1->poll(t);
+    s0->poll(t);
+    s1->poll(t);
+    n0->poll(t);
+  }
+  JobView v;
+  for (; v.state != State::kFailing && t <= 4'000 * kMs; t += 100 * kMs) {
+    s0->poll(t);
+    s1->poll(t);
+    v = n0->poll(t);
+  }
+  ASSERT_EQ(v.state, State::kFailing);
+  n0->coordinator->report_stopped(false);
+  n0->poll(t += 100 * kMs);
+  ASSERT_EQ(n0->poll(t += 100 * kMs).state, State::kRestart);
+  ASSERT_EQ(read_assignment(raw_store_, 0, 2)->node, 1) << "standby 0 was given node 1";
+  n0->coordinator->enter_next_generation();
+  // Standby 0 is stopped from here; standby 1 beats on.
+  for (v = JobView{}; v.state != State::kFailing && t <= 8'000 * kMs; t += 100 * kMs) {
+    s1->poll(t);
+    v = n0->poll(t);
+  }
+  ASSERT_EQ(v.state, State::kFailing);
+  EXPECT_EQ(raw_store_.try_get(coordinator_key("node/1/lost")), "1");
+  n0->coordinator->report_stopped(false);
+  n0->poll(t += 100 * kMs);
+  ASSERT_EQ(n0->poll(t += 100 * kMs).state, State::kRestart);
+  ASSERT_EQ(s1->poll(t).state, State::kRestart);
+  EXPECT_EQ(s1->coordinator->generation(), 2);
+  const JobView late = s0->poll(t);
+  ASSERT_EQ(late.state, State::kEnded);
+  EXPECT_TRUE(late.lost_coordinator);
+  EXPECT_NE(late.why.find("standby 0 was given node 1 in generation 1 but started too late"),
+            std::string::npos)
+      << late.why;
+  EXPECT_EQ(s0->coordinator->node_rank(), -1);
 }
 
 // The job's end releases a standby that waited in vain.

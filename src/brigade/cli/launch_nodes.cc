@@ -6,12 +6,17 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <vector>
 
 #include "brigade/comm/tcp_store.h"
+#include "brigade/core/clock.h"
 #include "brigade/core/error.h"
 #include "brigade/elastic/standby.h"
 
@@ -51,6 +56,7 @@ std::string local_address_towards(const std::string& host, int port) {
 
 void join_as_standby(TcpStore& store, const LaunchOptions& o) {
   const std::string node0 = "brigade/launch/node/0";
+  const int64_t deadline_ns = now_ns() + o.rdzv_timeout_ms * 1'000'000;
   try {
     store.wait({node0}, o.rdzv_timeout_ms);
   } catch (const StoreTimeoutError&) {
@@ -72,6 +78,21 @@ void join_as_standby(TcpStore& store, const LaunchOptions& o) {
         "node 0 was given --max-restarts {} but this standby {}: give it the same --max-restarts "
         "(restarts are counted for the whole job)",
         restarts, o.max_restarts);
+  }
+  // Node 0's agent starts beating once every node joined: watched before,
+  // its silence would look like the leader's loss.
+  fmt::print(stderr, "brigade launch: standby waits for the job's {} nodes to join\n", o.nnodes);
+  std::fflush(stderr);
+  const std::string leader_beat = elastic::coordinator_key("agent/0/beat");
+  const int64_t left_ms = std::max<int64_t>(1, (deadline_ns - now_ns()) / 1'000'000);
+  try {
+    store.wait({leader_beat}, left_ms);
+  } catch (const StoreTimeoutError&) {
+    throw_error(
+        "the job's {} nodes did not all join the rendezvous at {} within {} ms (node 0's agent "
+        "has not started): a standby waits for a job that runs; start every node's `brigade "
+        "launch --nnodes {} --node-rank R`",
+        o.nnodes, store.address(), o.rdzv_timeout_ms, o.nnodes);
   }
 }
 
@@ -96,14 +117,76 @@ void wait_for_standbys(TcpStore& store, int64_t limit_ms) {
   }
 }
 
+void check_standby_and_node_faults(const LaunchOptions& o, bool srun_tasks) {
+  if (srun_tasks && (o.standby || !o.node_faults.empty())) {
+    throw_error(
+        "--standby and the kill-agent and partition faults need one launcher per node, whose "
+        "agent follows the coordinator; under srun's one task per worker there is none: run "
+        "`srun --ntasks-per-node=1 brigade launch --nproc-per-node N --nnodes $SLURM_NNODES "
+        "--node-rank $SLURM_NODEID ...`");
+  }
+  if (o.standby && o.max_restarts == 0) {
+    throw_error(
+        "--standby takes a lost node's place in the job's next generation, which is a restart: "
+        "give every node and the standby --max-restarts 1 or more");
+  }
+  for (const elastic::NodeFault& f : o.node_faults) {
+    if (o.nnodes < 2) {
+      throw_error(
+          "--inject {}:node={} strikes a whole node of a job over several nodes: it needs "
+          "--nnodes 2 or more (and a --standby node to take the struck node's place)",
+          f.name(), f.node);
+    }
+    if (f.node == 0) {
+      throw_error(
+          "--inject {}:node=0 strikes node 0, which hosts the rendezvous store and leads the "
+          "job: its loss ends the job, no standby can take its place; strike node 1..{}",
+          f.name(), o.nnodes - 1);
+    }
+    if (f.node >= o.nnodes) {
+      throw_error("--inject {}:node={} names no node of this job (--nnodes {}): strike node 1..{}",
+                  f.name(), f.node, o.nnodes, o.nnodes - 1);
+    }
+  }
+}
+
+namespace {
+
+// Whether this process runs in a network namespace of its own, not the
+// machine's (pid 1's): only there may the partition fault take an
+// interface down. Where pid 1's namespace cannot be read (no
+// CAP_SYS_PTRACE, as in some containers), a namespace `ip netns add` named
+// is one of its own. Returns "" or why not.
+std::string why_not_own_network_namespace() {
+  struct stat self {};
+  if (::stat("/proc/self/ns/net", &self) != 0) {
+    return fmt::format("cannot read /proc/self/ns/net ({})", std::strerror(errno));
+  }
+  struct stat init {};
+  if (::stat("/proc/1/ns/net", &init) == 0) {
+    if (init.st_ino != self.st_ino || init.st_dev != self.st_dev) return "";
+    return "this process runs in the machine's own network namespace (pid 1's), where taking an "
+           "interface down cuts the host's real network";
+  }
+  const std::string init_error = std::strerror(errno);
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator("/run/netns", ec)) {
+    struct stat named {};
+    if (::stat(entry.path().c_str(), &named) == 0 && named.st_ino == self.st_ino &&
+        named.st_dev == self.st_dev) {
+      return "";
+    }
+  }
+  return fmt::format(
+      "cannot compare this process's network namespace with the machine's (/proc/1/ns/net: {}), "
+      "and it is none that `ip netns add` named: it may be the host's real network",
+      init_error);
+}
+
+}  // namespace
+
 std::string partition_interface(const LaunchOptions& o, const std::string& store_host,
                                 int store_port) {
-  if (::geteuid() != 0) {
-    throw_error(
-        "the partition fault takes this node's network interface down, which needs root "
-        "(CAP_NET_ADMIN): run the node's launcher as root, inside its own network namespace "
-        "(scripts/fake_cluster.sh)");
-  }
   std::string name = o.iface;
   bool loopback = false;
   const std::string address =
@@ -132,6 +215,18 @@ std::string partition_interface(const LaunchOptions& o, const std::string& store
         "rendezvous store {} over it): that cuts every node on this machine; run each node in "
         "its own network namespace (scripts/fake_cluster.sh), or give --iface",
         name, store_host);
+  }
+  if (::geteuid() != 0) {
+    throw_error(
+        "the partition fault takes this node's network interface down, which needs root "
+        "(CAP_NET_ADMIN): run the node's launcher as root, inside its own network namespace "
+        "(scripts/fake_cluster.sh)");
+  }
+  if (const std::string why = why_not_own_network_namespace(); !why.empty()) {
+    throw_error(
+        "refusing the partition fault: {}; run each node's launcher in its own network "
+        "namespace (scripts/fake_cluster.sh), where taking {} down cuts that node only",
+        why, name);
   }
   return name;
 }

@@ -19,8 +19,10 @@ class TcpStore;
 
 namespace brigade::cli {
 
-// Waits (the rendezvous timeout) for node 0 to join, and refuses a standby
-// whose workers would not match the nodes'. Throws Error naming the fix.
+// Waits (the rendezvous timeout) for node 0 to join, refuses a standby
+// whose workers would not match the nodes', then waits (within the same
+// timeout) for node 0's agent to beat, which it does once every node
+// joined. Throws Error naming the fix.
 void join_as_standby(TcpStore& store, const LaunchOptions& o);
 
 // A standby's launcher says it is done (whether or not it ran a node).
@@ -30,11 +32,19 @@ void standby_done(TcpStore& store, int standby_id);
 // A dead standby never says it; it costs `limit_ms` at the end, no more.
 void wait_for_standbys(TcpStore& store, int64_t limit_ms);
 
+// Refuses, naming the fix, --standby without restarts and a kill-agent or
+// partition fault no standby could answer: one node alone, node 0 (it
+// hosts the store and leads), a node outside the job, or a launch as one
+// of srun's tasks per worker (`srun_tasks`: no agent follows the
+// coordinator there).
+void check_standby_and_node_faults(const LaunchOptions& o, bool srun_tasks);
+
 // The interface a partition fault of this node takes down: --iface, else
 // the one the node reaches the store's host through. Throws Error if that
 // is a loopback interface (cutting it would cut every node on this
-// machine, and the machine's own loopback) or if this process cannot take
-// an interface down (it needs root).
+// machine, and the machine's own loopback), if this process cannot take
+// an interface down (it needs root), or if it runs in the machine's own
+// network namespace (the host's real network: CI runs as root on one).
 std::string partition_interface(const LaunchOptions& o, const std::string& store_host,
                                 int store_port);
 

@@ -411,11 +411,14 @@ void join_nodes(TcpStore& store, const LaunchOptions& o) {
 
 // Node 0 keeps the store up until every node's workers are done with it;
 // gives up after the rendezvous timeout or on a signal.
-// A node whose loss ended the job (lost_node) never reports.
-void wait_for_other_nodes(TcpStore& store, const LaunchOptions& o, int lost_node) {
+// A node whose loss ended the job (lost_nodes) never reports.
+void wait_for_other_nodes(TcpStore& store, const LaunchOptions& o,
+                          const std::vector<int>& lost_nodes) {
   std::vector<std::string> keys;
   for (int r = 0; r < o.nnodes; ++r) {
-    if (r != lost_node) keys.push_back(done_key(r));
+    if (std::find(lost_nodes.begin(), lost_nodes.end(), r) == lost_nodes.end()) {
+      keys.push_back(done_key(r));
+    }
   }
   const sigset_t watched = watched_signals();
   const int64_t deadline_ns = now_ns() + o.rdzv_timeout_ms * kNsPerMs;
@@ -435,7 +438,9 @@ void wait_for_other_nodes(TcpStore& store, const LaunchOptions& o, int lost_node
              o.rdzv_timeout_ms);
 }
 
-void validate(const LaunchOptions& o) {
+// Returns the interface a partition fault of this node takes down ("" if
+// none strikes it): checked here, so that a refused node never joins.
+std::string validate(const LaunchOptions& o) {
   if (o.nproc_per_node < 1) {
     throw_error("pass --nproc-per-node N (the number of workers on this node), or run under srun");
   }
@@ -462,12 +467,24 @@ void validate(const LaunchOptions& o) {
   if (o.metrics_address != "off" && o.metrics_address != "auto") {
     diag::parse_metrics_address(o.metrics_address);
   }
+  check_standby_and_node_faults(o, /*srun_tasks=*/false);
+  for (const elastic::NodeFault& f : o.node_faults) {
+    // On the node it strikes (a standby may become any node).
+    if (f.kind == elastic::NodeFault::Kind::kPartition && (o.standby || f.node == o.node_rank)) {
+      const HostPort master = parse_host_port(o.rdzv, /*allow_port_0=*/false);
+      return partition_interface(o, master.host, master.port);
+    }
+  }
+  return "";
 }
 
 }  // namespace
 
 int run_launch(const LaunchOptions& o) {
-  if (o.nproc_per_node == 0 && in_srun_task()) exec_slurm_task(o);
+  if (o.nproc_per_node == 0 && in_srun_task()) {
+    check_standby_and_node_faults(o, /*srun_tasks=*/true);
+    exec_slurm_task(o);
+  }
   if (o.nproc_per_node == 0 && env("SLURM_JOB_ID")) {
     throw_error(
         "this is Slurm's batch script (or salloc's shell), not a task srun started: run `srun "
@@ -475,7 +492,7 @@ int run_launch(const LaunchOptions& o) {
         "launch --nproc-per-node N --nnodes $SLURM_NNODES --node-rank $SLURM_NODEID ...` (one "
         "launcher per node); examples/slurm/train.sbatch shows both");
   }
-  validate(o);
+  const std::string partition_iface = validate(o);
   const Program program = resolve_program(o.command);
   HostPort master{"127.0.0.1", 0};
   if (!o.rdzv.empty()) master = parse_host_port(o.rdzv, /*allow_port_0=*/o.nnodes == 1);
@@ -492,15 +509,6 @@ int run_launch(const LaunchOptions& o) {
     join_as_standby(store, o);
   } else {
     join_nodes(store, o);
-  }
-  std::string partition_iface;
-  for (const elastic::NodeFault& f : o.node_faults) {
-    // Checked before any worker starts, on the node it strikes (a standby
-    // may become any node).
-    if (f.kind == elastic::NodeFault::Kind::kPartition && (o.standby || f.node == o.node_rank) &&
-        partition_iface.empty()) {
-      partition_iface = partition_interface(o, master.host, master.port);
-    }
   }
 
   const int world_size = o.nnodes * o.nproc_per_node;
@@ -583,7 +591,7 @@ int run_launch(const LaunchOptions& o) {
         if (node >= 0) store.set(done_key(node), std::to_string(exit_status));
         if (o.standby) standby_done(store, supervisor.standby_id());
         if (node == 0) {
-          wait_for_other_nodes(store, o, supervisor.lost_node());
+          wait_for_other_nodes(store, o, supervisor.lost_nodes());
           // Released by the agent's end: a waiting standby sees it within
           // a tick, a live one says so well within the silence allowed.
           wait_for_standbys(store, elastic::CoordinatorOptions{}.agent_timeout_ms);

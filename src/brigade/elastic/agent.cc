@@ -404,12 +404,13 @@ void Agent::end_generation(const HeartbeatTable& table) {
 }
 
 void Agent::learn_run_dir(const HeartbeatTable& table) {
-  const bool known = !run_dir_.empty();
   for (int r = 0; r < table.slots() && run_dir_.empty(); ++r) run_dir_ = table.read(r).run_dir;
-  // For a standby that takes a node's place: it resumes from there.
-  if (!known && !run_dir_.empty() && coordinator_ && coordinator_->leader()) {
+  // For a standby that takes a node's place: it resumes from there. Tried
+  // again on every tick until the store took it.
+  if (!run_dir_published_ && !run_dir_.empty() && coordinator_ && coordinator_->leader()) {
     try {
       coordinator_->publish_run_dir(run_dir_);
+      run_dir_published_ = true;
     } catch (const Error& e) {
       std::fprintf(stderr, "brigade launch: could not tell the coordinator: %s\n", e.what());
     }

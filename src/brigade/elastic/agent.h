@@ -170,10 +170,10 @@ class Agent {
   int restarts() const { return restarts_; }
   // Safe to call from any thread while run() runs.
   AgentStatus status() const;
-  // After run(), multi-node: the node whose loss ended the job (-1: none),
+  // After run(), multi-node: the nodes whose loss ended the job (none: empty),
   // and whether this agent lost the coordinator itself (its store no
   // longer answers in time, so the launcher should not wait on it).
-  int lost_node() const { return lost_node_; }
+  const std::vector<int>& lost_nodes() const { return lost_nodes_; }
   bool lost_coordinator() const { return lost_coordinator_; }
   // The node this agent ran (a standby's once given one; -1 before), and a
   // standby's id (-1 for a node's agent).
@@ -217,7 +217,8 @@ class Agent {
   int64_t generation_ = 0;
   int restarts_ = 0;
   int64_t start_ns_ = 0;
-  std::string run_dir_;  // as the workers said; empty for other programs
+  std::string run_dir_;             // as the workers said; empty for other programs
+  bool run_dir_published_ = false;  // node 0: the coordinator has it
   // Incident numbers this launch gives are this plus the generation's
   // (from 1): the same on every node sharing the run directory, after a
   // resumed run's earlier incidents. Read once, when the run directory is
@@ -236,7 +237,7 @@ class Agent {
   std::optional<Coordinator> coordinator_;
   // When this agent first saw the current generation failing.
   int64_t failing_seen_ns_ = 0;
-  int lost_node_ = -1;
+  std::vector<int> lost_nodes_;
   bool lost_coordinator_ = false;
   std::optional<ChaosSchedule> chaos_;
   int chaos_raised_ = 0;

@@ -137,7 +137,7 @@ void Agent::follow_job(const JobView& view, WorkerGroup* group) {
   }
   if (view.state == State::kEnded) {
     remote_failure_ = view.why;
-    lost_node_ = view.lost_node;
+    lost_nodes_ = view.lost_nodes;
     lost_coordinator_ = view.lost_coordinator;
     record_job_incident(view);
   }
@@ -155,9 +155,16 @@ void Agent::follow_job(const JobView& view, WorkerGroup* group) {
   } else if (view.state == State::kEnded) {
     will_restart_ = false;
     stopped_count_ = group->running();
-    // Another launcher's signal: the workers may be writing the interrupt
-    // checkpoint, a collective with that node's, which get as long.
-    group->stop(SIGTERM, view.signal ? options_.signal_grace_ms : options_.failure_grace_ms);
+    if (view.lost_coordinator) {
+      // Cut off, or declared lost: the job may go on without this node, a
+      // standby writing the same run directory. No grace: a worker's
+      // checkpoint written now would land among the replacement's.
+      group->stop(SIGKILL, 0);
+    } else {
+      // Another launcher's signal: the workers may be writing the interrupt
+      // checkpoint, a collective with that node's, which get as long.
+      group->stop(SIGTERM, view.signal ? options_.signal_grace_ms : options_.failure_grace_ms);
+    }
   }
 }
 

@@ -260,10 +260,27 @@ void Coordinator::try_end_job(const std::string& what) {
   }
 }
 
+nlohmann::json Coordinator::signed_end(nlohmann::json end) const {
+  // The writer, for end_from_lost_node(): the node an end names may be
+  // another (node 0's end names the node it lost).
+  end["by"] = options_.node_rank;
+  end["by_generation"] = generation_;
+  return end;
+}
+
 void Coordinator::end_job(const nlohmann::json& end) {
   // The first end wins: the store has no compare-and-set, but add() hands
-  // out 1 once.
-  if (store_.add(coordinator_key("end/claims"), 1) == 1) store_.set(end_key(), end.dump());
+  // out 1 once. An end that a node wrote before it was declared lost does
+  // not count: it is overwritten (two live writers may both do so; either
+  // end is the job's).
+  const std::string value = signed_end(end).dump();
+  if (store_.add(coordinator_key("end/claims"), 1) == 1) {
+    store_.set(end_key(), value);
+    return;
+  }
+  if (const auto existing = store_.try_get(end_key()); existing && end_from_lost_node(*existing)) {
+    store_.set(end_key(), value);
+  }
 }
 
 JobView Coordinator::poll(int64_t now_ns) {
@@ -378,8 +395,11 @@ std::optional<JobView> Coordinator::lead(int64_t now_ns) {
     return std::nullopt;  // read_state() sees it on the next poll, as everyone does
   }
   if (!lost_.empty()) {
+    std::vector<int> lost_nodes;
+    for (const auto& [n, lost] : lost_) lost_nodes.push_back(n);
     return lead_end({{"kind", "node_lost"},
                      {"node", cause->node},
+                     {"lost_nodes", lost_nodes},
                      {"generation", generation_},
                      {"what", cause->what},
                      {"silent_ms", cause->detected_after_ms()}},
@@ -408,8 +428,9 @@ std::optional<JobView> Coordinator::lead_end(const nlohmann::json& end, int64_t 
   if (!end_unwritten_since_ns_) {
     end_unwritten_since_ns_ = now_ns;
   } else if (now_ns - *end_unwritten_since_ns_ > options_.agent_timeout_ms * kNsPerMs) {
-    store_.set(end_key(), end.dump());
-    return ended_view(end.dump());
+    const std::string value = signed_end(end).dump();
+    store_.set(end_key(), value);
+    return ended_view(value);
   }
   return std::nullopt;
 }
@@ -468,6 +489,16 @@ JobView Coordinator::ended_view(const std::string& value) {
   if (j.at("kind") == "node_lost") {
     if (node < 0 || node >= options_.nnodes) throw MalformedValue(key, value, expected);
     v.lost_node = node;
+    v.lost_nodes = {node};
+    if (j.contains("lost_nodes")) {
+      if (!j.at("lost_nodes").is_array()) throw MalformedValue(key, value, expected);
+      for (const nlohmann::json& n : j.at("lost_nodes")) {
+        if (!n.is_number_integer() || n.get<int>() < 1 || n.get<int>() >= options_.nnodes) {
+          throw MalformedValue(key, value, expected);
+        }
+        if (n.get<int>() != node) v.lost_nodes.push_back(n.get<int>());
+      }
+    }
     Incident lost;
     lost.kind = "node_lost";
     lost.node = node;

@@ -28,8 +28,9 @@
 //     job, never per node), else ends the job with that cause.
 //   - An agent whose beat has not moved for agent_timeout_ms (2 s: its
 //     agent died, hangs, or its node lost its network) is lost. With a
-//     restart left and a standby node free (elastic/standby.h: one whose
-//     beat the leader saw move within agent_timeout_ms), the leader marks
+//     restart left and a standby node free for it besides one for each
+//     node already lost in g (elastic/standby.h: one whose beat the leader
+//     saw move within agent_timeout_ms), the leader marks
 //     the node lost (node/<n>/lost = g), counts a report in g so that every
 //     other node stops its workers, and once they are reaped gives the
 //     node's rank to the standby (gen/<g+1>/node/<n> = "standby <s>", and
@@ -38,7 +39,12 @@
 //     The lost node is the generation's cause (its kind "node_lost", or
 //     "partition" when its agent said it cut its own network: an injected
 //     fault writes gen/<g>/node_fault/<n> first). With no standby free or
-//     no restart left the job ends naming the node.
+//     no restart left the job ends naming the node (and every node lost
+//     with it). At the decision every lost node gets a live standby, or
+//     none does and the job ends: a standby that died meanwhile is not
+//     replaced by half a job. A standby given a node that the leader then
+//     declared lost again in that generation (it was too slow to start)
+//     leaves without starting workers.
 //   - The other agents watch the leader's beat the same way, and treat a
 //     store that no longer answers (each call is bounded by the store
 //     client's timeout, at most half of agent_timeout_ms, so that one slow
@@ -52,8 +58,9 @@
 // A lost node never comes back into the job: its agent, should it come
 // back (it was stopped, or its network returns), finds node/<n>/lost at
 // or after its generation on its next poll and ends for itself without
-// writing anything; an end it wrote before it knew (a claim on `end`
-// carries the writer's node and generation) is not taken by the others.
+// writing anything; an end it wrote before it knew (an end carries its
+// writer's node and generation, "by" and "by_generation") is not taken by
+// the others, and the next end written overwrites it.
 // No agent or worker of generation g can join g+1: the leader opens g+1
 // only after every node reported g's workers reaped, and the workers of g
 // key their store entries and shm segments by BRIGADE_GENERATION
@@ -154,6 +161,9 @@ struct JobView {
   std::string why;
   // kEnded for a lost node: its rank; -1 otherwise.
   int lost_node = -1;
+  // kEnded for a lost node: every node the job lost (lost_node among them;
+  // more when several were lost at once), whose launchers never say done.
+  std::vector<int> lost_nodes;
   // kEnded because this agent lost the store or the leader.
   bool lost_coordinator = false;
   // A standby's kRestart: the run directory the job's nodes published (its
@@ -239,6 +249,7 @@ class Coordinator {
   std::optional<JobView> watch_leader(int64_t now_ns);
   bool beat_moved(int node, int64_t now_ns);
   std::optional<Incident> choose_cause();
+  nlohmann::json signed_end(nlohmann::json end) const;
   void end_job(const nlohmann::json& end);
   // Node 0 ends the job with `end`, unless another agent's end came first.
   std::optional<JobView> lead_end(const nlohmann::json& end, int64_t now_ns);

@@ -41,15 +41,17 @@ std::optional<JobView> Coordinator::check_not_lost() {
 
 bool Coordinator::end_from_lost_node(const std::string& value) {
   const nlohmann::json j = nlohmann::json::parse(value, nullptr, /*allow_exceptions=*/false);
-  if (!j.is_object() || !j.contains("node") || !j.at("node").is_number_integer() ||
-      !j.contains("generation") || !j.at("generation").is_number_integer()) {
+  // The writer, not the node the end names: node 0's end names the lost node.
+  if (!j.is_object() || !j.contains("by") || !j.at("by").is_number_integer() ||
+      !j.contains("by_generation") || !j.at("by_generation").is_number_integer()) {
     return false;  // ended_view() says what is wrong with it
   }
-  const int node = j.at("node");
-  if (node <= 0 || node >= options_.nnodes) return false;
-  const std::string key = lost_key(node);
+  const int by = j.at("by");
+  // Node 0 is never declared lost: its end always stands.
+  if (by <= 0 || by >= options_.nnodes) return false;
+  const std::string key = lost_key(by);
   const auto lost_in = store_.try_get(key);
-  return lost_in && parse_count(key, *lost_in) >= j.at("generation").get<int64_t>();
+  return lost_in && parse_count(key, *lost_in) >= j.at("by_generation").get<int64_t>();
 }
 
 JobView Coordinator::standby_poll(int64_t now_ns) {
@@ -69,6 +71,19 @@ JobView Coordinator::standby_poll(int64_t now_ns) {
     // The leader gives the node, then opens the generation once the other
     // nodes' workers are gone: until then this standby waits.
     if (store_.try_get(open_key(given->generation))) {
+      // Too late: the leader found this standby silent as that node, and
+      // the node went to another standby.
+      const std::string lost = lost_key(given->node);
+      if (const auto lost_in = store_.try_get(lost);
+          lost_in && parse_count(lost, *lost_in) >= given->generation) {
+        v.state = JobView::State::kEnded;
+        v.lost_coordinator = true;  // nobody waits for this standby
+        v.why = fmt::format(
+            "standby {} was given node {} in generation {} but started too late: the coordinator "
+            "declared the node lost again in generation {}; this standby leaves",
+            standby_id_, given->node, given->generation, parse_count(lost, *lost_in));
+        return v;
+      }
       options_.standby = false;
       options_.node_rank = given->node;
       generation_ = given->generation;
@@ -112,7 +127,9 @@ Incident Coordinator::lost_incident(int n, int64_t now_ns) {
 std::optional<JobView> Coordinator::on_silent_node(int n, int64_t now_ns) {
   Incident lost = lost_incident(n, now_ns);
   const int standbys = standbys_->registered();
-  if (generation_ < options_.max_restarts && standbys_->pick(now_ns)) {
+  // A standby for this node besides one for each node already lost.
+  if (generation_ < options_.max_restarts &&
+      standbys_->pick(now_ns, lost_.size() + 1).size() > lost_.size()) {
     // Marked before the others hear of it: its agent, should it come back,
     // finds itself out before it can see the next generation open.
     store_.set(lost_key(n), std::to_string(generation_));
@@ -134,8 +151,12 @@ std::optional<JobView> Coordinator::on_silent_node(int n, int64_t now_ns) {
         standbys, options_.agent_timeout_ms);
   }
   lost.what += "; " + why;
+  // The nodes already lost in this generation are gone too.
+  std::vector<int> lost_nodes = {n};
+  for (const auto& [other, incident] : lost_) lost_nodes.push_back(other);
   return lead_end({{"kind", "node_lost"},
                    {"node", n},
+                   {"lost_nodes", lost_nodes},
                    {"generation", generation_},
                    {"what", lost.what},
                    {"silent_ms", (now_ns - beat_changed_ns_[n]) * 1e-6}},
@@ -143,24 +164,29 @@ std::optional<JobView> Coordinator::on_silent_node(int n, int64_t now_ns) {
 }
 
 bool Coordinator::replace_lost_nodes(int64_t now_ns, Incident& cause) {
+  // Checked again: a standby may have died while the others stopped. One
+  // for every lost node, or none is given: half a replacement ends the job
+  // all the same, with a standby taken for nothing.
+  const std::vector<int> free = standbys_->pick(now_ns, lost_.size());
+  if (free.size() < lost_.size()) {
+    std::string nodes;
+    for (const auto& [n, lost] : lost_) nodes += fmt::format("{}{}", nodes.empty() ? "" : ", ", n);
+    cause.what += fmt::format(
+        "; {} of the {} lost nodes ({}) can have a standby (the others unused with a heartbeat in "
+        "the last {} ms), so the job ends",
+        free.size(), lost_.size(), nodes, options_.agent_timeout_ms);
+    return false;
+  }
+  size_t next = 0;
   for (auto& [n, lost] : lost_) {
-    // Checked again: a standby may have died while the others stopped.
-    const std::optional<int> standby = standbys_->pick(now_ns);
-    if (!standby) {
-      cause = lost;
-      cause.what += fmt::format(
-          "; no standby node is free any more (none unused with a heartbeat in the last {} ms), "
-          "so the job ends",
-          options_.agent_timeout_ms);
-      return false;
-    }
-    standbys_->assign(*standby, n, generation_ + 1);
-    store_.set(replaced_key(generation_ + 1, n), fmt::format("standby {}", *standby));
-    lost.what += fmt::format("; standby node {} takes its place as node {} in generation {}",
-                             *standby, n, generation_ + 1);
+    const int standby = free[next++];
+    standbys_->assign(standby, n, generation_ + 1);
+    store_.set(replaced_key(generation_ + 1, n), fmt::format("standby {}", standby));
+    lost.what += fmt::format("; standby {} takes its place as node {} in generation {}", standby, n,
+                             generation_ + 1);
     if (cause.node == n) cause.what = lost.what;
     // Watched from now on under the standby's own key.
-    beat_keys_[n] = standby_beat_key(*standby);
+    beat_keys_[n] = standby_beat_key(standby);
     last_beat_[n] = -1;
     beat_changed_ns_[n] = now_ns;
   }

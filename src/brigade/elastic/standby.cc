@@ -6,17 +6,21 @@
 #include <cstdlib>
 
 #include "brigade/core/clock.h"
+#include "brigade/elastic/coordinator_keys.h"
 
 namespace brigade::elastic {
 namespace {
 
-int64_t read_count(CoordinatorStore& store, const std::string& key) {
+// How many standbys registered: capped, so that a count no agent would
+// reach cannot make the leader watch millions of keys.
+int64_t read_standby_count(CoordinatorStore& store) {
+  const std::string key = standby_count_key();
   const auto value = store.try_get(key);
   if (!value) return 0;
   char* end = nullptr;
   const long long n = std::strtoll(value->c_str(), &end, 10);
   if (value->empty() || *end != '\0' || n < 0 || n > 1'000'000) {
-    throw MalformedValue(key, *value, "a non-negative decimal number");
+    throw MalformedValue(key, *value, "a count of standbys from 0 to 1000000");
   }
   return n;
 }
@@ -55,14 +59,18 @@ std::optional<StandbyAssignment> read_assignment(CoordinatorStore& store, int st
 }
 
 void StandbyPool::watch(int64_t now_ns) {
-  const int64_t count = read_count(store_, standby_count_key());
+  const int64_t count = read_standby_count(store_);
   while (static_cast<int64_t>(standbys_.size()) < count) {
     standbys_.push_back({.beat = -1, .changed_ns = now_ns, .moved = false, .taken = false});
   }
   for (size_t s = 0; s < standbys_.size(); ++s) {
     Standby& standby = standbys_[s];
     if (standby.taken) continue;
-    const int64_t beat = read_count(store_, standby_beat_key(static_cast<int>(s)));
+    // A beat is a counter like the nodes' (5 a second passes a million in
+    // 55 hours): no cap.
+    const std::string key = standby_beat_key(static_cast<int>(s));
+    const auto value = store_.try_get(key);
+    const int64_t beat = value ? detail::parse_count(key, *value) : 0;
     if (beat == standby.beat) continue;
     // The first value read is no movement: it may be a dead standby's last.
     standby.moved = standby.beat >= 0;
@@ -71,14 +79,15 @@ void StandbyPool::watch(int64_t now_ns) {
   }
 }
 
-std::optional<int> StandbyPool::pick(int64_t now_ns) const {
-  for (size_t s = 0; s < standbys_.size(); ++s) {
+std::vector<int> StandbyPool::pick(int64_t now_ns, size_t count) const {
+  std::vector<int> free;
+  for (size_t s = 0; s < standbys_.size() && free.size() < count; ++s) {
     const Standby& standby = standbys_[s];
     if (standby.taken || !standby.moved) continue;
     if (now_ns - standby.changed_ns > agent_timeout_ms_ * kNsPerMs) continue;
-    return static_cast<int>(s);
+    free.push_back(static_cast<int>(s));
   }
-  return std::nullopt;
+  return free;
 }
 
 void StandbyPool::assign(int standby, int node, int64_t generation) {

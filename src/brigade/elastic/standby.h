@@ -53,9 +53,9 @@ class StandbyPool {
   // Reads how many standbys registered and each one's beat (every poll of
   // the leader, so that a beat's movement is seen as it happens).
   void watch(int64_t now_ns);
-  // The lowest free standby whose beat moved within agent_timeout_ms, or
-  // nullopt when none is.
-  std::optional<int> pick(int64_t now_ns) const;
+  // The `count` lowest free standbys whose beat moved within
+  // agent_timeout_ms; fewer when fewer are.
+  std::vector<int> pick(int64_t now_ns, size_t count) const;
   // Gives `node` to `standby` from `generation` on. The standby is taken
   // for good, whether or not it ever starts.
   void assign(int standby, int node, int64_t generation);
