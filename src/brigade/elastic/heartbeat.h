@@ -90,7 +90,9 @@ struct StepStats {
   double loss = std::numeric_limits<double>::quiet_NaN();
   double tokens_per_s = std::numeric_limits<double>::quiet_NaN();
   double mfu = std::numeric_limits<double>::quiet_NaN();
-  // Time waiting on communication that overlap did not hide, over step time.
+  // The step's communication part over its time (train/step_breakdown.h:
+  // collective waits overlap did not hide, the stop agreement and the
+  // metrics gather).
   double comm_wait_fraction = std::numeric_limits<double>::quiet_NaN();
 };
 
