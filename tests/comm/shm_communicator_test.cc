@@ -23,6 +23,7 @@
 
 #include "testing/collective_checks.h"
 #include "testing/forked_ranks.h"
+#include "testing/shm_ranks.h"
 
 namespace brigade {
 namespace BRIGADE_TEST_FILE {
@@ -47,11 +48,6 @@ constexpr auto kHangLimit = std::chrono::seconds(60);
 // to the caller: thread wake-ups, which a loaded machine delays).
 constexpr int64_t kLateMs = 5000;
 
-std::string unique_segment_name() {
-  static int counter = 0;
-  return fmt::format("/brigade-test-{}-{}", ::getpid(), counter++);
-}
-
 ShmCommunicatorOptions make_options(const std::string& name, int rank, int size, int64_t timeout_ms,
                                     int64_t shared_bytes = 0) {
   ShmCommunicatorOptions options;
@@ -70,7 +66,7 @@ ShmCommunicatorOptions make_options(const std::string& name, int rank, int size,
 std::vector<pid_t> fork_ranks(int size, int64_t timeout_ms,
                               const std::function<void(ShmCommunicator&)>& body,
                               int64_t shared_bytes = 0) {
-  const std::string name = unique_segment_name();
+  const std::string name = testing::unique_segment_name();
   return testing::fork_ranks(size, [&](int rank) {
     ShmCommunicator comm(make_options(name, rank, size, timeout_ms, shared_bytes));
     body(comm);
@@ -78,23 +74,23 @@ std::vector<pid_t> fork_ranks(int size, int64_t timeout_ms,
 }
 
 TEST(ShmCommunicator, RejectsBadOptions) {
-  const std::string name = unique_segment_name();
+  const std::string name = testing::unique_segment_name();
   EXPECT_THROW(ShmCommunicator(make_options(name, 2, 2, 100)), Error);
   EXPECT_THROW(ShmCommunicator(make_options("no-slash", 0, 1, 100)), Error);
   ShmCommunicatorOptions tiny_slots = make_options(name, 0, 4, 100);
   tiny_slots.slot_bytes = 512;
   EXPECT_THROW(ShmCommunicator{tiny_slots}, Error);
-  ShmCommunicatorOptions odd_mailbox = make_options(unique_segment_name(), 0, 1, 100);
+  ShmCommunicatorOptions odd_mailbox = make_options(testing::unique_segment_name(), 0, 1, 100);
   odd_mailbox.mailbox_bytes = 5000;
   EXPECT_THROW(ShmCommunicator{odd_mailbox}, Error);
-  ShmCommunicator alone(make_options(unique_segment_name(), 0, 1, 100));
+  ShmCommunicator alone(make_options(testing::unique_segment_name(), 0, 1, 100));
   float value = 0;
   EXPECT_THROW(alone.send(&value, 1, DType::kF32, 0, 0), Error);  // no peer but itself
   EXPECT_THROW(alone.recv(&value, 1, DType::kF32, 1, 0), Error);
 }
 
 TEST(ShmCommunicator, SingleRankRunsEveryCollectiveInProcess) {
-  ShmCommunicator comm(make_options(unique_segment_name(), 0, 1, 1000));
+  ShmCommunicator comm(make_options(testing::unique_segment_name(), 0, 1, 1000));
   EXPECT_EQ(comm.rank(), 0);
   EXPECT_EQ(comm.size(), 1);
   EXPECT_EQ(comm.group_name(), "test");
@@ -103,7 +99,7 @@ TEST(ShmCommunicator, SingleRankRunsEveryCollectiveInProcess) {
 }
 
 TEST(ShmCommunicator, RendezvousTimeoutNamesRanksThatNeverAttached) {
-  const std::string name = unique_segment_name();
+  const std::string name = testing::unique_segment_name();
   const auto start = Clock::now();
   try {
     ShmCommunicator comm(make_options(name, 0, 3, 200));
@@ -383,7 +379,7 @@ TEST(ShmCommunicator, SmallAllReducesInterleavedWithOtherOperationsUnderSkew) {
 // sides of the boundary, and every reduction there, give the right values.
 TEST(ShmCommunicator, SmallPathBoundaryAtSixtyFourKiB) {
   constexpr int kSize = 2;
-  const std::string name = unique_segment_name();
+  const std::string name = testing::unique_segment_name();
   const auto pids = testing::fork_ranks(kSize, [&](int rank) {
     ShmCommunicatorOptions options = make_options(name, rank, kSize, 5000);
     options.slot_bytes = ShmCommunicatorOptions{}.slot_bytes;

@@ -25,6 +25,7 @@
 #include "brigade/comm/shm_communicator.h"
 #include "brigade/comm/shm_mailbox.h"
 #include "testing/forked_ranks.h"
+#include "testing/shm_ranks.h"
 
 namespace brigade {
 namespace BRIGADE_TEST_FILE {
@@ -74,17 +75,12 @@ constexpr const char* kNoSingleCopy =
     "process_vm_readv between two processes is not allowed here (Yama ptrace_scope, or no "
     "CAP_SYS_PTRACE): send/recv take the ring path, the single copy cannot be tested";
 
-std::string unique_segment_name() {
-  static int counter = 0;
-  return fmt::format("/brigade-sendrecv-test-{}-{}", ::getpid(), counter++);
-}
-
 // Forks `size` ranks; rank r opens the communicator with single copy as
 // single_copy(r) says and runs body(comm).
 std::vector<pid_t> fork_ranks(
     int size, int64_t timeout_ms, const std::function<void(ShmCommunicator&)>& body,
     const std::function<bool(int)>& single_copy = [](int) { return true; }) {
-  const std::string name = unique_segment_name();
+  const std::string name = testing::unique_segment_name("brigade-sendrecv-test");
   return testing::fork_ranks(size, [&](int rank) {
     ShmCommunicatorOptions options;
     options.segment_name = name;
@@ -326,7 +322,7 @@ void expect_a_withdrawn_message_fails_the_recv(bool free_buffer) {
   PipeSignal go;         // the parent -> rank 0, once rank 1 is stopped
   PipeSignal withdrawn;  // rank 0 -> the parent, once its send failed
   PipeSignal finished;   // rank 1 -> rank 0: the buffer may go
-  const std::string name = unique_segment_name();
+  const std::string name = testing::unique_segment_name("brigade-sendrecv-test");
   const auto pids = testing::fork_ranks(2, [&](int rank) {
     ShmCommunicatorOptions options;
     options.segment_name = name;

@@ -18,14 +18,20 @@
 
 namespace brigade::testing {
 
+// A shared-memory segment name no other test process or earlier group of
+// this one uses.
+inline std::string unique_segment_name(const char* prefix = "brigade-test") {
+  static int counter = 0;
+  return fmt::format("/{}-{}-{}", prefix, ::getpid(), counter++);
+}
+
 // Runs body(comm, buffer) in `size` forked ranks of a group named "dp";
 // buffer holds `floats` zeros. Reaps every rank; a rank that threw or did
 // not finish within a minute fails the test.
 inline void run_shm_ranks(int size, int64_t floats, bool shared,
                           const std::function<void(Communicator&, float*)>& body) {
   const int64_t bytes = (floats * 4 + 4095) / 4096 * 4096;
-  static int runs = 0;
-  const std::string segment = fmt::format("/brigade-test-ranks-{}-{}", ::getpid(), runs++);
+  const std::string segment = unique_segment_name("brigade-test-ranks");
   const auto pids = fork_ranks(size, [&](int rank) {
     ShmCommunicatorOptions options;
     options.segment_name = segment;
