@@ -8,6 +8,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <filesystem>
@@ -119,6 +120,30 @@ TEST(Heartbeat, AWorkerBeatsAndReportsItsStepsThroughItsOwnSlot) {
   // The worker is gone: its slot falls silent, which the watchdog calls a hang.
   const WorkerProgress last = table.read(1);
   EXPECT_TRUE(check_progress(last, last.beat_ns + 2'100 * kMs, WatchdogOptions{}));
+}
+
+// A node fault's step: the worker stops there, reporting it, and goes on
+// only when the agent lets it (so the fault cannot land steps later).
+TEST(Heartbeat, AHeldWorkerWaitsAfterTheStepUntilReleased) {
+  HeartbeatTable table(1, /*generation=*/0);
+  table.hold_after(2);
+  WorkerHeartbeat worker(::dup(table.fd()), 0, /*generation=*/0);
+  worker.started(0, "/runs/a");
+  std::atomic<int64_t> returned{0};
+  std::thread loop([&] {
+    for (int64_t step = 1; step <= 3; ++step) {
+      worker.step_done(step, kMs);
+      returned.store(step);
+    }
+  });
+  EXPECT_TRUE(eventually([&] { return table.read(0).step == 2; }));
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_EQ(returned.load(), 1) << "step_done(2) returned while held";
+  EXPECT_EQ(table.read(0).step, 2);
+  table.hold_after(0);
+  loop.join();
+  EXPECT_EQ(returned.load(), 3);
+  EXPECT_EQ(table.read(0).step, 3);
 }
 
 TEST(Heartbeat, AWorkerOfAnotherGenerationIsRefused) {

@@ -89,6 +89,7 @@ int Agent::run(const sigset_t& child_mask) {
   }
   for (;;) {
     HeartbeatTable table(options_.nproc_per_node, generation_);
+    hold_for_node_faults(table);
     Environment env = options_.environment;
     env.set("BRIGADE_GENERATION", std::to_string(generation_));
     env.set("BRIGADE_HEARTBEAT_FD", std::to_string(table.fd()));
@@ -206,7 +207,11 @@ Agent::Outcome Agent::supervise(WorkerGroup& group, const HeartbeatTable& table)
     publish_status(group, table);
     learn_run_dir(table);
     if (coordinator_) follow_job(coordinator_->poll(now_ns()), &group);
-    if (!group.stopping()) raise_node_fault(group, table);
+    if (group.stopping()) {
+      table.hold_after(0);  // a held worker would not see its signal
+    } else {
+      raise_node_fault(group, table);
+    }
   }
   if (received_signal_ != 0) return Outcome::kSignalled;
   if (failure_) return Outcome::kFailed;

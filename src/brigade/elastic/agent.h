@@ -204,6 +204,9 @@ class Agent {
   // A standby: waits for a node (true: options_.node_rank and generation_
   // are set), or returns false with *status the launcher's exit status.
   bool wait_for_a_node(int* status);
+  // This node's workers wait after the step of its next node fault in this
+  // generation (none: they do not wait), so that it strikes at that step.
+  void hold_for_node_faults(const HeartbeatTable& table) const;
   // Raises this node's whole-node fault once its workers completed its step.
   void raise_node_fault(WorkerGroup& group, const HeartbeatTable& table);
   void record_job_incident(const JobView& view);

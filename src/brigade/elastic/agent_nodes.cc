@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <csignal>
 #include <cstdio>
 #include <cstring>
@@ -88,6 +89,19 @@ bool Agent::wait_for_a_node(int* status) {
   }
 }
 
+void Agent::hold_for_node_faults(const HeartbeatTable& table) const {
+  int64_t step = 0;
+  for (size_t i = 0; i < options_.node_faults.size(); ++i) {
+    const NodeFault& fault = options_.node_faults[i];
+    if (node_fault_raised_[i] || fault.node != options_.node_rank ||
+        fault.generation != generation_) {
+      continue;
+    }
+    step = step == 0 ? fault.step : std::min(step, fault.step);
+  }
+  table.hold_after(step);
+}
+
 void Agent::raise_node_fault(WorkerGroup& group, const HeartbeatTable& table) {
   for (size_t i = 0; i < options_.node_faults.size(); ++i) {
     const NodeFault& fault = options_.node_faults[i];
@@ -127,6 +141,8 @@ void Agent::raise_node_fault(WorkerGroup& group, const HeartbeatTable& table) {
                    options_.node_rank, error.c_str());
       std::fflush(stderr);
     }
+    // Cut off: the workers go on into collectives that cannot complete.
+    hold_for_node_faults(table);
   }
 }
 

@@ -51,7 +51,10 @@
 //                                      pulled; needs root, never loopback)
 //
 // are the agent's too (`brigade launch --inject`, NodeFault): whole-node
-// faults, which only a standby node can take the place of. The agent
+// faults, which only a standby node can take the place of. The node's
+// workers wait after step 4 until the agent has raised the fault
+// (HeartbeatSlot::hold_after_step), so it strikes there even when steps
+// are shorter than the agent's tick. The agent
 // writes the fault's kind to the coordinator first, so the leader records
 // the incident as injected and of that kind when it finds the node silent.
 #pragma once

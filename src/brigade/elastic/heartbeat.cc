@@ -79,12 +79,16 @@ HeartbeatTable::~HeartbeatTable() {
   ::close(fd_);
 }
 
-WorkerProgress HeartbeatTable::read(int local_rank) const {
+HeartbeatSlot* HeartbeatTable::slot(int local_rank) const {
   if (local_rank < 0 || local_rank >= slots_) {
     throw_error("heartbeat slot {} is not in a table of {}", local_rank, slots_);
   }
-  const auto* slot = reinterpret_cast<const HeartbeatSlot*>(reinterpret_cast<const char*>(table_) +
-                                                            kSlotStride * local_rank);
+  return reinterpret_cast<HeartbeatSlot*>(reinterpret_cast<char*>(table_) +
+                                          kSlotStride * static_cast<size_t>(local_rank));
+}
+
+WorkerProgress HeartbeatTable::read(int local_rank) const {
+  const HeartbeatSlot* slot = this->slot(local_rank);
   WorkerProgress p;
   p.generation = slot->generation.load();
   p.pid = slot->pid.load();
@@ -112,21 +116,17 @@ WorkerProgress HeartbeatTable::read(int local_rank) const {
 }
 
 void HeartbeatTable::request_dump(int local_rank, int64_t incident) const {
-  if (local_rank < 0 || local_rank >= slots_) {
-    throw_error("heartbeat slot {} is not in a table of {}", local_rank, slots_);
-  }
-  auto* slot =
-      reinterpret_cast<HeartbeatSlot*>(reinterpret_cast<char*>(table_) + kSlotStride * local_rank);
-  slot->dump_request.store(incident);
+  slot(local_rank)->dump_request.store(incident);
 }
 
 void HeartbeatTable::stamp_fault(int local_rank, int64_t ns) const {
-  if (local_rank < 0 || local_rank >= slots_) {
-    throw_error("heartbeat slot {} is not in a table of {}", local_rank, slots_);
+  slot(local_rank)->fault_ns.store(ns);
+}
+
+void HeartbeatTable::hold_after(int64_t step) const {
+  for (int r = 0; r < slots_; ++r) {
+    slot(r)->hold_after_step.store(step);
   }
-  auto* slot =
-      reinterpret_cast<HeartbeatSlot*>(reinterpret_cast<char*>(table_) + kSlotStride * local_rank);
-  slot->fault_ns.store(ns);
 }
 
 std::unique_ptr<WorkerHeartbeat> WorkerHeartbeat::from_environment() {
@@ -236,6 +236,9 @@ void WorkerHeartbeat::step_done(int64_t step, int64_t step_ns) {
   if (!first_step_done_) {
     first_step_done_ = true;
     slot_->first_step_ns.store(now);
+  }
+  while (slot_->hold_after_step.load() == step) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
 }
 

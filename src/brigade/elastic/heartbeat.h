@@ -81,6 +81,12 @@ struct HeartbeatSlot {
   // the agent passes it to later generations (kMachinePeakVariable), so a
   // restart does not measure it again.
   std::atomic<double> peak_gflops;
+  // A whole-node fault falls due after this step (elastic/fault_injection.h,
+  // NodeFault): the worker waits in step_done until the agent has raised it
+  // and cleared this, so the fault strikes at that step however short the
+  // steps are, not one agent tick later. 0: none. Written by the agent
+  // before the worker starts.
+  std::atomic<int64_t> hold_after_step;
 };
 static_assert(std::atomic<int64_t>::is_always_lock_free, "slots are shared between processes");
 static_assert(std::atomic<double>::is_always_lock_free, "slots are shared between processes");
@@ -138,8 +144,14 @@ class HeartbeatTable {
   // The agent raises a fault on the worker itself (chaos,
   // elastic/fault_injection.h): stamped as the worker stamps its own.
   void stamp_fault(int local_rank, int64_t ns) const;
+  // Every worker waits after completing `step` until hold_after(0) (see
+  // HeartbeatSlot::hold_after_step).
+  void hold_after(int64_t step) const;
 
  private:
+  // Throws Error for a slot outside the table.
+  HeartbeatSlot* slot(int local_rank) const;
+
   int fd_ = -1;
   int slots_ = 0;
   size_t bytes_ = 0;
@@ -167,7 +179,8 @@ class WorkerHeartbeat {
   // Training is set up at `step` (0, or the checkpoint resumed from), in
   // `run_dir`: the state is loaded and the next thing is the first step.
   void started(int64_t step, const std::string& run_dir);
-  // Step `step` (counted from 1) completed, having taken step_ns.
+  // Step `step` (counted from 1) completed, having taken step_ns. Returns
+  // once the agent lets the worker go on (HeartbeatSlot::hold_after_step).
   void step_done(int64_t step, int64_t step_ns);
   // The numbers of the step about to be reported by step_done.
   void step_stats(const StepStats& stats);
