@@ -224,8 +224,10 @@ class ElasticNodesCluster : public ::testing::Test {
       EXPECT_GE(incident.at("detected_after_ms").get<double>(), 2'000.0) << incident;
       EXPECT_LE(incident.at("detected_after_ms").get<double>(), 4'000.0) << incident;
       // Struck at step 4 (node 1's workers wait there for it), not steps
-      // later: the newest checkpoint is step 4's or, not yet committed, 3's.
-      EXPECT_GE(incident.at("resumed_from_step").get<int>(), 3) << incident;
+      // later: step 4's save has not started, step 3's may not have
+      // committed when the fault strikes (step 2's had, or 3's could not
+      // have started).
+      EXPECT_GE(incident.at("resumed_from_step").get<int>(), 2) << incident;
       EXPECT_LE(incident.at("resumed_from_step").get<int>(), 4) << incident;
       EXPECT_FALSE(incident.at("recovered_after_ms").is_null()) << incident;
       EXPECT_EQ(lines[1].at("restarts"), 1);

