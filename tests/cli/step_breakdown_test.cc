@@ -45,6 +45,7 @@ const char* const kParts[] = {"compute_ms", "optimizer_ms", "comm_ms", "bubble_m
 
 struct Totals {
   std::vector<double> step_ms, other_ms;  // by rank
+  std::vector<double> worst_other_ms;     // by rank: the largest of one step
   double bubble_ms = 0;
   double loop_ms = 0, rank0_step_ms = 0;  // over steps 2.. (loop_ms has no step 1)
   double longest_step_ms = 0;
@@ -56,6 +57,7 @@ Totals check_breakdowns(const fs::path& run, size_t ranks) {
   Totals t;
   t.step_ms.assign(ranks, 0.0);
   t.other_ms.assign(ranks, 0.0);
+  t.worst_other_ms.assign(ranks, 0.0);
   std::ifstream metrics(run / "metrics.jsonl");
   for (std::string line; std::getline(metrics, line);) {
     const auto row = nlohmann::json::parse(line);
@@ -85,6 +87,7 @@ Totals check_breakdowns(const fs::path& run, size_t ranks) {
       EXPECT_GT(at("comm_ms"), 0) << line;
       t.step_ms[r] += step_ms;
       t.other_ms[r] += at("other_ms");
+      t.worst_other_ms[r] = std::max(t.worst_other_ms[r], at("other_ms"));
       t.bubble_ms += at("bubble_ms");
     }
     if (row.contains("loop_ms")) {
@@ -104,11 +107,14 @@ void expect_accounted(const Totals& t) {
   EXPECT_GT(t.loop_ms, 0);
   EXPECT_NEAR(t.rank0_step_ms, t.loop_ms, std::max(0.02 * t.loop_ms, t.longest_step_ms))
       << "the breakdown's step windows against loop_ms";
-  // Over the run rather than per step: a rank preempted for a time slice
-  // inside the loop's bookkeeping would make one step's share large.
+  // Over the run rather than per step, leaving out each rank's worst step:
+  // a rank preempted for a time slice inside the loop's bookkeeping makes
+  // one step's share large, where a section the clock missed would show in
+  // every step.
   for (size_t r = 0; r < t.step_ms.size(); ++r) {
-    EXPECT_LT(t.other_ms[r], 0.05 * t.step_ms[r])
-        << "rank " << r << ": other " << t.other_ms[r] << " ms of " << t.step_ms[r];
+    EXPECT_LT(t.other_ms[r] - t.worst_other_ms[r], 0.05 * t.step_ms[r])
+        << "rank " << r << ": other " << t.other_ms[r] << " ms of " << t.step_ms[r]
+        << " (the worst step's " << t.worst_other_ms[r] << " left out)";
   }
 }
 
