@@ -42,7 +42,9 @@
 #include "brigade/core/files.h"
 #include "brigade/core/process_stats.h"
 #include "brigade/core/threads.h"
+#include "brigade/core/trace.h"
 #include "brigade/diag/metrics_server.h"
+#include "brigade/diag/trace.h"
 #include "brigade/elastic/agent.h"
 #include "brigade/elastic/fault_injection.h"
 #include "brigade/elastic/heartbeat.h"
@@ -210,6 +212,7 @@ void run_train(const std::string& config_path, const std::vector<std::string>& o
   const elastic::ElasticConfig elastic_config = elastic::ElasticConfig::from_config(config);
   metrics_address(config);  // the launcher's key: checked, then unused here
   config.check_all_used();
+  if (!options.trace.empty()) diag::parse_trace_steps(options.trace, 0);  // refused before set-up
   const std::vector<elastic::InjectedFault> faults = elastic::parse_faults(elastic_config.inject);
   // Chaos faults come from the launcher's agent; a worker alone, or one
   // under a launcher not told of them, would silently train without any.
@@ -298,9 +301,28 @@ void run_train(const std::string& config_path, const std::vector<std::string>& o
     const StepClock::Section comm(clock, StepPart::kComm);
     return agreed_stop_signal();
   };
+  std::optional<diag::TraceWindow> trace_window;
+  if (!options.trace.empty()) {
+    const diag::TraceSteps steps = diag::parse_trace_steps(options.trace, trainer.step());
+    if (steps.last <= trainer.step() || steps.first > options.steps) {
+      note(fmt::format("diag.trace: steps {}-{} are outside this run's steps {}-{}: no trace",
+                       steps.first, steps.last, trainer.step() + 1, options.steps));
+    } else {
+      trace_window.emplace(steps, options.run_dir, group, world_rank,
+                           fmt::format("node {}", node_from_environment()));
+    }
+  }
+  auto trace_written = [&, said = false]() mutable {
+    if (!said && trace_window && !trace_window->written().empty()) {
+      said = true;
+      note(fmt::format("wrote {} (open it in https://ui.perfetto.dev)",
+                       trace_window->written().string()));
+    }
+  };
   clock.restart();
   try {
     while (trainer.step() < options.steps && (stop_signal = agreed_stop()) == 0) {
+      if (trace_window) trace_window->before_step(trainer.step() + 1);
       const StepMetrics m = trainer.train_step();
       if (slow_factor > 1) {
         // An injected straggler: its compute takes factor times as long.
@@ -317,6 +339,9 @@ void run_train(const std::string& config_path, const std::vector<std::string>& o
         return rank_stats.gather(trainer.step(), breakdown, static_cast<double>(peak_rss_bytes()),
                                  m.bubble_ms);
       }();
+      for (const StragglerEvent& e : ranks.stragglers) {
+        if (e.started) trace::instant("alarm", "straggler named: rank", e.rank);
+      }
       std::optional<AsyncCheckpointWriter::Stats> checkpoint, snapshot;
       {
         // Collective: a save in flight completes, or fails, on every rank at once.
@@ -372,6 +397,14 @@ void run_train(const std::string& config_path, const std::vector<std::string>& o
         const StepClock::Section eval(clock, StepPart::kEval);
         evaluate(done);
       }
+      if (trace_window) {
+        trace_window->after_step(done);
+        if (done == trace_window->steps().last) trace_written();
+      }
+    }
+    if (trace_window && stop_signal == 0) {
+      trace_window->finish();
+      trace_written();
     }
     if (stop_signal != 0) {
       note(fmt::format("interrupted at step {}; saving a checkpoint", trainer.step()));
@@ -413,6 +446,7 @@ void add_train_command(CLI::App& app) {
   auto inject = std::make_shared<std::string>();
   auto max_restarts = std::make_shared<int>(-1);
   auto metrics = std::make_shared<std::string>();
+  auto trace = std::make_shared<std::string>();
   cmd->add_option("config", *config_path, "Config file (see examples/)")->required();
   cmd->add_option("--set", *overrides, "Override a config key: section.key=value (repeatable)")
       ->allow_extra_args(false);
@@ -435,8 +469,13 @@ void add_train_command(CLI::App& app) {
                   "With --nproc: where the launcher serves /metrics for Prometheus, HOST:PORT "
                   "(port 0 picks a free one and prints it) or off (sets diag.metrics, default "
                   "127.0.0.1:0)");
+  cmd->add_option("--trace", *trace,
+                  "Write RUN_DIR/trace.json (Chrome trace format: Perfetto, chrome://tracing) of "
+                  "steps A:B, or of the first N steps: every rank on one timeline (sets "
+                  "diag.trace)");
   cmd->callback([=] {
     std::vector<std::string> all = *overrides;
+    if (!trace->empty()) all.push_back(fmt::format("diag.trace=\"{}\"", *trace));
     if (!metrics->empty()) all.push_back(fmt::format("diag.metrics=\"{}\"", *metrics));
     if (*max_restarts >= 0) all.push_back(fmt::format("elastic.max_restarts={}", *max_restarts));
     if (!inject->empty()) all.push_back(fmt::format("elastic.inject=\"{}\"", *inject));
