@@ -356,6 +356,7 @@ void run_train(const std::string& config_path, const std::vector<std::string>& o
       stats.loss = m.loss;
       stats.tokens_per_s = m.tokens_per_s;
       stats.comm_wait_fraction = breakdown[StepPart::kComm] / breakdown.step_ms;
+      stats.part_ms = breakdown.ms;
       if (report) {
         stats.mfu = report->step(m, trainer.bucket_timings(), ranks, checkpoint, snapshot, loop_ms,
                                  stage_bubbles(ranks.bubble_ms, trainer));
