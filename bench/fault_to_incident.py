@@ -14,8 +14,10 @@ waits for the one line.
 """
 import argparse
 import json
+import os
 import pathlib
 import random
+import signal
 import statistics
 import subprocess
 import sys
@@ -43,11 +45,22 @@ def trial(brigade, work, kind, rank, step):
     config = work / "config.toml"
     config.write_text(CONFIG)
     inject = f"{kind}:rank={rank}:step={step}"
-    r = subprocess.run([brigade, "train", "--nproc", "4", str(config), "--set",
-                        f'train.run_dir="{run}"', "--inject", inject],
-                       capture_output=True, text=True, timeout=300)
-    if r.returncode != 0:
-        sys.exit(f"{inject}: brigade exited {r.returncode}:\n{r.stderr[-3000:]}")
+    # Its own session, so that a timeout stops the workers too.
+    p = subprocess.Popen([brigade, "train", "--nproc", "4", str(config), "--set",
+                          f'train.run_dir="{run}"', "--inject", inject],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True)
+    try:
+        _, err = p.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.communicate()
+        print(f"{inject}: no end within 300 s; trial left out", file=sys.stderr)
+        return None
+    if p.returncode != 0:
+        print(f"{inject}: brigade exited {p.returncode}; trial left out:\n{err[-2000:]}",
+              file=sys.stderr)
+        return None
     lines = [json.loads(l) for l in (run / "incidents.jsonl").read_text().splitlines()]
     incident = next(l for l in lines if l.get("kind") != "summary")
     cause = incident.get("cause") or incident.get("what") or ""
@@ -70,8 +83,10 @@ def main():
         for kind in a.kinds.split(","):
             detect, evidence, total, named, culprit = [], [], [], set(), 0
             for _ in range(a.trials):
-                recorded, right, d, e = trial(brigade, work, kind, random.randrange(4),
-                                              random.randrange(2, 7))
+                got = trial(brigade, work, kind, random.randrange(4), random.randrange(2, 7))
+                if got is None:
+                    continue
+                recorded, right, d, e = got
                 named.add(recorded)
                 culprit += right
                 detect.append(d)
@@ -82,6 +97,9 @@ def main():
           "evidence ms (median / max) | fault to line ms (median / max) |")
     print("|---|---|---|---|---|---|")
     for kind, named, culprit, d, e, t in rows:
+        if not d:
+            print(f"| {kind} | - | no trial ended | | | |")
+            continue
         f = lambda v: f"{statistics.median(v):.0f} / {max(v):.0f}"
         print(f"| {kind} | {named} | {culprit} of {len(d)} | {f(d)} | {f(e)} | {f(t)} |")
 

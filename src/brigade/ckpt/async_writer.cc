@@ -107,7 +107,9 @@ void AsyncCheckpointWriter::start(Save save, const std::vector<CheckpointPiece>&
   abort_.store(false, std::memory_order_release);
   set_state(State::kWriting);
   thread_ = std::thread([this, save = std::move(save)] {
-    const trace::Scope span("ckpt", "write in the background", save.step);
+    // Snapshots recycle their files (ShardWriting); checkpoints do not.
+    const trace::Scope span("ckpt", save.writing.recycle ? "write snapshot" : "write checkpoint",
+                            save.step);
     const int64_t write_start = now_ns();
     const int64_t cpu_start = thread_cpu_ns();
     State outcome = State::kDone;

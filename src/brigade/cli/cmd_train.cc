@@ -109,6 +109,7 @@ bool launched_worker() {
     model.validate_tensor_parallel(tp_only);
     Config copy = config;
     const TrainOptions options = TrainOptions::from_config(copy);  // the schedule's checks
+    if (!options.trace.empty()) diag::parse_trace_steps(options.trace, 0);
     stage_chunks(model, options.pipeline_shape(), options.parallel.stage_layers);
   }
   if (config.get_bool("parallel.sequence_parallel", false)) {
@@ -308,8 +309,11 @@ void run_train(const std::string& config_path, const std::vector<std::string>& o
       note(fmt::format("diag.trace: steps {}-{} are outside this run's steps {}-{}: no trace",
                        steps.first, steps.last, trainer.step() + 1, options.steps));
     } else {
-      trace_window.emplace(steps, options.run_dir, group, world_rank,
-                           fmt::format("node {}", node_from_environment()));
+      // A restarted generation traces its own window into its own file.
+      trace_window.emplace(
+          steps, options.run_dir,
+          generation == 0 ? std::string("trace.json") : fmt::format("trace.gen{}.json", generation),
+          group, world_rank, fmt::format("node {}", node_from_environment()));
     }
   }
   auto trace_written = [&, said = false]() mutable {
@@ -340,7 +344,7 @@ void run_train(const std::string& config_path, const std::vector<std::string>& o
                                  m.bubble_ms);
       }();
       for (const StragglerEvent& e : ranks.stragglers) {
-        if (e.started) trace::instant("alarm", "straggler named: rank", e.rank);
+        if (e.started && report) trace::instant("alarm", "straggler named: rank", e.rank);
       }
       std::optional<AsyncCheckpointWriter::Stats> checkpoint, snapshot;
       {
@@ -403,7 +407,8 @@ void run_train(const std::string& config_path, const std::vector<std::string>& o
         if (done == trace_window->steps().last) trace_written();
       }
     }
-    if (trace_window && stop_signal == 0) {
+    if (trace_window) {
+      // Also after a stop every rank agreed on: still collective.
       trace_window->finish();
       trace_written();
     }
@@ -420,6 +425,7 @@ void run_train(const std::string& config_path, const std::vector<std::string>& o
     save();
     if (trainer.dataset() != nullptr) evaluate(trainer.step());
   } catch (const CommError& e) {
+    trace::stop();  // a broken group writes no trace
     // A stop signal is answered with the signal's exit status. If the group
     // broke on the way (a peer had died: the launcher signals the survivors
     // then), no collective save can happen: give it up at once, well inside

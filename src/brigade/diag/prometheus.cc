@@ -116,7 +116,7 @@ std::string prometheus_text(const elastic::AgentStatus& s) {
   }
   w.family("brigade_step_part_seconds", "gauge",
            "The worker's last step, in seconds, by part: compute, optimizer, comm, bubble, data, "
-           "ckpt, eval, other (they add up to the step).");
+           "ckpt, eval, other (they add up to the loop's window for the step).");
   for (const Worker& k : workers) {
     for (int i = 0; i < kStepParts; ++i) {
       const double ms = k.progress.stats.part_ms[static_cast<size_t>(i)];

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -12,6 +13,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <system_error>
+#include <thread>
 #include <vector>
 
 #include "brigade/comm/communicator.h"
@@ -27,8 +29,12 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr int kAlignmentRounds = 8;
-// Lanes for the communication groups, above any thread id.
-constexpr int64_t kGroupLaneBase = 1LL << 32;
+// Lanes for the communication groups: above any Linux thread id (at most
+// 2^22), and within the 32 bits Perfetto reads a tid in.
+constexpr int64_t kGroupLaneBase = 1LL << 30;
+// How long rank 0 waits for a part another node wrote to appear (a network
+// filesystem's cached lookups may lag the writer).
+constexpr int64_t kPartWaitMs = 10'000;
 
 bool parse_step(std::string_view text, int64_t* out) {
   const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), *out);
@@ -86,10 +92,11 @@ TraceSteps parse_trace_steps(std::string_view spec, int64_t start_step) {
   return {start_step + 1, start_step + n};
 }
 
-TraceWindow::TraceWindow(TraceSteps steps, fs::path run_dir, Communicator* world, int world_rank,
-                         std::string node)
+TraceWindow::TraceWindow(TraceSteps steps, fs::path run_dir, std::string file_name,
+                         Communicator* world, int world_rank, std::string node)
     : steps_(steps),
       run_dir_(std::move(run_dir)),
+      file_name_(std::move(file_name)),
       world_(world),
       world_rank_(world_rank),
       node_(std::move(node)),
@@ -173,7 +180,8 @@ void TraceWindow::write() {
   const auto us = [&](int64_t ns) { return static_cast<double>(ns + skew - origin) * 1e-3; };
 
   nlohmann::json events = nlohmann::json::array();
-  const int pid = world_rank_;
+  // Perfetto takes pid 0 for the kernel's idle task: ranks from 1.
+  const int pid = world_rank_ + 1;
   const auto meta = [&](const char* what, int64_t tid, const nlohmann::json& args) {
     events.push_back({{"ph", "M"}, {"name", what}, {"pid", pid}, {"tid", tid}, {"args", args}});
   };
@@ -205,7 +213,7 @@ void TraceWindow::write() {
   }
   for (const auto& [tid, category] : other_threads) {
     meta("thread_name", tid,
-         {{"name", category == std::string("ckpt") ? "checkpoint writer" : "thread " + category}});
+         {{"name", category == std::string("ckpt") ? "background writer" : "thread " + category}});
   }
   std::map<std::string, int64_t> lanes;
   for (const FlightRecorder::Named& op : ops) {
@@ -271,8 +279,22 @@ void TraceWindow::write() {
   const auto join = [&](std::vector<nlohmann::json> parts) {
     nlohmann::json all = nlohmann::json::array();
     nlohmann::json ranks = nlohmann::json::array();
+    // Zero is the earliest event of any rank: a rank may open its window
+    // before rank 0 does, and the viewers drop negative times.
+    double first_us = 0;
+    for (const nlohmann::json& p : parts) {
+      for (const nlohmann::json& e : p.at("events")) {
+        if (e.contains("ts")) first_us = std::min(first_us, e.at("ts").get<double>());
+      }
+    }
     for (nlohmann::json& p : parts) {
-      for (nlohmann::json& e : p.at("events")) all.push_back(std::move(e));
+      for (nlohmann::json& e : p.at("events")) {
+        if (e.contains("ts")) e["ts"] = e.at("ts").get<double>() - first_us;
+        if (e.contains("args") && e.at("args").contains("called_us")) {
+          e["args"]["called_us"] = e.at("args").at("called_us").get<double>() - first_us;
+        }
+        all.push_back(std::move(e));
+      }
       ranks.push_back(std::move(p.at("info")));
     }
     nlohmann::json file = {
@@ -283,23 +305,62 @@ void TraceWindow::write() {
           {"clock", shared_clock ? "one monotonic clock (every rank on one kernel): exact"
                                  : "offsets from rank 0 by barrier exchange (median of 8 rounds)"},
           {"ranks", std::move(ranks)}}}};
-    written_ = run_dir_ / "trace.json";
-    write_file_atomic(written_, file.dump() + "\n");
+    write_file_atomic(run_dir_ / file_name_, file.dump() + "\n");
+    written_ = run_dir_ / file_name_;
+  };
+  // A trace is never worth the training: whatever fails here is said in one
+  // line and training goes on.
+  const auto give_up = [&](const std::string& why) {
+    std::fprintf(stderr, "brigade train: rank %d: no trace of steps %lld-%lld written: %s\n",
+                 world_rank_, static_cast<long long>(steps_.first),
+                 static_cast<long long>(steps_.last), why.c_str());
+    std::fflush(stderr);
   };
   if (!world_) {
-    join({part});
+    try {
+      join({part});
+    } catch (const std::exception& e) {
+      give_up(e.what());
+    }
     return;
   }
-  write_file_atomic(part_path(run_dir_, world_rank_), part.dump());
-  world_->barrier()->wait();
-  if (world_rank_ != 0) return;
-  std::vector<nlohmann::json> parts;
-  for (int r = 0; r < size; ++r) {
-    const fs::path path = part_path(run_dir_, r);
-    parts.push_back(nlohmann::json::parse(read_file(path)));
-    fs::remove(path);
+  std::string error;
+  try {
+    write_file_atomic(part_path(run_dir_, world_rank_), part.dump());
+  } catch (const std::exception& e) {
+    error = e.what();
+    give_up(error);
   }
-  join(std::move(parts));
+  // Every rank learns whether every part was written before rank 0 reads.
+  double parts_written = error.empty() ? 1 : 0;
+  world_->all_reduce(&parts_written, 1, DType::kF64, ReduceOp::kSum)->wait();
+  if (world_rank_ != 0) return;
+  const auto remove_parts = [&] {
+    std::error_code ignored;
+    for (int r = 0; r < size; ++r) fs::remove(part_path(run_dir_, r), ignored);
+  };
+  if (parts_written < size) {
+    if (error.empty()) {
+      give_up(fmt::format("{} rank(s) could not write their part", size - parts_written));
+    }
+    remove_parts();
+    return;
+  }
+  try {
+    std::vector<nlohmann::json> parts;
+    for (int r = 0; r < size; ++r) {
+      const fs::path path = part_path(run_dir_, r);
+      const int64_t deadline = now_ns() + kPartWaitMs * kNsPerMs;
+      while (!fs::exists(path) && now_ns() < deadline) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+      parts.push_back(nlohmann::json::parse(read_file(path)));
+    }
+    join(std::move(parts));
+  } catch (const std::exception& e) {
+    give_up(e.what());
+  }
+  remove_parts();
 }
 
 }  // namespace brigade::diag

@@ -13,7 +13,8 @@
 //     collective and send/recv from the flight recorder, from the moment the
 //     rank called it to its completion, with its group and sequence number
 //     (the same operation has the same (group, seq) on every rank);
-//   - the background checkpoint or snapshot writer's lane;
+//   - the background checkpoint or snapshot writer's lanes ("write
+//     checkpoint 4", "write snapshot 5");
 //   - alarms raised in the window (a straggler named) as instants.
 //
 // Clocks: ranks on one machine (network namespaces included) read one
@@ -28,7 +29,11 @@
 //
 // Writing is collective: at the window's last step every rank writes its
 // part (trace.rank<R>.part.json, in the run directory every node shares),
-// and rank 0 joins the parts into trace.json and removes them.
+// and rank 0 joins the parts into trace.json and removes them. It is also
+// best effort: a part that cannot be written or read is said in one line on
+// stderr, and training goes on without the file. Times start at 0, the
+// earliest event of any rank. In the viewers a rank is process R + 1 (0 is
+// the kernel's idle task to Perfetto), named "rank R (node N)".
 #pragma once
 
 #include <cstdint>
@@ -57,18 +62,19 @@ TraceSteps parse_trace_steps(std::string_view spec, int64_t start_step);
 
 class TraceWindow {
  public:
-  // `world`: every rank's group (null for one process). Call from the
-  // training thread: its events are the "train" lane.
-  TraceWindow(TraceSteps steps, std::filesystem::path run_dir, Communicator* world, int world_rank,
-              std::string node);
+  // Writes run_dir/file_name. `world`: every rank's group (null for one
+  // process). Call from the training thread: its events are the "train"
+  // lane.
+  TraceWindow(TraceSteps steps, std::filesystem::path run_dir, std::string file_name,
+              Communicator* world, int world_rank, std::string node);
 
   // Before step `step` (from 1) starts.
   void before_step(int64_t step);
   // After step `step` completed; every rank calls it at the same steps. At
   // the window's last step this writes the trace (collective).
   void after_step(int64_t step);
-  // The run ended normally at `step`: a window still open (the run was
-  // shorter than it) is written now (collective).
+  // The run ends (its last step, or a stop every rank agreed on): a window
+  // still open is written now, with the steps it saw (collective).
   void finish();
 
   TraceSteps steps() const { return steps_; }
@@ -80,6 +86,7 @@ class TraceWindow {
 
   TraceSteps steps_;
   std::filesystem::path run_dir_;
+  std::string file_name_;
   Communicator* world_;
   int world_rank_;
   std::string node_;
