@@ -155,6 +155,11 @@ TEST(MetricsScrapedByPrometheus, SeriesComeBackThroughTheQueryApi) {
     for (const auto& sample : r) EXPECT_GE(value_of(sample), 0.0) << name;
   }
   EXPECT_GT(value_of(query(web_port, "min(brigade_step_seconds)")[0]), 0.0);
+  // The step's parts, by rank and part: compute is on every rank.
+  const nlohmann::json compute = query(web_port, "brigade_step_part_seconds{part=\"compute\"}");
+  ASSERT_EQ(compute.size(), 2u) << compute;
+  for (const auto& sample : compute) EXPECT_GT(value_of(sample), 0.0) << compute;
+  EXPECT_EQ(query(web_port, "count(brigade_step_part_seconds)")[0]["value"][1], "16");
 
   // The user's SIGTERM: the job saves and exits with 128 + 15.
   EXPECT_EQ(job.stop(SIGTERM, std::chrono::seconds(120)), 128 + SIGTERM)

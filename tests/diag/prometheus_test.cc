@@ -30,6 +30,8 @@ elastic::AgentStatus two_workers() {
     w.progress.stats.loss = 3.5;
     w.progress.stats.tokens_per_s = 4096;
     w.progress.stats.comm_wait_fraction = 0.125 * (local + 1);
+    w.progress.stats.part_ms[static_cast<size_t>(StepPart::kCompute)] = 200.0 + local;
+    w.progress.stats.part_ms[static_cast<size_t>(StepPart::kBubble)] = 12.5;
     s.workers.push_back(w);
   }
   return s;
@@ -52,6 +54,9 @@ TEST(PrometheusText, NamesEverySeriesWithItsValue) {
            "brigade_step_seconds{node=\"1\",rank=\"5\"} 0.5",
            "brigade_comm_wait_fraction{node=\"1\",rank=\"4\"} 0.125",
            "brigade_comm_wait_fraction{node=\"1\",rank=\"5\"} 0.25",
+           "brigade_step_part_seconds{node=\"1\",rank=\"4\",part=\"compute\"} 0.2",
+           "brigade_step_part_seconds{node=\"1\",rank=\"5\",part=\"compute\"} 0.201",
+           "brigade_step_part_seconds{node=\"1\",rank=\"5\",part=\"bubble\"} 0.0125",
            "brigade_heartbeat_age_seconds{node=\"1\",rank=\"4\"} 0.25",
            "brigade_worker_up{node=\"1\",rank=\"4\"} 1",
            "brigade_worker_up{node=\"1\",rank=\"5\"} 0",
@@ -63,6 +68,8 @@ TEST(PrometheusText, NamesEverySeriesWithItsValue) {
   // No rank measured MFU here: no series, rather than NaN.
   EXPECT_EQ(text.find("brigade_mfu{"), std::string::npos) << text;
   EXPECT_EQ(text.find("NaN"), std::string::npos) << text;
+  // Parts no step reported are left out.
+  EXPECT_EQ(text.find("part=\"data\""), std::string::npos) << text;
 }
 
 TEST(PrometheusText, TakesMfuFromTheRankThatMeasuresIt) {
@@ -81,6 +88,7 @@ TEST(PrometheusText, BeforeTheFirstStepOnlyTheAgentsOwnSeries) {
   EXPECT_TRUE(has_line(text, "brigade_step{node=\"1\"} 0"));
   EXPECT_EQ(text.find("brigade_loss{"), std::string::npos) << text;
   EXPECT_EQ(text.find("brigade_step_seconds{"), std::string::npos) << text;
+  EXPECT_EQ(text.find("brigade_step_part_seconds{"), std::string::npos) << text;
   EXPECT_EQ(text.find("brigade_heartbeat_age_seconds{"), std::string::npos) << text;
   EXPECT_EQ(text.find("NaN"), std::string::npos) << text;
 }

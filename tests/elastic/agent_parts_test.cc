@@ -11,6 +11,7 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -102,6 +103,11 @@ TEST(Heartbeat, AWorkerBeatsAndReportsItsStepsThroughItsOwnSlot) {
         << "the heartbeat thread never beat again";
     worker.started(4, "/runs/a");
     worker.step_done(5, 250 * kMs);
+    StepStats stats;
+    stats.loss = 2.5;
+    stats.part_ms[static_cast<size_t>(StepPart::kCompute)] = 300;
+    stats.part_ms[static_cast<size_t>(StepPart::kOther)] = 0.5;
+    worker.step_stats(stats);
     worker.step_done(6, 350 * kMs);
     const WorkerProgress q = table.read(1);
     EXPECT_EQ(q.start_step, 4);
@@ -110,6 +116,12 @@ TEST(Heartbeat, AWorkerBeatsAndReportsItsStepsThroughItsOwnSlot) {
     EXPECT_GT(q.first_step_ns, 0);
     EXPECT_LE(q.first_step_ns, q.step_ns);
     EXPECT_EQ(q.run_dir, "/runs/a");
+    // The step's numbers, its parts included (the agent's /metrics).
+    EXPECT_EQ(q.stats.loss, 2.5);
+    EXPECT_EQ(q.stats.part_ms[static_cast<size_t>(StepPart::kCompute)], 300);
+    EXPECT_EQ(q.stats.part_ms[static_cast<size_t>(StepPart::kOther)], 0.5);
+    EXPECT_TRUE(std::isnan(q.stats.part_ms[static_cast<size_t>(StepPart::kData)]))
+        << "a part the step did not report";
     EXPECT_EQ(q.fault_ns, 0);
     worker.fault_injected();
     EXPECT_GT(table.read(1).fault_ns, 0);

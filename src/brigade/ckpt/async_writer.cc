@@ -7,6 +7,7 @@
 #include "brigade/core/clock.h"
 #include "brigade/core/error.h"
 #include "brigade/core/files.h"
+#include "brigade/core/trace.h"
 
 namespace brigade {
 
@@ -106,6 +107,9 @@ void AsyncCheckpointWriter::start(Save save, const std::vector<CheckpointPiece>&
   abort_.store(false, std::memory_order_release);
   set_state(State::kWriting);
   thread_ = std::thread([this, save = std::move(save)] {
+    // Snapshots recycle their files (ShardWriting); checkpoints do not.
+    const trace::Scope span("ckpt", save.writing.recycle ? "write snapshot" : "write checkpoint",
+                            save.step);
     const int64_t write_start = now_ns();
     const int64_t cpu_start = thread_cpu_ns();
     State outcome = State::kDone;

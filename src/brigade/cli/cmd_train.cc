@@ -42,7 +42,9 @@
 #include "brigade/core/files.h"
 #include "brigade/core/process_stats.h"
 #include "brigade/core/threads.h"
+#include "brigade/core/trace.h"
 #include "brigade/diag/metrics_server.h"
+#include "brigade/diag/trace.h"
 #include "brigade/elastic/agent.h"
 #include "brigade/elastic/fault_injection.h"
 #include "brigade/elastic/heartbeat.h"
@@ -107,6 +109,7 @@ bool launched_worker() {
     model.validate_tensor_parallel(tp_only);
     Config copy = config;
     const TrainOptions options = TrainOptions::from_config(copy);  // the schedule's checks
+    if (!options.trace.empty()) diag::parse_trace_steps(options.trace, 0);
     stage_chunks(model, options.pipeline_shape(), options.parallel.stage_layers);
   }
   if (config.get_bool("parallel.sequence_parallel", false)) {
@@ -210,6 +213,7 @@ void run_train(const std::string& config_path, const std::vector<std::string>& o
   const elastic::ElasticConfig elastic_config = elastic::ElasticConfig::from_config(config);
   metrics_address(config);  // the launcher's key: checked, then unused here
   config.check_all_used();
+  if (!options.trace.empty()) diag::parse_trace_steps(options.trace, 0);  // refused before set-up
   const std::vector<elastic::InjectedFault> faults = elastic::parse_faults(elastic_config.inject);
   // Chaos faults come from the launcher's agent; a worker alone, or one
   // under a launcher not told of them, would silently train without any.
@@ -298,9 +302,31 @@ void run_train(const std::string& config_path, const std::vector<std::string>& o
     const StepClock::Section comm(clock, StepPart::kComm);
     return agreed_stop_signal();
   };
+  std::optional<diag::TraceWindow> trace_window;
+  if (!options.trace.empty()) {
+    const diag::TraceSteps steps = diag::parse_trace_steps(options.trace, trainer.step());
+    if (steps.last <= trainer.step() || steps.first > options.steps) {
+      note(fmt::format("diag.trace: steps {}-{} are outside this run's steps {}-{}: no trace",
+                       steps.first, steps.last, trainer.step() + 1, options.steps));
+    } else {
+      // A restarted generation traces its own window into its own file.
+      trace_window.emplace(
+          steps, options.run_dir,
+          generation == 0 ? std::string("trace.json") : fmt::format("trace.gen{}.json", generation),
+          group, world_rank, fmt::format("node {}", node_from_environment()));
+    }
+  }
+  auto trace_written = [&, said = false]() mutable {
+    if (!said && trace_window && !trace_window->written().empty()) {
+      said = true;
+      note(fmt::format("wrote {} (open it in https://ui.perfetto.dev)",
+                       trace_window->written().string()));
+    }
+  };
   clock.restart();
   try {
     while (trainer.step() < options.steps && (stop_signal = agreed_stop()) == 0) {
+      if (trace_window) trace_window->before_step(trainer.step() + 1);
       const StepMetrics m = trainer.train_step();
       if (slow_factor > 1) {
         // An injected straggler: its compute takes factor times as long.
@@ -317,6 +343,9 @@ void run_train(const std::string& config_path, const std::vector<std::string>& o
         return rank_stats.gather(trainer.step(), breakdown, static_cast<double>(peak_rss_bytes()),
                                  m.bubble_ms);
       }();
+      for (const StragglerEvent& e : ranks.stragglers) {
+        if (e.started && report) trace::instant("alarm", "straggler named: rank", e.rank);
+      }
       std::optional<AsyncCheckpointWriter::Stats> checkpoint, snapshot;
       {
         // Collective: a save in flight completes, or fails, on every rank at once.
@@ -331,6 +360,7 @@ void run_train(const std::string& config_path, const std::vector<std::string>& o
       stats.loss = m.loss;
       stats.tokens_per_s = m.tokens_per_s;
       stats.comm_wait_fraction = breakdown[StepPart::kComm] / breakdown.step_ms;
+      stats.part_ms = breakdown.ms;
       if (report) {
         stats.mfu = report->step(m, trainer.bucket_timings(), ranks, checkpoint, snapshot, loop_ms,
                                  stage_bubbles(ranks.bubble_ms, trainer));
@@ -372,6 +402,15 @@ void run_train(const std::string& config_path, const std::vector<std::string>& o
         const StepClock::Section eval(clock, StepPart::kEval);
         evaluate(done);
       }
+      if (trace_window) {
+        trace_window->after_step(done);
+        if (done == trace_window->steps().last) trace_written();
+      }
+    }
+    if (trace_window) {
+      // Also after a stop every rank agreed on: still collective.
+      trace_window->finish();
+      trace_written();
     }
     if (stop_signal != 0) {
       note(fmt::format("interrupted at step {}; saving a checkpoint", trainer.step()));
@@ -386,6 +425,7 @@ void run_train(const std::string& config_path, const std::vector<std::string>& o
     save();
     if (trainer.dataset() != nullptr) evaluate(trainer.step());
   } catch (const CommError& e) {
+    trace::stop();  // a broken group writes no trace
     // A stop signal is answered with the signal's exit status. If the group
     // broke on the way (a peer had died: the launcher signals the survivors
     // then), no collective save can happen: give it up at once, well inside
@@ -413,6 +453,7 @@ void add_train_command(CLI::App& app) {
   auto inject = std::make_shared<std::string>();
   auto max_restarts = std::make_shared<int>(-1);
   auto metrics = std::make_shared<std::string>();
+  auto trace = std::make_shared<std::string>();
   cmd->add_option("config", *config_path, "Config file (see examples/)")->required();
   cmd->add_option("--set", *overrides, "Override a config key: section.key=value (repeatable)")
       ->allow_extra_args(false);
@@ -435,8 +476,13 @@ void add_train_command(CLI::App& app) {
                   "With --nproc: where the launcher serves /metrics for Prometheus, HOST:PORT "
                   "(port 0 picks a free one and prints it) or off (sets diag.metrics, default "
                   "127.0.0.1:0)");
+  cmd->add_option("--trace", *trace,
+                  "Write RUN_DIR/trace.json (Chrome trace format: Perfetto, chrome://tracing) of "
+                  "steps A:B, or of the first N steps: every rank on one timeline (sets "
+                  "diag.trace)");
   cmd->callback([=] {
     std::vector<std::string> all = *overrides;
+    if (!trace->empty()) all.push_back(fmt::format("diag.trace=\"{}\"", *trace));
     if (!metrics->empty()) all.push_back(fmt::format("diag.metrics=\"{}\"", *metrics));
     if (*max_restarts >= 0) all.push_back(fmt::format("elastic.max_restarts={}", *max_restarts));
     if (!inject->empty()) all.push_back(fmt::format("elastic.inject=\"{}\"", *inject));

@@ -141,6 +141,22 @@ nlohmann::json FlightRecorder::to_json(GroupId group) const {
   return to_json_locked(group);
 }
 
+std::vector<FlightRecorder::Named> FlightRecorder::records_since(int64_t since_ns,
+                                                                bool* complete) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<Named> out;
+  const uint64_t first = next_id_ > capacity_ ? next_id_ - capacity_ : 1;
+  // The oldest record kept is already inside the window: older ones of the
+  // window may have been overwritten.
+  *complete = first == 1 || ring_[first % capacity_].scheduled_ns < since_ns;
+  for (uint64_t id = first; id < next_id_; ++id) {
+    const FlightRecord& r = ring_[id % capacity_];
+    if (r.scheduled_ns < since_ns) continue;
+    out.push_back({groups_.at(r.group).identity.name, r});
+  }
+  return out;
+}
+
 nlohmann::json FlightRecorder::to_json_locked(GroupId group) const {
   const FlightGroup& identity = groups_.at(group).identity;
   const int64_t now = now_ns();

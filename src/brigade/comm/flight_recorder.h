@@ -103,6 +103,15 @@ class FlightRecorder {
 
   // The group's identity and its records oldest first, with the wall-clock time.
   nlohmann::json to_json(GroupId group) const;
+  // For a trace (diag/trace.h): the records scheduled at or after
+  // `since_ns`, oldest first, each with its group's name. `*complete` is
+  // false when the ring had already overwritten some of them (a window
+  // longer than the ring holds).
+  struct Named {
+    std::string group;
+    FlightRecord record;
+  };
+  std::vector<Named> records_since(int64_t since_ns, bool* complete) const;
   // "flight_recorder_rank<world rank>_<group>.json".
   std::string file_name(GroupId group) const;
   // Writes to_json(group) to `path` atomically.

@@ -22,6 +22,10 @@ class Writer {
   void rank_value(const char* name, int rank, double value) {
     out_ += fmt::format("{}{{node=\"{}\",rank=\"{}\"}} {}\n", name, node_, rank, number(value));
   }
+  void part_value(const char* name, int rank, const char* part, double value) {
+    out_ += fmt::format("{}{{node=\"{}\",rank=\"{}\",part=\"{}\"}} {}\n", name, node_, rank, part,
+                        number(value));
+  }
   std::string take() { return std::move(out_); }
 
  private:
@@ -108,6 +112,18 @@ std::string prometheus_text(const elastic::AgentStatus& s) {
   for (const Worker& k : workers) {
     if (!std::isnan(k.progress.stats.comm_wait_fraction)) {
       w.rank_value("brigade_comm_wait_fraction", k.rank, k.progress.stats.comm_wait_fraction);
+    }
+  }
+  w.family("brigade_step_part_seconds", "gauge",
+           "The worker's last step, in seconds, by part: compute, optimizer, comm, bubble, data, "
+           "ckpt, eval, other (they add up to the loop's window for the step).");
+  for (const Worker& k : workers) {
+    for (int i = 0; i < kStepParts; ++i) {
+      const double ms = k.progress.stats.part_ms[static_cast<size_t>(i)];
+      if (!std::isnan(ms)) {
+        w.part_value("brigade_step_part_seconds", k.rank, step_part_name(static_cast<StepPart>(i)),
+                     ms / 1e3);
+      }
     }
   }
   return w.take();

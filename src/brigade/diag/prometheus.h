@@ -15,6 +15,13 @@
 //                                    nothing overlapped, the stop agreement and
 //                                    the per-step metrics gather included
 //   brigade_step_seconds{rank}       the last step's time
+//   brigade_step_part_seconds{rank,part}  the last step's time by part (compute,
+//                                    optimizer, comm, bubble, data, ckpt, eval,
+//                                    other: train/step_breakdown.h); they add up
+//                                    to the loop's whole window for the step
+//                                    (saves, evaluation and agreements
+//                                    included), of which brigade_step_seconds
+//                                    is the training step itself
 //   brigade_heartbeat_age_seconds{rank}  since the worker last beat
 //   brigade_worker_up{rank}          1 while the worker runs
 //   brigade_generation, brigade_restarts_total, brigade_incidents_total

@@ -71,6 +71,7 @@ HeartbeatTable::HeartbeatTable(int slots, int64_t generation) : slots_(slots) {
     slot->tokens_per_s.store(std::numeric_limits<double>::quiet_NaN());
     slot->mfu.store(std::numeric_limits<double>::quiet_NaN());
     slot->comm_wait_fraction.store(std::numeric_limits<double>::quiet_NaN());
+    for (auto& part : slot->part_ms) part.store(std::numeric_limits<double>::quiet_NaN());
   }
 }
 
@@ -104,6 +105,7 @@ WorkerProgress HeartbeatTable::read(int local_rank) const {
   p.stats.tokens_per_s = slot->tokens_per_s.load();
   p.stats.mfu = slot->mfu.load();
   p.stats.comm_wait_fraction = slot->comm_wait_fraction.load();
+  for (int i = 0; i < kStepParts; ++i) p.stats.part_ms[i] = slot->part_ms[i].load();
   p.dump_done = slot->dump_done.load();
   p.mesh_ns = slot->mesh_ns.load();
   p.ready_ns = slot->ready_ns.load();
@@ -247,6 +249,7 @@ void WorkerHeartbeat::step_stats(const StepStats& stats) {
   slot_->tokens_per_s.store(stats.tokens_per_s);
   slot_->mfu.store(stats.mfu);
   slot_->comm_wait_fraction.store(stats.comm_wait_fraction);
+  for (int i = 0; i < kStepParts; ++i) slot_->part_ms[i].store(stats.part_ms[i]);
 }
 
 void WorkerHeartbeat::fault_injected() {

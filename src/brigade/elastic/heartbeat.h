@@ -31,6 +31,7 @@
 // agent's wait for the evidence stays a small part of the recovery.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
@@ -39,6 +40,8 @@
 #include <mutex>
 #include <string>
 #include <thread>
+
+#include "brigade/train/step_breakdown.h"
 
 namespace brigade::elastic {
 
@@ -67,6 +70,7 @@ struct HeartbeatSlot {
   std::atomic<double> tokens_per_s;
   std::atomic<double> mfu;  // only the rank that measures it (rank 0)
   std::atomic<double> comm_wait_fraction;
+  std::atomic<double> part_ms[kStepParts];
   // The agent's request for evidence (an incident number, from 1) and the
   // worker's answer once written; 0: none.
   std::atomic<int64_t> dump_request;
@@ -100,6 +104,13 @@ struct StepStats {
   // collective waits overlap did not hide, the stop agreement and the
   // metrics gather).
   double comm_wait_fraction = std::numeric_limits<double>::quiet_NaN();
+  // The step's parts in ms, by StepPart (train/step_breakdown.h).
+  std::array<double, kStepParts> part_ms = nan_parts();
+  static std::array<double, kStepParts> nan_parts() {
+    std::array<double, kStepParts> parts;
+    parts.fill(std::numeric_limits<double>::quiet_NaN());
+    return parts;
+  }
 };
 
 // A copy of one slot's values, as the agent saw them.

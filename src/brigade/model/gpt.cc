@@ -10,6 +10,7 @@
 
 #include "brigade/core/error.h"
 #include "brigade/core/philox.h"
+#include "brigade/core/trace.h"
 #include "brigade/kernels/cpu/attention.h"
 #include "brigade/kernels/cpu/embedding.h"
 #include "brigade/kernels/cpu/gelu.h"
@@ -308,6 +309,7 @@ void Gpt::forward_trunk(const int32_t* inputs, const float* resid_in, int64_t b,
                          resid(first), p + first_block.ln_1_w, p + first_block.ln_1_b, nr, c);
   if (layout_.has_embeddings()) release(embeddings_range());
   for (int64_t l = first; l < end; ++l) {
+    const trace::Scope span("compute", "block forward", l);
     const Stash& s = stash(l);
     const bool last = l + 1 == end;
     if (!last) {
@@ -440,6 +442,7 @@ float Gpt::forward_backward(const int32_t* inputs, const int32_t* targets, int64
 void Gpt::head_loss_backward(const int32_t* targets, float loss_scale) {
   Workspace& ws = *ws_;
   const int64_t n = ws.b * ws.t;
+  const trace::Scope span("compute", "lm head and loss");
   cpu::LmHeadLossArgs head = lm_head_args(gather_rows(ws.lnf, n), targets, n);
   head.dx = ws.c_a;
   head.dwte = grads_ + layout_.wte();
@@ -486,6 +489,7 @@ void Gpt::backward_trunk(const int32_t* inputs, bool from_head, bool defer) {
     }
   }
   for (int64_t l = end - 1; l >= first; --l) {
+    const trace::Scope span("compute", defer ? "block backward input" : "block backward", l);
     const Stash& s = stash(l);
     acquire(block_range(l));
     if (l > first) prefetch(block_range(l - 1));
@@ -571,6 +575,7 @@ void Gpt::part_backward_weight(int64_t slot) {
   const int64_t b = ws_->b, t = ws_->t, first = layout_.first_layer();
   if (grad_ready_ && layout_.has_head()) grad_ready_(layout_.ln_f_w());
   for (int64_t l = layout_.end_layer() - 1; l >= first; --l) {
+    const trace::Scope span("compute", "block backward weight", l);
     block_weight_backward(l, stash(l), s.deferred[static_cast<size_t>(l - first)], b, t);
     if (grad_ready_) grad_ready_(layout_.block(l).ln_1_w);
   }

@@ -10,6 +10,7 @@
 #include "brigade/comm/communicator.h"
 #include "brigade/core/clock.h"
 #include "brigade/core/error.h"
+#include "brigade/core/trace.h"
 
 namespace brigade {
 
@@ -315,10 +316,14 @@ PipelineStepStats PipelineStage::run(const Fill& fill, const int32_t* inputs,
     const bool head = model_last(c), embeddings = model_first(c);
     switch (in.op) {
       case Op::kRecvActivation:
-      case Op::kRecvGrad:
+      case Op::kRecvGrad: {
         post_receives(i + 1, elements);
+        const trace::Scope span("bubble",
+                                in.op == Op::kRecvActivation ? "wait activation" : "wait gradient",
+                                in.microbatch, c);
         stats.bubble_ms += wait_receive(i);
         break;
+      }
       case Op::kSendActivation:
       case Op::kSendGrad: {
         const bool act = in.op == Op::kSendActivation;
@@ -338,6 +343,7 @@ PipelineStepStats PipelineStage::run(const Fill& fill, const int32_t* inputs,
         free.pop_back();
         stats.peak_live = std::max(stats.peak_live, ++live);
         if (!head && act_out_[k].size() != elements) act_out_[k] = FloatBuffer(elements);
+        const trace::Scope span("compute", "forward", in.microbatch, c);
         stats.loss_sum +=
             part.part_forward(slot_of[k], inputs, embeddings ? nullptr : act_in_[k].data(), targets,
                               loss_scale, head ? nullptr : act_out_[k].data(), b, t);
@@ -350,25 +356,29 @@ PipelineStepStats PipelineStage::run(const Fill& fill, const int32_t* inputs,
         if (i == last_backward && before_last_backward) before_last_backward();
         const bool hooked = i == last_backward && last_backward_hook;
         if (hooked) model_.set_grad_ready_hook(c, last_backward_hook);
+        const trace::Scope span("compute", "backward", in.microbatch, c);
         part.part_backward(slot_of[k], head ? nullptr : grad_in_[k].data(),
                            embeddings ? nullptr : grad_out_[k].data());
         if (hooked) model_.set_grad_ready_hook(c, nullptr);
         release(in);
         break;
       }
-      case Op::kBackwardInput:
+      case Op::kBackwardInput: {
         ++next_compute;
         post_ahead();
         if (!embeddings && grad_out_[k].size() != elements) grad_out_[k] = FloatBuffer(elements);
+        const trace::Scope span("compute", "backward input", in.microbatch, c);
         part.part_backward_input(slot_of[k], head ? nullptr : grad_in_[k].data(),
                                  embeddings ? nullptr : grad_out_[k].data());
         break;
+      }
       case Op::kBackwardWeight: {
         ++next_compute;
         post_ahead();
         if (i == last_backward && before_last_backward) before_last_backward();
         const bool hooked = i == last_backward && last_backward_hook;
         if (hooked) model_.set_grad_ready_hook(c, last_backward_hook);
+        const trace::Scope span("compute", "backward weight", in.microbatch, c);
         part.part_backward_weight(slot_of[k]);
         if (hooked) model_.set_grad_ready_hook(c, nullptr);
         release(in);
@@ -379,6 +389,7 @@ PipelineStepStats PipelineStage::run(const Fill& fill, const int32_t* inputs,
     }
   }
   if (!sends_.empty()) {
+    const trace::Scope span("bubble", "wait sends");
     const int64_t sends_start = now_ns();
     for (auto& w : sends_) w->wait();
     stats.send_wait_ms = static_cast<double>(now_ns() - sends_start) * 1e-6;

@@ -9,6 +9,7 @@
 
 #include "brigade/core/clock.h"
 #include "brigade/core/error.h"
+#include "brigade/core/trace.h"
 
 namespace brigade {
 
@@ -144,17 +145,29 @@ StepBreakdown StepClock::end_step() {
 }
 
 void StepClock::enter(StepPart part) {
-  charge(now_ns());
+  const int64_t now = now_ns();
+  charge(now);
   const StepPart was = current();
   open_.push_back(part);
+  opened_ns_.push_back(now);
   entered(was);
 }
 
 void StepClock::leave() {
   BRIGADE_CHECK(!open_.empty(), "StepClock::leave with no section open");
-  charge(now_ns());
+  const int64_t now = now_ns();
+  charge(now);
   const StepPart was = current();
+  if (trace::on()) {
+    trace::Event e;
+    e.category = "step";
+    e.name = step_part_name(was);
+    e.begin_ns = opened_ns_.back();
+    e.end_ns = now;
+    trace::record(e);
+  }
   open_.pop_back();
+  opened_ns_.pop_back();
   entered(was);
 }
 

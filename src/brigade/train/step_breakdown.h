@@ -36,6 +36,9 @@
 // of what makes one rank's compute longer than another's for a while
 // without the rank being slow, so the straggler score leaves it out
 // (train/straggler.h).
+//
+// Within a trace window (core/trace.h) each section is also a span,
+// category "step", named by its part.
 #pragma once
 
 #include <array>
@@ -123,6 +126,7 @@ class StepClock {
   int64_t runqueue_at_ns_ = 0;  // runqueue_ns() when compute became current
 
   std::vector<StepPart> open_;
+  std::vector<int64_t> opened_ns_;  // when each open section opened: its trace span
   StepBreakdown window_;
   int64_t window_start_ns_ = 0;
   int64_t last_ns_ = 0;

@@ -24,6 +24,7 @@ TrainOptions TrainOptions::from_config(Config& config) {
   o.keep_checkpoints = config.get_int("train.keep_checkpoints", o.keep_checkpoints);
   o.snapshot_every = config.get_int("train.snapshot_every", o.snapshot_every);
   o.sdc_every = config.get_int("diag.sdc_every", o.sdc_every);
+  o.trace = config.get_string("diag.trace", "");
 
   o.lr.lr = config.get_double("optim.lr", 1e-3);
   o.lr.min_lr = config.get_double("optim.min_lr", o.lr.lr * 0.1);

@@ -8,7 +8,7 @@
 //   [data]   source, tokenizer, dir, val_fraction, synthetic
 //   [parallel] dp, tp, pp, schedule, virtual_stages, stage_layers, zero, bucket_mb, backend,
 //   timeout_s
-//   [diag]   sdc_every
+//   [diag]   sdc_every, trace
 #pragma once
 
 #include <cstdint>
@@ -78,6 +78,9 @@ struct TrainOptions {
   // read) per hundred steps is lost in the noise, and corruption found
   // within a hundred steps costs at most that many steps to redo.
   int64_t sdc_every = 100;
+  // diag.trace: the steps to trace into RUN_DIR/trace.json ("A:B" or "N",
+  // diag/trace.h); empty: no trace.
+  std::string trace;
 
   LrSchedule lr;
   AdamWConfig adamw;
