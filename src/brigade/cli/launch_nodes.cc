@@ -119,9 +119,10 @@ void wait_for_standbys(TcpStore& store, int64_t limit_ms) {
 }
 
 void check_standby_and_node_faults(const LaunchOptions& o, bool srun_tasks) {
-  if (srun_tasks && (o.standby || !o.node_faults.empty())) {
+  if (srun_tasks && (o.standby || !o.node_faults.empty() || o.min_nnodes != 0)) {
     throw_error(
-        "--standby and the kill-agent and partition faults need one launcher per node, whose "
+        "--standby, --nnodes MIN:MAX and the kill-agent and partition faults need one launcher "
+        "per node, whose "
         "agent follows the coordinator; under srun's one task per worker there is none: run "
         "`srun --ntasks-per-node=1 brigade launch --nproc-per-node N --nnodes $SLURM_NNODES "
         "--node-rank $SLURM_NODEID ...`");

@@ -32,8 +32,9 @@ void standby_done(TcpStore& store, int standby_id);
 // A dead standby never says it; it costs `limit_ms` at the end, no more.
 void wait_for_standbys(TcpStore& store, int64_t limit_ms);
 
-// Refuses, naming the fix, --standby without restarts and a kill-agent or
-// partition fault no standby could answer: one node alone, node 0 (it
+// Refuses, naming the fix, --standby without restarts, --nnodes MIN:MAX
+// under srun's tasks per worker, and a kill-agent or partition fault no
+// standby could answer: one node alone, node 0 (it
 // hosts the store and leads), a node outside the job, or a launch as one
 // of srun's tasks per worker (`srun_tasks`: no agent follows the
 // coordinator there).

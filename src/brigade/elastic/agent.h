@@ -47,7 +47,12 @@
 // a standby node's agent (options.standby), which runs no workers and
 // waits, takes its node rank in the next generation if the coordinator
 // gives it (elastic/standby.h), and runs that node's workers from the
-// newest checkpoint; with none free the job ends, naming the node. The
+// newest checkpoint; with none free the job goes on with the live nodes
+// if at least options.min_nnodes are left (`--nnodes MIN:MAX`: each agent
+// renumbers its workers by its node's place among them, GROUP_RANK, RANK
+// and WORLD_SIZE, and a `brigade train` keeps its global batch with dp
+// scaled to the world and grad_accum scaled inversely), else it ends,
+// naming the node. The
 // agent raises the whole-node faults (NodeFault: kill-agent, partition)
 // itself, once its workers completed the fault's step. A launcher's
 // signal ends the job on every node, whose workers all get the signal's
