@@ -1,6 +1,7 @@
-// brigade launch --nproc-per-node N [--nnodes M (--node-rank R | --standby)
+// brigade launch --nproc-per-node N [--nnodes [MIN:]MAX (--node-rank R | --standby)
 //                --rdzv HOST:PORT] -- COMMAND ...
 // Starts this node's workers; see launcher.h for what each worker is given.
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -11,6 +12,43 @@
 #include "brigade/core/error.h"
 
 namespace brigade::cli {
+
+namespace {
+
+// "N" (N:N) or "MIN:MAX".
+void parse_nnodes(const std::string& text, LaunchOptions* o) {
+  const auto number = [&](const std::string& part) {
+    char* end = nullptr;
+    errno = 0;
+    const long n = std::strtol(part.c_str(), &end, 10);
+    if (part.empty() || *end != '\0' || errno != 0 || n < -4096 || n > 4096) {
+      throw_error("--nnodes wants N or MIN:MAX (for example 4 or 2:4), got '{}'", text);
+    }
+    return static_cast<int>(n);
+  };
+  const size_t colon = text.find(':');
+  if (colon == std::string::npos) {
+    o->nnodes = number(text);
+    o->min_nnodes = 0;
+    return;
+  }
+  o->min_nnodes = number(text.substr(0, colon));
+  o->nnodes = number(text.substr(colon + 1));
+  if (o->min_nnodes > o->nnodes) {
+    throw_error(
+        "--nnodes {}: MIN {} is more than MAX {}; the job starts with MAX nodes and may go on "
+        "with no fewer than MIN: pass --nnodes {}:{}",
+        text, o->min_nnodes, o->nnodes, o->nnodes, o->min_nnodes);
+  }
+  if (o->min_nnodes < 1) {
+    throw_error(
+        "--nnodes {}: MIN must be at least 1 (node 0, which leads, always stays): pass --nnodes "
+        "1:{} to go on down to node 0 alone",
+        text, o->nnodes);
+  }
+}
+
+}  // namespace
 
 void add_launch_command(CLI::App& app) {
   auto options = std::make_shared<LaunchOptions>();
@@ -26,7 +64,15 @@ void add_launch_command(CLI::App& app) {
   cmd->add_option("--nproc-per-node", options->nproc_per_node,
                   "Workers on this node (under srun leave it out: each task is one worker)")
       ->check(CLI::Range(1, 4096));
-  cmd->add_option("--nnodes", options->nnodes, "Nodes in the job")->capture_default_str();
+  auto nnodes = std::make_shared<std::string>("1");
+  cmd->add_option("--nnodes", *nnodes,
+                  "Nodes in the job: N, or MIN:MAX as torchrun. The job starts with MAX nodes "
+                  "(it waits for all of them); with MIN:MAX, when nodes are lost and no standby "
+                  "is free, it goes on with the live nodes while at least MIN are left "
+                  "(renumbered 0.., node 0 leading; a brigade train keeps its global batch: dp "
+                  "shrinks with the nodes and train.grad_accum grows as much; needs "
+                  "--max-restarts)")
+      ->capture_default_str();
   CLI::Option* node_rank =
       cmd->add_option("--node-rank", options->node_rank, "This node's rank, 0..nnodes-1")
           ->capture_default_str();
@@ -85,7 +131,7 @@ void add_launch_command(CLI::App& app) {
   // Without --, CLI11 would take the command's own options for launch's;
   // catch that here to say how to fix it.
   cmd->allow_extras();
-  cmd->callback([cmd, options, rdzv_timeout_s, grace_period_s, step_timeout_s, inject] {
+  cmd->callback([cmd, options, nnodes, rdzv_timeout_s, grace_period_s, step_timeout_s, inject] {
     // CLI11 leaves the "--" separator itself among the extras.
     std::string extras;
     for (const std::string& arg : cmd->remaining()) {
@@ -97,6 +143,7 @@ void add_launch_command(CLI::App& app) {
           "arguments (brigade launch --nproc-per-node 2 -- sh -c 'echo $RANK')",
           extras);
     }
+    parse_nnodes(*nnodes, options.get());
     options->rdzv_timeout_ms = *rdzv_timeout_s * 1000;
     options->failure_grace_ms = static_cast<int64_t>(*grace_period_s * 1000);
     options->step_timeout_ms = static_cast<int64_t>(*step_timeout_s * 1000);

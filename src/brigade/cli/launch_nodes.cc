@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <vector>
 
+#include "brigade/cli/load_config.h"
 #include "brigade/comm/tcp_store.h"
 #include "brigade/core/clock.h"
 #include "brigade/core/error.h"
@@ -118,9 +119,10 @@ void wait_for_standbys(TcpStore& store, int64_t limit_ms) {
 }
 
 void check_standby_and_node_faults(const LaunchOptions& o, bool srun_tasks) {
-  if (srun_tasks && (o.standby || !o.node_faults.empty())) {
+  if (srun_tasks && (o.standby || !o.node_faults.empty() || o.min_nnodes != 0)) {
     throw_error(
-        "--standby and the kill-agent and partition faults need one launcher per node, whose "
+        "--standby, --nnodes MIN:MAX and the kill-agent and partition faults need one launcher "
+        "per node, whose "
         "agent follows the coordinator; under srun's one task per worker there is none: run "
         "`srun --ntasks-per-node=1 brigade launch --nproc-per-node N --nnodes $SLURM_NNODES "
         "--node-rank $SLURM_NODEID ...`");
@@ -134,7 +136,8 @@ void check_standby_and_node_faults(const LaunchOptions& o, bool srun_tasks) {
     if (o.nnodes < 2) {
       throw_error(
           "--inject {}:node={} strikes a whole node of a job over several nodes: it needs "
-          "--nnodes 2 or more (and a --standby node to take the struck node's place)",
+          "--nnodes 2 or more (and a --standby node to take the struck node's place, or "
+          "--nnodes MIN:MAX to go on without it)",
           f.name(), f.node);
     }
     if (f.node == 0) {
@@ -148,6 +151,60 @@ void check_standby_and_node_faults(const LaunchOptions& o, bool srun_tasks) {
                   f.name(), f.node, o.nnodes, o.nnodes - 1);
     }
   }
+}
+
+TrainLayoutOnAllNodes check_fewer_nodes(const LaunchOptions& o) {
+  const int min = o.min_nnodes == 0 ? o.nnodes : o.min_nnodes;
+  if (min < 1 || min > o.nnodes) {
+    throw_error(
+        "--nnodes {}:{}: the fewest nodes the job may go on with must be 1 to {} (its nodes); "
+        "pass --nnodes MIN:MAX with 1 <= MIN <= MAX",
+        min, o.nnodes, o.nnodes);
+  }
+  if (min == o.nnodes) return {};
+  if (o.max_restarts == 0) {
+    throw_error(
+        "--nnodes {}:{} goes on with fewer nodes in the job's next generation, which is a "
+        "restart: give every node --max-restarts 1 or more",
+        min, o.nnodes);
+  }
+  if (o.command.empty() || o.command[0] != "train") return {};
+  // `train CONFIG [--set K=V]...`: the options train takes with a value.
+  std::string config_path;
+  std::vector<std::string> overrides;
+  for (size_t i = 1; i < o.command.size(); ++i) {
+    const std::string& a = o.command[i];
+    const bool valued = a == "--set" || a == "--resume" || a == "--nproc" ||
+                        a == "--max-restarts" || a == "--inject" || a == "--metrics";
+    if (valued && i + 1 < o.command.size()) {
+      if (a == "--set") overrides.push_back(o.command[i + 1]);
+      ++i;
+    } else if (a.starts_with("--set=")) {
+      overrides.push_back(a.substr(6));
+    } else if (!a.starts_with("-") && config_path.empty()) {
+      config_path = a;
+    }
+  }
+  if (config_path.empty()) return {};  // train itself says what is missing
+  Config config = load_config(config_path, overrides);
+  const int64_t tp = config.get_int("parallel.tp", 1), pp = config.get_int("parallel.pp", 1);
+  const int64_t world = static_cast<int64_t>(o.nnodes) * o.nproc_per_node;
+  const int64_t dp = config.get_int("parallel.dp", world / std::max<int64_t>(1, tp * pp));
+  const int64_t accum = config.get_int("train.grad_accum", 1);
+  for (int k = o.nnodes - 1; k >= min; --k) {
+    const bool dp_whole = dp * k % o.nnodes == 0;
+    if (dp_whole && dp * accum % (dp * k / o.nnodes) == 0) continue;
+    throw_error(
+        "--nnodes {}:{} lets the job go on with {} nodes, where the same global batch needs "
+        "parallel.dp = {} x {} / {} and train.grad_accum = {} x {} / that dp, {}: pass --nnodes "
+        "{}:{} (no node count from {} down is ever used), or choose a parallel.dp and "
+        "train.grad_accum that scale to {} nodes",
+        min, o.nnodes, k, dp, k, o.nnodes, accum, dp,
+        dp_whole ? fmt::format("{} / {} is not whole", dp * accum, dp * k / o.nnodes)
+                 : fmt::format("{} / {} is not whole", dp * k, o.nnodes),
+        k + 1, o.nnodes, k, k);
+  }
+  return {static_cast<int>(dp), accum};
 }
 
 namespace {

@@ -1,5 +1,5 @@
 // The parts of `brigade launch` (launcher.h) that only a job over several
-// nodes has: standby nodes and whole-node faults.
+// nodes has: standby nodes, whole-node faults and going on with fewer nodes.
 //
 // A standby (`brigade launch --nnodes N --standby ...`, no --node-rank)
 // joins the job's store without claiming a node rank, after checking it
@@ -32,12 +32,29 @@ void standby_done(TcpStore& store, int standby_id);
 // A dead standby never says it; it costs `limit_ms` at the end, no more.
 void wait_for_standbys(TcpStore& store, int64_t limit_ms);
 
-// Refuses, naming the fix, --standby without restarts and a kill-agent or
-// partition fault no standby could answer: one node alone, node 0 (it
+// Refuses, naming the fix, --standby without restarts, --nnodes MIN:MAX
+// under srun's tasks per worker, and a kill-agent or partition fault no
+// standby could answer: one node alone, node 0 (it
 // hosts the store and leads), a node outside the job, or a launch as one
 // of srun's tasks per worker (`srun_tasks`: no agent follows the
 // coordinator there).
 void check_standby_and_node_faults(const LaunchOptions& o, bool srun_tasks);
+
+// A `brigade train` job's layout on all its nodes, which it scales when it
+// goes on with fewer (elastic/agent.h); zeros when not known.
+struct TrainLayoutOnAllNodes {
+  int dp = 0;
+  int64_t grad_accum = 0;
+};
+
+// Refuses, naming the fix, a --nnodes MIN:MAX whose MIN is out of 1..MAX or
+// that lets the job go on with fewer nodes without --max-restarts (going on
+// is a restart). For `brigade train` it reads the config (and its --set
+// overrides), and refuses a MIN that allows a node count K (MIN <= K < MAX)
+// on which parallel.dp * K / MAX or train.grad_accum * MAX / K is not whole:
+// there the job could not sum the same global batch. Returns the layout the
+// agent scales (zeros for another command, or MIN = MAX).
+TrainLayoutOnAllNodes check_fewer_nodes(const LaunchOptions& o);
 
 // The interface a partition fault of this node takes down: --iface, else
 // the one the node reaches the store's host through. Throws Error if that

@@ -493,6 +493,8 @@ int run_launch(const LaunchOptions& o) {
         "launcher per node); examples/slurm/train.sbatch shows both");
   }
   const std::string partition_iface = validate(o);
+  // Before the rendezvous too: a refused node never joins.
+  const TrainLayoutOnAllNodes layout = check_fewer_nodes(o);
   const Program program = resolve_program(o.command);
   HostPort master{"127.0.0.1", 0};
   if (!o.rdzv.empty()) master = parse_host_port(o.rdzv, /*allow_port_0=*/o.nnodes == 1);
@@ -534,6 +536,9 @@ int run_launch(const LaunchOptions& o) {
   agent.environment = worker_env;
   agent.nproc_per_node = o.nproc_per_node;
   agent.nnodes = o.nnodes;
+  agent.min_nnodes = o.min_nnodes;
+  agent.train_dp = layout.dp;
+  agent.train_grad_accum = layout.grad_accum;
   agent.node_rank = o.node_rank;
   agent.max_restarts = o.max_restarts;
   agent.brigade_train = o.command[0] == "train";
@@ -591,7 +596,7 @@ int run_launch(const LaunchOptions& o) {
         if (node >= 0) store.set(done_key(node), std::to_string(exit_status));
         if (o.standby) standby_done(store, supervisor.standby_id());
         if (node == 0) {
-          wait_for_other_nodes(store, o, supervisor.lost_nodes());
+          wait_for_other_nodes(store, o, supervisor.nodes_out());
           // Released by the agent's end: a waiting standby sees it within
           // a tick, a live one says so well within the silence allowed.
           wait_for_standbys(store, elastic::CoordinatorOptions{}.agent_timeout_ms);

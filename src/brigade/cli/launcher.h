@@ -47,7 +47,10 @@ namespace brigade::cli {
 
 struct LaunchOptions {
   int nproc_per_node = 0;  // 0: not given (fine under srun, an error otherwise)
-  int nnodes = 1;
+  int nnodes = 1;          // the job starts with this many (--nnodes MAX or MIN:MAX)
+  // The fewest it may go on with when nodes are lost and no standby is
+  // free (--nnodes MIN:MAX); 0: nnodes.
+  int min_nnodes = 0;
   int node_rank = 0;
   // "HOST:PORT" of the store. Empty (one node only): 127.0.0.1 and a free port.
   std::string rdzv;

@@ -68,6 +68,7 @@ Agent::Agent(AgentOptions options) : options_(std::move(options)) {
     c.node_rank = options_.node_rank;
     c.max_restarts = options_.max_restarts;
     c.standby = options_.standby;
+    c.min_nnodes = options_.min_nnodes;
     coordinator_.emplace(*options_.store, c, now_ns());
   }
   if (options_.standby) {
@@ -75,6 +76,8 @@ Agent::Agent(AgentOptions options) : options_(std::move(options)) {
     options_.node_rank = -1;  // until the coordinator gives it one
   }
   node_fault_raised_.assign(options_.node_faults.size(), false);
+  group_rank_ = options_.node_rank;
+  group_nodes_ = options_.nnodes;
 }
 
 int Agent::run(const sigset_t& child_mask) {
@@ -101,7 +104,7 @@ int Agent::run(const sigset_t& child_mask) {
     will_restart_ = false;
     Outcome outcome;
     {
-      WorkerGroup group(program_for_generation(), env, options_.node_rank * options_.nproc_per_node,
+      WorkerGroup group(program_for_generation(), env, group_rank_ * options_.nproc_per_node,
                         options_.nproc_per_node, child_mask, table.fd());
       outcome = supervise(group, table);
     }
@@ -142,7 +145,10 @@ Program Agent::program_for_generation() const {
   if (generation_ == 0) return program;
   // No checkpoint or snapshot yet: start over as the first generation did.
   const auto point = resume_point();
-  if (!point) return program;
+  if (!point) {
+    for (std::string& a : fewer_nodes_args()) program.argv.push_back(std::move(a));
+    return program;
+  }
   std::vector<std::string> argv;
   for (size_t i = 0; i < program.argv.size(); ++i) {
     const std::string& a = program.argv[i];
@@ -157,6 +163,7 @@ Program Agent::program_for_generation() const {
   // A checkpoint by its run directory: a newest one that does not verify
   // is then skipped for the one before.
   argv.push_back(point->from_snapshot ? point->dir.string() : run_dir_);
+  for (std::string& a : fewer_nodes_args()) argv.push_back(std::move(a));
   program.argv = std::move(argv);
   return program;
 }

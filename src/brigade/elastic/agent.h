@@ -47,7 +47,12 @@
 // a standby node's agent (options.standby), which runs no workers and
 // waits, takes its node rank in the next generation if the coordinator
 // gives it (elastic/standby.h), and runs that node's workers from the
-// newest checkpoint; with none free the job ends, naming the node. The
+// newest checkpoint; with none free the job goes on with the live nodes
+// if at least options.min_nnodes are left (`--nnodes MIN:MAX`: each agent
+// renumbers its workers by its node's place among them, GROUP_RANK, RANK
+// and WORLD_SIZE, and a `brigade train` keeps its global batch with dp
+// scaled to the world and grad_accum scaled inversely), else it ends,
+// naming the node. The
 // agent raises the whole-node faults (NodeFault: kill-agent, partition)
 // itself, once its workers completed the fault's step. A launcher's
 // signal ends the job on every node, whose workers all get the signal's
@@ -128,6 +133,15 @@ struct AgentOptions {
   // Random faults on this node's workers (elastic/fault_injection.h's
   // chaos), for as long as the job runs; none when unset.
   std::optional<ChaosSpec> chaos;
+  // The fewest nodes the job may go on with (`--nnodes MIN:MAX`) when
+  // nodes are lost and no standby is free; 0: nnodes.
+  int min_nnodes = 0;
+  // A `brigade train` job's parallel.dp and train.grad_accum on all nnodes
+  // nodes (0: not known). On fewer nodes its workers run with dp scaled to
+  // the world and grad_accum scaled inversely, so that every step still
+  // sums the same global batch.
+  int train_dp = 0;
+  int64_t train_grad_accum = 0;
   // A standby node's agent (multi-node only): node_rank is not used; it
   // waits until the coordinator gives it a lost node's.
   bool standby = false;
@@ -175,6 +189,9 @@ class Agent {
   // longer answers in time, so the launcher should not wait on it).
   const std::vector<int>& lost_nodes() const { return lost_nodes_; }
   bool lost_coordinator() const { return lost_coordinator_; }
+  // After run(), multi-node: every node that is out of the job, lost at its
+  // end or left out of a generation before (the job went on with fewer).
+  std::vector<int> nodes_out() const;
   // The node this agent ran (a standby's once given one; -1 before), and a
   // standby's id (-1 for a node's agent).
   int node_rank() const { return options_.node_rank; }
@@ -210,6 +227,12 @@ class Agent {
   // Raises this node's whole-node fault once its workers completed its step.
   void raise_node_fault(WorkerGroup& group, const HeartbeatTable& table);
   void record_job_incident(const JobView& view);
+  // Numbers this node's workers among the nodes of the generation the
+  // coordinator opened (fewer after a node was left out).
+  void take_membership();
+  // A `brigade train` on fewer nodes than it started on: the --set
+  // arguments that keep its global batch (empty on every node).
+  std::vector<std::string> fewer_nodes_args() const;
   void report_end(const std::string& why);
   void write_incidents(bool final);
   // Learns run_dir_ (and incident_base_) from the workers' heartbeats.
@@ -217,6 +240,9 @@ class Agent {
   int finish(Outcome outcome, int stopped);
 
   AgentOptions options_;
+  // This node's rank among the generation's nodes, and their number.
+  int group_rank_ = 0;
+  int group_nodes_ = 1;
   int64_t generation_ = 0;
   int restarts_ = 0;
   int64_t start_ns_ = 0;

@@ -54,7 +54,7 @@ bool Agent::wait_for_a_node(int* status) {
         // Its workers resume where the job's are (no worker of its own has
         // said so yet).
         run_dir_ = view.run_dir;
-        options_.environment.set("GROUP_RANK", std::to_string(options_.node_rank));
+        take_membership();
         std::fprintf(stderr,
                      "brigade launch: standby node %d takes the place of node %d: starting its "
                      "workers as generation %lld\n",
@@ -204,6 +204,7 @@ Agent::Outcome Agent::settle_generation(Outcome outcome) {
       case State::kRestart:
         record_job_incident(view);
         coordinator_->enter_next_generation();
+        take_membership();
         if (!failure_ || view.cause->node != options_.node_rank) {
           Incident cause = *view.cause;
           cause.what = fmt::format("node {}: {}", cause.node, cause.what);
@@ -255,6 +256,57 @@ void Agent::record_job_incident(const JobView& view) {
     incident.detected_ns += seen;
   }
   incidents_.push_back(std::move(incident));
+}
+
+void Agent::take_membership() {
+  const int index = coordinator_->member_index();
+  const int count = coordinator_->member_count();
+  if (index < 0)
+    throw_error("node {} is not among the nodes of generation {}", options_.node_rank,
+                coordinator_->generation());
+  if (index != group_rank_ || count != group_nodes_) {
+    std::fprintf(stderr,
+                 "brigade launch: node %d runs as node %d of %d in generation %lld (the job "
+                 "started with %d nodes)\n",
+                 options_.node_rank, index, count,
+                 static_cast<long long>(coordinator_->generation()), options_.nnodes);
+    std::fflush(stderr);
+  }
+  group_rank_ = index;
+  group_nodes_ = count;
+  options_.environment.set("GROUP_RANK", std::to_string(index));
+  options_.environment.set("WORLD_SIZE", std::to_string(count * options_.nproc_per_node));
+}
+
+std::vector<std::string> Agent::fewer_nodes_args() const {
+  if (!options_.brigade_train || options_.train_dp == 0 || group_nodes_ == options_.nnodes) {
+    return {};
+  }
+  // The launcher refused node counts these are not whole for (launch_nodes.h).
+  const int64_t dp = options_.train_dp, accum = options_.train_grad_accum;
+  if (dp * group_nodes_ % options_.nnodes != 0 ||
+      dp * accum % (dp * group_nodes_ / options_.nnodes) != 0) {
+    throw_error(
+        "the job cannot go on with {} of its {} nodes: parallel.dp = {} and train.grad_accum = {} "
+        "do not scale to a whole dp and grad_accum there",
+        group_nodes_, options_.nnodes, dp, accum);
+  }
+  const int64_t fewer_dp = dp * group_nodes_ / options_.nnodes;
+  return {"--set", fmt::format("parallel.dp={}", fewer_dp), "--set",
+          fmt::format("train.grad_accum={}", dp * accum / fewer_dp)};
+}
+
+std::vector<int> Agent::nodes_out() const {
+  std::vector<int> out = lost_nodes_;
+  if (!coordinator_) return out;
+  const std::vector<int>& members = coordinator_->members();
+  for (int n = 0; n < options_.nnodes; ++n) {
+    if (std::find(members.begin(), members.end(), n) == members.end() &&
+        std::find(out.begin(), out.end(), n) == out.end()) {
+      out.push_back(n);
+    }
+  }
+  return out;
 }
 
 }  // namespace brigade::elastic

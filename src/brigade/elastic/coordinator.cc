@@ -71,6 +71,7 @@ nlohmann::json report_json(const Incident& i) {
                       {"mean_step_ms", i.mean_step_ms}};
   if (i.signal) j["signal"] = *i.signal;
   if (i.exit_code) j["exit_code"] = *i.exit_code;
+  if (i.nodes > 0) j["nodes"] = i.nodes;
   return j;
 }
 
@@ -98,7 +99,9 @@ Incident parse_report(const std::string& key, const nlohmann::json& j, int64_t n
     return fail();
   }
   if ((j.contains("signal") && !j.at("signal").is_number_integer()) ||
-      (j.contains("exit_code") && !j.at("exit_code").is_number_integer())) {
+      (j.contains("exit_code") && !j.at("exit_code").is_number_integer()) ||
+      (j.contains("nodes") &&
+       (!j.at("nodes").is_number_integer() || j.at("nodes").get<int>() < 1))) {
     return fail();
   }
   Incident i;
@@ -112,6 +115,7 @@ Incident parse_report(const std::string& key, const nlohmann::json& j, int64_t n
   i.mean_step_ms = j.at("mean_step_ms");
   if (j.contains("signal")) i.signal = j.at("signal").get<int>();
   if (j.contains("exit_code")) i.exit_code = j.at("exit_code").get<int>();
+  if (j.contains("nodes")) i.nodes = j.at("nodes").get<int>();
   i.detected_ns = now_ns;
   i.fault_ns = now_ns - static_cast<int64_t>(detected_after_ms * 1e6);
   return i;
@@ -170,6 +174,11 @@ Coordinator::Coordinator(CoordinatorStore& store, CoordinatorOptions options, in
       last_beat_(static_cast<size_t>(options.nnodes), -1),
       beat_changed_ns_(static_cast<size_t>(options.nnodes), now_ns) {
   for (int n = 0; n < options_.nnodes; ++n) beat_keys_.push_back(beat_key(n));
+  for (int n = 0; n < options_.nnodes; ++n) members_.push_back(n);
+  if (options_.min_nnodes < 0 || options_.min_nnodes > options_.nnodes) {
+    throw_error("the fewest nodes a job may go on with must be in 1..{} (its nodes), got {}",
+                options_.nnodes, options_.min_nnodes);
+  }
   // A call that takes its whole timeout and then succeeds delays the next
   // beat by as much: past half the silence allowed, a healthy agent could
   // look lost.
@@ -332,6 +341,12 @@ JobView Coordinator::read_state() {
       const std::string cause = cause_key(generation_);
       const auto text = store_.try_get(cause);
       if (!text) throw MalformedValue(open, *next, "an open generation (its cause is missing)");
+      // Written before the generation opened; absent, it has every node of this one.
+      next_members_ = members_;
+      const std::string members = members_key(generation_ + 1);
+      if (const auto nodes = store_.try_get(members)) {
+        next_members_ = parse_members(members, *nodes, options_.nnodes);
+      }
       v.state = JobView::State::kRestart;
       v.cause = parse_report(cause, parse_object(cause, *text, "a failure report"), 0);
       next_open_ = true;
@@ -342,7 +357,7 @@ JobView Coordinator::read_state() {
     return v;
   }
   if (reported_stopped_) {
-    for (int n = 0; n < options_.nnodes; ++n) {
+    for (const int n : members_) {
       const std::string key = stopped_key(generation_, n);
       const auto stopped = store_.try_get(key);
       if (!stopped) return v;
@@ -372,7 +387,7 @@ std::optional<JobView> Coordinator::lead(int64_t now_ns) {
   const int64_t timeout_ns = options_.agent_timeout_ms * kNsPerMs;
   standbys_->watch(now_ns);
   for (int n = 1; n < options_.nnodes; ++n) {
-    if (lost_.contains(n)) continue;
+    if (lost_.contains(n) || !member(n)) continue;
     if (beat_moved(n, now_ns) || now_ns - beat_changed_ns_[n] <= timeout_ns) continue;
     if (const auto ended = on_silent_node(n, now_ns)) return ended;
   }
@@ -380,7 +395,7 @@ std::optional<JobView> Coordinator::lead(int64_t now_ns) {
   const auto count = store_.try_get(reports);
   if (!count || parse_count(reports, *count) == 0) return std::nullopt;
   if (store_.try_get(open_key(generation_ + 1))) return std::nullopt;
-  for (int n = 0; n < options_.nnodes; ++n) {
+  for (const int n : members_) {
     if (!lost_.contains(n) && !store_.try_get(stopped_key(generation_, n))) return std::nullopt;
   }
   // Every node's workers of this generation are gone: decide. A lost node
@@ -389,7 +404,10 @@ std::optional<JobView> Coordinator::lead(int64_t now_ns) {
   if (!cause) {
     throw MalformedValue(reports, *count, "a count of reports that exist (none does)");
   }
+  next_members_ = members_;  // unless lost nodes are left out
   if (generation_ < options_.max_restarts && replace_lost_nodes(now_ns, *cause)) {
+    // Before the generation opens: every agent reads it there.
+    store_.set(members_key(generation_ + 1), members_text(next_members_));
     store_.set(cause_key(generation_), report_json(*cause).dump());
     store_.set(open_key(generation_ + 1), std::to_string(generation_ + 1));
     return std::nullopt;  // read_state() sees it on the next poll, as everyone does
@@ -524,6 +542,7 @@ void Coordinator::enter_next_generation() {
         generation_ + 1, generation_);
   }
   ++generation_;
+  members_ = next_members_;
   lost_.clear();
   reported_failure_ = false;
   pending_report_.reset();

@@ -11,6 +11,9 @@
 //   gen/<g>/stopped/<node>        "ok" or "failed": every worker of the node's
 //                                 generation g has exited and been reaped
 //   gen/<g>/cause                 the report the job's incident is made of
+//   gen/<g+1>/members             the nodes of g+1 (original ranks in order,
+//                                 "0 2"): a node's rank in g+1 is its
+//                                 position, the node count their number
 //   gen/<g+1>/open                "<g+1>": generation g+1 may start
 //   end                           why the job ends (JSON), once and for all
 //   run_dir                       where the job's workers write (node 0's)
@@ -40,9 +43,15 @@
 //     "partition" when its agent said it cut its own network: an injected
 //     fault writes gen/<g>/node_fault/<n> first). With no standby free or
 //     no restart left the job ends naming the node (and every node lost
-//     with it). At the decision every lost node gets a live standby, or
-//     none does and the job ends: a standby that died meanwhile is not
-//     replaced by half a job. A standby given a node that the leader then
+//     with it), unless the job may go on with fewer nodes (min_nnodes,
+//     `--nnodes MIN:MAX`): with a restart left and at least min_nnodes
+//     nodes still live, the leader opens g+1 with the live nodes only
+//     (gen/<g+1>/members; node 0 stays first and leads), each agent's
+//     workers renumbered by its position there. At the decision every lost
+//     node gets a live standby, or, when fewer nodes are allowed, those
+//     without one are left out (standbys first); otherwise none does and
+//     the job ends: a standby that died meanwhile is not replaced by half a
+//     job. A standby given a node that the leader then
 //     declared lost again in that generation (it was too slow to start)
 //     leaves without starting workers.
 //   - The other agents watch the leader's beat the same way, and treat a
@@ -128,6 +137,9 @@ class StandbyPool;
 
 struct CoordinatorOptions {
   int nnodes = 1;
+  // The fewest nodes the job may go on with when nodes are lost and no
+  // standby is free for them; 0: nnodes (never fewer).
+  int min_nnodes = 0;
   int node_rank = 0;  // ignored for a standby, until it is given a node
   // A standby node's agent (elastic/standby.h): it registers, beats and
   // waits for a lost node's rank.
@@ -191,6 +203,12 @@ class Coordinator {
   int node_rank() const { return options_.standby ? -1 : options_.node_rank; }
   // A standby's id (elastic/standby.h), given or not a node; -1 for a node's agent.
   int standby_id() const { return standby_id_; }
+  // The nodes of this generation (their original ranks, in order): every
+  // node until the job went on with fewer. A node's workers are numbered
+  // by member_index() of member_count() nodes.
+  const std::vector<int>& members() const { return members_; }
+  int member_index() const;
+  int member_count() const { return static_cast<int>(members_.size()); }
 
   // This node raises a whole-node fault now (elastic/fault_injection.h's
   // NodeFault: "kill-agent" or "partition"), so that the leader records
@@ -243,6 +261,11 @@ class Coordinator {
   // Node 0: gives every lost node of the generation to a free standby;
   // false when none is free for one of them.
   bool replace_lost_nodes(int64_t now_ns, Incident& cause);
+  // Node 0: whether the job may go on without `lost` of its nodes.
+  bool may_go_on_with_fewer(size_t lost) const;
+  // Node 0: leaves the lost nodes without a standby out of generation g+1.
+  void leave_out(const std::vector<int>& nodes, Incident& cause);
+  bool member(int node) const;
   // Node 0: checks the agents' beats and turns reports into decisions.
   std::optional<JobView> lead(int64_t now_ns);
   // The leader's beat, seen from the other nodes.
@@ -270,6 +293,10 @@ class Coordinator {
   // Per node: the key its agent beats under (a standby that took a node's
   // place keeps its own).
   std::vector<std::string> beat_keys_;
+  // The nodes of this generation and, once the leader opened the next, of
+  // that one (original ranks, in order).
+  std::vector<int> members_;
+  std::vector<int> next_members_;
   int64_t generation_ = 0;
   int64_t next_beat_ns_ = 0;
   bool reported_failure_ = false;

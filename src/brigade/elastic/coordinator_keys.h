@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "brigade/elastic/incidents.h"
 
@@ -21,6 +22,14 @@ const std::string& end_key();
 std::string lost_key(int node);
 std::string replaced_key(int64_t g, int node);
 std::string node_fault_key(int64_t g, int node);
+std::string members_key(int64_t g);
+
+// gen/<g>/members: the nodes of generation g, their original ranks in
+// order, space-separated ("0 2"); a node's rank in g is its position.
+std::string members_text(const std::vector<int>& members);
+// Throws MalformedValue unless the nodes are increasing, within
+// 0..nnodes-1 and start with node 0 (the leader is never left out).
+std::vector<int> parse_members(const std::string& key, const std::string& value, int nnodes);
 
 // Throw MalformedValue for a value no agent of the job would write.
 int64_t parse_count(const std::string& key, const std::string& value);

@@ -33,8 +33,8 @@ std::optional<JobView> Coordinator::check_not_lost() {
   v.lost_coordinator = true;  // nobody waits for this node any more
   v.why = fmt::format(
       "the coordinator declared node {} lost in generation {} (its agent sent no heartbeat for "
-      "too long) and gave its place to a standby node: this agent stops its workers and does not "
-      "rejoin",
+      "too long) and the job went on without it (a standby node in its place, or fewer nodes): "
+      "this agent stops its workers and does not rejoin",
       options_.node_rank, lost_in);
   return v;
 }
@@ -87,6 +87,12 @@ JobView Coordinator::standby_poll(int64_t now_ns) {
       options_.standby = false;
       options_.node_rank = given->node;
       generation_ = given->generation;
+      // The job may have gone on with fewer nodes before: the standby's
+      // workers are numbered among the generation's nodes.
+      const std::string members = members_key(generation_);
+      if (const auto text = store_.try_get(members)) {
+        members_ = parse_members(members, *text, options_.nnodes);
+      }
       v.state = JobView::State::kRestart;
       v.run_dir = store_.try_get(coordinator_key("run_dir")).value_or("");
       return v;
@@ -128,8 +134,10 @@ std::optional<JobView> Coordinator::on_silent_node(int n, int64_t now_ns) {
   Incident lost = lost_incident(n, now_ns);
   const int standbys = standbys_->registered();
   // A standby for this node besides one for each node already lost.
+  // Or the job may go on without it (and every node already lost).
   if (generation_ < options_.max_restarts &&
-      standbys_->pick(now_ns, lost_.size() + 1).size() > lost_.size()) {
+      (standbys_->pick(now_ns, lost_.size() + 1).size() > lost_.size() ||
+       may_go_on_with_fewer(lost_.size() + 1))) {
     // Marked before the others hear of it: its agent, should it come back,
     // finds itself out before it can see the next generation open.
     store_.set(lost_key(n), std::to_string(generation_));
@@ -138,10 +146,19 @@ std::optional<JobView> Coordinator::on_silent_node(int n, int64_t now_ns) {
     return std::nullopt;
   }
   std::string why;
-  if (standbys == 0) {
+  const bool fewer_allowed = options_.min_nnodes > 0 && options_.min_nnodes < options_.nnodes;
+  if (fewer_allowed && generation_ < options_.max_restarts) {
+    std::string nodes = std::to_string(n);
+    for (const auto& [other, incident] : lost_) nodes += fmt::format(", {}", other);
+    why = fmt::format(
+        "with no standby node free, going on without node{} {} would leave {} of the job's {} "
+        "nodes, fewer than the {} that --nnodes {}:{} allows, so the job ends",
+        lost_.empty() ? "" : "s", nodes, members_.size() - lost_.size() - 1, options_.nnodes,
+        options_.min_nnodes, options_.min_nnodes, options_.nnodes);
+  } else if (standbys == 0) {
     why =
-        "with no standby node the job cannot go on at the same world size, so it ends "
-        "(continuing on fewer nodes is not supported yet)";
+        "with no standby node the job cannot go on at the same world size, so it ends (to go on "
+        "with fewer nodes instead, launch every node with --nnodes MIN:MAX)";
   } else if (generation_ >= options_.max_restarts) {
     why = fmt::format("no restart left ({} used), so the job ends", generation_);
   } else {
@@ -168,7 +185,8 @@ bool Coordinator::replace_lost_nodes(int64_t now_ns, Incident& cause) {
   // for every lost node, or none is given: half a replacement ends the job
   // all the same, with a standby taken for nothing.
   const std::vector<int> free = standbys_->pick(now_ns, lost_.size());
-  if (free.size() < lost_.size()) {
+  // Those without one are left out when the job may go on with fewer nodes.
+  if (free.size() < lost_.size() && !may_go_on_with_fewer(lost_.size() - free.size())) {
     std::string nodes;
     for (const auto& [n, lost] : lost_) nodes += fmt::format("{}{}", nodes.empty() ? "" : ", ", n);
     cause.what += fmt::format(
@@ -178,7 +196,12 @@ bool Coordinator::replace_lost_nodes(int64_t now_ns, Incident& cause) {
     return false;
   }
   size_t next = 0;
+  std::vector<int> left_out;
   for (auto& [n, lost] : lost_) {
+    if (next == free.size()) {
+      left_out.push_back(n);
+      continue;
+    }
     const int standby = free[next++];
     standbys_->assign(standby, n, generation_ + 1);
     store_.set(replaced_key(generation_ + 1, n), fmt::format("standby {}", standby));
@@ -190,6 +213,7 @@ bool Coordinator::replace_lost_nodes(int64_t now_ns, Incident& cause) {
     last_beat_[n] = -1;
     beat_changed_ns_[n] = now_ns;
   }
+  if (!left_out.empty()) leave_out(left_out, cause);
   return true;
 }
 

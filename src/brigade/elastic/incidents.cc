@@ -56,6 +56,8 @@ nlohmann::json Incident::to_json() const {
                       {"last_step", last_step}};
   j["signal"] = signal ? nlohmann::json(*signal) : nlohmann::json(nullptr);
   j["exit_code"] = exit_code ? nlohmann::json(*exit_code) : nlohmann::json(nullptr);
+  // The job went on with fewer nodes after it.
+  if (nodes > 0) j["nodes"] = nodes;
   const auto recovered = recovered_after_ms();
   j["recovered_after_ms"] = recovered ? nlohmann::json(*recovered) : nlohmann::json(nullptr);
   j["resumed_from_step"] =

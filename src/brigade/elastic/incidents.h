@@ -49,6 +49,9 @@ struct Incident {
   int64_t detected_ns = 0;
   int64_t last_step = 0;  // the last step any worker completed before the fault
   double mean_step_ms = 0;
+  // The nodes the job went on with after this incident, when it went on
+  // with fewer (`--nnodes MIN:MAX`, no standby free); 0: as many as before.
+  int nodes = 0;
   // Filled in by the next generation: the step it resumed from and when
   // its first step completed.
   std::optional<int64_t> resumed_from_step;

@@ -1,0 +1,162 @@
+// Going on with fewer nodes (`--nnodes MIN:MAX`, elastic/coordinator.h):
+// the leader's decision alone. As in standby_test.cc, every agent is a
+// Coordinator over its own client of one real TcpStore, and time is passed
+// in by the test. End to end, training included: tests/cli/elastic_fewer_test.cc.
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "brigade/comm/tcp_store.h"
+#include "brigade/elastic/coordinator.h"
+#include "brigade/elastic/standby.h"
+
+namespace brigade::elastic {
+namespace BRIGADE_TEST_FILE {
+
+constexpr int64_t kMs = 1'000'000;
+constexpr char kToken[] = "fewer-test-token";
+using State = JobView::State;
+
+struct Agent {
+  Agent(uint16_t port, int nnodes, int min_nnodes, int rank, bool standby)
+      : client("127.0.0.1", port, kToken, 1'000), store(client) {
+    CoordinatorOptions o;
+    o.nnodes = nnodes;
+    o.min_nnodes = min_nnodes;
+    o.node_rank = rank;
+    o.max_restarts = 3;
+    o.standby = standby;
+    coordinator = std::make_unique<Coordinator>(store, o, 0);
+  }
+  JobView poll(int64_t t) { return coordinator->poll(t); }
+  TcpStore client;
+  TcpCoordinatorStore store;
+  std::unique_ptr<Coordinator> coordinator;
+};
+
+class FewerNodesTest : public ::testing::Test {
+ protected:
+  std::unique_ptr<Agent> node(int rank, int nnodes, int min_nnodes) {
+    return std::make_unique<Agent>(server_.port(), nnodes, min_nnodes, rank, false);
+  }
+  std::unique_ptr<Agent> standby(int nnodes, int min_nnodes) {
+    return std::make_unique<Agent>(server_.port(), nnodes, min_nnodes, 0, true);
+  }
+  // Polls every agent in `live` each 100 ms from t until `until`.
+  static void run(const std::vector<Agent*>& live, int64_t& t, int64_t until) {
+    for (; t <= until; t += 100 * kMs) {
+      for (Agent* a : live) a->poll(t);
+    }
+  }
+  TcpStoreServer server_{"127.0.0.1", 0, kToken};
+  TcpStore raw_{"127.0.0.1", server_.port(), kToken, 1'000};
+};
+
+// 3 nodes, --nnodes 2:3, no standby: node 1 falls silent. The leader opens
+// generation 1 with nodes 0 and 2, node 2 renumbered 1 of 2; the incident
+// says the job went on with 2 nodes.
+TEST_F(FewerNodesTest, ALostNodeWithNoStandbyLeavesTheJobOnTheLiveNodesRenumbered) {
+  auto n0 = node(0, 3, 2), n1 = node(1, 3, 2), n2 = node(2, 3, 2);
+  int64_t t = 0;
+  run({n0.get(), n1.get(), n2.get()}, t, 1'000 * kMs);
+  run({n0.get(), n2.get()}, t, 3'200 * kMs);  // node 1 silent for more than 2 s
+  EXPECT_EQ(n0->poll(t).state, State::kFailing);
+  EXPECT_EQ(n2->poll(t).state, State::kFailing);
+  n0->coordinator->report_stopped(false);
+  n2->coordinator->report_stopped(false);
+  n0->poll(t += 100 * kMs);  // decides
+  for (Agent* a : {n0.get(), n2.get()}) {
+    const JobView v = a->poll(t += 100 * kMs);
+    ASSERT_EQ(v.state, State::kRestart);
+    ASSERT_TRUE(v.cause);
+    EXPECT_EQ(v.cause->kind, "node_lost");
+    EXPECT_EQ(v.cause->node, 1);
+    EXPECT_EQ(v.cause->nodes, 2);
+    EXPECT_NE(v.cause->what.find("no standby node is free: the job goes on with 2 of its 3 nodes "
+                                 "in generation 1 (node 2 -> 1)"),
+              std::string::npos)
+        << v.cause->what;
+    a->coordinator->enter_next_generation();
+    EXPECT_EQ(a->coordinator->members(), (std::vector<int>{0, 2}));
+    EXPECT_EQ(a->coordinator->member_count(), 2);
+  }
+  EXPECT_EQ(n0->coordinator->member_index(), 0);
+  EXPECT_EQ(n2->coordinator->member_index(), 1);
+  // Node 1's agent, back, is out for good.
+  const JobView back = n1->poll(t);
+  EXPECT_EQ(back.state, State::kEnded);
+  EXPECT_TRUE(back.lost_coordinator);
+  // Generation 1 succeeds on the two nodes alone: node 1 is not waited for.
+  n0->coordinator->report_stopped(true);
+  n2->coordinator->report_stopped(true);
+  EXPECT_EQ(n0->poll(t += 100 * kMs).state, State::kSucceeded);
+  EXPECT_EQ(n2->poll(t).state, State::kSucceeded);
+}
+
+// A standby free is used first: the world size stays, nobody is left out.
+TEST_F(FewerNodesTest, AFreeStandbyIsUsedBeforeGoingOnWithFewerNodes) {
+  auto n0 = node(0, 2, 1), n1 = node(1, 2, 1), s = standby(2, 1);
+  int64_t t = 0;
+  run({n0.get(), n1.get(), s.get()}, t, 1'000 * kMs);
+  run({n0.get(), s.get()}, t, 3'200 * kMs);
+  EXPECT_EQ(n0->poll(t).state, State::kFailing);
+  n0->coordinator->report_stopped(false);
+  n0->poll(t += 100 * kMs);
+  const JobView v = n0->poll(t += 100 * kMs);
+  ASSERT_EQ(v.state, State::kRestart);
+  EXPECT_EQ(v.cause->nodes, 0);
+  EXPECT_NE(v.cause->what.find("standby 0 takes its place as node 1"), std::string::npos)
+      << v.cause->what;
+  n0->coordinator->enter_next_generation();
+  EXPECT_EQ(n0->coordinator->members(), (std::vector<int>{0, 1}));
+  ASSERT_EQ(s->poll(t).state, State::kRestart);
+  EXPECT_EQ(s->coordinator->node_rank(), 1);
+  EXPECT_EQ(s->coordinator->member_index(), 1);
+  EXPECT_EQ(s->coordinator->member_count(), 2);
+}
+
+// Below MIN the job ends naming the nodes: 3 nodes, --nnodes 2:3, nodes 1
+// and 2 both silent. And without MIN:MAX (min = max) one lost node ends it.
+TEST_F(FewerNodesTest, BelowTheFewestAllowedTheJobEndsNamingTheNodes) {
+  auto n0 = node(0, 3, 2), n1 = node(1, 3, 2), n2 = node(2, 3, 2);
+  int64_t t = 0;
+  run({n0.get(), n1.get(), n2.get()}, t, 1'000 * kMs);
+  JobView v;
+  for (; t <= 4'000 * kMs && v.state != State::kEnded; t += 100 * kMs) v = n0->poll(t);
+  ASSERT_EQ(v.state, State::kEnded) << v.why;
+  EXPECT_EQ(v.lost_nodes, (std::vector<int>{2, 1}));
+  EXPECT_NE(v.why.find("going on without nodes 2, 1 would leave 1 of the job's 3 nodes, fewer "
+                       "than the 2 that --nnodes 2:3 allows, so the job ends"),
+            std::string::npos)
+      << v.why;
+}
+
+TEST_F(FewerNodesTest, WithoutMinMaxALostNodeWithNoStandbyEndsTheJob) {
+  auto n0 = node(0, 2, 0), n1 = node(1, 2, 0);
+  int64_t t = 0;
+  run({n0.get(), n1.get()}, t, 1'000 * kMs);
+  JobView v;
+  for (; t <= 4'000 * kMs && v.state != State::kEnded; t += 100 * kMs) v = n0->poll(t);
+  ASSERT_EQ(v.state, State::kEnded);
+  EXPECT_EQ(v.lost_node, 1);
+  EXPECT_NE(v.why.find("launch every node with --nnodes MIN:MAX"), std::string::npos) << v.why;
+}
+
+// A members list no agent would write is refused, never acted on.
+TEST_F(FewerNodesTest, AMalformedMembersListEndsTheJobNamingTheKey) {
+  auto n0 = node(0, 2, 1), n1 = node(1, 2, 1);
+  raw_.add(coordinator_key("gen/0/reports"), 1);
+  raw_.set(coordinator_key("gen/0/cause"),
+           R"({"kind":"crash","rank":0,"node":0,"pid":1,"what":"x","injected":false,)"
+           R"("detected_after_ms":1,"last_step":1,"mean_step_ms":1})");
+  raw_.set(coordinator_key("gen/1/members"), "1 0");
+  raw_.set(coordinator_key("gen/1/open"), "1");
+  const JobView v = n1->poll(0);
+  EXPECT_EQ(v.state, State::kEnded);
+  EXPECT_NE(v.why.find("brigade/coord/gen/1/members"), std::string::npos) << v.why;
+}
+
+}  // namespace BRIGADE_TEST_FILE
+}  // namespace brigade::elastic
