@@ -110,6 +110,27 @@ TEST(KernelGradcheck, GeluValues) {
   }
 }
 
+TEST(KernelGradcheck, GeluForwardBackwardMatchesTheSeparateKernels) {
+  // The backward pass's fused recompute: the activation must equal
+  // gelu_forward's and the gradient gelu_backward's, in place over dout as
+  // the model calls it, at any n (a length that is not a multiple of the
+  // vector width, and one large enough to be split across threads).
+  for (const int64_t n : {int64_t{203}, int64_t{1} << 16}) {
+    const auto x = random_vector(n, 31, 4.0f);
+    const auto dout = random_vector(n, 32);
+    std::vector<float> y(n), dx(n), y_fused(n), dx_fused = dout;
+    cpu::gelu_forward(y.data(), x.data(), n);
+    cpu::gelu_backward(dx.data(), dout.data(), x.data(), n);
+    cpu::gelu_forward_backward(y_fused.data(), dx_fused.data(), dx_fused.data(), x.data(), n);
+    for (int64_t i = 0; i < n; ++i) {
+      ASSERT_NEAR(y_fused[i], y[i], 1e-6f * std::max(1.0f, std::fabs(y[i])))
+          << "n " << n << " i " << i;
+      ASSERT_NEAR(dx_fused[i], dx[i], 1e-6f * std::max(1.0f, std::fabs(dx[i])))
+          << "n " << n << " i " << i;
+    }
+  }
+}
+
 // Attention over T that spans several query blocks (the kernel's block is 64
 // rows), so both the diagonal-block masking and the off-diagonal blocks count.
 TEST(KernelGradcheck, Attention) {
