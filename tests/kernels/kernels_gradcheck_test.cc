@@ -110,6 +110,27 @@ TEST(KernelGradcheck, GeluValues) {
   }
 }
 
+TEST(KernelGradcheck, GeluForwardBackwardMatchesTheSeparateKernels) {
+  // The backward pass's fused recompute: the activation must equal
+  // gelu_forward's and the gradient gelu_backward's, in place over dout as
+  // the model calls it, at any n (a length that is not a multiple of the
+  // vector width, and one large enough to be split across threads).
+  for (const int64_t n : {int64_t{203}, int64_t{1} << 16}) {
+    const auto x = random_vector(n, 31, 4.0f);
+    const auto dout = random_vector(n, 32);
+    std::vector<float> y(n), dx(n), y_fused(n), dx_fused = dout;
+    cpu::gelu_forward(y.data(), x.data(), n);
+    cpu::gelu_backward(dx.data(), dout.data(), x.data(), n);
+    cpu::gelu_forward_backward(y_fused.data(), dx_fused.data(), dx_fused.data(), x.data(), n);
+    for (int64_t i = 0; i < n; ++i) {
+      ASSERT_NEAR(y_fused[i], y[i], 1e-6f * std::max(1.0f, std::fabs(y[i])))
+          << "n " << n << " i " << i;
+      ASSERT_NEAR(dx_fused[i], dx[i], 1e-6f * std::max(1.0f, std::fabs(dx[i])))
+          << "n " << n << " i " << i;
+    }
+  }
+}
+
 // Attention over T that spans several query blocks (the kernel's block is 64
 // rows), so both the diagonal-block masking and the off-diagonal blocks count.
 TEST(KernelGradcheck, Attention) {
@@ -198,6 +219,42 @@ TEST(KernelGradcheck, LmHeadLossInChunks) {
   expect_gradient_matches("lm head dx", x, dx, loss, 1e-2f, 32);
   // dwte is sparse-ish in its large entries; sample the target rows.
   expect_gradient_matches("lm head dwte", wte, dwte, loss, 1e-2f, 32);
+}
+
+TEST(KernelGradcheck, LmHeadGradientsMatchADirectSoftmax) {
+  // The loss and both gradients against softmax - one-hot written out in
+  // double precision, to float rounding: a finite-difference check would
+  // miss a gradient off by a percent. 300 rows over the threshold for
+  // threads, a vocabulary that is not a multiple of the vector width.
+  const int64_t n = 300, c = 8, v = 1001;
+  const float scale = 0.25f;
+  const auto x = random_vector(n * c, 41), wte = random_vector(v * c, 42, 0.5f);
+  std::vector<int32_t> targets(n);
+  for (int64_t i = 0; i < n; ++i) targets[i] = static_cast<int32_t>((i * 7919) % v);
+  std::vector<float> losses(n), dx(n * c), dwte(v * c, 0.0f);
+  cpu::LmHeadLossArgs a{x.data(), wte.data(),    targets.data(), n,           c,
+                        v,        losses.data(), dx.data(),      dwte.data(), scale};
+  cpu::lm_head_loss(a);
+  std::vector<double> want_dx(n * c, 0.0), want_dwte(v * c, 0.0), logit(v);
+  for (int64_t r = 0; r < n; ++r) {
+    double mx = -1e300, sum = 0.0;
+    for (int64_t j = 0; j < v; ++j) {
+      logit[j] = 0.0;
+      for (int64_t k = 0; k < c; ++k) logit[j] += double{x[r * c + k]} * wte[j * c + k];
+      mx = std::max(mx, logit[j]);
+    }
+    for (int64_t j = 0; j < v; ++j) sum += std::exp(logit[j] - mx);
+    EXPECT_NEAR(losses[r], mx + std::log(sum) - logit[targets[r]], 1e-5) << "row " << r;
+    for (int64_t j = 0; j < v; ++j) {
+      const double d = scale * (std::exp(logit[j] - mx) / sum - (j == targets[r] ? 1.0 : 0.0));
+      for (int64_t k = 0; k < c; ++k) {
+        want_dx[r * c + k] += d * wte[j * c + k];
+        want_dwte[j * c + k] += d * x[r * c + k];
+      }
+    }
+  }
+  for (int64_t i = 0; i < n * c; ++i) ASSERT_NEAR(dx[i], want_dx[i], 1e-6) << "dx " << i;
+  for (int64_t i = 0; i < v * c; ++i) ASSERT_NEAR(dwte[i], want_dwte[i], 1e-6) << "dwte " << i;
 }
 
 TEST(VectorOps, SumOfSquaresIsTheSameForAnyThreadCount) {

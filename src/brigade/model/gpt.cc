@@ -377,10 +377,20 @@ void Gpt::block_backward(int64_t layer, const Stash& s, const float* resid_in, f
   // N rows (gathered under sequence parallelism: the backward of the
   // forward's reduce-scatter). The row-parallel bias gradient is then whole
   // here, as on one process, so every tp rank's copy gets the same gradient.
-  if (keep == nullptr) cpu::gelu_forward(ws.c4_a, s.fc_pre, n * 4 * cl);  // cheaper than storing
-  linear_bwd(ws.c4_b, g + o.mlp_proj_w, g + o.mlp_proj_b, gather_rows(dresid, n), ws.c4_a,
-             p + o.mlp_proj_w, 4 * cl, c, keep ? keep->mlp_proj : nullptr);
-  cpu::gelu_backward(ws.c4_b, ws.c4_b, s.fc_pre, n * 4 * cl);
+  const float* dmlp = gather_rows(dresid, n);
+  if (keep == nullptr) {
+    // dc4 (N,4Cl) = dmlp @ mlp.c_proj.weight^T first; then one pass rebuilds
+    // the activation for the weight gradient (cheaper than storing it) and
+    // turns dc4 into dL/d(fc_pre), from one tanh per element.
+    cpu::gemm(false, true, n, 4 * cl, c, 1.0f, dmlp, c, p + o.mlp_proj_w, c, 0.0f, ws.c4_b, 4 * cl);
+    cpu::gelu_forward_backward(ws.c4_a, ws.c4_b, ws.c4_b, s.fc_pre, n * 4 * cl);
+    cpu::linear_backward(nullptr, g + o.mlp_proj_w, g + o.mlp_proj_b, dmlp, ws.c4_a,
+                         p + o.mlp_proj_w, n, 4 * cl, c, /*accumulate_din=*/false);
+  } else {
+    linear_bwd(ws.c4_b, g + o.mlp_proj_w, g + o.mlp_proj_b, dmlp, ws.c4_a, p + o.mlp_proj_w, 4 * cl,
+               c, keep->mlp_proj);
+    cpu::gelu_backward(ws.c4_b, ws.c4_b, s.fc_pre, n * 4 * cl);
+  }
   linear_bwd(ws.c_a, g + o.c_fc_w, g + o.c_fc_b, ws.c4_b, keep ? nullptr : gather_rows(s.ln2, n),
              p + o.c_fc_w, c, 4 * cl, keep ? keep->c_fc : nullptr);
   // dL/d(ln2): each rank had its columns' share; summed (or reduce-scattered).

@@ -28,6 +28,8 @@
   X(void, gelu_forward, (float* out, const float* x, int64_t n), (out, x, n))                    \
   X(void, gelu_backward, (float* dx, const float* dout, const float* x, int64_t n),              \
     (dx, dout, x, n))                                                                            \
+  X(void, gelu_forward_backward, (float* out, float* dx, const float* dout, const float* x,      \
+    int64_t n), (out, dx, dout, x, n))                                                           \
   X(void, layernorm_forward, (float* out, float* mean, float* rstd, const float* x,              \
     const float* w, const float* b, int64_t n, int64_t c), (out, mean, rstd, x, w, b, n, c))     \
   X(void, residual_layernorm_forward, (float* sum, float* out, float* mean, float* rstd,         \

@@ -37,4 +37,16 @@ void gelu_backward(float* dx, const float* dout, const float* x, int64_t n) {
   }
 }
 
+void gelu_forward_backward(float* out, float* dx, const float* dout, const float* x, int64_t n) {
+#pragma omp parallel for simd schedule(static) if (worth_threading(n))
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = x[i];
+    const float u = kSqrt2OverPi * (v + kCubic * v * v * v);
+    const float t = fast_tanh(u);
+    const float du = kSqrt2OverPi * (1.0f + 3.0f * kCubic * v * v);
+    out[i] = 0.5f * v * (1.0f + t);
+    dx[i] = dout[i] * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du);
+  }
+}
+
 }  // BRIGADE_ISA_NAMESPACE(brigade::cpu)

@@ -94,12 +94,36 @@ void lm_head_loss(const LmHeadLossArgs& a) {
     lm_head_logits(logits, xc, a.wte, rows, a.c, a.v);
     if (!a.combine) {
       // The whole vocabulary is here: one pass per row while it is in cache.
+      // With gradients, each exp is computed once: exp(logit - max) stays in
+      // the row and is scaled by loss_scale / sum (what finish_row would
+      // recompute as exp(logit - lse) * loss_scale, one exp per logit more).
 #pragma omp parallel for schedule(static) if (worth_threading(rows * a.v))
       for (int64_t r = 0; r < rows; ++r) {
         float* lr = logits + r * a.v;
-        float mx, sum;
-        row_stats(lr, mx, sum);
-        finish_row(lr, r0 + r, mx + std::log(sum), lr[local_target(r0 + r)]);
+        const int64_t row = r0 + r;
+        const int64_t target = local_target(row);
+        const float target_logit = lr[target];
+        if (!want_grads) {
+          float mx, sum;
+          row_stats(lr, mx, sum);
+          a.losses[row] = mx + std::log(sum) - target_logit;
+          continue;
+        }
+        float mx = -std::numeric_limits<float>::infinity();
+#pragma omp simd reduction(max : mx)
+        for (int64_t j = 0; j < v_real; ++j) mx = std::max(mx, lr[j]);
+        float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+        for (int64_t j = 0; j < v_real; ++j) {
+          lr[j] = fast_exp(lr[j] - mx);
+          sum += lr[j];
+        }
+        a.losses[row] = mx + std::log(sum) - target_logit;
+        const float factor = a.loss_scale / sum;
+#pragma omp simd
+        for (int64_t j = 0; j < v_real; ++j) lr[j] *= factor;
+        std::fill(lr + v_real, lr + a.v, 0.0f);  // padding: no gradient
+        if (target >= 0) lr[target] -= a.loss_scale;
       }
     } else {
       stats.resize(static_cast<size_t>(3 * rows));
