@@ -31,15 +31,24 @@ namespace detail {
   throw Error(fmt::format("internal check failed: {} ({}:{}){}{}", expr, file, line,
                           message.empty() ? "" : ": ", message));
 }
+
+// BRIGADE_CHECK's optional message: none, or a format and its arguments.
+inline std::string check_message() {
+  return {};
+}
+template <typename... Args>
+std::string check_message(fmt::format_string<Args...> format, Args&&... args) {
+  return fmt::format(format, std::forward<Args>(args)...);
+}
 }  // namespace detail
 
 }  // namespace brigade
 
 // BRIGADE_CHECK(cond) or BRIGADE_CHECK(cond, "format {}", args...).
-#define BRIGADE_CHECK(cond, ...)                                                     \
-  do {                                                                               \
-    if (!(cond)) [[unlikely]] {                                                      \
-      ::brigade::detail::check_failed(#cond, __FILE__, __LINE__,                     \
-                                      ::fmt::format("" __VA_OPT__(, ) __VA_ARGS__)); \
-    }                                                                                \
+#define BRIGADE_CHECK(cond, ...)                                                      \
+  do {                                                                                \
+    if (!(cond)) [[unlikely]] {                                                       \
+      ::brigade::detail::check_failed(#cond, __FILE__, __LINE__,                      \
+                                      ::brigade::detail::check_message(__VA_ARGS__)); \
+    }                                                                                 \
   } while (0)
