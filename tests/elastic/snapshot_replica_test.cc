@@ -2,8 +2,8 @@
 // snapshot part sent, kept and fetched back bit for bit; strangers,
 // malformed and oversized frames, unsafe names and broken transfers refused
 // with a log line while the server keeps serving; and an older snapshot
-// never replacing a newer one. The server and its clients share this
-// process; every exchange is over loopback TCP.
+// never replacing a newer one; the background sender an agent runs. The server and its clients
+// share this process; every exchange is over loopback TCP.
 #include "brigade/elastic/snapshot_replica.h"
 
 #include <arpa/inet.h>
@@ -227,6 +227,54 @@ TEST(SnapshotReplica, AnOlderSnapshotNeverReplacesANewerOne) {
   expect_same_files(step6, s.server->kept_dir(1));
   EXPECT_FALSE(fs::exists(step_directory(dir.path() / "peer" / "node-1", 5)));
   EXPECT_EQ(fetch_replica("127.0.0.1", port, kToken, 1, dir.path() / "standby"), 6);
+}
+
+TEST(SnapshotReplica, TheSenderCarriesTheNewestPartInTheBackgroundAndLogsWhatItCouldNotSend) {
+  testing::TempDir dir("brigade_replica");
+  const fs::path step3 = snapshot_step(dir.path() / "node1", 3);
+  const fs::path step6 = snapshot_step(dir.path() / "node1", 6);
+  Server s(dir.path() / "peer");
+  const uint16_t port = s.server->port();
+  std::mutex mutex;
+  std::string failures;
+  const auto log = [&](const std::string& line) {
+    std::lock_guard lock(mutex);
+    failures += line + "\n";
+  };
+  ReplicaSender sender({"127.0.0.1", port, kToken}, 1, log);
+  EXPECT_EQ(sender.sent_step(), -1);
+  sender.offer(3, step3);
+  ASSERT_TRUE(sender.wait_sent(3)) << failures;
+  EXPECT_EQ(s.server->kept_step(1), 3);
+  sender.offer(6, step6);
+  ASSERT_TRUE(sender.wait_sent(6)) << failures;
+  EXPECT_EQ(s.server->kept_step(1), 6);
+  expect_same_files(step6, s.server->kept_dir(1));
+  // An older part offered late is refused by the peer: logged, not sent.
+  sender.offer(3, step3);
+  EXPECT_TRUE(sender.wait_sent(6));
+  EXPECT_EQ(s.server->kept_step(1), 6);
+
+  // A sender without the job's token, and one whose peer is not there:
+  // nothing is kept, the failure is a log line, and nobody throws.
+  ReplicaSender stranger({"127.0.0.1", port, "not-the-token"}, 2, log);
+  stranger.offer(3, step3);
+  EXPECT_FALSE(stranger.wait_sent(3));
+  EXPECT_EQ(stranger.sent_step(), -1);
+  EXPECT_EQ(s.server->kept_step(2), -1);
+  uint16_t closed_port = 0;
+  {
+    Server gone(dir.path() / "gone");
+    closed_port = gone.server->port();
+  }
+  ReplicaSender nowhere({"127.0.0.1", closed_port, kToken}, 0, log);
+  nowhere.offer(3, step3);
+  EXPECT_FALSE(nowhere.wait_sent(3));
+  std::lock_guard lock(mutex);
+  EXPECT_NE(failures.find("the snapshot of step 3 was not replicated"), std::string::npos)
+      << failures;
+  EXPECT_NE(failures.find("the job's token is required"), std::string::npos) << failures;
+  EXPECT_NE(failures.find("cannot connect"), std::string::npos) << failures;
 }
 
 }  // namespace BRIGADE_TEST_FILE

@@ -562,4 +562,69 @@ int64_t fetch_replica(const std::string& host, uint16_t port, const std::string&
   }
 }
 
+ReplicaSender::ReplicaSender(Peer peer, int node, std::function<void(const std::string&)> log)
+    : peer_(std::move(peer)), node_(node), log_(std::move(log)) {
+  thread_ = std::thread([this] { run(); });
+}
+
+ReplicaSender::~ReplicaSender() {
+  {
+    std::lock_guard lock(mutex_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+void ReplicaSender::offer(int64_t step, fs::path dir) {
+  {
+    std::lock_guard lock(mutex_);
+    pending_step_ = step;
+    pending_dir_ = std::move(dir);
+  }
+  cv_.notify_all();
+}
+
+int64_t ReplicaSender::sent_step() const {
+  std::lock_guard lock(mutex_);
+  return sent_step_;
+}
+
+bool ReplicaSender::wait_sent(int64_t step) {
+  std::unique_lock lock(mutex_);
+  cv_.wait(lock, [&] { return sent_step_ >= step || (!busy_ && pending_step_ < 0); });
+  return sent_step_ >= step;
+}
+
+void ReplicaSender::run() {
+  std::unique_lock lock(mutex_);
+  for (;;) {
+    cv_.wait(lock, [&] { return stop_ || pending_step_ >= 0; });
+    if (stop_) return;
+    const int64_t step = std::exchange(pending_step_, -1);
+    const fs::path dir = std::move(pending_dir_);
+    busy_ = true;
+    lock.unlock();
+    std::string failure;
+    try {
+      send_replica(peer_.host, peer_.port, peer_.token, node_, step, dir, peer_.timeout_ms);
+    } catch (const std::exception& e) {
+      failure = e.what();
+    }
+    if (!failure.empty()) {
+      const std::string line =
+          fmt::format("the snapshot of step {} was not replicated: {}", step, failure);
+      if (log_) {
+        log_(line);
+      } else {
+        std::fprintf(stderr, "brigade launch: %s\n", line.c_str());
+      }
+    }
+    lock.lock();
+    busy_ = false;
+    if (failure.empty()) sent_step_ = std::max(sent_step_, step);
+    cv_.notify_all();
+  }
+}
+
 }  // namespace brigade::elastic

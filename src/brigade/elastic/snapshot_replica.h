@@ -6,8 +6,8 @@
 //
 // What is built here is the transfer: a ReplicaServer each agent runs (bound
 // to the agent's configured address, as the store is), send_replica (the
-// source's push of one snapshot part, run on a background thread of the
-// agent so it never blocks the workers' steps) and fetch_replica (the
+// source's push of one snapshot part; ReplicaSender runs it on a thread of
+// its own, so it never blocks the workers' steps) and fetch_replica (the
 // standby's pull before it starts its workers). The server keeps, per
 // source node, the newest complete replica it received, in a directory of
 // its SnapshotArea:
@@ -53,7 +53,7 @@
 // fetch_replica.
 #pragma once
 
-#include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
@@ -123,5 +123,54 @@ void send_replica(const std::string& host, uint16_t port, const std::string& tok
 // dest_root then).
 int64_t fetch_replica(const std::string& host, uint16_t port, const std::string& token, int node,
                       const std::filesystem::path& dest_root, int64_t timeout_ms = 10'000);
+
+// Sends this node's newest snapshot part to its peer's ReplicaServer on a
+// thread of its own, so the workers' steps never wait for the network:
+// offer() only records the part and returns. A part offered while another
+// is on its way replaces any still waiting, so a slow link carries the
+// newest state rather than a backlog. A failed send (the peer refused it,
+// or is down) is logged and the next offer tries again: replication is
+// best effort, and recovery falls back to the disk checkpoint.
+//
+// The part's files may be overwritten while they are sent (the snapshot
+// ring recycles the shards of the snapshot before last): every file's
+// checksum is taken before its bytes go out, so the server refuses a torn
+// copy rather than keeping it, and the newer part is offered next anyway.
+class ReplicaSender {
+ public:
+  struct Peer {
+    std::string host;
+    uint16_t port = 0;
+    std::string token;
+    int64_t timeout_ms = 10'000;
+  };
+  ReplicaSender(Peer peer, int node, std::function<void(const std::string&)> log = {});
+  // Waits for the send in flight (at most the peer's timeout).
+  ~ReplicaSender();
+  ReplicaSender(const ReplicaSender&) = delete;
+  ReplicaSender& operator=(const ReplicaSender&) = delete;
+
+  void offer(int64_t step, std::filesystem::path dir);
+  // The newest step the peer confirmed it keeps; -1 before the first.
+  int64_t sent_step() const;
+  // Blocks until sent_step() >= step or every offered part was tried;
+  // true in the first case.
+  bool wait_sent(int64_t step);
+
+ private:
+  void run();
+
+  Peer peer_;
+  int node_;
+  std::function<void(const std::string&)> log_;
+  mutable std::mutex mutex_;
+  std::condition_variable cv_;
+  int64_t pending_step_ = -1;
+  std::filesystem::path pending_dir_;
+  bool busy_ = false;
+  bool stop_ = false;
+  int64_t sent_step_ = -1;
+  std::thread thread_;
+};
 
 }  // namespace brigade::elastic
