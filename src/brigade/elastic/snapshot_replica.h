@@ -39,18 +39,16 @@
 // does not match is refused with a log line naming the peer and the
 // problem, and the server goes on serving; nothing a peer sends can end it.
 //
-// What is not built yet (the rest of scope 4, see the report of the
-// session that wrote this): multi-node jobs do not snapshot at all today
-// (cli/launcher.cc creates a SnapshotArea for one node only), because the
-// checkpoint commit protocol has rank 0 wait for every shard in its own
-// directory, and each node's area is its own memory. The plan: a snapshot
-// commits per node (the node's first rank waits for its node's shards and
-// writes the node's part manifest), the job's step s is complete when every
-// node recorded "part s written and replicated" in the coordinator store,
-// and a restart resumes from the newest step complete everywhere (or the
-// newest disk checkpoint if newer), each node's agent assembling the step
-// from its own area and, for a lost node, from the replica it fetched with
-// fetch_replica.
+// Not wired into the agent yet: multi-node jobs take no snapshots at all
+// (cli/launcher.cc creates a SnapshotArea for one node only), since the
+// commit protocol has rank 0 wait for every shard in its own directory and
+// each node's area is its own memory. Loading needs every rank's shard (each
+// rank holds a slice of every bucket), so a restart from snapshot s needs
+// every node's part of s on every node: its own from its area, the others'
+// from their nodes' servers, and a lost node's from the replica its peer
+// keeps. The job's step s is complete once every node's part of s is
+// written and replicated; a restart resumes from the newest step complete
+// everywhere, or the newest disk checkpoint if that is newer.
 #pragma once
 
 #include <condition_variable>
@@ -132,10 +130,12 @@ int64_t fetch_replica(const std::string& host, uint16_t port, const std::string&
 // or is down) is logged and the next offer tries again: replication is
 // best effort, and recovery falls back to the disk checkpoint.
 //
-// The part's files may be overwritten while they are sent (the snapshot
-// ring recycles the shards of the snapshot before last): every file's
-// checksum is taken before its bytes go out, so the server refuses a torn
-// copy rather than keeping it, and the newer part is offered next anyway.
+// The part's files may be recycled while they are sent (a pruned step's
+// shards move to <root>/spare/ and the save after next overwrites them in
+// place, ckpt/checkpoint.h): every file's checksum is taken before its bytes
+// are read again to go out, by path, so a recycled file either cannot be
+// opened or no longer matches, and the server refuses the torn copy rather
+// than keeping it; the newer part is offered next anyway.
 class ReplicaSender {
  public:
   struct Peer {
