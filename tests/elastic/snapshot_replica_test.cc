@@ -17,6 +17,7 @@
 #include <iterator>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "brigade/ckpt/checkpoint.h"
@@ -275,6 +276,48 @@ TEST(SnapshotReplica, TheSenderCarriesTheNewestPartInTheBackgroundAndLogsWhatItC
       << failures;
   EXPECT_NE(failures.find("the job's token is required"), std::string::npos) << failures;
   EXPECT_NE(failures.find("cannot connect"), std::string::npos) << failures;
+}
+
+// A token holder's server that answers a get with one file of `bytes`
+// bytes (sending none of them): what a fetch must refuse to believe.
+void serve_one_oversized_get(int listen_fd, int64_t bytes) {
+  const int fd = ::accept(listen_fd, nullptr, nullptr);
+  std::string request(4096, '\0');
+  ::recv(fd, request.data(), request.size(), 0);  // the handshake
+  const std::string ok = sp::Encoder().status(sp::Status::kOk).str("").frame();
+  ::send(fd, ok.data(), ok.size(), MSG_NOSIGNAL);
+  ::recv(fd, request.data(), request.size(), 0);  // the get
+  const std::string reply = sp::Encoder().status(sp::Status::kOk).str("").i64(2).u32(1).frame() +
+                            sp::Encoder().str("shard").i64(bytes).i64(0).frame();
+  ::send(fd, reply.data(), reply.size(), MSG_NOSIGNAL);
+  char byte;
+  ::recv(fd, &byte, 1, 0);  // until the client hangs up
+  ::close(fd);
+}
+
+TEST(SnapshotReplica, AFetchRefusesMoreThanItsLimit) {
+  testing::TempDir dir("brigade_replica");
+  const int listen_fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(listen_fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(::listen(listen_fd, 1), 0);
+  socklen_t len = sizeof(addr);
+  ::getsockname(listen_fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  std::thread server(serve_one_oversized_get, listen_fd, int64_t{1} << 40);
+  try {
+    fetch_replica("127.0.0.1", ntohs(addr.sin_port), kToken, 1, dir.path() / "standby", 10'000,
+                  /*max_bytes=*/1 << 20);
+    ADD_FAILURE() << "a fetch accepted a 1 TiB file";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("over the 1048576 bytes left"), std::string::npos)
+        << e.what();
+  }
+  server.join();
+  ::close(listen_fd);
+  EXPECT_TRUE(!fs::exists(dir.path() / "standby") ||
+              fs::directory_iterator(dir.path() / "standby") == fs::directory_iterator());
 }
 
 }  // namespace BRIGADE_TEST_FILE

@@ -16,7 +16,6 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
-#include <limits>
 #include <string_view>
 #include <system_error>
 #include <utility>
@@ -527,7 +526,7 @@ void send_replica(const std::string& host, uint16_t port, const std::string& tok
 }
 
 int64_t fetch_replica(const std::string& host, uint16_t port, const std::string& token, int node,
-                      const fs::path& dest_root, int64_t timeout_ms) {
+                      const fs::path& dest_root, int64_t timeout_ms, int64_t max_bytes) {
   Connection c;
   open_connection(c, host, port, token, timeout_ms);
   std::string payload;
@@ -545,7 +544,7 @@ int64_t fetch_replica(const std::string& host, uint16_t port, const std::string&
     }
     fs::remove_all(incoming);
     fs::create_directories(incoming);
-    int64_t budget = std::numeric_limits<int64_t>::max();
+    int64_t budget = max_bytes;
     for (uint32_t i = 0; i < count; ++i) budget -= receive_file(c.fd, incoming, budget);
     const fs::path dest = step_directory(dest_root, step);
     fs::remove_all(dest);

@@ -117,10 +117,12 @@ void send_replica(const std::string& host, uint16_t port, const std::string& tok
 // Fetches node `node`'s newest replica from the server into
 // step_directory(dest_root, step) (ckpt/checkpoint.h) and returns the step;
 // every file's checksum is checked as it arrives. Throws Error when the
-// server has none, refuses, or the transfer breaks off (nothing is left in
-// dest_root then).
+// server has none, refuses, sends more than max_bytes (a node's part is
+// known to be smaller; the copy goes to tmpfs) or the transfer breaks off
+// (nothing is left in dest_root then).
 int64_t fetch_replica(const std::string& host, uint16_t port, const std::string& token, int node,
-                      const std::filesystem::path& dest_root, int64_t timeout_ms = 10'000);
+                      const std::filesystem::path& dest_root, int64_t timeout_ms = 10'000,
+                      int64_t max_bytes = int64_t{64} << 30);
 
 // Sends this node's newest snapshot part to its peer's ReplicaServer on a
 // thread of its own, so the workers' steps never wait for the network:
