@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <climits>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -23,259 +24,55 @@
 
 #include "brigade/ckpt/checkpoint.h"
 #include "brigade/ckpt/manifest.h"
+#include "brigade/comm/socket_io.h"
 #include "brigade/comm/store_protocol.h"
+#include "brigade/core/clock.h"
 #include "brigade/core/error.h"
+#include "brigade/elastic/replica_wire.h"
 
 namespace brigade::elastic {
 namespace fs = std::filesystem;
 namespace sp = store_protocol;
+using socket_io::Io;
+
+using replica_wire::Connection;
+using replica_wire::errno_text;
+using replica_wire::expect_ok;
+using replica_wire::FileEntry;
+using replica_wire::format_peer;
+using replica_wire::kChunkBytes;
+using replica_wire::kMaxFiles;
+using replica_wire::kMaxRequestBytes;
+using replica_wire::Link;
+using replica_wire::list_files;
+using replica_wire::open_connection;
+using replica_wire::PeerOp;
+using replica_wire::read_frame;
+using replica_wire::receive_file;
+using replica_wire::Refusal;
+using replica_wire::send_file;
+using replica_wire::send_replica_impl;
+using replica_wire::send_status;
+using replica_wire::try_send_status;
+using replica_wire::write_all;
 
 namespace {
 
-enum class PeerOp : uint8_t { kPut = 1, kGet = 2 };
+constexpr int64_t kHandshakeTimeoutMs = 2'000;
+// Handshakes in progress at once; a connection beyond them is closed.
+constexpr size_t kMaxHandshakes = 64;
+// After accept fails for want of fds or memory, the server waits this long
+// before it accepts again rather than spinning on the pending connection.
+constexpr int64_t kAcceptBackoffMs = 100;
 
-// A request frame (put, get, a file's header) names a node, a step and at
-// most a file name: anything larger is not from a brigade agent.
-constexpr uint32_t kMaxRequestBytes = 64u << 10;
-// A node's part of a snapshot is a shard per rank and a manifest.
-constexpr uint32_t kMaxFiles = 4096;
-constexpr size_t kChunkBytes = size_t{1} << 20;
-
-// Why a transfer stops: the peer is told (when it still listens) and the
-// line is logged.
-struct Refusal {
-  std::string why;
-};
-
-std::string errno_text() {
-  return std::strerror(errno);
-}
-
-void set_timeouts(int fd, int64_t ms) {
-  timeval tv{static_cast<time_t>(ms / 1000), static_cast<suseconds_t>((ms % 1000) * 1000)};
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-}
-
-void write_all(int fd, std::string_view bytes) {
-  while (!bytes.empty()) {
-    const ssize_t n = ::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
-    if (n > 0) {
-      bytes.remove_prefix(static_cast<size_t>(n));
-    } else if (n < 0 && errno == EINTR) {
-      continue;
-    } else {
-      throw Refusal{n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)
-                        ? std::string("timed out sending")
-                        : "the connection broke while sending (" + errno_text() + ")"};
-    }
-  }
-}
-
-void read_exact(int fd, char* data, size_t bytes) {
-  while (bytes > 0) {
-    const ssize_t n = ::recv(fd, data, bytes, 0);
-    if (n > 0) {
-      data += n;
-      bytes -= static_cast<size_t>(n);
-    } else if (n == 0) {
-      throw Refusal{"the peer closed the connection mid-message"};
-    } else if (errno != EINTR) {
-      throw Refusal{errno == EAGAIN || errno == EWOULDBLOCK
-                        ? std::string("timed out waiting for the peer")
-                        : "the connection broke while receiving (" + errno_text() + ")"};
-    }
-  }
-}
-
-std::string read_frame(int fd, uint32_t limit) {
-  char head[4];
-  read_exact(fd, head, sizeof(head));
-  const uint32_t size = sp::load_u32(head);
-  if (size > limit) {
-    throw Refusal{fmt::format("a frame declares {} bytes, over the limit of {}", size, limit)};
-  }
-  std::string payload(size, '\0');
-  read_exact(fd, payload.data(), size);
-  return payload;
-}
-
-void send_status(int fd, sp::Status status, const std::string& message) {
-  write_all(fd, sp::Encoder().status(status).str(message).frame());
-}
-
-// A file name a peer may make this node write: one plain name in the
-// replica's directory, never a path out of it.
-bool plain_name(const std::string& name) {
-  return !name.empty() && name.size() <= 255 && name != "." && name != ".." &&
-         name.find('/') == std::string::npos && name.find('\0') == std::string::npos &&
-         name[0] != '.';
-}
-
-struct FileEntry {
-  std::string name;
-  int64_t bytes = 0;
-  uint64_t xxh64 = 0;
-};
-
-void send_file(int fd, const fs::path& dir, const FileEntry& file) {
-  write_all(
-      fd,
-      sp::Encoder().str(file.name).i64(file.bytes).i64(static_cast<int64_t>(file.xxh64)).frame());
-  std::ifstream in(dir / file.name, std::ios::binary);
-  std::vector<char> buffer(kChunkBytes);
-  int64_t left = file.bytes;
-  while (left > 0) {
-    const auto n = static_cast<std::streamsize>(std::min<int64_t>(left, kChunkBytes));
-    if (!in.read(buffer.data(), n)) {
-      throw Error(fmt::format("cannot read {}: it changed while it was being sent",
-                              (dir / file.name).string()));
-    }
-    write_all(fd, std::string_view(buffer.data(), static_cast<size_t>(n)));
-    left -= n;
-  }
-}
-
-// Reads a file header and its bytes into dir, checking name, size (at most
-// `budget` bytes) and checksum; returns its size.
-int64_t receive_file(int fd, const fs::path& dir, int64_t budget) {
-  const std::string header = read_frame(fd, kMaxRequestBytes);
-  sp::Decoder d(header);
-  FileEntry file;
-  file.name = d.str();
-  file.bytes = d.i64();
-  file.xxh64 = static_cast<uint64_t>(d.i64());
-  d.end();
-  if (!plain_name(file.name)) throw Refusal{fmt::format("a file named \"{}\"", file.name)};
-  if (file.bytes < 0 || file.bytes > budget) {
-    throw Refusal{fmt::format("file {} declares {} bytes, over the {} bytes left of the limit",
-                              file.name, file.bytes, budget)};
-  }
-  std::ofstream out(dir / file.name, std::ios::binary | std::ios::trunc);
-  if (!out) throw Refusal{fmt::format("cannot create {}", (dir / file.name).string())};
-  XXH64_state_t* state = XXH64_createState();
-  XXH64_reset(state, 0);
-  std::vector<char> buffer(kChunkBytes);
-  int64_t left = file.bytes;
-  try {
-    while (left > 0) {
-      const auto n = static_cast<size_t>(std::min<int64_t>(left, kChunkBytes));
-      read_exact(fd, buffer.data(), n);
-      XXH64_update(state, buffer.data(), n);
-      out.write(buffer.data(), static_cast<std::streamsize>(n));
-      left -= static_cast<int64_t>(n);
-    }
-  } catch (...) {
-    XXH64_freeState(state);
-    throw;
-  }
-  const uint64_t got = XXH64_digest(state);
-  XXH64_freeState(state);
-  out.close();
-  if (!out) throw Refusal{fmt::format("cannot write {}", (dir / file.name).string())};
-  if (got != file.xxh64) {
-    throw Refusal{fmt::format("file {} arrived with xxh64 {:016x}, not the {:016x} it declared",
-                              file.name, got, file.xxh64)};
-  }
-  return file.bytes;
-}
-
-std::vector<FileEntry> list_files(const fs::path& dir) {
-  std::vector<FileEntry> files;
-  for (const auto& entry : fs::directory_iterator(dir)) {
-    if (!entry.is_regular_file()) continue;
-    files.push_back({entry.path().filename().string(), static_cast<int64_t>(entry.file_size()),
-                     file_xxh64(entry.path())});
-  }
-  std::sort(files.begin(), files.end(),
-            [](const FileEntry& a, const FileEntry& b) { return a.name < b.name; });
-  return files;
-}
-
-std::string format_peer(const sockaddr_storage& addr) {
-  char host[INET6_ADDRSTRLEN] = "?";
-  uint16_t port = 0;
-  if (addr.ss_family == AF_INET) {
-    const auto* in = reinterpret_cast<const sockaddr_in*>(&addr);
-    ::inet_ntop(AF_INET, &in->sin_addr, host, sizeof(host));
-    port = ntohs(in->sin_port);
-  } else if (addr.ss_family == AF_INET6) {
-    const auto* in6 = reinterpret_cast<const sockaddr_in6*>(&addr);
-    ::inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof(host));
-    port = ntohs(in6->sin6_port);
-  }
-  return fmt::format("{}:{}", host, port);
-}
-
-// Compares without an early exit, so timing says nothing of how much of a
-// guessed token was right.
-bool same_token(std::string_view a, std::string_view b) {
-  unsigned diff = a.size() == b.size() ? 0 : 1;
-  for (size_t i = 0; i < a.size(); ++i) {
-    diff |= static_cast<unsigned>(a[i] ^ (i < b.size() ? b[i] : 0));
-  }
-  return diff == 0;
-}
-
-struct Connection {
+// One connection between accept and its handshake frame, read without
+// blocking so that many are served at once.
+struct Handshake {
   int fd = -1;
-  std::string where;
-  ~Connection() {
-    if (fd >= 0) ::close(fd);
-  }
+  std::string peer;
+  int64_t deadline_ns = 0;
+  std::string bytes;  // the frame so far
 };
-
-// Connects to host:port and authenticates with token; throws Error naming
-// the server otherwise.
-void open_connection(Connection& c, const std::string& host, uint16_t port,
-                     const std::string& token, int64_t timeout_ms) {
-  c.where = fmt::format("the snapshot replica server at {}:{}", host, port);
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* list = nullptr;
-  if (const int rc = ::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &list);
-      rc != 0) {
-    throw Error(fmt::format("cannot resolve {}: {}", c.where, ::gai_strerror(rc)));
-  }
-  std::string last = "no address";
-  for (addrinfo* a = list; a != nullptr && c.fd < 0; a = a->ai_next) {
-    const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
-    if (fd < 0) continue;
-    set_timeouts(fd, timeout_ms);
-    if (::connect(fd, a->ai_addr, a->ai_addrlen) == 0) {
-      c.fd = fd;
-    } else {
-      last = errno_text();
-      ::close(fd);
-    }
-  }
-  ::freeaddrinfo(list);
-  if (c.fd < 0) throw Error(fmt::format("cannot connect to {}: {}", c.where, last));
-  const int one = 1;
-  ::setsockopt(c.fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-  try {
-    write_all(c.fd, sp::Encoder().str(kReplicaMagic).str(token).frame());
-  } catch (const Refusal& r) {
-    throw Error(fmt::format("{}: {}", c.where, r.why));
-  }
-}
-
-// Reads the server's status frame; throws Error with its message unless ok.
-sp::Decoder expect_ok(const Connection& c, std::string& payload) {
-  try {
-    payload = read_frame(c.fd, kMaxRequestBytes);
-  } catch (const Refusal& r) {
-    throw Error(fmt::format("{}: {}", c.where, r.why));
-  }
-  sp::Decoder d(payload);
-  const auto status = static_cast<sp::Status>(d.u8());
-  const std::string message = d.str();
-  if (status != sp::Status::kOk) {
-    throw Error(fmt::format("{} refused: {}", c.where, message));
-  }
-  return d;
-}
 
 }  // namespace
 
@@ -283,7 +80,25 @@ ReplicaServer::ReplicaServer(ReplicaServerOptions options) : options_(std::move(
   if (options_.token.empty()) {
     throw Error("the snapshot replica server needs the job's token (BRIGADE_STORE_TOKEN)");
   }
-  fs::create_directories(options_.root);
+  if (options_.max_bytes <= 0 || options_.nodes <= 0) {
+    throw Error(fmt::format(
+        "the snapshot replica server needs max_bytes (got {}: what all kept replicas may hold "
+        "together) and nodes (got {}: the job's node count)",
+        options_.max_bytes, options_.nodes));
+  }
+  BRIGADE_CHECK(options_.io_timeout_ms > 0, "io_timeout_ms {} must be positive",
+                options_.io_timeout_ms);
+  try {
+    // The area is this agent's: what an earlier agent left there is not a
+    // replica this server received, and kept_ must match the disk.
+    fs::remove_all(options_.root);
+    fs::create_directories(options_.root);
+  } catch (const fs::filesystem_error& e) {
+    throw Error(fmt::format(
+        "the snapshot replica server cannot use {} as its directory: {} (give the agent a "
+        "writable snapshot area)",
+        options_.root.string(), e.code().message()));
+  }
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -298,7 +113,8 @@ ReplicaServer::ReplicaServer(ReplicaServerOptions options) : options_(std::move(
   }
   std::string last = "no address";
   for (addrinfo* a = list; a != nullptr && listen_fd_ < 0; a = a->ai_next) {
-    const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    const int fd =
+        ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->ai_protocol);
     if (fd < 0) continue;
     const int one = 1;
     ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
@@ -329,6 +145,13 @@ ReplicaServer::ReplicaServer(ReplicaServerOptions options) : options_(std::move(
 }
 
 ReplicaServer::~ReplicaServer() {
+  {
+    // The handshakes' poll sees the pipe; a transfer in flight sees its fd
+    // shut down.
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+    if (active_fd_ >= 0) ::shutdown(active_fd_, SHUT_RDWR);
+  }
   const char byte = 0;
   [[maybe_unused]] const ssize_t n = ::write(stop_pipe_[1], &byte, 1);
   thread_.join();
@@ -340,7 +163,7 @@ ReplicaServer::~ReplicaServer() {
 int64_t ReplicaServer::kept_step(int node) const {
   std::lock_guard lock(mutex_);
   const auto it = kept_.find(node);
-  return it == kept_.end() ? -1 : it->second;
+  return it == kept_.end() ? -1 : it->second.step;
 }
 
 fs::path ReplicaServer::kept_dir(int node) const {
@@ -358,182 +181,250 @@ void ReplicaServer::log(const std::string& line) const {
 }
 
 void ReplicaServer::serve() {
+  std::vector<Handshake> waiting;
+  int64_t accept_after_ns = 0;
+  const auto refuse = [&](Handshake& h, const std::string& why) {
+    log(fmt::format("refused a snapshot replica connection from {}: {}", h.peer, why));
+    ::close(std::exchange(h.fd, -1));
+  };
   for (;;) {
-    pollfd fds[2] = {{listen_fd_, POLLIN, 0}, {stop_pipe_[0], POLLIN, 0}};
-    if (::poll(fds, 2, -1) < 0) {
-      if (errno == EINTR) continue;
+    std::vector<pollfd> fds{{stop_pipe_[0], POLLIN, 0}, {listen_fd_, 0, 0}};
+    int64_t wake_ns = INT64_MAX;
+    if (now_ns() >= accept_after_ns) {
+      fds[1].events = POLLIN;
+    } else {
+      wake_ns = accept_after_ns;
+    }
+    for (const Handshake& h : waiting) {
+      fds.push_back({h.fd, POLLIN, 0});
+      wake_ns = std::min(wake_ns, h.deadline_ns);
+    }
+    const int timeout = wake_ns == INT64_MAX ? -1 : socket_io::poll_timeout_ms(wake_ns);
+    if (::poll(fds.data(), fds.size(), timeout) < 0 && errno != EINTR) {
       log(fmt::format("the snapshot replica server stops: poll: {}", errno_text()));
-      return;
+      break;
     }
-    if (fds[1].revents != 0) return;
-    sockaddr_storage addr{};
-    socklen_t len = sizeof(addr);
-    const int fd = ::accept4(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len, SOCK_CLOEXEC);
-    if (fd < 0) continue;  // the peer went away before accept, or EMFILE: retry
-    set_timeouts(fd, options_.io_timeout_ms);
-    const std::string peer = format_peer(addr);
-    try {
-      handle(fd, peer);
-    } catch (const std::exception& e) {
-      // A disk error, memory: the transfer fails, the server does not.
-      log(fmt::format("snapshot replica from {} failed: {}", peer, e.what()));
+    if (fds[0].revents != 0) break;
+    if (fds[1].revents != 0) {
+      sockaddr_storage addr{};
+      socklen_t len = sizeof(addr);
+      const int fd = ::accept4(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len,
+                               SOCK_CLOEXEC | SOCK_NONBLOCK);
+      if (fd >= 0 && waiting.size() < kMaxHandshakes) {
+        waiting.push_back({fd, format_peer(addr), now_ns() + kHandshakeTimeoutMs * kNsPerMs, ""});
+      } else if (fd >= 0) {
+        log(fmt::format("refused a snapshot replica connection from {}: {} others are connecting",
+                        format_peer(addr), kMaxHandshakes));
+        ::close(fd);
+      } else if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+        log(fmt::format("the snapshot replica server cannot accept: {} (retrying in {} ms)",
+                        errno_text(), kAcceptBackoffMs));
+        accept_after_ns = now_ns() + kAcceptBackoffMs * kNsPerMs;
+      }
     }
-    ::close(fd);
+    for (size_t i = 0; i < waiting.size(); ++i) {
+      if (fds[i + 2].revents == 0) continue;
+      Handshake& h = waiting[i];
+      const size_t want = h.bytes.size() < 4 ? 4 : 4 + sp::load_u32(h.bytes.data());
+      char buffer[sp::kMaxHandshakeBytes + 4];
+      const ssize_t n = ::recv(h.fd, buffer, want - h.bytes.size(), 0);
+      if (n <= 0) {
+        if (n < 0 && (errno == EAGAIN || errno == EINTR)) continue;
+        refuse(h, n == 0 ? "the peer closed the connection mid-message"
+                         : "the connection broke (" + errno_text() + ")");
+        continue;
+      }
+      h.bytes.append(buffer, static_cast<size_t>(n));
+      const uint32_t declared = h.bytes.size() >= 4 ? sp::load_u32(h.bytes.data()) : 0;
+      if (declared > sp::kMaxHandshakeBytes) {
+        refuse(h, fmt::format("a frame declares {} bytes, over the limit of {}", declared,
+                              sp::kMaxHandshakeBytes));
+      } else if (h.bytes.size() >= 4 && h.bytes.size() == 4 + declared) {
+        const Handshake done = std::exchange(h, Handshake{});
+        try {
+          handle(done.fd, done.peer, done.bytes.substr(4));
+        } catch (const std::exception& e) {
+          // A disk error, memory: the transfer fails, the server does not.
+          log(fmt::format("snapshot replica from {} failed: {}", done.peer, e.what()));
+        } catch (...) {
+          log(fmt::format("snapshot replica from {} failed", done.peer));
+        }
+        ::close(done.fd);
+      }
+    }
+    const int64_t now = now_ns();
+    for (Handshake& h : waiting) {
+      if (h.fd >= 0 && now >= h.deadline_ns) {
+        refuse(h, fmt::format("no handshake within {} ms", kHandshakeTimeoutMs));
+      }
+    }
+    std::erase_if(waiting, [](const Handshake& h) { return h.fd < 0; });
   }
+  for (Handshake& h : waiting) ::close(h.fd);
 }
 
-void ReplicaServer::handle(int fd, const std::string& peer) {
+void ReplicaServer::handle(int fd, const std::string& peer, const std::string& frame) {
   // The handshake: nothing else is read before the token was shown.
+  const Link link{fd, options_.io_timeout_ms * kNsPerMs, nullptr};
   std::string magic, token;
   try {
-    const std::string frame = read_frame(fd, sp::kMaxHandshakeBytes);
     sp::Decoder d(frame);
     magic = d.str();
     token = d.str();
     d.end();
-  } catch (const Refusal& r) {
-    log(fmt::format("refused a snapshot replica connection from {}: {}", peer, r.why));
-    return;
   } catch (const Error& e) {
     log(fmt::format("refused a snapshot replica connection from {}: malformed handshake ({})", peer,
                     e.what()));
     return;
   }
-  if (magic != kReplicaMagic || !same_token(token, options_.token)) {
+  if (magic != kReplicaMagic || !socket_io::same_token(token, options_.token)) {
     log(fmt::format(
         "refused a snapshot replica connection from {}: {}", peer,
         magic != kReplicaMagic ? "not a brigade agent" : "it did not present the job's token"));
-    try {
-      send_status(fd, sp::Status::kRefused, "the job's token is required");
-    } catch (const Refusal&) {
-    }
+    try_send_status(link, sp::Status::kRefused, "the job's token is required");
     return;
+  }
+  {
+    std::lock_guard lock(mutex_);
+    if (stopping_) return;
+    active_fd_ = fd;
   }
   fs::path incoming;
   try {
-    send_status(fd, sp::Status::kOk, "");
-    const std::string request = read_frame(fd, kMaxRequestBytes);
+    send_status(link, sp::Status::kOk, "");
+    const std::string request = read_frame(link, kMaxRequestBytes);
     sp::Decoder d(request);
     const uint8_t op = d.u8();
     const int64_t node = d.i64();
-    if (node < 0 || node > (int64_t{1} << 20)) throw Refusal{fmt::format("node {}", node)};
-    const fs::path node_dir = options_.root / fmt::format("node-{}", node);
+    if (node < 0 || node >= options_.nodes) {
+      throw Refusal{fmt::format("node {}: this job has nodes 0 to {}", node, options_.nodes - 1)};
+    }
     if (op == static_cast<uint8_t>(PeerOp::kGet)) {
       d.end();
-      const fs::path dir = kept_dir(static_cast<int>(node));
-      if (dir.empty()) {
-        send_status(fd, sp::Status::kError, fmt::format("it keeps no replica of node {}", node));
-        return;
-      }
-      const std::vector<FileEntry> files = list_files(dir);
-      write_all(fd, sp::Encoder()
-                        .status(sp::Status::kOk)
-                        .str("")
-                        .i64(checkpoint_step(dir))
-                        .u32(static_cast<uint32_t>(files.size()))
-                        .frame());
-      for (const FileEntry& file : files) send_file(fd, dir, file);
-      return;
+      serve_get(link, static_cast<int>(node), peer);
+    } else if (op == static_cast<uint8_t>(PeerOp::kPut)) {
+      const int64_t generation = d.i64();
+      const int64_t step = d.i64();
+      const uint32_t count = d.u32();
+      d.end();
+      incoming = options_.root / fmt::format("node-{}", node) / ".incoming";
+      serve_put(link, static_cast<int>(node), generation, step, count, peer, incoming);
+      incoming.clear();
+    } else {
+      throw Refusal{fmt::format("operation {}", op)};
     }
-    if (op != static_cast<uint8_t>(PeerOp::kPut)) throw Refusal{fmt::format("operation {}", op)};
-    const int64_t step = d.i64();
-    const uint32_t count = d.u32();
-    d.end();
-    if (step < 0 || count == 0 || count > kMaxFiles) {
-      throw Refusal{fmt::format("step {} with {} files", step, count)};
-    }
-    const int64_t kept = kept_step(static_cast<int>(node));
-    if (step <= kept) {
-      // A late or repeated transfer: the newer replica stays.
-      log(fmt::format("refused the replica of node {} step {} from {}: step {} is kept already",
-                      node, step, peer, kept));
-      send_status(
-          fd, sp::Status::kRefused,
-          fmt::format("step {} of node {} is not newer than the kept step {}", step, node, kept));
-      return;
-    }
-    incoming = node_dir / ".incoming";
-    fs::remove_all(incoming);
-    fs::create_directories(incoming);
-    send_status(fd, sp::Status::kOk, "");
-    int64_t budget = options_.max_bytes;
-    for (uint32_t i = 0; i < count; ++i) budget -= receive_file(fd, incoming, budget);
-    // Complete and verified: it replaces the older replica.
-    const fs::path dest = step_directory(node_dir, step);
-    fs::remove_all(dest);
-    fs::rename(incoming, dest);
-    incoming.clear();
-    std::vector<fs::path> older;
-    for (const auto& entry : fs::directory_iterator(node_dir)) {
-      if (entry.path() != dest && entry.path().filename().string().rfind("step_", 0) == 0) {
-        older.push_back(entry.path());
-      }
-    }
-    {
-      std::lock_guard lock(mutex_);
-      kept_[static_cast<int>(node)] = step;
-    }
-    for (const fs::path& dir : older) fs::remove_all(dir);
-    send_status(fd, sp::Status::kOk, "");
   } catch (const Refusal& r) {
     log(fmt::format("refused a snapshot replica from {}: {}", peer, r.why));
-    try {
-      send_status(fd, sp::Status::kRefused, r.why);
-    } catch (const Refusal&) {
-    }
+    try_send_status(link, sp::Status::kRefused, r.why);
   } catch (const Error& e) {
     log(fmt::format("refused a snapshot replica from {}: malformed message ({})", peer, e.what()));
-    try {
-      send_status(fd, sp::Status::kRefused, "malformed message");
-    } catch (const Refusal&) {
-    }
-  } catch (const std::exception& e) {
-    log(fmt::format("snapshot replica from {} failed: {}", peer, e.what()));
+    try_send_status(link, sp::Status::kRefused, "malformed message");
   }
   if (!incoming.empty()) {
     std::error_code ec;
     fs::remove_all(incoming, ec);
   }
+  std::lock_guard lock(mutex_);
+  active_fd_ = -1;
+}
+
+void ReplicaServer::serve_get(const Link& link, int node, const std::string& peer) {
+  const fs::path dir = kept_dir(node);
+  if (dir.empty()) {
+    send_status(link, sp::Status::kError, fmt::format("it keeps no replica of node {}", node));
+    return;
+  }
+  const std::vector<FileEntry> files = list_files(dir);
+  write_all(link, sp::Encoder()
+                      .status(sp::Status::kOk)
+                      .str("")
+                      .i64(checkpoint_step(dir))
+                      .u32(static_cast<uint32_t>(files.size()))
+                      .frame());
+  try {
+    for (const FileEntry& file : files) send_file(link, dir, file);
+  } catch (const Error& e) {
+    // Mid-stream: no status frame can follow; the client sees a cut-off.
+    throw Refusal{
+        fmt::format("node {}'s replica could not be sent to {}: {}", node, peer, e.what())};
+  }
+}
+
+void ReplicaServer::serve_put(const Link& link, int node, int64_t generation, int64_t step,
+                              uint32_t count, const std::string& peer, const fs::path& incoming) {
+  if (generation < 0 || step < 0 || count == 0 || count > kMaxFiles) {
+    throw Refusal{fmt::format("generation {} step {} with {} files", generation, step, count)};
+  }
+  int64_t budget = options_.max_bytes;
+  {
+    std::lock_guard lock(mutex_);
+    if (generation < newest_generation_) {
+      throw Refusal{fmt::format("generation {} is older than generation {} it keeps", generation,
+                                newest_generation_)};
+    }
+    const auto it = kept_.find(node);
+    if (it != kept_.end() &&
+        std::pair{generation, step} <= std::pair{it->second.generation, it->second.step}) {
+      // A late or repeated transfer: the newer replica stays.
+      throw Refusal{fmt::format("step {} of node {} is not newer than the kept step {}", step, node,
+                                it->second.step)};
+    }
+    for (const auto& [other, kept] : kept_) {
+      if (other != node && kept.generation == generation) budget -= kept.bytes;
+    }
+  }
+  fs::remove_all(incoming);
+  fs::create_directories(incoming);
+  send_status(link, sp::Status::kOk, "");
+  const int64_t limit = budget;
+  for (uint32_t i = 0; i < count; ++i) budget -= receive_file(link, incoming, budget);
+  // Complete and verified: it replaces the older replica, and a newer
+  // generation every replica of older ones (nodes renumber between them).
+  const fs::path node_dir = options_.root / fmt::format("node-{}", node);
+  const fs::path dest = step_directory(node_dir, step);
+  fs::remove_all(dest);
+  fs::rename(incoming, dest);
+  std::vector<fs::path> older;
+  for (const auto& entry : fs::directory_iterator(node_dir)) {
+    if (entry.path() != dest && entry.path().filename().string().rfind("step_", 0) == 0) {
+      older.push_back(entry.path());
+    }
+  }
+  {
+    std::lock_guard lock(mutex_);
+    kept_[node] = {generation, step, limit - budget};
+    if (generation > newest_generation_) {
+      newest_generation_ = generation;
+      for (auto it = kept_.begin(); it != kept_.end();) {
+        if (it->second.generation < generation) {
+          older.push_back(options_.root / fmt::format("node-{}", it->first));
+          it = kept_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    }
+  }
+  for (const fs::path& dir : older) fs::remove_all(dir);
+  log(fmt::format("kept the replica of node {} generation {} step {} from {}", node, generation,
+                  step, peer));
+  send_status(link, sp::Status::kOk, "");
 }
 
 void send_replica(const std::string& host, uint16_t port, const std::string& token, int node,
-                  int64_t step, const fs::path& dir, int64_t timeout_ms) {
-  const std::vector<FileEntry> files = list_files(dir);
-  if (files.empty()) throw Error(fmt::format("no files to replicate in {}", dir.string()));
-  Connection c;
-  open_connection(c, host, port, token, timeout_ms);
-  std::string payload;
-  expect_ok(c, payload);
-  try {
-    write_all(c.fd, sp::Encoder()
-                        .u8(static_cast<uint8_t>(PeerOp::kPut))
-                        .i64(node)
-                        .i64(step)
-                        .u32(static_cast<uint32_t>(files.size()))
-                        .frame());
-  } catch (const Refusal& r) {
-    throw Error(fmt::format("{}: {}", c.where, r.why));
-  }
-  expect_ok(c, payload);
-  try {
-    for (const FileEntry& file : files) send_file(c.fd, dir, file);
-  } catch (const Refusal& r) {
-    // The server may have said why before it closed.
-    expect_ok(c, payload);
-    throw Error(fmt::format("{}: {}", c.where, r.why));
-  }
-  expect_ok(c, payload);
+                  int64_t generation, int64_t step, const fs::path& dir, int64_t timeout_ms) {
+  send_replica_impl(host, port, token, node, generation, step, dir, timeout_ms, nullptr);
 }
 
 int64_t fetch_replica(const std::string& host, uint16_t port, const std::string& token, int node,
-                      const fs::path& dest_root, int64_t timeout_ms, int64_t max_bytes) {
+                      const fs::path& dest_root, int64_t max_bytes, int64_t timeout_ms) {
   Connection c;
-  open_connection(c, host, port, token, timeout_ms);
+  open_connection(c, host, port, token, timeout_ms, nullptr);
   std::string payload;
   expect_ok(c, payload);
   const fs::path incoming = dest_root / fmt::format(".fetching-node-{}", node);
   try {
-    write_all(c.fd, sp::Encoder().u8(static_cast<uint8_t>(PeerOp::kGet)).i64(node).frame());
+    write_all(c.link, sp::Encoder().u8(static_cast<uint8_t>(PeerOp::kGet)).i64(node).frame());
     std::string reply;
     sp::Decoder d = expect_ok(c, reply);
     const int64_t step = d.i64();
@@ -545,10 +436,23 @@ int64_t fetch_replica(const std::string& host, uint16_t port, const std::string&
     fs::remove_all(incoming);
     fs::create_directories(incoming);
     int64_t budget = max_bytes;
-    for (uint32_t i = 0; i < count; ++i) budget -= receive_file(c.fd, incoming, budget);
+    for (uint32_t i = 0; i < count; ++i) budget -= receive_file(c.link, incoming, budget);
+    // The step's directory may hold other nodes' parts already (this node's
+    // own, fetched ones): the files join them, and none is replaced.
     const fs::path dest = step_directory(dest_root, step);
-    fs::remove_all(dest);
-    fs::rename(incoming, dest);
+    fs::create_directories(dest);
+    std::vector<fs::path> arrived;
+    for (const auto& entry : fs::directory_iterator(incoming)) {
+      if (fs::exists(fs::symlink_status(dest / entry.path().filename()))) {
+        throw Error(fmt::format(
+            "fetching node {}'s replica: {} exists already (is node {}'s part there, or another "
+            "node's under the same name?); nothing was replaced",
+            node, (dest / entry.path().filename()).string(), node));
+      }
+      arrived.push_back(entry.path());
+    }
+    for (const fs::path& file : arrived) fs::rename(file, dest / file.filename());
+    fs::remove_all(incoming);
     return step;
   } catch (const Refusal& r) {
     std::error_code ec;
@@ -561,8 +465,13 @@ int64_t fetch_replica(const std::string& host, uint16_t port, const std::string&
   }
 }
 
-ReplicaSender::ReplicaSender(Peer peer, int node, std::function<void(const std::string&)> log)
-    : peer_(std::move(peer)), node_(node), log_(std::move(log)) {
+ReplicaSender::ReplicaSender(Peer peer, int node, int64_t generation,
+                             std::function<void(const std::string&)> log)
+    : peer_(std::move(peer)),
+      node_(node),
+      generation_(generation),
+      log_(std::move(log)),
+      control_(std::make_unique<SendControl>()) {
   thread_ = std::thread([this] { run(); });
 }
 
@@ -570,6 +479,11 @@ ReplicaSender::~ReplicaSender() {
   {
     std::lock_guard lock(mutex_);
     stop_ = true;
+  }
+  control_->stop.store(true);
+  {
+    std::lock_guard lock(control_->mutex);
+    if (control_->fd >= 0) ::shutdown(control_->fd, SHUT_RDWR);
   }
   cv_.notify_all();
   thread_.join();
@@ -606,9 +520,12 @@ void ReplicaSender::run() {
     lock.unlock();
     std::string failure;
     try {
-      send_replica(peer_.host, peer_.port, peer_.token, node_, step, dir, peer_.timeout_ms);
+      send_replica_impl(peer_.host, peer_.port, peer_.token, node_, generation_, step, dir,
+                        peer_.timeout_ms, control_.get());
     } catch (const std::exception& e) {
       failure = e.what();
+    } catch (...) {
+      failure = "an unknown exception";
     }
     if (!failure.empty()) {
       const std::string line =
