@@ -222,7 +222,8 @@ void ReplicaServer::serve() {
         accept_after_ns = now_ns() + kAcceptBackoffMs * kNsPerMs;
       }
     }
-    for (size_t i = 0; i < waiting.size(); ++i) {
+    // Those polled: a connection accepted just now is read on the next turn.
+    for (size_t i = 0; i + 2 < fds.size(); ++i) {
       if (fds[i + 2].revents == 0) continue;
       Handshake& h = waiting[i];
       const size_t want = h.bytes.size() < 4 ? 4 : 4 + sp::load_u32(h.bytes.data());
