@@ -320,6 +320,11 @@ void ReplicaServer::handle(int fd, const std::string& peer, const std::string& f
   } catch (const Error& e) {
     log(fmt::format("refused a snapshot replica from {}: malformed message ({})", peer, e.what()));
     try_send_status(link, sp::Status::kRefused, "malformed message");
+  } catch (const std::exception& e) {
+    // A disk error, memory: the transfer fails, the server does not.
+    log(fmt::format("snapshot replica from {} failed: {}", peer, e.what()));
+  } catch (...) {
+    log(fmt::format("snapshot replica from {} failed", peer));
   }
   if (!incoming.empty()) {
     std::error_code ec;
@@ -345,9 +350,9 @@ void ReplicaServer::serve_get(const Link& link, int node, const std::string& pee
   try {
     for (const FileEntry& file : files) send_file(link, dir, file);
   } catch (const Error& e) {
-    // Mid-stream: no status frame can follow; the client sees a cut-off.
-    throw Refusal{
-        fmt::format("node {}'s replica could not be sent to {}: {}", node, peer, e.what())};
+    // Mid-stream, where no status frame can follow: the peer sees the
+    // connection close and fetches nothing.
+    log(fmt::format("node {}'s replica could not be sent to {}: {}", node, peer, e.what()));
   }
 }
 
@@ -357,6 +362,7 @@ void ReplicaServer::serve_put(const Link& link, int node, int64_t generation, in
     throw Refusal{fmt::format("generation {} step {} with {} files", generation, step, count)};
   }
   int64_t budget = options_.max_bytes;
+  std::vector<fs::path> older;
   {
     std::lock_guard lock(mutex_);
     if (generation < newest_generation_) {
@@ -370,31 +376,9 @@ void ReplicaServer::serve_put(const Link& link, int node, int64_t generation, in
       throw Refusal{fmt::format("step {} of node {} is not newer than the kept step {}", step, node,
                                 it->second.step)};
     }
-    for (const auto& [other, kept] : kept_) {
-      if (other != node && kept.generation == generation) budget -= kept.bytes;
-    }
-  }
-  fs::remove_all(incoming);
-  fs::create_directories(incoming);
-  send_status(link, sp::Status::kOk, "");
-  const int64_t limit = budget;
-  for (uint32_t i = 0; i < count; ++i) budget -= receive_file(link, incoming, budget);
-  // Complete and verified: it replaces the older replica, and a newer
-  // generation every replica of older ones (nodes renumber between them).
-  const fs::path node_dir = options_.root / fmt::format("node-{}", node);
-  const fs::path dest = step_directory(node_dir, step);
-  fs::remove_all(dest);
-  fs::rename(incoming, dest);
-  std::vector<fs::path> older;
-  for (const auto& entry : fs::directory_iterator(node_dir)) {
-    if (entry.path() != dest && entry.path().filename().string().rfind("step_", 0) == 0) {
-      older.push_back(entry.path());
-    }
-  }
-  {
-    std::lock_guard lock(mutex_);
-    kept_[node] = {generation, step, limit - budget};
     if (generation > newest_generation_) {
+      // Node numbers hold within one generation: the older ones' replicas
+      // are no node's state any more.
       newest_generation_ = generation;
       for (auto it = kept_.begin(); it != kept_.end();) {
         if (it->second.generation < generation) {
@@ -405,6 +389,31 @@ void ReplicaServer::serve_put(const Link& link, int node, int64_t generation, in
         }
       }
     }
+    // Every replica kept counts, but node's own, which this one replaces.
+    for (const auto& [other, kept] : kept_) {
+      if (other != node) budget -= kept.bytes;
+    }
+  }
+  for (const fs::path& dir : older) fs::remove_all(dir);
+  older.clear();
+  fs::remove_all(incoming);
+  fs::create_directories(incoming);
+  send_status(link, sp::Status::kOk, "");
+  const int64_t limit = budget;
+  for (uint32_t i = 0; i < count; ++i) budget -= receive_file(link, incoming, budget);
+  // Complete and verified: it replaces the older replica.
+  const fs::path node_dir = options_.root / fmt::format("node-{}", node);
+  const fs::path dest = step_directory(node_dir, step);
+  fs::remove_all(dest);
+  fs::rename(incoming, dest);
+  for (const auto& entry : fs::directory_iterator(node_dir)) {
+    if (entry.path() != dest && entry.path().filename().string().rfind("step_", 0) == 0) {
+      older.push_back(entry.path());
+    }
+  }
+  {
+    std::lock_guard lock(mutex_);
+    kept_[node] = {generation, step, limit - budget};
   }
   for (const fs::path& dir : older) fs::remove_all(dir);
   log(fmt::format("kept the replica of node {} generation {} step {} from {}", node, generation,

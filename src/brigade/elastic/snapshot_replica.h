@@ -19,8 +19,8 @@
 // replaces a newer one, and a transfer cut off half-way leaves the kept
 // replica as it was. Node numbers hold within one generation only (a job
 // with fewer nodes renumbers them, and may resume from an older step), so
-// the first replica of a newer generation drops every older generation's,
-// and a transfer of an older generation is refused.
+// a transfer of a newer generation drops every older generation's replica
+// as it begins, and a transfer of an older generation is refused.
 //
 // Wire format (frames as the store's: a u32 little-endian length, then the
 // payload, encoded with store_protocol's Encoder):
