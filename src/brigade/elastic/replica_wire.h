@@ -63,6 +63,8 @@ struct FileEntry {
 
 std::string errno_text(int err = errno);
 
+// The I/O below throws Refusal saying what went wrong (a timeout, the peer
+// gone, a frame over `limit`).
 void write_all(const Link& link, std::string_view bytes);
 
 void read_exact(const Link& link, char* data, size_t bytes);
@@ -78,12 +80,15 @@ void try_send_status(const Link& link, sp::Status status, const std::string& mes
 // replica's directory, never a path out of it.
 bool plain_name(const std::string& name);
 
+// Sends file's header and bytes, read again by path; throws Error when the
+// file changed since it was listed, Refusal when link.stop is set.
 void send_file(const Link& link, const fs::path& dir, const FileEntry& file);
 
 // Reads a file header and its bytes into dir, checking name, size (at most
 // `budget` bytes) and checksum; returns its size.
 int64_t receive_file(const Link& link, const fs::path& dir, int64_t budget);
 
+// dir's regular files with sizes and checksums, by name.
 std::vector<FileEntry> list_files(const fs::path& dir);
 
 std::string format_peer(const sockaddr_storage& addr);
