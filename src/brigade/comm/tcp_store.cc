@@ -20,6 +20,7 @@
 #include <thread>
 #include <unordered_map>
 
+#include "brigade/comm/socket_io.h"
 #include "brigade/comm/store_protocol.h"
 #include "brigade/core/clock.h"
 
@@ -104,72 +105,12 @@ void close_fd(int& fd) {
   fd = -1;
 }
 
-// Milliseconds until deadline_ns, rounded up so a poll never wakes early.
-int poll_timeout_ms(int64_t deadline_ns) {
-  const int64_t left_ns = deadline_ns - now_ns();
-  if (left_ns <= 0) return 0;
-  return static_cast<int>(std::min<int64_t>((left_ns + kNsPerMs - 1) / kNsPerMs, 1 << 30));
-}
-
-// Waits until fd is ready for `events`; false if the deadline passed first.
-bool wait_ready(int fd, short events, int64_t deadline_ns) {
-  for (;;) {
-    pollfd p{fd, events, 0};
-    const int n = ::poll(&p, 1, poll_timeout_ms(deadline_ns));
-    if (n > 0) return true;
-    if (n == 0) return false;
-    if (errno != EINTR) return true;  // let the read or write report the error
-  }
-}
-
-enum class Io { kOk, kClosed, kTimeout, kFailed };
-
-Io write_all(int fd, std::string_view bytes, int64_t deadline_ns, int* err) {
-  while (!bytes.empty()) {
-    const ssize_t n = ::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
-    if (n > 0) {
-      bytes.remove_prefix(static_cast<size_t>(n));
-    } else if (n < 0 && errno == EINTR) {
-      continue;
-    } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      if (!wait_ready(fd, POLLOUT, deadline_ns)) return Io::kTimeout;
-    } else {
-      *err = errno;
-      return errno == EPIPE || errno == ECONNRESET ? Io::kClosed : Io::kFailed;
-    }
-  }
-  return Io::kOk;
-}
-
-Io read_exact(int fd, char* data, size_t bytes, int64_t deadline_ns, int* err) {
-  while (bytes > 0) {
-    const ssize_t n = ::recv(fd, data, bytes, 0);
-    if (n > 0) {
-      data += n;
-      bytes -= static_cast<size_t>(n);
-    } else if (n == 0) {
-      return Io::kClosed;
-    } else if (errno == EINTR) {
-      continue;
-    } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
-      if (!wait_ready(fd, POLLIN, deadline_ns)) return Io::kTimeout;
-    } else {
-      *err = errno;
-      return errno == ECONNRESET ? Io::kClosed : Io::kFailed;
-    }
-  }
-  return Io::kOk;
-}
-
-// Compares without an early exit, so response time says nothing about how
-// much of a guessed token was right.
-bool same_token(std::string_view a, std::string_view b) {
-  unsigned diff = a.size() == b.size() ? 0 : 1;
-  for (size_t i = 0; i < a.size(); ++i) {
-    diff |= static_cast<unsigned>(a[i] ^ (i < b.size() ? b[i] : 0));
-  }
-  return diff == 0;
-}
+using socket_io::Io;
+using socket_io::poll_timeout_ms;
+using socket_io::read_exact;
+using socket_io::same_token;
+using socket_io::wait_ready;
+using socket_io::write_all;
 
 std::string quote_keys(const std::vector<std::string>& keys) {
   std::string text;
