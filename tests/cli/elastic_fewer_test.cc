@@ -70,9 +70,11 @@ class ElasticFewer : public ::testing::Test {
   }
   // Every node's `brigade launch --nnodes nnodes` at once (run_brigade
   // kills each past its timeout, by pid); node by node's output.
+  // Nodes past 0 are given `others_nnodes` when set.
   std::vector<Output> launch(int nodes, const std::string& nnodes, int nproc,
                              const std::vector<std::string>& flags,
-                             const std::vector<std::string>& command) {
+                             const std::vector<std::string>& command,
+                             const std::string& others_nnodes = "") {
     const std::string rdzv = "127.0.0.1:" + std::to_string(testing::free_port());
     std::vector<Output> outputs(static_cast<size_t>(nodes));
     std::vector<std::thread> threads;
@@ -81,7 +83,7 @@ class ElasticFewer : public ::testing::Test {
                                        "--nproc-per-node",
                                        std::to_string(nproc),
                                        "--nnodes",
-                                       nnodes,
+                                       node > 0 && !others_nnodes.empty() ? others_nnodes : nnodes,
                                        "--node-rank",
                                        std::to_string(node),
                                        "--rdzv",
@@ -196,8 +198,8 @@ TEST_F(ElasticFewer, NodeCountsTheJobCannotGoOnWithAreRefused) {
                                      "fewer-test",
                                      "--max-restarts",
                                      "1"};
-    args.insert(args.end(), extra.begin(), extra.end());
     args.insert(args.end(), {"--", "train", config_.string()});
+    args.insert(args.end(), extra.begin(), extra.end());  // train's own
     const Output o = run_brigade(args, std::chrono::seconds(30));
     EXPECT_EQ(o.status, 1) << o.err;
     return o.err;
@@ -213,6 +215,15 @@ TEST_F(ElasticFewer, NodeCountsTheJobCannotGoOnWithAreRefused) {
   EXPECT_NE(uneven.find("--nnodes 2:4 lets the job go on with 3 nodes"), std::string::npos)
       << uneven;
   EXPECT_NE(uneven.find("4 / 3 is not whole: pass --nnodes 4:4"), std::string::npos) << uneven;
+  // A dp or grad_accum below 1 would be divided by: refused naming the key.
+  EXPECT_NE(refused("1:2", 2, {"--set", "parallel.dp=0"})
+                .find("but it is 0 (parallel.tp 1 x parallel.pp 1 on 4 workers): set "
+                      "parallel.dp to 1 or more"),
+            std::string::npos);
+  EXPECT_NE(refused("1:2", 2, {"--set", "train.grad_accum=0"})
+                .find("scales train.grad_accum with the nodes, but it is 0: set "
+                      "train.grad_accum to 1 or more"),
+            std::string::npos);
   // On 2 nodes of 2 it scales: refused only for the missing restart.
   std::vector<std::string> args = {
       "launch",      "--nproc-per-node", "2", "--nnodes", "1:2",   "--node-rank",   "1", "--rdzv",
@@ -223,6 +234,21 @@ TEST_F(ElasticFewer, NodeCountsTheJobCannotGoOnWithAreRefused) {
                        "which is a restart: give every node --max-restarts 1 or more"),
             std::string::npos)
       << o.err;
+}
+
+// Every node must agree on how few the job may go on with: node 1 given
+// plain --nnodes 2 where node 0 has 1:2 is refused at the rendezvous, before
+// any worker starts (whichever compares first refuses; the other may then
+// find the store gone).
+TEST_F(ElasticFewer, NodesGivenDifferentMinimumsAreRefused) {
+  const fs::path started = dir_.path() / "started";
+  const auto r = launch(2, "1:2", 1, {}, {"touch", started.string()}, "2");
+  EXPECT_EQ(r[0].status, 1) << r[0].err;
+  EXPECT_EQ(r[1].status, 1) << r[1].err;
+  EXPECT_NE((r[0].err + r[1].err).find("give every node and standby the same --nnodes MIN:MAX"),
+            std::string::npos)
+      << r[0].err << r[1].err;
+  EXPECT_FALSE(fs::exists(started));
 }
 
 }  // namespace BRIGADE_TEST_FILE

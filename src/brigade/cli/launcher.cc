@@ -371,6 +371,7 @@ void join_nodes(TcpStore& store, const LaunchOptions& o) {
         store.address(), o.node_rank, o.nnodes - 1);
   }
   store.set(restarts_key(o.node_rank), std::to_string(o.max_restarts));
+  store.set(nnodes_key(o.node_rank), nnodes_text(o));
   store.set(node_key(o.node_rank), std::to_string(o.nproc_per_node));
   store.add(kNodesJoinedKey, 1);
   std::vector<std::string> keys;
@@ -406,6 +407,7 @@ void join_nodes(TcpStore& store, const LaunchOptions& o) {
           "same --max-restarts (restarts are counted for the whole job)",
           r, restarts, o.node_rank, o.max_restarts);
     }
+    check_same_nnodes(store, o, r, fmt::format("this node (rank {})", o.node_rank));
   }
 }
 

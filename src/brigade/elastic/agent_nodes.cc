@@ -279,21 +279,13 @@ void Agent::take_membership() {
 }
 
 std::vector<std::string> Agent::fewer_nodes_args() const {
-  if (!options_.brigade_train || options_.train_dp == 0 || group_nodes_ == options_.nnodes) {
-    return {};
-  }
-  // The launcher refused node counts these are not whole for (launch_nodes.h).
-  const int64_t dp = options_.train_dp, accum = options_.train_grad_accum;
-  if (dp * group_nodes_ % options_.nnodes != 0 ||
-      dp * accum % (dp * group_nodes_ / options_.nnodes) != 0) {
-    throw_error(
-        "the job cannot go on with {} of its {} nodes: parallel.dp = {} and train.grad_accum = {} "
-        "do not scale to a whole dp and grad_accum there",
-        group_nodes_, options_.nnodes, dp, accum);
-  }
-  const int64_t fewer_dp = dp * group_nodes_ / options_.nnodes;
-  return {"--set", fmt::format("parallel.dp={}", fewer_dp), "--set",
-          fmt::format("train.grad_accum={}", dp * accum / fewer_dp)};
+  if (!options_.brigade_train || !coordinator_) return {};
+  // The leader's, scaled from node 0's layout: a node launched with another
+  // config must still sum the same global batch as the others.
+  const auto& layout = coordinator_->train_layout();
+  if (!layout) return {};
+  return {"--set", fmt::format("parallel.dp={}", layout->dp), "--set",
+          fmt::format("train.grad_accum={}", layout->grad_accum)};
 }
 
 std::vector<int> Agent::nodes_out() const {

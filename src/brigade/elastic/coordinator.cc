@@ -347,6 +347,7 @@ JobView Coordinator::read_state() {
       if (const auto nodes = store_.try_get(members)) {
         next_members_ = parse_members(members, *nodes, options_.nnodes);
       }
+      next_layout_ = read_layout(generation_ + 1);
       v.state = JobView::State::kRestart;
       v.cause = parse_report(cause, parse_object(cause, *text, "a failure report"), 0);
       next_open_ = true;
@@ -408,6 +409,7 @@ std::optional<JobView> Coordinator::lead(int64_t now_ns) {
   if (generation_ < options_.max_restarts && replace_lost_nodes(now_ns, *cause)) {
     // Before the generation opens: every agent reads it there.
     store_.set(members_key(generation_ + 1), members_text(next_members_));
+    write_next_layout();
     store_.set(cause_key(generation_), report_json(*cause).dump());
     store_.set(open_key(generation_ + 1), std::to_string(generation_ + 1));
     return std::nullopt;  // read_state() sees it on the next poll, as everyone does
@@ -543,6 +545,7 @@ void Coordinator::enter_next_generation() {
   }
   ++generation_;
   members_ = next_members_;
+  layout_ = next_layout_;
   lost_.clear();
   reported_failure_ = false;
   pending_report_.reset();

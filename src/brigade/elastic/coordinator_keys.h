@@ -23,6 +23,9 @@ std::string lost_key(int node);
 std::string replaced_key(int64_t g, int node);
 std::string node_fault_key(int64_t g, int node);
 std::string members_key(int64_t g);
+// gen/<g>/train_layout: "DP GRAD_ACCUM", the leader's scaled `brigade
+// train` layout of a generation on fewer nodes.
+std::string train_layout_key(int64_t g);
 
 // gen/<g>/members: the nodes of generation g, their original ranks in
 // order, space-separated ("0 2"); a node's rank in g is its position.
