@@ -109,6 +109,7 @@ TEST_F(FewerNodesTest, ALostNodeWithNoStandbyLeavesTheJobOnTheLiveNodesRenumbere
   }
   EXPECT_EQ(n0->coordinator->member_index(), 0);
   EXPECT_EQ(n2->coordinator->member_index(), 1);
+  EXPECT_EQ(n0->coordinator->nodes_lost_unreplaced(), (std::vector<int>{1}));
   // Node 1's agent, back, is out for good.
   const JobView back = n1->poll(t);
   EXPECT_EQ(back.state, State::kEnded);
@@ -199,6 +200,10 @@ TEST_F(FewerNodesTest, OneStandbyForTwoLostNodesTakesOneAndTheOtherIsLeftOut) {
   const JobView opened = n0->poll(t += 100 * kMs);
   ASSERT_EQ(opened.state, State::kRestart) << opened.why;
   EXPECT_EQ(opened.cause->nodes, 2);
+  // Opened, not yet entered (a Ctrl-C here ends node 0 in generation 0):
+  // node 2 is out already, node 1 (the standby's now) is not.
+  EXPECT_EQ(n0->coordinator->members(), (std::vector<int>{0, 1, 2}));
+  EXPECT_EQ(n0->coordinator->nodes_lost_unreplaced(), (std::vector<int>{2}));
   n0->coordinator->enter_next_generation();
   EXPECT_EQ(n0->coordinator->members(), (std::vector<int>{0, 1}));
   ASSERT_EQ(s->poll(t).state, State::kRestart);

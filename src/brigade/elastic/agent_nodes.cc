@@ -291,12 +291,19 @@ std::vector<std::string> Agent::fewer_nodes_args() const {
 std::vector<int> Agent::nodes_out() const {
   std::vector<int> out = lost_nodes_;
   if (!coordinator_) return out;
+  const auto add = [&out](int n) {
+    if (std::find(out.begin(), out.end(), n) == out.end()) out.push_back(n);
+  };
   const std::vector<int>& members = coordinator_->members();
   for (int n = 0; n < options_.nnodes; ++n) {
-    if (std::find(members.begin(), members.end(), n) == members.end() &&
-        std::find(out.begin(), out.end(), n) == out.end()) {
-      out.push_back(n);
-    }
+    if (std::find(members.begin(), members.end(), n) == members.end()) add(n);
+  }
+  // Left out of a generation this agent never entered (a signal came
+  // between the leader opening it and this agent seeing it open).
+  try {
+    for (const int n : coordinator_->nodes_lost_unreplaced()) add(n);
+  } catch (const Error& e) {
+    std::fprintf(stderr, "brigade launch: could not read which nodes were lost: %s\n", e.what());
   }
   return out;
 }

@@ -215,6 +215,11 @@ class Coordinator {
   const std::vector<int>& members() const { return members_; }
   int member_index() const;
   int member_count() const { return static_cast<int>(members_.size()); }
+  // The nodes the leader declared lost and gave no standby (lost/<n>
+  // without gen/<g+1>/replaced/<n>), read from the store: out of the job
+  // even before this agent entered the generation that leaves them out.
+  // Throws Error when the store does not answer.
+  std::vector<int> nodes_lost_unreplaced() const;
   // The `brigade train` layout the leader wrote for this generation
   // (gen/<g>/train_layout), when it runs on fewer nodes than the job
   // started with; nullopt otherwise. Every agent passes it to its workers.

@@ -65,6 +65,18 @@ int Coordinator::member_index() const {
   return it == members_.end() ? -1 : static_cast<int>(it - members_.begin());
 }
 
+std::vector<int> Coordinator::nodes_lost_unreplaced() const {
+  std::vector<int> out;
+  for (int n = 1; n < options_.nnodes; ++n) {
+    const std::string key = lost_key(n);
+    const auto lost_in = store_.try_get(key);
+    if (lost_in && !store_.try_get(replaced_key(parse_count(key, *lost_in) + 1, n))) {
+      out.push_back(n);
+    }
+  }
+  return out;
+}
+
 bool Coordinator::may_go_on_with_fewer(size_t lost) const {
   return options_.min_nnodes > 0 && options_.min_nnodes < options_.nnodes &&
          members_.size() >= lost + static_cast<size_t>(options_.min_nnodes) &&
