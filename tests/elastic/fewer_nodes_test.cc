@@ -286,5 +286,19 @@ TEST_F(FewerNodesTest, AMalformedTrainLayoutEndsTheJobNamingTheKey) {
   EXPECT_NE(v.why.find("brigade/coord/gen/1/train_layout"), std::string::npos) << v.why;
 }
 
+// A failure report saying the job went on with more nodes than it has is
+// refused (2 nodes, "nodes": 3).
+TEST_F(FewerNodesTest, AReportWithMoreNodesThanTheJobsIsRefused) {
+  auto n0 = node(0, 2, 1), n1 = node(1, 2, 1);
+  raw_.add(coordinator_key("gen/0/reports"), 1);
+  raw_.set(coordinator_key("gen/0/cause"),
+           R"({"kind":"node_lost","rank":-1,"node":1,"pid":0,"what":"x","injected":false,)"
+           R"("detected_after_ms":1,"last_step":1,"mean_step_ms":1,"nodes":3})");
+  raw_.set(coordinator_key("gen/1/open"), "1");
+  const JobView v = n0->poll(0);
+  EXPECT_EQ(v.state, State::kEnded);
+  EXPECT_NE(v.why.find("brigade/coord/gen/0/cause"), std::string::npos) << v.why;
+}
+
 }  // namespace BRIGADE_TEST_FILE
 }  // namespace brigade::elastic
