@@ -158,16 +158,17 @@ TEST_F(ElasticFewer, NodeZeroGoesOnAloneOnTheSameGlobalBatch) {
 }
 
 // 3 nodes x 1 worker, --nnodes 2:3: node 1 is lost; node 2 goes on as
-// node 1 of 2 (GROUP_RANK 1, RANK 1, WORLD_SIZE 2).
+// node 1 of 2 (GROUP_RANK 1, RANK 1, WORLD_SIZE 2), still BRIGADE_NODE 2.
 TEST_F(ElasticFewer, ASurvivingNodeIsRenumberedAfterTheLostOne) {
   const std::string out = dir_.path().string();
-  const std::string script = "echo $BRIGADE_GENERATION $GROUP_RANK $RANK $WORLD_SIZE > " + out +
-                             "/gen$BRIGADE_GENERATION.$GROUP_RANK";
+  const std::string script =
+      "echo $BRIGADE_GENERATION $GROUP_RANK $RANK $WORLD_SIZE $BRIGADE_NODE > " + out +
+      "/gen$BRIGADE_GENERATION.$GROUP_RANK";
   // Generation 0's workers wait; node 1 is struck through its own launcher.
   const std::string worker =
-      "if [ $BRIGADE_GENERATION = 0 ]; then if [ $GROUP_RANK = 1 ]; then kill -9 $PPID; fi; "
-      "exec sleep 100; fi; " +
-      script;
+      script +
+      "; if [ $BRIGADE_GENERATION = 0 ]; then if [ $GROUP_RANK = 1 ]; then kill -9 $PPID; "
+      "fi; exec sleep 100; fi";
   const auto r = launch(3, "2:3", 1, {}, {"sh", "-c", worker});
   EXPECT_EQ(r[1].status, 128 + SIGKILL) << r[1].err;
   EXPECT_EQ(r[0].status, 0) << r[0].err;
@@ -175,8 +176,9 @@ TEST_F(ElasticFewer, ASurvivingNodeIsRenumberedAfterTheLostOne) {
   EXPECT_EQ(r[0].err.find("not every node reported its workers done"), std::string::npos)
       << r[0].err;
   EXPECT_EQ(r[2].status, 0) << r[2].err;
-  EXPECT_EQ(file_text(dir_.path() / "gen1.0"), "1 0 0 2\n");
-  EXPECT_EQ(file_text(dir_.path() / "gen1.1"), "1 1 1 2\n") << r[2].err;
+  EXPECT_EQ(file_text(dir_.path() / "gen0.2"), "0 2 2 3 2\n");
+  EXPECT_EQ(file_text(dir_.path() / "gen1.0"), "1 0 0 2 0\n");
+  EXPECT_EQ(file_text(dir_.path() / "gen1.1"), "1 1 1 2 2\n") << r[2].err;
   EXPECT_FALSE(fs::exists(dir_.path() / "gen1.2"));
 }
 

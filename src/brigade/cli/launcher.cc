@@ -337,6 +337,7 @@ void set_interface(const LaunchOptions& o, Environment& worker_env) {
   worker_env.set("LOCAL_RANK", std::to_string(local_rank));
   worker_env.set("LOCAL_WORLD_SIZE", std::to_string(local_world_size));
   worker_env.set("GROUP_RANK", std::to_string(node_rank));
+  worker_env.set("BRIGADE_NODE", std::to_string(node_rank));
   worker_env.set("MASTER_ADDR", master.host);
   worker_env.set("MASTER_PORT", std::to_string(master.port));
   worker_env.set("BRIGADE_STORE_TOKEN", token);
@@ -520,6 +521,7 @@ int run_launch(const LaunchOptions& o) {
   worker_env.set("WORLD_SIZE", std::to_string(world_size));
   worker_env.set("LOCAL_WORLD_SIZE", std::to_string(o.nproc_per_node));
   worker_env.set("GROUP_RANK", std::to_string(o.node_rank));
+  worker_env.set("BRIGADE_NODE", std::to_string(o.node_rank));
   worker_env.set("MASTER_ADDR", master.host);
   worker_env.set("MASTER_PORT", std::to_string(master.port));
   worker_env.set("BRIGADE_STORE_TOKEN", token);

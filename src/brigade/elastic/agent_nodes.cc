@@ -275,6 +275,8 @@ void Agent::take_membership() {
   group_rank_ = index;
   group_nodes_ = count;
   options_.environment.set("GROUP_RANK", std::to_string(index));
+  // A standby's given node; a node's own rank, as the incidents name it.
+  options_.environment.set("BRIGADE_NODE", std::to_string(options_.node_rank));
   options_.environment.set("WORLD_SIZE", std::to_string(count * options_.nproc_per_node));
 }
 
