@@ -104,6 +104,17 @@ class ElasticFewer : public ::testing::Test {
     for (std::thread& t : threads) t.join();
     return outputs;
   }
+  // The fault-free run's losses (2 nodes x 2 workers, dp 4), run once per
+  // test binary: every test here trains the same config.
+  std::map<int64_t, double> reference_losses() {
+    static std::map<int64_t, double> cached;
+    if (!cached.empty()) return cached;
+    const auto ref = launch(2, "2", 2, {}, train("reference"));
+    EXPECT_EQ(ref[0].status, 0) << ref[0].err;
+    EXPECT_EQ(ref[1].status, 0) << ref[1].err;
+    cached = losses(dir_.path() / "reference");
+    return cached;
+  }
   std::vector<std::string> train(const std::string& run) const {
     return {"train", config_.string(), "--set",
             "train.run_dir=\"" + (dir_.path() / run).string() + "\""};
@@ -118,9 +129,7 @@ class ElasticFewer : public ::testing::Test {
 // run's at the same step (the same samples, summed in another order: rank r
 // of dp 2 takes the samples of ranks 2r and 2r+1 of dp 4).
 TEST_F(ElasticFewer, NodeZeroGoesOnAloneOnTheSameGlobalBatch) {
-  const auto ref = launch(2, "2", 2, {}, train("reference"));
-  ASSERT_EQ(ref[0].status, 0) << ref[0].err;
-  ASSERT_EQ(ref[1].status, 0) << ref[1].err;
+  const std::map<int64_t, double> expected = reference_losses();
   const auto r = launch(2, "1:2", 2, {"--inject", "kill-agent:node=1:step=4"}, train("fewer"));
   EXPECT_EQ(r[1].status, 128 + SIGKILL) << r[1].err;
   ASSERT_EQ(r[0].status, 0) << r[0].err << "\nnode 1:\n" << r[1].err;
@@ -135,7 +144,6 @@ TEST_F(ElasticFewer, NodeZeroGoesOnAloneOnTheSameGlobalBatch) {
   const nlohmann::json& incident = lines.front();
   ASSERT_TRUE(incident.at("resumed_from_step").is_number_integer()) << incident.dump();
   const int64_t resumed = incident.at("resumed_from_step");
-  const std::map<int64_t, double> expected = losses(dir_.path() / "reference");
   const std::map<int64_t, double> got = losses(dir_.path() / "fewer");
   ASSERT_EQ(expected.size(), 8u);
   ASSERT_EQ(got.rbegin()->first, 8) << r[0].err;
@@ -155,6 +163,26 @@ TEST_F(ElasticFewer, NodeZeroGoesOnAloneOnTheSameGlobalBatch) {
       << incident.dump();
   EXPECT_EQ(lines.back().at("kind"), "summary") << lines.back().dump();
   EXPECT_EQ(lines.back().at("incidents"), 1) << lines.back().dump();
+}
+
+// The same with no checkpoint before the fault: node 0 starts over alone,
+// still with dp 2 x grad_accum 2 (the agent's --set without --resume), and
+// every loss is the fault-free run's.
+TEST_F(ElasticFewer, NodeZeroStartingOverAloneKeepsTheGlobalBatch) {
+  const std::map<int64_t, double> expected = reference_losses();
+  std::vector<std::string> command = train("fewer");
+  command.insert(command.end(), {"--set", "train.checkpoint_every=100"});
+  const auto r = launch(2, "1:2", 2, {"--inject", "kill-agent:node=1:step=4"}, command);
+  ASSERT_EQ(r[0].status, 0) << r[0].err << "\nnode 1:\n" << r[1].err;
+  EXPECT_NE(r[0].err.find("node 0 runs as node 0 of 1 in generation 1"), std::string::npos)
+      << r[0].err;
+  const std::map<int64_t, double> got = losses(dir_.path() / "fewer");
+  ASSERT_EQ(expected.size(), 8u);
+  ASSERT_EQ(got.size(), 8u) << r[0].err;
+  for (const auto& [step, loss] : expected) {
+    EXPECT_LE(std::abs(got.at(step) - loss), 1e-4 * std::abs(loss))
+        << "step " << step << ": " << got.at(step) << " vs " << loss;
+  }
 }
 
 // 3 nodes x 1 worker, --nnodes 2:3: node 1 is lost; node 2 goes on as
