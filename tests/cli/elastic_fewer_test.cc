@@ -70,9 +70,11 @@ class ElasticFewer : public ::testing::Test {
   }
   // Every node's `brigade launch --nnodes nnodes` at once (run_brigade
   // kills each past its timeout, by pid); node by node's output.
+  // Nodes past 0 are given `others_nnodes` when set.
   std::vector<Output> launch(int nodes, const std::string& nnodes, int nproc,
                              const std::vector<std::string>& flags,
-                             const std::vector<std::string>& command) {
+                             const std::vector<std::string>& command,
+                             const std::string& others_nnodes = "") {
     const std::string rdzv = "127.0.0.1:" + std::to_string(testing::free_port());
     std::vector<Output> outputs(static_cast<size_t>(nodes));
     std::vector<std::thread> threads;
@@ -81,7 +83,7 @@ class ElasticFewer : public ::testing::Test {
                                        "--nproc-per-node",
                                        std::to_string(nproc),
                                        "--nnodes",
-                                       nnodes,
+                                       node > 0 && !others_nnodes.empty() ? others_nnodes : nnodes,
                                        "--node-rank",
                                        std::to_string(node),
                                        "--rdzv",
@@ -102,6 +104,17 @@ class ElasticFewer : public ::testing::Test {
     for (std::thread& t : threads) t.join();
     return outputs;
   }
+  // The fault-free run's losses (2 nodes x 2 workers, dp 4), run once per
+  // test binary: every test here trains the same config.
+  std::map<int64_t, double> reference_losses() {
+    static std::map<int64_t, double> cached;
+    if (!cached.empty()) return cached;
+    const auto ref = launch(2, "2", 2, {}, train("reference"));
+    EXPECT_EQ(ref[0].status, 0) << ref[0].err;
+    EXPECT_EQ(ref[1].status, 0) << ref[1].err;
+    cached = losses(dir_.path() / "reference");
+    return cached;
+  }
   std::vector<std::string> train(const std::string& run) const {
     return {"train", config_.string(), "--set",
             "train.run_dir=\"" + (dir_.path() / run).string() + "\""};
@@ -116,9 +129,7 @@ class ElasticFewer : public ::testing::Test {
 // run's at the same step (the same samples, summed in another order: rank r
 // of dp 2 takes the samples of ranks 2r and 2r+1 of dp 4).
 TEST_F(ElasticFewer, NodeZeroGoesOnAloneOnTheSameGlobalBatch) {
-  const auto ref = launch(2, "2", 2, {}, train("reference"));
-  ASSERT_EQ(ref[0].status, 0) << ref[0].err;
-  ASSERT_EQ(ref[1].status, 0) << ref[1].err;
+  const std::map<int64_t, double> expected = reference_losses();
   const auto r = launch(2, "1:2", 2, {"--inject", "kill-agent:node=1:step=4"}, train("fewer"));
   EXPECT_EQ(r[1].status, 128 + SIGKILL) << r[1].err;
   ASSERT_EQ(r[0].status, 0) << r[0].err << "\nnode 1:\n" << r[1].err;
@@ -133,7 +144,6 @@ TEST_F(ElasticFewer, NodeZeroGoesOnAloneOnTheSameGlobalBatch) {
   const nlohmann::json& incident = lines.front();
   ASSERT_TRUE(incident.at("resumed_from_step").is_number_integer()) << incident.dump();
   const int64_t resumed = incident.at("resumed_from_step");
-  const std::map<int64_t, double> expected = losses(dir_.path() / "reference");
   const std::map<int64_t, double> got = losses(dir_.path() / "fewer");
   ASSERT_EQ(expected.size(), 8u);
   ASSERT_EQ(got.rbegin()->first, 8) << r[0].err;
@@ -155,17 +165,38 @@ TEST_F(ElasticFewer, NodeZeroGoesOnAloneOnTheSameGlobalBatch) {
   EXPECT_EQ(lines.back().at("incidents"), 1) << lines.back().dump();
 }
 
+// The same with no checkpoint before the fault: node 0 starts over alone,
+// still with dp 2 x grad_accum 2 (the agent's --set without --resume), and
+// every loss is the fault-free run's.
+TEST_F(ElasticFewer, NodeZeroStartingOverAloneKeepsTheGlobalBatch) {
+  const std::map<int64_t, double> expected = reference_losses();
+  std::vector<std::string> command = train("fewer");
+  command.insert(command.end(), {"--set", "train.checkpoint_every=100"});
+  const auto r = launch(2, "1:2", 2, {"--inject", "kill-agent:node=1:step=4"}, command);
+  ASSERT_EQ(r[0].status, 0) << r[0].err << "\nnode 1:\n" << r[1].err;
+  EXPECT_NE(r[0].err.find("node 0 runs as node 0 of 1 in generation 1"), std::string::npos)
+      << r[0].err;
+  const std::map<int64_t, double> got = losses(dir_.path() / "fewer");
+  ASSERT_EQ(expected.size(), 8u);
+  ASSERT_EQ(got.size(), 8u) << r[0].err;
+  for (const auto& [step, loss] : expected) {
+    EXPECT_LE(std::abs(got.at(step) - loss), 1e-4 * std::abs(loss))
+        << "step " << step << ": " << got.at(step) << " vs " << loss;
+  }
+}
+
 // 3 nodes x 1 worker, --nnodes 2:3: node 1 is lost; node 2 goes on as
-// node 1 of 2 (GROUP_RANK 1, RANK 1, WORLD_SIZE 2).
+// node 1 of 2 (GROUP_RANK 1, RANK 1, WORLD_SIZE 2), still BRIGADE_NODE 2.
 TEST_F(ElasticFewer, ASurvivingNodeIsRenumberedAfterTheLostOne) {
   const std::string out = dir_.path().string();
-  const std::string script = "echo $BRIGADE_GENERATION $GROUP_RANK $RANK $WORLD_SIZE > " + out +
-                             "/gen$BRIGADE_GENERATION.$GROUP_RANK";
+  const std::string script =
+      "echo $BRIGADE_GENERATION $GROUP_RANK $RANK $WORLD_SIZE $BRIGADE_NODE > " + out +
+      "/gen$BRIGADE_GENERATION.$GROUP_RANK";
   // Generation 0's workers wait; node 1 is struck through its own launcher.
   const std::string worker =
-      "if [ $BRIGADE_GENERATION = 0 ]; then if [ $GROUP_RANK = 1 ]; then kill -9 $PPID; fi; "
-      "exec sleep 100; fi; " +
-      script;
+      script +
+      "; if [ $BRIGADE_GENERATION = 0 ]; then if [ $GROUP_RANK = 1 ]; then kill -9 $PPID; "
+      "fi; exec sleep 100; fi";
   const auto r = launch(3, "2:3", 1, {}, {"sh", "-c", worker});
   EXPECT_EQ(r[1].status, 128 + SIGKILL) << r[1].err;
   EXPECT_EQ(r[0].status, 0) << r[0].err;
@@ -173,8 +204,9 @@ TEST_F(ElasticFewer, ASurvivingNodeIsRenumberedAfterTheLostOne) {
   EXPECT_EQ(r[0].err.find("not every node reported its workers done"), std::string::npos)
       << r[0].err;
   EXPECT_EQ(r[2].status, 0) << r[2].err;
-  EXPECT_EQ(file_text(dir_.path() / "gen1.0"), "1 0 0 2\n");
-  EXPECT_EQ(file_text(dir_.path() / "gen1.1"), "1 1 1 2\n") << r[2].err;
+  EXPECT_EQ(file_text(dir_.path() / "gen0.2"), "0 2 2 3 2\n");
+  EXPECT_EQ(file_text(dir_.path() / "gen1.0"), "1 0 0 2 0\n");
+  EXPECT_EQ(file_text(dir_.path() / "gen1.1"), "1 1 1 2 2\n") << r[2].err;
   EXPECT_FALSE(fs::exists(dir_.path() / "gen1.2"));
 }
 
@@ -196,8 +228,8 @@ TEST_F(ElasticFewer, NodeCountsTheJobCannotGoOnWithAreRefused) {
                                      "fewer-test",
                                      "--max-restarts",
                                      "1"};
-    args.insert(args.end(), extra.begin(), extra.end());
     args.insert(args.end(), {"--", "train", config_.string()});
+    args.insert(args.end(), extra.begin(), extra.end());  // train's own
     const Output o = run_brigade(args, std::chrono::seconds(30));
     EXPECT_EQ(o.status, 1) << o.err;
     return o.err;
@@ -213,6 +245,15 @@ TEST_F(ElasticFewer, NodeCountsTheJobCannotGoOnWithAreRefused) {
   EXPECT_NE(uneven.find("--nnodes 2:4 lets the job go on with 3 nodes"), std::string::npos)
       << uneven;
   EXPECT_NE(uneven.find("4 / 3 is not whole: pass --nnodes 4:4"), std::string::npos) << uneven;
+  // A dp or grad_accum below 1 would be divided by: refused naming the key.
+  EXPECT_NE(refused("1:2", 2, {"--set", "parallel.dp=0"})
+                .find("but it is 0 (parallel.tp 1 x parallel.pp 1 on 4 workers): set "
+                      "parallel.dp to 1 or more"),
+            std::string::npos);
+  EXPECT_NE(refused("1:2", 2, {"--set", "train.grad_accum=0"})
+                .find("scales train.grad_accum with the nodes, but it is 0: set "
+                      "train.grad_accum to 1 or more"),
+            std::string::npos);
   // On 2 nodes of 2 it scales: refused only for the missing restart.
   std::vector<std::string> args = {
       "launch",      "--nproc-per-node", "2", "--nnodes", "1:2",   "--node-rank",   "1", "--rdzv",
@@ -223,6 +264,21 @@ TEST_F(ElasticFewer, NodeCountsTheJobCannotGoOnWithAreRefused) {
                        "which is a restart: give every node --max-restarts 1 or more"),
             std::string::npos)
       << o.err;
+}
+
+// Every node must agree on how few the job may go on with: node 1 given
+// plain --nnodes 2 where node 0 has 1:2 is refused at the rendezvous, before
+// any worker starts (whichever compares first refuses; the other may then
+// find the store gone).
+TEST_F(ElasticFewer, NodesGivenDifferentMinimumsAreRefused) {
+  const fs::path started = dir_.path() / "started";
+  const auto r = launch(2, "1:2", 1, {}, {"touch", started.string()}, "2");
+  EXPECT_EQ(r[0].status, 1) << r[0].err;
+  EXPECT_EQ(r[1].status, 1) << r[1].err;
+  EXPECT_NE((r[0].err + r[1].err).find("give every node and standby the same --nnodes MIN:MAX"),
+            std::string::npos)
+      << r[0].err << r[1].err;
+  EXPECT_FALSE(fs::exists(started));
 }
 
 }  // namespace BRIGADE_TEST_FILE

@@ -270,7 +270,7 @@ bool wait_for(const std::function<bool()>& ready, std::chrono::seconds limit) {
 
 // Node 1's whole launcher SIGKILLed in generation 0 (its workers die with
 // it): with a standby waiting, node 0 does not end the job; the standby
-// runs node 1's ranks (2 and 3, GROUP_RANK 1) in generation 1 and the job
+// runs node 1's ranks (2 and 3, GROUP_RANK and BRIGADE_NODE 1) in generation 1 and the job
 // succeeds. Without one, node 0 ends the job naming node 1.
 class ElasticStandby : public ElasticNodes {
  protected:
@@ -280,7 +280,7 @@ class ElasticStandby : public ElasticNodes {
     const std::string out = dir_.path().string();
     return "if [ $BRIGADE_GENERATION = 0 ]; then echo $$ > " + out + "/tmp.$RANK && mv " + out +
            "/tmp.$RANK " + out + "/running.$RANK && " + gen0_ + "; fi; " + gen1_ + "echo " +
-           "$BRIGADE_GENERATION $GROUP_RANK $RANK > " + out + "/done.$RANK";
+           "$BRIGADE_GENERATION $GROUP_RANK $RANK $BRIGADE_NODE > " + out + "/done.$RANK";
   }
   std::vector<std::string> args(const std::vector<std::string>& role) const {
     std::vector<std::string> a = {"launch",
@@ -360,7 +360,8 @@ TEST_F(ElasticStandby, AStandbyTakesTheRankOfANodeWhoseLauncherWasKilled) {
     std::ifstream in(dir_.path() / ("done." + std::to_string(rank)));
     std::string line;
     std::getline(in, line);
-    EXPECT_EQ(line, "1 " + std::to_string(rank / 2) + " " + std::to_string(rank))
+    EXPECT_EQ(line, "1 " + std::to_string(rank / 2) + " " + std::to_string(rank) + " " +
+                        std::to_string(rank / 2))
         << "rank " << rank;
   }
 }
@@ -414,7 +415,8 @@ TEST_F(ElasticStandby, AHungNodeIsReplacedAndItsAgentCannotComeBack) {
     std::ifstream in(dir_.path() / ("done." + std::to_string(rank)));
     std::string line;
     std::getline(in, line);
-    EXPECT_EQ(line, "1 " + std::to_string(rank / 2) + " " + std::to_string(rank))
+    EXPECT_EQ(line, "1 " + std::to_string(rank / 2) + " " + std::to_string(rank) + " " +
+                        std::to_string(rank / 2))
         << "rank " << rank;
   }
 }

@@ -9,8 +9,11 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <random>
 #include <vector>
+
+#include "brigade/train/rank_stats.h"
 
 namespace brigade {
 namespace BRIGADE_TEST_FILE {
@@ -189,6 +192,19 @@ TEST(StragglerDetector, ARankAloneInItsStageIsNotScored) {
   }
   ASSERT_EQ(events.size(), 1u);
   EXPECT_EQ(events[0].rank, 2);
+}
+
+// The node a straggler record names is the node's rank as the job started
+// (BRIGADE_NODE), not its place among the nodes left after the job went on
+// with fewer (GROUP_RANK); GROUP_RANK alone under another launcher.
+TEST(StragglerDetector, TheNodeLabelIsTheOriginalNodeRank) {
+  ::setenv("GROUP_RANK", "1", 1);
+  ::setenv("BRIGADE_NODE", "2", 1);
+  EXPECT_EQ(node_from_environment(), 2);
+  ::unsetenv("BRIGADE_NODE");
+  EXPECT_EQ(node_from_environment(), 1);
+  ::unsetenv("GROUP_RANK");
+  EXPECT_EQ(node_from_environment(), 0);
 }
 
 }  // namespace BRIGADE_TEST_FILE

@@ -80,6 +80,7 @@ void join_as_standby(TcpStore& store, const LaunchOptions& o) {
         "(restarts are counted for the whole job)",
         restarts, o.max_restarts);
   }
+  check_same_nnodes(store, o, 0, "this standby");
   // Node 0's agent starts beating once every node joined: watched before,
   // its silence would look like the leader's loss.
   fmt::print(stderr, "brigade launch: standby waits for the job's {} nodes to join\n", o.nnodes);
@@ -153,6 +154,24 @@ void check_standby_and_node_faults(const LaunchOptions& o, bool srun_tasks) {
   }
 }
 
+std::string nnodes_text(const LaunchOptions& o) {
+  return fmt::format("{}:{}", o.min_nnodes == 0 ? o.nnodes : o.min_nnodes, o.nnodes);
+}
+
+std::string nnodes_key(int node_rank) {
+  return fmt::format("brigade/launch/node/{}/nnodes", node_rank);
+}
+
+void check_same_nnodes(TcpStore& store, const LaunchOptions& o, int r, const std::string& who) {
+  const std::string theirs = store.get(nnodes_key(r));
+  if (theirs == nnodes_text(o)) return;
+  throw_error(
+      "node {} was given --nnodes {} but {} --nnodes {}: give every node and standby the same "
+      "--nnodes MIN:MAX (the leader decides how few the job goes on with, and every node "
+      "follows)",
+      r, theirs, who, nnodes_text(o));
+}
+
 TrainLayoutOnAllNodes check_fewer_nodes(const LaunchOptions& o) {
   const int min = o.min_nnodes == 0 ? o.nnodes : o.min_nnodes;
   if (min < 1 || min > o.nnodes) {
@@ -191,6 +210,19 @@ TrainLayoutOnAllNodes check_fewer_nodes(const LaunchOptions& o) {
   const int64_t world = static_cast<int64_t>(o.nnodes) * o.nproc_per_node;
   const int64_t dp = config.get_int("parallel.dp", world / std::max<int64_t>(1, tp * pp));
   const int64_t accum = config.get_int("train.grad_accum", 1);
+  // Scaled below by division: train itself names the layout that does not fit.
+  if (dp < 1) {
+    throw_error(
+        "--nnodes {}:{} scales parallel.dp with the nodes, but it is {} (parallel.tp {} x "
+        "parallel.pp {} on {} workers): set parallel.dp to 1 or more, or fewer tp x pp",
+        min, o.nnodes, dp, tp, pp, world);
+  }
+  if (accum < 1) {
+    throw_error(
+        "--nnodes {}:{} scales train.grad_accum with the nodes, but it is {}: set "
+        "train.grad_accum to 1 or more",
+        min, o.nnodes, accum);
+  }
   for (int k = o.nnodes - 1; k >= min; --k) {
     const bool dp_whole = dp * k % o.nnodes == 0;
     if (dp_whole && dp * accum % (dp * k / o.nnodes) == 0) continue;

@@ -32,6 +32,15 @@ void standby_done(TcpStore& store, int standby_id);
 // A dead standby never says it; it costs `limit_ms` at the end, no more.
 void wait_for_standbys(TcpStore& store, int64_t limit_ms);
 
+// brigade/launch/node/<r>/nnodes: the --nnodes MIN:MAX node r was given.
+std::string nnodes_key(int node_rank);
+// Its value: "MIN:MAX" (plain --nnodes N is N:N).
+std::string nnodes_text(const LaunchOptions& o);
+// Refuses, naming the fix, a node r (its nnodes_key written) given another
+// --nnodes MIN:MAX than this launcher (`who`: "this node (rank 1)", "this
+// standby"): every node must agree on how few the job may go on with.
+void check_same_nnodes(TcpStore& store, const LaunchOptions& o, int r, const std::string& who);
+
 // Refuses, naming the fix, --standby without restarts, --nnodes MIN:MAX
 // under srun's tasks per worker, and a kill-agent or partition fault no
 // standby could answer: one node alone, node 0 (it

@@ -337,6 +337,7 @@ void set_interface(const LaunchOptions& o, Environment& worker_env) {
   worker_env.set("LOCAL_RANK", std::to_string(local_rank));
   worker_env.set("LOCAL_WORLD_SIZE", std::to_string(local_world_size));
   worker_env.set("GROUP_RANK", std::to_string(node_rank));
+  worker_env.set("BRIGADE_NODE", std::to_string(node_rank));
   worker_env.set("MASTER_ADDR", master.host);
   worker_env.set("MASTER_PORT", std::to_string(master.port));
   worker_env.set("BRIGADE_STORE_TOKEN", token);
@@ -371,6 +372,7 @@ void join_nodes(TcpStore& store, const LaunchOptions& o) {
         store.address(), o.node_rank, o.nnodes - 1);
   }
   store.set(restarts_key(o.node_rank), std::to_string(o.max_restarts));
+  store.set(nnodes_key(o.node_rank), nnodes_text(o));
   store.set(node_key(o.node_rank), std::to_string(o.nproc_per_node));
   store.add(kNodesJoinedKey, 1);
   std::vector<std::string> keys;
@@ -406,6 +408,7 @@ void join_nodes(TcpStore& store, const LaunchOptions& o) {
           "same --max-restarts (restarts are counted for the whole job)",
           r, restarts, o.node_rank, o.max_restarts);
     }
+    check_same_nnodes(store, o, r, fmt::format("this node (rank {})", o.node_rank));
   }
 }
 
@@ -518,6 +521,7 @@ int run_launch(const LaunchOptions& o) {
   worker_env.set("WORLD_SIZE", std::to_string(world_size));
   worker_env.set("LOCAL_WORLD_SIZE", std::to_string(o.nproc_per_node));
   worker_env.set("GROUP_RANK", std::to_string(o.node_rank));
+  worker_env.set("BRIGADE_NODE", std::to_string(o.node_rank));
   worker_env.set("MASTER_ADDR", master.host);
   worker_env.set("MASTER_PORT", std::to_string(master.port));
   worker_env.set("BRIGADE_STORE_TOKEN", token);

@@ -10,6 +10,10 @@
 //   MASTER_ADDR, MASTER_PORT  the rendezvous store (hosted by node 0's launcher)
 // and Brigade's own:
 //   BRIGADE_STORE_TOKEN      the job's secret; the store refuses connections without it
+//   BRIGADE_NODE             this node's rank as the job started (after the job
+//                            went on with fewer nodes, GROUP_RANK is its place
+//                            among those left): incidents and the straggler
+//                            records name nodes by it
 //   BRIGADE_STORE_OWNER      "launcher" (the store is up) or "rank0" (under srun
 //                            nobody hosts it: rank 0 must)
 //   GLOO_SOCKET_IFNAME       with --iface: the interface Gloo listens on across

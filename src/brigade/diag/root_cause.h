@@ -58,6 +58,9 @@ struct GroupDump {
 
 struct RankEvidence {
   int rank = 0;
+  // The node's place in the failing generation (rank / nproc_per_node, its
+  // GROUP_RANK): after a job went on with fewer nodes (`--nnodes MIN:MAX`)
+  // not the original rank incidents.jsonl and the straggler records name.
   int node = 0;
   bool running = true;
   std::optional<int> exit_code;  // how an ended worker ended

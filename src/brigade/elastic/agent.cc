@@ -69,6 +69,8 @@ Agent::Agent(AgentOptions options) : options_(std::move(options)) {
     c.max_restarts = options_.max_restarts;
     c.standby = options_.standby;
     c.min_nnodes = options_.min_nnodes;
+    c.train_dp = options_.train_dp;
+    c.train_grad_accum = options_.train_grad_accum;
     coordinator_.emplace(*options_.store, c, now_ns());
   }
   if (options_.standby) {
@@ -103,8 +105,18 @@ int Agent::run(const sigset_t& child_mask) {
     exits_.clear();
     will_restart_ = false;
     Outcome outcome;
+    std::optional<Program> program;
+    try {
+      program = program_for_generation();
+    } catch (const std::exception& e) {
+      // Every node ends with this one line, not with a launcher that died.
+      remote_failure_ = fmt::format("node {} could not start its workers of generation {}: {}",
+                                    options_.node_rank, generation_, e.what());
+      report_end(remote_failure_);
+      return finish(Outcome::kRemoteFailure, 0);
+    }
     {
-      WorkerGroup group(program_for_generation(), env, group_rank_ * options_.nproc_per_node,
+      WorkerGroup group(*program, env, group_rank_ * options_.nproc_per_node,
                         options_.nproc_per_node, child_mask, table.fd());
       outcome = supervise(group, table);
     }

@@ -139,7 +139,9 @@ struct AgentOptions {
   // A `brigade train` job's parallel.dp and train.grad_accum on all nnodes
   // nodes (0: not known). On fewer nodes its workers run with dp scaled to
   // the world and grad_accum scaled inversely, so that every step still
-  // sums the same global batch.
+  // sums the same global batch: node 0's, scaled by the leader and read by
+  // every agent from the store (a standby's and a follower's own are not
+  // used).
   int train_dp = 0;
   int64_t train_grad_accum = 0;
   // A standby node's agent (multi-node only): node_rank is not used; it

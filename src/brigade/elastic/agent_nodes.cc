@@ -275,36 +275,37 @@ void Agent::take_membership() {
   group_rank_ = index;
   group_nodes_ = count;
   options_.environment.set("GROUP_RANK", std::to_string(index));
+  // A standby's given node; a node's own rank, as the incidents name it.
+  options_.environment.set("BRIGADE_NODE", std::to_string(options_.node_rank));
   options_.environment.set("WORLD_SIZE", std::to_string(count * options_.nproc_per_node));
 }
 
 std::vector<std::string> Agent::fewer_nodes_args() const {
-  if (!options_.brigade_train || options_.train_dp == 0 || group_nodes_ == options_.nnodes) {
-    return {};
-  }
-  // The launcher refused node counts these are not whole for (launch_nodes.h).
-  const int64_t dp = options_.train_dp, accum = options_.train_grad_accum;
-  if (dp * group_nodes_ % options_.nnodes != 0 ||
-      dp * accum % (dp * group_nodes_ / options_.nnodes) != 0) {
-    throw_error(
-        "the job cannot go on with {} of its {} nodes: parallel.dp = {} and train.grad_accum = {} "
-        "do not scale to a whole dp and grad_accum there",
-        group_nodes_, options_.nnodes, dp, accum);
-  }
-  const int64_t fewer_dp = dp * group_nodes_ / options_.nnodes;
-  return {"--set", fmt::format("parallel.dp={}", fewer_dp), "--set",
-          fmt::format("train.grad_accum={}", dp * accum / fewer_dp)};
+  if (!options_.brigade_train || !coordinator_) return {};
+  // The leader's, scaled from node 0's layout: a node launched with another
+  // config must still sum the same global batch as the others.
+  const auto& layout = coordinator_->train_layout();
+  if (!layout) return {};
+  return {"--set", fmt::format("parallel.dp={}", layout->dp), "--set",
+          fmt::format("train.grad_accum={}", layout->grad_accum)};
 }
 
 std::vector<int> Agent::nodes_out() const {
   std::vector<int> out = lost_nodes_;
   if (!coordinator_) return out;
+  const auto add = [&out](int n) {
+    if (std::find(out.begin(), out.end(), n) == out.end()) out.push_back(n);
+  };
   const std::vector<int>& members = coordinator_->members();
   for (int n = 0; n < options_.nnodes; ++n) {
-    if (std::find(members.begin(), members.end(), n) == members.end() &&
-        std::find(out.begin(), out.end(), n) == out.end()) {
-      out.push_back(n);
-    }
+    if (std::find(members.begin(), members.end(), n) == members.end()) add(n);
+  }
+  // Left out of a generation this agent never entered (a signal came
+  // between the leader opening it and this agent seeing it open).
+  try {
+    for (const int n : coordinator_->nodes_lost_unreplaced()) add(n);
+  } catch (const Error& e) {
+    std::fprintf(stderr, "brigade launch: could not read which nodes were lost: %s\n", e.what());
   }
   return out;
 }

@@ -75,7 +75,7 @@ nlohmann::json report_json(const Incident& i) {
   return j;
 }
 
-Incident parse_report(const std::string& key, const nlohmann::json& j, int64_t now_ns) {
+Incident parse_report(const std::string& key, const nlohmann::json& j, int64_t now_ns, int nnodes) {
   const char* expected = "a failure report (a JSON object of kind, rank, node, what, ...)";
   auto fail = [&]() -> Incident { throw MalformedValue(key, j.dump(), expected); };
   if (!j.is_object()) return fail();
@@ -101,7 +101,8 @@ Incident parse_report(const std::string& key, const nlohmann::json& j, int64_t n
   if ((j.contains("signal") && !j.at("signal").is_number_integer()) ||
       (j.contains("exit_code") && !j.at("exit_code").is_number_integer()) ||
       (j.contains("nodes") &&
-       (!j.at("nodes").is_number_integer() || j.at("nodes").get<int>() < 1))) {
+       (!j.at("nodes").is_number_integer() || j.at("nodes").get<int64_t>() < 1 ||
+        j.at("nodes").get<int64_t>() > nnodes))) {
     return fail();
   }
   Incident i;
@@ -347,8 +348,10 @@ JobView Coordinator::read_state() {
       if (const auto nodes = store_.try_get(members)) {
         next_members_ = parse_members(members, *nodes, options_.nnodes);
       }
+      next_layout_ = read_layout(generation_ + 1);
       v.state = JobView::State::kRestart;
-      v.cause = parse_report(cause, parse_object(cause, *text, "a failure report"), 0);
+      v.cause =
+          parse_report(cause, parse_object(cause, *text, "a failure report"), 0, options_.nnodes);
       next_open_ = true;
       return v;
     }
@@ -408,6 +411,7 @@ std::optional<JobView> Coordinator::lead(int64_t now_ns) {
   if (generation_ < options_.max_restarts && replace_lost_nodes(now_ns, *cause)) {
     // Before the generation opens: every agent reads it there.
     store_.set(members_key(generation_ + 1), members_text(next_members_));
+    write_next_layout();
     store_.set(cause_key(generation_), report_json(*cause).dump());
     store_.set(open_key(generation_ + 1), std::to_string(generation_ + 1));
     return std::nullopt;  // read_state() sees it on the next poll, as everyone does
@@ -465,7 +469,8 @@ std::optional<Incident> Coordinator::choose_cause() {
     const std::string key = failure_key(generation_, n);
     const auto text = store_.try_get(key);
     if (!text) continue;
-    Incident i = parse_report(key, parse_object(key, *text, "a failure report"), 0);
+    Incident i =
+        parse_report(key, parse_object(key, *text, "a failure report"), 0, options_.nnodes);
     if (i.node != n) throw MalformedValue(key, *text, fmt::format("a report of node {}", n));
     if (!best || rank_of(i) < rank_of(*best)) best = std::move(i);
   }
@@ -529,7 +534,7 @@ JobView Coordinator::ended_view(const std::string& value) {
     }
     v.cause = lost;
   } else if (j.contains("cause")) {
-    v.cause = parse_report(key, j.at("cause"), 0);
+    v.cause = parse_report(key, j.at("cause"), 0, options_.nnodes);
   }
   return v;
 }
@@ -543,6 +548,7 @@ void Coordinator::enter_next_generation() {
   }
   ++generation_;
   members_ = next_members_;
+  layout_ = next_layout_;
   lost_.clear();
   reported_failure_ = false;
   pending_report_.reset();

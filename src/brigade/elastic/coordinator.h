@@ -140,6 +140,12 @@ struct CoordinatorOptions {
   // The fewest nodes the job may go on with when nodes are lost and no
   // standby is free for them; 0: nnodes (never fewer).
   int min_nnodes = 0;
+  // Node 0's `brigade train` layout on all nnodes nodes (0: not known). On
+  // fewer nodes the leader scales it (dp with the nodes, grad_accum
+  // inversely: the same global batch) and writes it for every agent, so
+  // that no node computes its own from a config of its own.
+  int64_t train_dp = 0;
+  int64_t train_grad_accum = 0;
   int node_rank = 0;  // ignored for a standby, until it is given a node
   // A standby node's agent (elastic/standby.h): it registers, beats and
   // waits for a lost node's rank.
@@ -209,6 +215,19 @@ class Coordinator {
   const std::vector<int>& members() const { return members_; }
   int member_index() const;
   int member_count() const { return static_cast<int>(members_.size()); }
+  // The nodes the leader declared lost and gave no standby (lost/<n>
+  // without gen/<g+1>/replaced/<n>), read from the store: out of the job
+  // even before this agent entered the generation that leaves them out.
+  // Throws Error when the store does not answer.
+  std::vector<int> nodes_lost_unreplaced() const;
+  // The `brigade train` layout the leader wrote for this generation
+  // (gen/<g>/train_layout), when it runs on fewer nodes than the job
+  // started with; nullopt otherwise. Every agent passes it to its workers.
+  struct TrainLayout {
+    int64_t dp = 0;
+    int64_t grad_accum = 0;
+  };
+  const std::optional<TrainLayout>& train_layout() const { return layout_; }
 
   // This node raises a whole-node fault now (elastic/fault_injection.h's
   // NodeFault: "kill-agent" or "partition"), so that the leader records
@@ -263,6 +282,13 @@ class Coordinator {
   bool replace_lost_nodes(int64_t now_ns, Incident& cause);
   // Node 0: whether the job may go on without `lost` of its nodes.
   bool may_go_on_with_fewer(size_t lost) const;
+  // Node 0's train layout scaled to `nodes` nodes; nullopt when not known
+  // or not whole there.
+  std::optional<TrainLayout> scaled_layout(size_t nodes) const;
+  // Node 0: writes gen/<g+1>/train_layout for next_members_ (fewer nodes).
+  void write_next_layout();
+  // Reads gen/<g>/train_layout (absent: every node's own layout).
+  std::optional<TrainLayout> read_layout(int64_t g);
   // Node 0: leaves the lost nodes without a standby out of generation g+1.
   void leave_out(const std::vector<int>& nodes, Incident& cause);
   bool member(int node) const;
@@ -297,6 +323,8 @@ class Coordinator {
   // that one (original ranks, in order).
   std::vector<int> members_;
   std::vector<int> next_members_;
+  std::optional<TrainLayout> layout_;
+  std::optional<TrainLayout> next_layout_;
   int64_t generation_ = 0;
   int64_t next_beat_ns_ = 0;
   bool reported_failure_ = false;

@@ -21,6 +21,10 @@ std::string members_key(int64_t g) {
   return coordinator_key(fmt::format("gen/{}/members", g));
 }
 
+std::string train_layout_key(int64_t g) {
+  return coordinator_key(fmt::format("gen/{}/train_layout", g));
+}
+
 std::string members_text(const std::vector<int>& members) {
   std::string text;
   for (const int n : members) text += fmt::format("{}{}", text.empty() ? "" : " ", n);
@@ -61,9 +65,63 @@ int Coordinator::member_index() const {
   return it == members_.end() ? -1 : static_cast<int>(it - members_.begin());
 }
 
+std::vector<int> Coordinator::nodes_lost_unreplaced() const {
+  std::vector<int> out;
+  for (int n = 1; n < options_.nnodes; ++n) {
+    const std::string key = lost_key(n);
+    const auto lost_in = store_.try_get(key);
+    if (lost_in && !store_.try_get(replaced_key(parse_count(key, *lost_in) + 1, n))) {
+      out.push_back(n);
+    }
+  }
+  return out;
+}
+
 bool Coordinator::may_go_on_with_fewer(size_t lost) const {
   return options_.min_nnodes > 0 && options_.min_nnodes < options_.nnodes &&
-         members_.size() >= lost + static_cast<size_t>(options_.min_nnodes);
+         members_.size() >= lost + static_cast<size_t>(options_.min_nnodes) &&
+         // The launcher refused node counts the layout does not scale to.
+         (options_.train_dp == 0 || scaled_layout(members_.size() - lost));
+}
+
+std::optional<Coordinator::TrainLayout> Coordinator::scaled_layout(size_t nodes) const {
+  const int64_t dp = options_.train_dp, accum = options_.train_grad_accum;
+  const auto k = static_cast<int64_t>(nodes);
+  if (dp < 1 || accum < 1 || dp * k % options_.nnodes != 0) return std::nullopt;
+  const int64_t fewer_dp = dp * k / options_.nnodes;
+  if (fewer_dp < 1 || dp * accum % fewer_dp != 0) return std::nullopt;
+  return TrainLayout{fewer_dp, dp * accum / fewer_dp};
+}
+
+void Coordinator::write_next_layout() {
+  next_layout_.reset();
+  if (options_.train_dp == 0 || next_members_.size() == static_cast<size_t>(options_.nnodes)) {
+    return;
+  }
+  next_layout_ = scaled_layout(next_members_.size());
+  if (!next_layout_) {
+    throw_error("node 0's parallel.dp {} and train.grad_accum {} do not scale to {} of {} nodes",
+                options_.train_dp, options_.train_grad_accum, next_members_.size(),
+                options_.nnodes);
+  }
+  store_.set(train_layout_key(generation_ + 1),
+             fmt::format("{} {}", next_layout_->dp, next_layout_->grad_accum));
+}
+
+std::optional<Coordinator::TrainLayout> Coordinator::read_layout(int64_t g) {
+  const std::string key = train_layout_key(g);
+  const auto text = store_.try_get(key);
+  if (!text) return std::nullopt;
+  std::istringstream in(*text);
+  TrainLayout layout;
+  std::string rest;
+  if (!(in >> layout.dp >> layout.grad_accum) || (in >> rest) || layout.dp < 1 ||
+      layout.grad_accum < 1) {
+    throw MalformedValue(key, *text,
+                         "a train layout (parallel.dp and train.grad_accum, both at least 1, "
+                         "separated by a space)");
+  }
+  return layout;
 }
 
 void Coordinator::leave_out(const std::vector<int>& nodes, Incident& cause) {

@@ -23,6 +23,9 @@ std::string lost_key(int node);
 std::string replaced_key(int64_t g, int node);
 std::string node_fault_key(int64_t g, int node);
 std::string members_key(int64_t g);
+// gen/<g>/train_layout: "DP GRAD_ACCUM", the leader's scaled `brigade
+// train` layout of a generation on fewer nodes.
+std::string train_layout_key(int64_t g);
 
 // gen/<g>/members: the nodes of generation g, their original ranks in
 // order, space-separated ("0 2"); a node's rank in g is its position.
@@ -36,8 +39,9 @@ int64_t parse_count(const std::string& key, const std::string& value);
 nlohmann::json parse_object(const std::string& key, const std::string& value, const char* expected);
 // A failure report as it travels between agents. Times are per node, so
 // only the detection delay travels: the reader places it on its own clock
-// (parse_report's now_ns).
+// (parse_report's now_ns). "nodes" (the job went on with fewer) must be
+// within 1..nnodes.
 nlohmann::json report_json(const Incident& i);
-Incident parse_report(const std::string& key, const nlohmann::json& j, int64_t now_ns);
+Incident parse_report(const std::string& key, const nlohmann::json& j, int64_t now_ns, int nnodes);
 
 }  // namespace brigade::elastic::detail

@@ -93,6 +93,7 @@ JobView Coordinator::standby_poll(int64_t now_ns) {
       if (const auto text = store_.try_get(members)) {
         members_ = parse_members(members, *text, options_.nnodes);
       }
+      layout_ = read_layout(generation_);
       v.state = JobView::State::kRestart;
       v.run_dir = store_.try_get(coordinator_key("run_dir")).value_or("");
       return v;
@@ -133,11 +134,12 @@ Incident Coordinator::lost_incident(int n, int64_t now_ns) {
 std::optional<JobView> Coordinator::on_silent_node(int n, int64_t now_ns) {
   Incident lost = lost_incident(n, now_ns);
   const int standbys = standbys_->registered();
-  // A standby for this node besides one for each node already lost.
-  // Or the job may go on without it (and every node already lost).
+  // A standby for this node besides one for each node already lost, or
+  // the job may go on without the lost nodes no standby is free for.
+  const size_t lost_now = lost_.size() + 1;
+  const size_t free = standbys_->pick(now_ns, lost_now).size();
   if (generation_ < options_.max_restarts &&
-      (standbys_->pick(now_ns, lost_.size() + 1).size() > lost_.size() ||
-       may_go_on_with_fewer(lost_.size() + 1))) {
+      (free >= lost_now || may_go_on_with_fewer(lost_now - free))) {
     // Marked before the others hear of it: its agent, should it come back,
     // finds itself out before it can see the next generation open.
     store_.set(lost_key(n), std::to_string(generation_));

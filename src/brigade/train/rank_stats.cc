@@ -45,15 +45,20 @@ std::string list(const std::vector<int>& ranks) {
 }  // namespace
 
 int node_from_environment() {
-  const char* value = std::getenv("GROUP_RANK");
-  if (value == nullptr || *value == '\0') return 0;
-  char* end = nullptr;
-  const long node = std::strtol(value, &end, 10);
-  if (*end != '\0' || node < 0) {
-    throw_error("GROUP_RANK='{}' is not a node index (>= 0): brigade launch sets it; unset it",
-                value);
+  // BRIGADE_NODE first: GROUP_RANK is renumbered when the job goes on with
+  // fewer nodes; a launcher other than brigade's sets only GROUP_RANK.
+  for (const char* name : {"BRIGADE_NODE", "GROUP_RANK"}) {
+    const char* value = std::getenv(name);
+    if (value == nullptr || *value == '\0') continue;
+    char* end = nullptr;
+    const long node = std::strtol(value, &end, 10);
+    if (*end != '\0' || node < 0) {
+      throw_error("{}='{}' is not a node index (>= 0): brigade launch sets it; unset it", name,
+                  value);
+    }
+    return static_cast<int>(node);
   }
-  return static_cast<int>(node);
+  return 0;
 }
 
 RankStats::RankStats(Communicator* world, int node, int stage, bool counts_runqueue,

@@ -34,8 +34,8 @@ struct RankStepStats {
 class RankStats {
  public:
   // Collective over `world` (null: this process alone): gathers the ranks'
-  // nodes, stages and clocks. node: this rank's (the launcher's
-  // GROUP_RANK); stage: its pipeline stage (0 without a pipeline);
+  // nodes, stages and clocks. node: this rank's
+  // (node_from_environment()); stage: its pipeline stage (0 without a pipeline);
   // counts_runqueue: its StepClock's.
   RankStats(Communicator* world, int node, int stage, bool counts_runqueue,
             StragglerOptions options = {});
@@ -59,7 +59,8 @@ class RankStats {
   StragglerDetector detector_;
 };
 
-// This process's node under a launcher (GROUP_RANK), 0 without one.
+// This process's node under a launcher: BRIGADE_NODE (its rank as the job
+// started, as incidents name it), else GROUP_RANK; 0 without either.
 int node_from_environment();
 
 }  // namespace brigade

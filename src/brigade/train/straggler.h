@@ -93,7 +93,7 @@ struct StragglerEvent {
 class StragglerDetector {
  public:
   // section: the name of the part the times are of ("compute"); nodes: each
-  // rank's node (GROUP_RANK), as many as ranks; peer_groups: each rank's
+  // rank's node (a label: node_from_environment()), as many as ranks; peer_groups: each rank's
   // group of peers (its pipeline stage), as many as ranks, or empty: all
   // ranks are peers.
   StragglerDetector(std::string section, std::vector<int> nodes, std::vector<int> peer_groups = {},
