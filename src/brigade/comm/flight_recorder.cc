@@ -142,7 +142,7 @@ nlohmann::json FlightRecorder::to_json(GroupId group) const {
 }
 
 std::vector<FlightRecorder::Named> FlightRecorder::records_since(int64_t since_ns,
-                                                                bool* complete) const {
+                                                                 bool* complete) const {
   std::lock_guard<std::mutex> lock(mutex_);
   std::vector<Named> out;
   const uint64_t first = next_id_ > capacity_ ? next_id_ - capacity_ : 1;
