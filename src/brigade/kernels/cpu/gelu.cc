@@ -14,6 +14,15 @@ constexpr float kCubic = 0.044715f;
 inline float fast_tanh(float u) {
   return 1.0f - 2.0f / (fast_exp(2.0f * u) + 1.0f);
 }
+
+// gelu'(v) = 0.5 (1 + t) + 0.5 v (1 - t^2) du/dv, for t = tanh(u),
+// u = sqrt(2/pi) (v + 0.044715 v^3); `t` is returned for the activation.
+inline float gelu_grad(float v, float& t) {
+  const float u = kSqrt2OverPi * (v + kCubic * v * v * v);
+  t = fast_tanh(u);
+  const float du = kSqrt2OverPi * (1.0f + 3.0f * kCubic * v * v);
+  return 0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du;
+}
 }  // namespace
 
 void gelu_forward(float* out, const float* x, int64_t n) {
@@ -28,12 +37,8 @@ void gelu_forward(float* out, const float* x, int64_t n) {
 void gelu_backward(float* dx, const float* dout, const float* x, int64_t n) {
 #pragma omp parallel for simd schedule(static) if (worth_threading(n))
   for (int64_t i = 0; i < n; ++i) {
-    const float v = x[i];
-    const float u = kSqrt2OverPi * (v + kCubic * v * v * v);
-    const float t = fast_tanh(u);
-    const float du = kSqrt2OverPi * (1.0f + 3.0f * kCubic * v * v);
-    // d/dv [0.5 v (1 + t)] = 0.5 (1 + t) + 0.5 v (1 - t^2) du
-    dx[i] = dout[i] * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du);
+    float t;
+    dx[i] = dout[i] * gelu_grad(x[i], t);
   }
 }
 
@@ -41,11 +46,10 @@ void gelu_forward_backward(float* out, float* dx, const float* dout, const float
 #pragma omp parallel for simd schedule(static) if (worth_threading(n))
   for (int64_t i = 0; i < n; ++i) {
     const float v = x[i];
-    const float u = kSqrt2OverPi * (v + kCubic * v * v * v);
-    const float t = fast_tanh(u);
-    const float du = kSqrt2OverPi * (1.0f + 3.0f * kCubic * v * v);
+    float t;
+    const float grad = gelu_grad(v, t);
     out[i] = 0.5f * v * (1.0f + t);
-    dx[i] = dout[i] * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du);
+    dx[i] = dout[i] * grad;
   }
 }
 
