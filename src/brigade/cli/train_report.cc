@@ -198,8 +198,7 @@ RunReport::RunReport(const Config& config, const GptConfig& model, const TrainOp
                  options.resume.c_str());
   }
   incidents_path_ = run_dir / "incidents.jsonl";
-  metrics_.open(run_dir / "metrics.jsonl", std::ios::app);
-  if (!metrics_) throw_error("cannot append to {}", (run_dir / "metrics.jsonl").string());
+  metrics_ = std::make_unique<AppendFile>(run_dir / "metrics.jsonl");
 }
 
 double RunReport::step(const StepMetrics& m, const std::vector<BucketTiming>& bucket_timings,
@@ -253,7 +252,7 @@ double RunReport::step(const StepMetrics& m, const std::vector<BucketTiming>& bu
   };
   if (checkpoint) line["checkpoint"] = save_json(*checkpoint);
   if (snapshot) line["snapshot"] = save_json(*snapshot);
-  metrics_ << line.dump() << "\n" << std::flush;
+  metrics_->append_line(line.dump());
   progress_.update(m, mfu, ranks.breakdown.front().percentages());
   for (const StragglerEvent& e : ranks.stragglers) {
     progress_.note(e.line());
@@ -270,7 +269,7 @@ double RunReport::step(const StepMetrics& m, const std::vector<BucketTiming>& bu
 
 void RunReport::validation(int64_t step, double val_loss) {
   progress_.note(fmt::format("step {}: validation loss {:.4f}", step, val_loss));
-  metrics_ << nlohmann::json{{"step", step}, {"val_loss", val_loss}}.dump() << "\n" << std::flush;
+  metrics_->append_line(nlohmann::json{{"step", step}, {"val_loss", val_loss}}.dump());
 }
 
 // Per pipeline stage, the bubble of its dp 0, tp 0 rank (world ranks are

@@ -7,13 +7,14 @@
 
 #include <cstdint>
 #include <filesystem>
-#include <fstream>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "brigade/ckpt/async_writer.h"
 #include "brigade/core/config.h"
+#include "brigade/core/files.h"
 #include "brigade/model/gpt_config.h"
 #include "brigade/train/rank_stats.h"
 #include "brigade/train/train_options.h"
@@ -65,7 +66,7 @@ class RunReport {
  private:
   std::filesystem::path incidents_path_;
   ProgressLine progress_;
-  std::ofstream metrics_;
+  std::unique_ptr<AppendFile> metrics_;  // run_dir/metrics.jsonl
   double peak_gflops_ = 0;
   double rank_peak_gflops_ = 0;
   double flops_per_step_ = 0;

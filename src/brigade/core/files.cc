@@ -9,6 +9,7 @@
 #include <cstring>
 #include <fstream>
 #include <sstream>
+#include <string>
 
 #include "brigade/core/error.h"
 
@@ -128,6 +129,27 @@ void write_file_atomic(const fs::path& path, std::string_view bytes) {
   AtomicFileWriter writer(path);
   writer.write(bytes);
   writer.commit();
+}
+
+AppendFile::AppendFile(const std::filesystem::path& path) : path_(path) {
+  fd_ = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+  if (fd_ < 0) throw_error("cannot append to {}: {}", path.string(), std::strerror(errno));
+}
+
+AppendFile::~AppendFile() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void AppendFile::append_line(std::string_view line) {
+  std::string bytes;
+  bytes.reserve(line.size() + 1);
+  bytes.append(line).push_back('\n');
+  const ssize_t n = ::write(fd_, bytes.data(), bytes.size());
+  if (n != static_cast<ssize_t>(bytes.size())) {
+    // A short write to a regular file means the disk is full (or a quota).
+    throw_error("cannot append to {}: {}", path_.string(),
+                n < 0 ? std::strerror(errno) : "short write (disk full?)");
+  }
 }
 
 }  // namespace brigade

@@ -53,4 +53,25 @@ class AtomicFileWriter {
   size_t written_ = 0;  // the file position
 };
 
+// A log of lines (metrics.jsonl, incidents.jsonl): each line goes out in
+// one write() on an O_APPEND descriptor, so a process killed between lines
+// leaves whole lines (a buffered stream writes a long line in pieces, and a
+// kill between them left half of one, which the resumed run then appended
+// to), and lines from several processes never interleave.
+class AppendFile {
+ public:
+  // Creates the file if missing; throws Error naming it if it cannot be opened.
+  explicit AppendFile(const std::filesystem::path& path);
+  ~AppendFile();
+  AppendFile(const AppendFile&) = delete;
+  AppendFile& operator=(const AppendFile&) = delete;
+
+  // Appends `line` and a newline; throws Error naming the file on failure.
+  void append_line(std::string_view line);
+
+ private:
+  std::filesystem::path path_;
+  int fd_ = -1;
+};
+
 }  // namespace brigade

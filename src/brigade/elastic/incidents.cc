@@ -8,6 +8,7 @@
 #include <fstream>
 
 #include "brigade/core/error.h"
+#include "brigade/core/files.h"
 
 namespace brigade::elastic {
 
@@ -146,9 +147,7 @@ RunSummary summarize(const std::vector<Incident>& incidents,
 }
 
 void append_json_line(const std::filesystem::path& path, const nlohmann::json& line) {
-  std::ofstream out(path, std::ios::app);
-  out << line.dump() << "\n" << std::flush;
-  if (!out) throw_error("cannot append to {}: {}", path.string(), std::strerror(errno));
+  AppendFile(path).append_line(line.dump());
 }
 
 }  // namespace brigade::elastic
