@@ -49,6 +49,12 @@ class FewerNodesTest : public ::testing::Test {
   std::unique_ptr<Agent> standby(int nnodes, int min_nnodes) {
     return std::make_unique<Agent>(server_.port(), nnodes, min_nnodes, 0, true);
   }
+  // A failure of generation 0 reported to the store as an agent would,
+  // with `cause` (the report's JSON).
+  void report_in_generation_0(const std::string& cause) {
+    raw_.add(coordinator_key("gen/0/reports"), 1);
+    raw_.set(coordinator_key("gen/0/cause"), cause);
+  }
   // The nodes in `live` (all of them polled from t on) stop their workers
   // for a failure and enter the generation the leader opens; returns each
   // one's view of it.
@@ -173,10 +179,9 @@ TEST_F(FewerNodesTest, WithoutMinMaxALostNodeWithNoStandbyEndsTheJob) {
 // A members list no agent would write is refused, never acted on.
 TEST_F(FewerNodesTest, AMalformedMembersListEndsTheJobNamingTheKey) {
   auto n0 = node(0, 2, 1), n1 = node(1, 2, 1);
-  raw_.add(coordinator_key("gen/0/reports"), 1);
-  raw_.set(coordinator_key("gen/0/cause"),
-           R"({"kind":"crash","rank":0,"node":0,"pid":1,"what":"x","injected":false,)"
-           R"("detected_after_ms":1,"last_step":1,"mean_step_ms":1})");
+  report_in_generation_0(R"({"kind":"crash","rank":0,"node":0,"pid":1,"what":"x",)"
+                         R"("injected":false,"detected_after_ms":1,"last_step":1,)"
+                         R"("mean_step_ms":1})");
   raw_.set(coordinator_key("gen/1/members"), "1 0");
   raw_.set(coordinator_key("gen/1/open"), "1");
   const JobView v = n1->poll(0);
@@ -274,10 +279,9 @@ TEST_F(FewerNodesTest, TwoLossesInTurnLeaveNodeZeroAlone) {
 // A train layout no leader would write is refused, never passed on.
 TEST_F(FewerNodesTest, AMalformedTrainLayoutEndsTheJobNamingTheKey) {
   auto n0 = node(0, 2, 1), n1 = node(1, 2, 1);
-  raw_.add(coordinator_key("gen/0/reports"), 1);
-  raw_.set(coordinator_key("gen/0/cause"),
-           R"({"kind":"crash","rank":0,"node":0,"pid":1,"what":"x","injected":false,)"
-           R"("detected_after_ms":1,"last_step":1,"mean_step_ms":1})");
+  report_in_generation_0(R"({"kind":"crash","rank":0,"node":0,"pid":1,"what":"x",)"
+                         R"("injected":false,"detected_after_ms":1,"last_step":1,)"
+                         R"("mean_step_ms":1})");
   raw_.set(coordinator_key("gen/1/members"), "0");
   raw_.set(coordinator_key("gen/1/train_layout"), "0 2");
   raw_.set(coordinator_key("gen/1/open"), "1");
@@ -290,10 +294,9 @@ TEST_F(FewerNodesTest, AMalformedTrainLayoutEndsTheJobNamingTheKey) {
 // refused (2 nodes, "nodes": 3).
 TEST_F(FewerNodesTest, AReportWithMoreNodesThanTheJobsIsRefused) {
   auto n0 = node(0, 2, 1), n1 = node(1, 2, 1);
-  raw_.add(coordinator_key("gen/0/reports"), 1);
-  raw_.set(coordinator_key("gen/0/cause"),
-           R"({"kind":"node_lost","rank":-1,"node":1,"pid":0,"what":"x","injected":false,)"
-           R"("detected_after_ms":1,"last_step":1,"mean_step_ms":1,"nodes":3})");
+  report_in_generation_0(R"({"kind":"node_lost","rank":-1,"node":1,"pid":0,"what":"x",)"
+                         R"("injected":false,"detected_after_ms":1,"last_step":1,)"
+                         R"("mean_step_ms":1,"nodes":3})");
   raw_.set(coordinator_key("gen/1/open"), "1");
   const JobView v = n0->poll(0);
   EXPECT_EQ(v.state, State::kEnded);

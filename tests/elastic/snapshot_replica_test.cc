@@ -333,19 +333,30 @@ void serve_one_oversized_get(int listen_fd, int64_t bytes) {
   ::close(fd);
 }
 
-TEST(SnapshotReplica, AFetchRefusesMoreThanItsLimit) {
-  testing::TempDir dir("brigade_replica");
-  const int listen_fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+// A listening socket on a free loopback port (for a fake peer); -1 if none.
+int listen_on_loopback(uint16_t* port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(::bind(listen_fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  ASSERT_EQ(::listen(listen_fd, 1), 0);
   socklen_t len = sizeof(addr);
-  ::getsockname(listen_fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || ::listen(fd, 1) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  *port = ntohs(addr.sin_port);
+  return fd;
+}
+
+TEST(SnapshotReplica, AFetchRefusesMoreThanItsLimit) {
+  testing::TempDir dir("brigade_replica");
+  uint16_t port = 0;
+  const int listen_fd = listen_on_loopback(&port);
+  ASSERT_GE(listen_fd, 0);
   std::thread server(serve_one_oversized_get, listen_fd, int64_t{1} << 40);
   try {
-    fetch_replica("127.0.0.1", ntohs(addr.sin_port), kToken, 1, dir.path() / "standby",
+    fetch_replica("127.0.0.1", port, kToken, 1, dir.path() / "standby",
                   /*max_bytes=*/1 << 20);
     ADD_FAILURE() << "a fetch accepted a 1 TiB file";
   } catch (const Error& e) {
@@ -597,16 +608,11 @@ TEST(SnapshotReplica, ASenderStuckOnAPeerCarriesOnlyTheNewestPartAndStopsPromptl
   EXPECT_LE(count(kept, "step 3 from") + count(kept, "step 4 from"), 1) << kept;
 
   // A peer that accepts and never answers: destruction does not wait for it.
-  const int listen_fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(::bind(listen_fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  ASSERT_EQ(::listen(listen_fd, 1), 0);
-  socklen_t len = sizeof(addr);
-  ::getsockname(listen_fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  uint16_t silent_port = 0;
+  const int listen_fd = listen_on_loopback(&silent_port);
+  ASSERT_GE(listen_fd, 0);
   auto stuck = std::make_unique<ReplicaSender>(
-      ReplicaSender::Peer{"127.0.0.1", ntohs(addr.sin_port), kToken, 60'000}, 1, 0, log);
+      ReplicaSender::Peer{"127.0.0.1", silent_port, kToken, 60'000}, 1, 0, log);
   stuck->offer(5, parts[2]);
   const int fd = ::accept(listen_fd, nullptr, nullptr);
   std::string hello(handshake().size(), '\0');
