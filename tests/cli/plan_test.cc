@@ -223,6 +223,42 @@ TEST(PlanCommand, ThisMachineReadsItsCalibration) {
   EXPECT_NEAR(j1.at("mfu").get<double>(),
               j1.at("tflops_per_gpu").get<double>() * 1e12 * step1 / (step1 * 500e9),
               1e-9 * j1.at("mfu").get<double>());
+  // Two namespace nodes of two workers (--one-machine): the 13 MB of
+  // gradients cross the link once per leader; Gloo measured at 0.5 GB/s.
+  cal["comm"]["gloo_all_reduce"] = {{{"bytes", 4096}, {"time_s", 1e-4}},
+                                    {{"bytes", 16777216}, {"time_s", 16777216.0 / 0.5e9}}};
+  std::ofstream(path) << cal.dump();
+  auto across = [&](const std::string& link) {
+    const auto r = run_brigade({"plan",
+                                "--hardware",
+                                "this-machine",
+                                "--calibration",
+                                path,
+                                "--model",
+                                model,
+                                "--gpus",
+                                "4",
+                                "--global-batch",
+                                "16",
+                                "--layout",
+                                "dp=4,micro=4",
+                                "--nodes",
+                                "2",
+                                "--link",
+                                link,
+                                "--one-machine",
+                                "--json",
+                                "--trials",
+                                "50"});
+    EXPECT_EQ(r.status, 0) << r.err;
+    return nlohmann::json::parse(r.out).at("time_s").at("dp_exposed").get<double>();
+  };
+  const double slow = across("100mbit"), fast = across("10gbit");
+  // 100 Mbit carries ~12 MB/s of payload: about a second for 13 MB; at
+  // 10 Gbit Gloo's 0.5 GB/s is the limit (~26 ms) plus the shm steps.
+  EXPECT_NEAR(slow, 13.2e6 / (12.5e6 * 1448.0 / 1514.0), 0.1 * slow);
+  EXPECT_GT(fast, 13.2e6 / 0.5e9);
+  EXPECT_LT(fast, 2.0 * 13.2e6 / 0.5e9);
   nlohmann::json broken = cal;
   broken.erase("comm");
   std::ofstream(path) << broken.dump();
@@ -303,6 +339,21 @@ TEST(PlanCommand, BadInputSaysWhatIsWrong) {
       {{"plan", "--model", "175b", "--gpus", "8", "--layout", "tp=8,tp=4"}, "tp is given twice"},
       {{"plan", "--model", "175b", "--gpus", "8", "--layout", "tp=8,recompute=selective"},
        "fused attention never keeps"},
+      // Clusters of this machine (--nodes), refused before any calibration is read.
+      {{"plan", "--model", "175b", "--gpus", "16", "--nodes", "2", "--link", "10gbit"},
+       "describe clusters of this machine: use them with --hardware this-machine"},
+      {{"plan", "--model", "175b", "--gpus", "4", "--hardware", "this-machine", "--calibration",
+        "/nonexistent/cal.json", "--nodes", "2"},
+       "--nodes 2 needs --link RATE"},
+      {{"plan", "--model", "175b", "--gpus", "4", "--hardware", "this-machine", "--calibration",
+        "/nonexistent/cal.json", "--nodes", "2", "--link", "10gb"},
+       "expected a rate as tc writes it"},
+      {{"plan", "--model", "175b", "--gpus", "3", "--hardware", "this-machine", "--calibration",
+        "/nonexistent/cal.json", "--nodes", "2", "--link", "10gbit"},
+       "--gpus 3 does not split evenly over --nodes 2"},
+      {{"plan", "--model", "175b", "--gpus", "2", "--hardware", "this-machine", "--calibration",
+        "/nonexistent/cal.json", "--link", "10gbit"},
+       "add --nodes N"},
   };
   for (const Case& c : cases) {
     const auto r = run_brigade(c.args);

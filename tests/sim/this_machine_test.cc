@@ -8,6 +8,9 @@
 #include <nlohmann/json.hpp>
 
 #include "brigade/core/error.h"
+#include "brigade/sim/cost_model.h"
+#include "brigade/sim/layout.h"
+#include "brigade/sim/transformer_formulas.h"
 
 namespace brigade::sim {
 namespace BRIGADE_TEST_FILE {
@@ -121,6 +124,99 @@ TEST(ThisMachine, CalibrationsWithoutThePeakAreRefusedWithTheFix) {
   nlohmann::json c = calibration();
   c["compute"][1]["peak_gflops"] = 150.0;
   EXPECT_THROW(this_machine_hardware(c, 1), Error);
+}
+
+// Two namespace nodes of two workers each on this 2-core machine, 10 Gbit
+// links, and a Gloo all-reduce measured at 0.5 GB/s (slower than the link).
+nlohmann::json with_gloo() {
+  nlohmann::json c = calibration();
+  c["comm"]["gloo_all_reduce"] = {{{"bytes", 4096}, {"time_s", 120e-6}},
+                                  {{"bytes", 16777216}, {"time_s", 16777216.0 / 0.5e9}}};
+  return c;
+}
+
+TEST(ThisMachineNodes, NamespaceNodesShareTheCoresAndTheLinkIsTheSlowerOfWireAndGloo) {
+  ThisMachineNodes nodes;
+  nodes.nodes = 2;
+  nodes.link_bytes_per_s = parse_link_rate("10gbit");
+  nodes.one_machine = true;
+  const Hardware h = this_machine_hardware(with_gloo(), 2, 0, nodes);
+  // Each node's launcher gives its 2 workers 1 thread each: 4 threads on 2
+  // cores, each worker a quarter of what both cores do together.
+  EXPECT_DOUBLE_EQ(h.peak_flops, 75e9);              // min(160, 300 / 4)
+  EXPECT_DOUBLE_EQ(h.gemm_efficiency, 50.0 / 75.0);  // min(110, 200 / 4)
+  EXPECT_DOUBLE_EQ(h.memory_bytes, 4e9);             // a quarter of the RAM
+  EXPECT_DOUBLE_EQ(h.cache_bytes, 8e6);
+  EXPECT_EQ(h.gpus_per_node, 2);
+  EXPECT_EQ(h.cores, 2);
+  EXPECT_TRUE(h.hierarchical_nodes);
+  EXPECT_DOUBLE_EQ(h.inter_bytes_per_s, 0.5e9);  // Gloo, below 10 Gbit's 1.2 GB/s
+  EXPECT_DOUBLE_EQ(h.inter_latency_s, 60e-6);
+  EXPECT_DOUBLE_EQ(h.intra_bytes_per_s, 16777216.0 / 8e-3);  // shm inside a node, as before
+  // At 1 Gbit the wire is the limit: its payload share of 125 MB/s.
+  nodes.link_bytes_per_s = parse_link_rate("1gbit");
+  EXPECT_DOUBLE_EQ(this_machine_hardware(with_gloo(), 2, 0, nodes).inter_bytes_per_s,
+                   125e6 * 1448.0 / 1514.0);
+  // Separate machines: every node has the cores to itself.
+  nodes.one_machine = false;
+  EXPECT_DOUBLE_EQ(this_machine_hardware(with_gloo(), 2, 0, nodes).peak_flops, 150e9);
+}
+
+TEST(ThisMachineNodes, TheDpAllReduceRunsInsideNodesThenBetweenLeaders) {
+  ThisMachineNodes nodes;
+  nodes.nodes = 2;
+  nodes.link_bytes_per_s = parse_link_rate("1gbit");
+  nodes.one_machine = true;
+  const Hardware h = this_machine_hardware(with_gloo(), 2, 0, nodes);
+  Workload job;
+  job.model.n_layer = 2;
+  job.model.n_embd = 256;
+  job.model.n_head = 4;
+  job.model.vocab_size = 256;
+  job.seq_len = 64;
+  job.model.block_size = 64;
+  job.global_batch = 8;
+  job.features = brigade_cpu_features();
+  Layout l;
+  l.dp = 4;
+  l.micro = 2;
+  const Estimate e = estimate(job, l, h);
+  ASSERT_TRUE(e.valid) << e.invalid;
+  // Gradients of S bytes: a 2-rank all-reduce inside each node, S over the
+  // 2 leaders' ring, a broadcast inside the node; ZeRO 0, nothing gathered.
+  const Estimate one_node = estimate(job, l, this_machine_hardware(with_gloo(), 4));
+  const double s = 4.0 * stage_params_per_gpu(job.model, job.seq_len, l, true, true);
+  const double expected = (s / h.intra_bytes_per_s + 2 * h.intra_latency_s) +
+                          (s / h.inter_bytes_per_s + 2 * h.inter_latency_s) +
+                          (0.5 * s / h.intra_bytes_per_s + h.intra_latency_s);
+  EXPECT_NEAR(e.dp_comm_s, expected, 1e-9 * expected);
+  // Across 1 Gbit links the same all-reduce costs more than on one node.
+  EXPECT_GT(e.dp_comm_s, one_node.dp_comm_s);
+}
+
+TEST(ThisMachineNodes, LinkRatesAndBadInputNameTheFix) {
+  EXPECT_DOUBLE_EQ(parse_link_rate("10gbit"), 1.25e9);
+  EXPECT_DOUBLE_EQ(parse_link_rate("800Mbit"), 1e8);
+  EXPECT_DOUBLE_EQ(parse_link_rate("2.5gbit"), 312.5e6);
+  for (const char* bad : {"10", "gbit", "10gb", "-1gbit", "0mbit", "tengbit", ""}) {
+    try {
+      parse_link_rate(bad);
+      ADD_FAILURE() << "no error for " << bad;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("10gbit"), std::string::npos) << e.what();
+    }
+  }
+  // A calibration from before the Gloo figures cannot plan links.
+  ThisMachineNodes nodes;
+  nodes.nodes = 2;
+  nodes.link_bytes_per_s = 1e9;
+  try {
+    this_machine_hardware(calibration(), 2, 0, nodes);
+    ADD_FAILURE() << "no error without comm.gloo_all_reduce";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("gloo_all_reduce"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("brigade bench calibrate"), std::string::npos);
+  }
 }
 
 }  // namespace BRIGADE_TEST_FILE

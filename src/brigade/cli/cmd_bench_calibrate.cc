@@ -5,7 +5,8 @@
 // GEMM efficiency curve) with one thread and with every core, streaming memory
 // bandwidth, the rate of our attention kernel, the fixed cost of a small
 // kernel, and the shm all-reduce's bus bandwidth and latency between two
-// workers (`bench comm --shared`, the zero-copy path training uses), the
+// workers (`bench comm --shared`, the zero-copy path training uses) and of
+// Gloo's over loopback TCP (the links between nodes, `plan --nodes`), the
 // AdamW rate, and what ZeRO's released pages cost when they come back.
 // Writes one JSON file (sim/this_machine.h reads it); takes about a minute,
 // less with --comm-from (the all-reduce figures of an earlier run).
@@ -226,15 +227,15 @@ nlohmann::json measure_threads(int threads) {
           {"kernel_overhead_s", kernel_overhead_s()}};
 }
 
-// The all-reduce rows of `bench comm --shared --json` for 2 workers.
-nlohmann::json measure_comm() {
+// The all-reduce rows of `bench comm ... --json` for 2 local workers.
+nlohmann::json all_reduce_rows(const std::string& backend_flags, const std::string& max_bytes) {
   char self[4096];
   const ssize_t len = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
   if (len <= 0) throw_error("cannot find the brigade binary (/proc/self/exe)");
   self[len] = '\0';
   const std::string command = fmt::format(
-      "'{}' bench comm --nproc 2 --backend shm --shared --min-bytes 4K --max-bytes 64M --json",
-      self);
+      "'{}' bench comm --nproc 2 {} --ops all_reduce --min-bytes 4K --max-bytes {} --json", self,
+      backend_flags, max_bytes);
   FILE* pipe = nullptr;
   {
     const StartupMaskForChildren child_mask;
@@ -259,7 +260,16 @@ nlohmann::json measure_comm() {
     }
   }
   if (rows.empty()) throw_error("{} printed no all_reduce rows", command);
-  return {{"nproc", 2}, {"all_reduce", rows}};
+  return rows;
+}
+
+// The shm all-reduce training uses inside a node (the zero-copy path), and
+// Gloo over loopback TCP: what a node leader's collectives cost the CPU
+// before any wire limits them (`brigade plan --nodes`).
+nlohmann::json measure_comm() {
+  return {{"nproc", 2},
+          {"all_reduce", all_reduce_rows("--backend shm --shared", "64M")},
+          {"gloo_all_reduce", all_reduce_rows("--backend gloo", "64M")}};
 }
 
 }  // namespace

@@ -6,6 +6,8 @@
 // brigade plan ... --sweep-gpus 1024:16384                        how scale changes MFU and waiting
 // brigade plan --validate                                         the model against published runs
 // --json prints the same results as one JSON document.
+#include <fmt/format.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -42,6 +44,11 @@ struct PlanArgs {
   std::string system;                  // empty: brigade-cpu on this-machine, current elsewhere
   std::string sweep_gpus;
   std::string calibration;
+  // this-machine across nodes: how many, their links, and whether they are
+  // namespaces of this one machine (scripts/fake_cluster.sh).
+  int64_t nodes = 1;
+  std::string link;
+  bool one_machine = false;
   bool json = false;
   bool validate = false;
   size_t top = 5;
@@ -85,7 +92,26 @@ sim::Workload workload_from(const PlanArgs& args) {
 // this-machine reads its calibration, measuring (and caching) it first if
 // there is none yet.
 sim::Hardware hardware_from(const PlanArgs& args, int64_t devices, int64_t threads_per_device) {
-  if (args.hardware != "this-machine") return sim::hardware_by_name(args.hardware);
+  if (args.hardware != "this-machine") {
+    if (args.nodes > 1 || !args.link.empty() || args.one_machine) {
+      throw_error(
+          "--nodes, --link and --one-machine describe clusters of this machine: use them with "
+          "--hardware this-machine ({} has its own nodes and links)",
+          args.hardware);
+    }
+    return sim::hardware_by_name(args.hardware);
+  }
+  sim::ThisMachineNodes nodes;
+  nodes.nodes = args.nodes;
+  nodes.one_machine = args.one_machine;
+  if (args.nodes > 1) {
+    if (args.link.empty()) {
+      throw_error("--nodes {} needs --link RATE (each node's link, e.g. 10gbit)", args.nodes);
+    }
+    nodes.link_bytes_per_s = sim::parse_link_rate(args.link);
+  } else if (!args.link.empty() || args.one_machine) {
+    throw_error("--link and --one-machine describe the links between nodes: add --nodes N (N > 1)");
+  }
   const std::string path =
       args.calibration.empty() ? sim::default_calibration_path() : args.calibration;
   nlohmann::json calibration;
@@ -106,7 +132,7 @@ sim::Hardware hardware_from(const PlanArgs& args, int64_t devices, int64_t threa
     std::filesystem::create_directories(std::filesystem::path(path).parent_path());
     write_file_atomic(path, calibration.dump(2) + "\n");
   }
-  return sim::this_machine_hardware(calibration, devices, threads_per_device);
+  return sim::this_machine_hardware(calibration, devices, threads_per_device, nodes);
 }
 
 int run_validate(const PlanArgs& args) {
@@ -156,21 +182,27 @@ int run_plan(const PlanArgs& args) {
     }
   }
   // A node's devices share this machine's cores: the planner needs to know
-  // how many to split them between (all of --gpus, up to one per core).
-  const sim::Hardware hw =
-      hardware_from(args, std::max<int64_t>(args.gpus, 1), run ? run->threads : 0);
+  // how many to split them between (all of --gpus, up to one per core; on
+  // --nodes N, a node's share of them).
+  if (args.nodes > 1 && (args.gpus <= 0 || args.gpus % args.nodes != 0)) {
+    throw_error("--gpus {} does not split evenly over --nodes {}: every node runs as many workers",
+                args.gpus, args.nodes);
+  }
+  const int64_t per_node = std::max<int64_t>(args.gpus, 1) / std::max<int64_t>(args.nodes, 1);
+  const sim::Hardware hw = hardware_from(args, per_node, run ? run->threads : 0);
   if (args.hardware == "this-machine") {
-    const int64_t cores = static_cast<int64_t>(hw.gpus_per_node);
-    if (args.gpus > cores) {
-      throw_error("this-machine runs at most {} workers (one per core), --gpus is {}", cores,
-                  args.gpus);
+    const int64_t cores = hw.cores;
+    if (per_node > cores) {
+      throw_error("this-machine runs at most {} workers per node (one per core), --gpus is {}{}",
+                  cores, args.gpus,
+                  args.nodes > 1 ? fmt::format(" over {} nodes", args.nodes) : std::string());
     }
-    if (run && run->threads * args.gpus > cores) {
+    if (run && run->threads * per_node > cores) {
       throw_error(
           "train.threads = {} on {} workers asks for {} threads but this machine has {} cores: "
           "the planner does not model oversubscribed cores; set train.threads <= {} (or 0, the "
           "cores split evenly)",
-          run->threads, args.gpus, run->threads * args.gpus, cores, cores / args.gpus);
+          run->threads, per_node, run->threads * per_node, cores, cores / per_node);
     }
   }
   if (!args.sweep_gpus.empty()) {
@@ -252,6 +284,16 @@ void add_plan_command(CLI::App& app) {
   cmd->add_option("--sweep-gpus", args->sweep_gpus, "LO:HI, doubling: MFU and waiting vs scale");
   cmd->add_option("--calibration", args->calibration,
                   "this-machine's calibration file (default: measured and cached on first use)");
+  cmd->add_option("--nodes", args->nodes,
+                  "this-machine only: --gpus spread over this many nodes like this one (the "
+                  "hierarchical backend between them)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--link", args->link,
+                  "With --nodes: each node's link, in tc's units (10gbit, 800mbit)");
+  cmd->add_flag("--one-machine", args->one_machine,
+                "With --nodes: the nodes are network namespaces of this machine "
+                "(scripts/fake_cluster.sh), sharing its cores");
   cmd->add_option("--top", args->top, "How many layouts to list")
       ->check(CLI::Range(1, 100000))
       ->capture_default_str();

@@ -327,9 +327,26 @@ Estimate estimate(const Workload& job, const Layout& l, const Hardware& hw) {
     const double d = static_cast<double>(l.dp);
     const double grads = params_gpu * f.grad_bytes, weights = params_gpu * f.param_bytes;
     const double half = (d - 1.0) / d;
-    const double reduce_grads =
-        ring_collective_s(grads, l.dp, l.zero == 0 ? 2 * half : half, bus, hop);
-    const double gather_weights = ring_collective_s(weights, l.dp, half, bus, hop);
+    double reduce_grads = ring_collective_s(grads, l.dp, l.zero == 0 ? 2 * half : half, bus, hop);
+    double gather_weights = ring_collective_s(weights, l.dp, half, bus, hop);
+    if (!inside_node && hw.hierarchical_nodes) {
+      // Inside each node among its k members, among the n = dp / k leaders
+      // over the network, then a broadcast of the result inside each node.
+      // The backend's reduce-scatter is an all-reduce of a copy.
+      const int64_t k = static_cast<int64_t>(members_per_node);
+      const int64_t n = std::max<int64_t>(1, l.dp / k);
+      const double kk = static_cast<double>(k), nn = static_cast<double>(n);
+      auto two_level = [&](double node_bytes, double node_factor, double bytes,
+                           double leader_factor) {
+        return ring_collective_s(node_bytes, k, node_factor, costs.intra_bus(),
+                                 hw.intra_latency_s) +
+               ring_collective_s(bytes, n, leader_factor, costs.inter_bus(), hw.inter_latency_s) +
+               ring_collective_s(bytes, k, (kk - 1.0) / kk, costs.intra_bus(), hw.intra_latency_s);
+      };
+      reduce_grads = two_level(grads, 2.0 * (kk - 1.0) / kk, grads, 2.0 * (nn - 1.0) / nn);
+      // A node gathers its members' shards (1/n of the whole), the leaders the nodes'.
+      gather_weights = two_level(weights / nn, (kk - 1.0) / kk, weights, (nn - 1.0) / nn);
+    }
     // Overlap hides communication behind the backward (gradients) or forward
     // (weights) of one micro-batch; the last bucket always shows.
     const double share = std::min(1.0, f.dp_bucket_bytes / std::max(grads, 1.0));

@@ -25,6 +25,7 @@ struct Hardware {
   double memory_bytes = 0;           // HBM (RAM share for this-machine)
   double memory_bytes_per_s = 0;     // HBM bandwidth
   int gpus_per_node = 8;             // devices sharing the fast intra-node link
+  int64_t cores = 0;                 // this-machine: the calibrated CPU's cores (0: a GPU)
   double intra_bytes_per_s = 0;      // NVLink, per device and direction
   double intra_latency_s = 0;        // one hop inside a node
   double inter_bytes_per_s = 0;      // network per device (one NIC per GPU)
@@ -58,6 +59,13 @@ struct Hardware {
   // Fixed cost of one kernel launch or small op; matters for tiny models and
   // for the many small collectives of deep pipelines.
   double kernel_overhead_s = 0;
+  // How a group that spans nodes communicates. false: one flat ring over
+  // every device (NCCL's), its cross-node edges at the NICs' speed. true:
+  // Brigade's hierarchical backend (comm/hierarchical_communicator.h): a
+  // collective runs inside each node (intra figures), then among the
+  // nodes' leaders alone (inter figures, one link per node), then a
+  // broadcast inside each node.
+  bool hierarchical_nodes = false;
 };
 
 // The catalogue: a100-80g, h100-80g, h200. Throws Error naming the known

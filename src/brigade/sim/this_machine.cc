@@ -3,9 +3,13 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <nlohmann/json.hpp>
+#include <string>
+#include <utility>
 
 #include "brigade/core/error.h"
 
@@ -67,7 +71,78 @@ double best_gemm_gflops(const nlohmann::json& compute) {
   return best;
 }
 
+// A measured all-reduce between two workers, as ring figures: the largest
+// size gives the bus bandwidth (2 ranks: busbw = algbw), the smallest the
+// latency left over.
+struct RingFigures {
+  double bus_bytes_per_s = 0;
+  double hop_latency_s = 0;
+};
+RingFigures all_reduce_figures(const nlohmann::json& comm, const char* key) {
+  const nlohmann::json& rows = field(comm, key, "comm");
+  if (!rows.is_array() || rows.empty()) {
+    throw_error("calibration: comm.{} is empty; rerun `brigade bench calibrate`", key);
+  }
+  const std::string where = std::string("comm.") + key;
+  const nlohmann::json& large = rows.back();
+  RingFigures r;
+  r.bus_bytes_per_s =
+      positive(large, "bytes", where.c_str()) / positive(large, "time_s", where.c_str());
+  // Latency: the fastest small (<= 16 KiB) all-reduce; one noisy first size
+  // must not set it.
+  double latency = 1e30;
+  for (const nlohmann::json& row : rows) {
+    if (positive(row, "bytes", where.c_str()) <= 16384) {
+      latency = std::min(latency, positive(row, "time_s", where.c_str()));
+    }
+  }
+  // A 2-rank all-reduce ring is 2 steps (see ring_collective_s).
+  r.hop_latency_s = latency < 1e29 ? latency / 2.0 : 0.0;
+  return r;
+}
+
+// Nodes joined by links of nodes.link_bytes_per_s: the leaders' part of a
+// hierarchical collective runs over Gloo (TCP) at the slower of the link
+// and the Gloo all-reduce measured between two local workers.
+void add_links(Hardware& h, const nlohmann::json& calibration, const ThisMachineNodes& nodes) {
+  const nlohmann::json& comm = field(calibration, "comm", "the file");
+  if (!comm.contains("gloo_all_reduce")) {
+    throw_error(
+        "calibration: no Gloo all-reduce figures (comm.gloo_all_reduce), which --nodes needs "
+        "for the links between nodes; rerun `brigade bench calibrate` (without --comm-from)");
+  }
+  if (!(nodes.link_bytes_per_s > 0)) throw_error("--nodes {} needs --link RATE", nodes.nodes);
+  const RingFigures gloo = all_reduce_figures(comm, "gloo_all_reduce");
+  // On the wire a full TCP segment carries 1448 bytes of data (timestamps
+  // on) in a 1514-byte Ethernet frame, which is what tc's rate counts.
+  constexpr double kTcpPayloadShare = 1448.0 / 1514.0;
+  h.inter_bytes_per_s = std::min(nodes.link_bytes_per_s * kTcpPayloadShare, gloo.bus_bytes_per_s);
+  h.inter_efficiency = 1.0;
+  h.inter_latency_s = gloo.hop_latency_s;
+  h.hierarchical_nodes = true;
+}
+
 }  // namespace
+
+double parse_link_rate(const std::string& rate) {
+  static const std::pair<const char*, double> kUnits[] = {
+      {"gbit", 1e9}, {"mbit", 1e6}, {"kbit", 1e3}, {"bit", 1.0}};
+  std::string lower;
+  for (char ch : rate) lower += static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  for (const auto& [unit, bits] : kUnits) {
+    const size_t at = lower.size() >= std::strlen(unit) ? lower.size() - std::strlen(unit) : 0;
+    if (lower.size() > std::strlen(unit) && lower.compare(at, std::string::npos, unit) == 0) {
+      const std::string number = lower.substr(0, at);
+      char* end = nullptr;
+      const double value = std::strtod(number.c_str(), &end);
+      if (end == number.c_str() + number.size() && value > 0 && std::isfinite(value)) {
+        return value * bits / 8.0;
+      }
+      break;
+    }
+  }
+  throw_error("--link {}: expected a rate as tc writes it, e.g. 10gbit, 800mbit or 25Gbit", rate);
+}
 
 std::string default_calibration_path() {
   if (const char* p = std::getenv("BRIGADE_CALIBRATION"); p != nullptr && *p != '\0') return p;
@@ -79,21 +154,27 @@ std::string default_calibration_path() {
 }
 
 Hardware this_machine_hardware(const nlohmann::json& calibration, int64_t devices_per_node,
-                               int64_t threads_per_device) {
+                               int64_t threads_per_device, const ThisMachineNodes& nodes) {
   const int64_t cores = static_cast<int64_t>(positive(calibration, "cores", "the file"));
   const int64_t devices = std::max<int64_t>(1, devices_per_node);
+  // The workers that share this machine's chip.
+  const int64_t machine_devices = nodes.one_machine ? devices * nodes.nodes : devices;
   const int64_t threads =
       threads_per_device > 0 ? threads_per_device : std::max<int64_t>(1, cores / devices);
   const nlohmann::json& c = compute_for(calibration, threads);
   const double measured_threads = positive(c, "threads", "compute");
   const double scale = static_cast<double>(threads) / measured_threads;
   // Devices run at once and share the chip (clocks, L3, memory): a worker
-  // gets no more than its share of what every core achieves together.
+  // gets no more than its share of what every core achieves together, and
+  // oversubscribed cores (namespace nodes) give each worker cores/workers.
   const nlohmann::json& all = compute_for(calibration, cores);
-  const double share = static_cast<double>(threads) / positive(all, "threads", "compute");
+  const double share = std::min(static_cast<double>(threads),
+                                static_cast<double>(cores) / static_cast<double>(machine_devices)) /
+                       positive(all, "threads", "compute");
   Hardware h;
   h.name = "this-machine";
-  h.gpus_per_node = static_cast<int>(cores);
+  h.cores = cores;
+  h.gpus_per_node = static_cast<int>(nodes.nodes > 1 ? devices : cores);
   // The GEMM curve: efficiency against the best measured rate, by FLOPs per call.
   const nlohmann::json& gemm = field(c, "gemm", "compute");
   const double best_gflops = best_gemm_gflops(c);
@@ -122,8 +203,8 @@ Hardware this_machine_hardware(const nlohmann::json& calibration, int64_t device
   h.memory_bytes_per_s = std::min(positive(c, "stream_bytes_per_s", "compute") * scale,
                                   positive(all, "stream_bytes_per_s", "compute") * share);
   // Each worker owns its share of the last-level cache.
-  h.cache_bytes =
-      field(calibration, "cache_bytes", "the file").get<double>() / static_cast<double>(devices);
+  h.cache_bytes = field(calibration, "cache_bytes", "the file").get<double>() /
+                  static_cast<double>(machine_devices);
   h.cache_bytes_per_s = std::min(positive(c, "cache_stream_bytes_per_s", "compute") * scale,
                                  positive(all, "cache_stream_bytes_per_s", "compute") * share);
   // Page faults are the kernel's work in each process, measured with one
@@ -133,37 +214,31 @@ Hardware this_machine_hardware(const nlohmann::json& calibration, int64_t device
                                       positive(all, "adamw_params_per_s", "compute") * share);
   h.memory_efficiency = 1.0;
   h.kernel_overhead_s = positive(c, "kernel_overhead_s", "compute");
-  h.memory_bytes = positive(calibration, "memory_bytes", "the file") / static_cast<double>(devices);
+  h.memory_bytes =
+      positive(calibration, "memory_bytes", "the file") / static_cast<double>(machine_devices);
   h.reserved_bytes = 0.2e9;
   h.host_copy_bytes_per_s = h.memory_bytes_per_s;
 
-  // The shm all-reduce between two workers: the largest size gives the bus
-  // bandwidth (2 ranks: busbw = algbw), the smallest the latency left over.
-  const nlohmann::json& rows = field(field(calibration, "comm", "the file"), "all_reduce", "comm");
-  if (!rows.is_array() || rows.empty()) {
-    throw_error("calibration: comm.all_reduce is empty; rerun `brigade bench calibrate`");
-  }
-  const nlohmann::json& large = rows.back();
-  const double bus =
-      positive(large, "bytes", "comm.all_reduce") / positive(large, "time_s", "comm.all_reduce");
-  // Latency: the fastest small (<= 16 KiB) all-reduce; one noisy first size
-  // must not set it.
-  double latency = 1e30;
-  for (const nlohmann::json& row : rows) {
-    if (positive(row, "bytes", "comm.all_reduce") <= 16384) {
-      latency = std::min(latency, positive(row, "time_s", "comm.all_reduce"));
-    }
-  }
+  // The shm all-reduce between two workers (the intra-node links).
+  const RingFigures shm = all_reduce_figures(field(calibration, "comm", "the file"), "all_reduce");
+  const double bus = shm.bus_bytes_per_s;
   h.intra_bytes_per_s = h.inter_bytes_per_s = bus;
   h.intra_efficiency = h.inter_efficiency = 1.0;
-  // A 2-rank all-reduce ring is 2 steps (see ring_collective_s).
-  h.intra_latency_s = h.inter_latency_s = latency < 1e29 ? latency / 2.0 : 0.0;
+  h.intra_latency_s = h.inter_latency_s = shm.hop_latency_s;
+  if (nodes.nodes > 1) add_links(h, calibration, nodes);
   h.description = fmt::format(
       "this machine ({} cores; one device = one worker with {} thread(s)): peak {:.0f} GFLOP/s, "
       "GEMMs up to {:.0f} GFLOP/s ({:.0f}% of it), {:.1f} GB/s memory, shm all-reduce {:.2f} GB/s "
       "+ {:.0f} us",
       cores, threads, h.peak_flops * 1e-9, gemm_gflops, 100.0 * h.gemm_efficiency,
       h.memory_bytes_per_s * 1e-9, bus * 1e-9, h.intra_latency_s * 1e6);
+  if (h.hierarchical_nodes) {
+    h.description += fmt::format(
+        "; {} {}nodes of {} worker(s), their leaders' collectives at {:.2f} GB/s + {:.0f} us (the "
+        "slower of the link and Gloo here)",
+        nodes.nodes, nodes.one_machine ? "namespace " : "", devices, h.inter_bytes_per_s * 1e-9,
+        h.inter_latency_s * 1e6);
+  }
   return h;
 }
 
@@ -186,9 +261,13 @@ std::string describe_calibration(const nlohmann::json& calibration) {
         c.at("refault_bytes_per_s").get<double>() * 1e-9, c.at("attention_gflops").get<double>(),
         c.at("kernel_overhead_s").get<double>() * 1e6);
   }
-  for (const nlohmann::json& r : calibration.at("comm").at("all_reduce")) {
-    out += fmt::format("shm all-reduce, 2 workers, {} bytes: {:.1f} us\n",
-                       r.at("bytes").get<int64_t>(), r.at("time_s").get<double>() * 1e6);
+  for (const auto& [key, what] : {std::pair<const char*, const char*>{"all_reduce", "shm"},
+                                  std::pair<const char*, const char*>{"gloo_all_reduce", "Gloo"}}) {
+    if (!calibration.at("comm").contains(key)) continue;
+    for (const nlohmann::json& r : calibration.at("comm").at(key)) {
+      out += fmt::format("{} all-reduce, 2 workers, {} bytes: {:.1f} us\n", what,
+                         r.at("bytes").get<int64_t>(), r.at("time_s").get<double>() * 1e6);
+    }
   }
   return out;
 }

@@ -29,8 +29,28 @@ std::string default_calibration_path();
 // planner an MFU that the runs do not report. Each device is a worker with
 // `threads_per_device` threads (0: the cores split evenly, as the launcher
 // splits them); the caller keeps devices x threads within the cores.
+//
+// `nodes` plans a job across several nodes like this one, joined by links
+// of a given rate (`brigade plan --nodes N --link RATE`): a group that spans
+// nodes runs as Brigade's hierarchical backend runs it, with the leaders'
+// part over TCP (Gloo) at the slower of the link and the Gloo all-reduce
+// the calibration measured between two local workers (on a CPU, TCP's
+// copies and checksums are often the limit before the wire is).
+struct ThisMachineNodes {
+  int64_t nodes = 1;
+  double link_bytes_per_s = 0;  // each node's link, each direction
+  // The nodes are network namespaces of this one machine
+  // (scripts/fake_cluster.sh): every node's workers share its cores,
+  // memory and last-level cache, each node's launcher splitting all the
+  // cores among its own workers (so they are oversubscribed nodes times).
+  bool one_machine = false;
+};
 Hardware this_machine_hardware(const nlohmann::json& calibration, int64_t devices_per_node,
-                               int64_t threads_per_device = 0);
+                               int64_t threads_per_device = 0, const ThisMachineNodes& nodes = {});
+
+// "10gbit", "800mbit", "25Gbit" (tc's units, bits per second) -> bytes per
+// second. Throws Error naming the form expected.
+double parse_link_rate(const std::string& rate);
 
 // One paragraph: peak, GEMMs, bandwidth, attention, overhead, all-reduce.
 std::string describe_calibration(const nlohmann::json& calibration);
