@@ -78,12 +78,19 @@ constexpr int64_t kRingControlBytes = 4 * kLineBytes + kAckSlots * sizeof(uint64
 // two copies of a large message overlap instead of taking turns.
 constexpr int64_t kPieceBytes = 64 << 10;
 
-// With operations pending: spin, then yield, then nap. Idle, the thread only
-// looks for arriving messages every kIdlePoll, so an early sender's frames
-// are drained (never blocking it for long) at almost no cost.
+// With operations pending: spin, then yield, then nap, each nap twice the
+// last up to kLongestNap. Idle, the thread only looks for arriving messages
+// every kIdlePoll, so an early sender's frames are drained (never blocking
+// it for long) at almost no cost. Why the naps lengthen: a pipeline stage
+// has a recv posted ahead for most of its step while its peer computes for
+// tens of milliseconds; woken every 50 us, this thread took a third of a
+// core from the stage's own compute (tiny, pp 2: 2.6 s of CPU per 6.9 s of
+// the training thread's). A message that lands mid-nap waits at most
+// kLongestNap, and only when its waiter has stopped polling for itself.
 constexpr int kSpinIterations = 2000;
 constexpr int64_t kYieldNs = 1'000'000;
 constexpr auto kNap = std::chrono::microseconds(50);
+constexpr auto kLongestNap = std::chrono::microseconds(1000);
 constexpr auto kIdlePoll = std::chrono::milliseconds(1);
 constexpr int64_t kLivenessCheckNs = 20'000'000;
 // How long a waiter polls before it sleeps: a ping-pong's round trip is a
@@ -421,6 +428,7 @@ void ShmMailboxes::Impl::run() {
   // for a while (a peer that is computing, stopped or gone).
   int spins = 0;
   int64_t quiet_since_ns = 0;
+  std::chrono::microseconds nap = kNap;
   bool was_busy = true;  // until the first pass has probed the peers
   for (;;) {
     {
@@ -450,8 +458,10 @@ void ShmMailboxes::Impl::run() {
       if (quiet_since_ns == 0) quiet_since_ns = now;
       if (now - quiet_since_ns < kYieldNs) {
         ::sched_yield();
+        nap = kNap;
       } else {
-        std::this_thread::sleep_for(kNap);
+        std::this_thread::sleep_for(nap);
+        nap = std::min(2 * nap, kLongestNap);
       }
     }
   }
