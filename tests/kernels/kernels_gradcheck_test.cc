@@ -221,6 +221,27 @@ TEST(KernelGradcheck, LmHeadLossInChunks) {
   expect_gradient_matches("lm head dwte", wte, dwte, loss, 1e-2f, 32);
 }
 
+TEST(KernelGradcheck, LmHeadScratchForTheLargestRowCountServesEverySmallerOne) {
+  // The model sizes the logits scratch once for its N rows; evaluation and
+  // the last micro-batch may run fewer. GPT-2's vocabulary: chunks of at
+  // most 667 rows, split evenly (1024 -> 512 + 512, 667 -> one chunk of 667),
+  // never more rows than the scratch holds (ASan sees an overflow).
+  const int64_t most = 1024, c = 8, v = 50257;
+  const auto x = random_vector(most * c, 51), wte = random_vector(v * c, 52, 0.5f);
+  std::vector<int32_t> targets(most);
+  for (int64_t i = 0; i < most; ++i) targets[i] = static_cast<int32_t>((i * 7919) % v);
+  std::vector<float> scratch(static_cast<size_t>(cpu::lm_head_scratch_floats(most, v)));
+  for (int64_t n : {most, int64_t{700}, int64_t{667}, int64_t{300}}) {
+    std::vector<float> with_scratch(n), owned(n);
+    cpu::LmHeadLossArgs a{x.data(), wte.data(), targets.data(), n, c, v, with_scratch.data()};
+    a.scratch = scratch.data();
+    cpu::lm_head_loss(a);
+    cpu::LmHeadLossArgs b{x.data(), wte.data(), targets.data(), n, c, v, owned.data()};
+    cpu::lm_head_loss(b);
+    for (int64_t r = 0; r < n; ++r) ASSERT_EQ(with_scratch[r], owned[r]) << n << " rows, row " << r;
+  }
+}
+
 TEST(KernelGradcheck, LmHeadGradientsMatchADirectSoftmax) {
   // The loss and both gradients against softmax - one-hot written out in
   // double precision, to float rounding: a finite-difference check would

@@ -25,15 +25,26 @@ namespace {
 // logit at once; the memory bound matters more at long sequences.
 constexpr int64_t kChunkFloats = int64_t{32} << 20;
 
-int64_t chunk_rows(int64_t n, int64_t v) {
-  // At least 64 rows, so the dwte GEMM has a reasonable inner dimension.
+// The most rows one chunk may hold: what the scratch is sized for. At least
+// 64 rows, so the dwte GEMM has a reasonable inner dimension.
+int64_t most_chunk_rows(int64_t n, int64_t v) {
   return std::min(n, std::max<int64_t>(64, kChunkFloats / v));
+}
+
+// The rows split into equal chunks of at most most_chunk_rows: GPT-2's 1024
+// rows as 512 + 512 rather than 667 + 357, whose short chunk's GEMMs run
+// less efficiently. Never above most_chunk_rows(m, v) for any m >= n, so a
+// scratch sized for the largest n serves every smaller one.
+int64_t chunk_rows(int64_t n, int64_t v) {
+  const int64_t most = most_chunk_rows(n, v);
+  const int64_t chunks = (n + most - 1) / most;
+  return (n + chunks - 1) / chunks;
 }
 }  // namespace
 
 #if !defined(BRIGADE_KERNELS_AVX512)
 int64_t lm_head_scratch_floats(int64_t n, int64_t v) {
-  return chunk_rows(n, v) * v;
+  return most_chunk_rows(n, v) * v;
 }
 
 void lm_head_logits(float* logits, const float* x, const float* wte, int64_t n, int64_t c,
@@ -52,7 +63,7 @@ void lm_head_loss(const LmHeadLossArgs& a) {
   const int64_t v_real = a.v_real >= 0 ? a.v_real : a.v;
   BRIGADE_CHECK(v_real <= a.v, "lm_head_loss: v_real {} exceeds v {}", v_real, a.v);
   const int64_t chunk = a.chunk_rows > 0 ? std::min(a.n, a.chunk_rows) : chunk_rows(a.n, a.v);
-  BRIGADE_CHECK(a.scratch == nullptr || chunk <= chunk_rows(a.n, a.v),
+  BRIGADE_CHECK(a.scratch == nullptr || chunk <= most_chunk_rows(a.n, a.v),
                 "lm_head_loss: chunk_rows {} is larger than the scratch holds", a.chunk_rows);
   std::unique_ptr<float[]> owned;
   float* logits = a.scratch;
