@@ -147,13 +147,14 @@ def main():
         results = [(name, statistics.mean(measured_of[name]), statistics.mean(predicted_of[name]))
                    for name, *_ in cases]
 
-    print(f"\n{'case':<32} {'measured s':>11} {'predicted s':>12} {'error':>8}"
+    width = max(32, *(len(name) for name, *_ in results))
+    print(f"\n{'case':<{width}} {'measured s':>11} {'predicted s':>12} {'error':>8}"
           "   (means over the repeats)")
     worst = 0.0
     for name, measured, predicted in results:
         error = (predicted - measured) / measured
         worst = max(worst, abs(error))
-        print(f"{name:<32} {measured:>11.4f} {predicted:>12.4f} {100 * error:>+7.1f}%")
+        print(f"{name:<{width}} {measured:>11.4f} {predicted:>12.4f} {100 * error:>+7.1f}%")
     errors = [abs(p - m) / m for _, m, p in results]
     print(f"\nmean |error| {100 * statistics.mean(errors):.1f}%, max {100 * worst:.1f}% "
           f"(target: every case within {100 * TARGET:.0f}%): {'met' if worst <= TARGET else 'NOT met'}")
