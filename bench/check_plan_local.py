@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """The planner against training runs on this machine, in one run.
 
-  check_plan_local.py [--build build] [--steps 8] [--repeat 2] [--quick | --tiny-parallel]
+  check_plan_local.py [--build build] [--steps 8] [--repeat 2]
+                      [--quick | --tiny-parallel | --pipeline | --tp]
 
 Measures the shm all-reduce once (`brigade bench calibrate`), then for each
 case, --repeat times: re-times the compute figures (`bench calibrate
@@ -46,13 +47,26 @@ CASES = [
     ("tiny, tp 2", "examples/tiny.toml", 2, ["parallel.tp=2"]),
     ("tiny, pp 2 1F1B, 4 micro", "examples/tiny.toml", 2,
      ["parallel.pp=2", "parallel.schedule=\"1f1b\"", "train.grad_accum=4"]),
+    ("tiny, pp 2 GPipe, 4 micro", "examples/tiny.toml", 2,
+     ["parallel.pp=2", "parallel.schedule=\"gpipe\"", "train.grad_accum=4"]),
+    ("tiny, pp 2 interleaved v2, 4 micro", "examples/tiny.toml", 2,
+     ["parallel.pp=2", "parallel.schedule=\"interleaved\"", "parallel.virtual_stages=2",
+      "train.grad_accum=4"]),
+    ("tiny, pp 2 ZB-H1, 4 micro", "examples/tiny.toml", 2,
+     ["parallel.pp=2", "parallel.schedule=\"zb-h1\"", "train.grad_accum=4"]),
     ("shakespeare (demo), 1 process", "examples/shakespeare.toml", 1, []),
     ("GPT-2 small, 1 process", "examples/gpt2_small.toml", 1, []),
     ("GPT-2 small, dp 2 ZeRO 1", "examples/gpt2_small.toml", 2, ["parallel.zero=1"]),
+    ("GPT-2 small, tp 2", "examples/gpt2_small.toml", 2, ["parallel.tp=2"]),
 ]
 QUICK = {"tiny, 1 process", "tiny, dp 2 ZeRO 1", "GPT-2 small, 1 process"}
 # --tiny-parallel: the tensor- and pipeline-parallel cases and their baseline.
 TINY_PARALLEL = {"tiny, 1 process", "tiny, tp 2", "tiny, pp 2 1F1B, 4 micro"}
+# --pipeline: every schedule at pp 2, and the one-process baseline.
+PIPELINE = {"tiny, 1 process", "tiny, pp 2 1F1B, 4 micro", "tiny, pp 2 GPipe, 4 micro",
+            "tiny, pp 2 interleaved v2, 4 micro", "tiny, pp 2 ZB-H1, 4 micro"}
+# --tp: tensor parallelism at both shapes, and their one-process baselines.
+TP = {"tiny, 1 process", "tiny, tp 2", "GPT-2 small, 1 process", "GPT-2 small, tp 2"}
 
 
 def run(argv):
@@ -102,10 +116,15 @@ def main():
     subset.add_argument("--quick", action="store_true", help="three cases only")
     subset.add_argument("--tiny-parallel", action="store_true",
                         help="the tiny model's tp 2 and pp 2 cases and its one-process case")
+    subset.add_argument("--pipeline", action="store_true",
+                        help="tiny at pp 2 under each schedule, and its one-process case")
+    subset.add_argument("--tp", action="store_true",
+                        help="tp 2 on tiny and GPT-2 small, and their one-process cases")
     args = parser.parse_args()
     brigade = os.path.join(args.build, "brigade")
 
-    chosen = QUICK if args.quick else TINY_PARALLEL if args.tiny_parallel else None
+    chosen = (QUICK if args.quick else TINY_PARALLEL if args.tiny_parallel
+              else PIPELINE if args.pipeline else TP if args.tp else None)
     cases = [c for c in CASES if chosen is None or c[0] in chosen]
     with tempfile.TemporaryDirectory(prefix="brigade_plan_local_") as tmp:
         full = os.path.join(tmp, "calibration.json")
@@ -128,13 +147,14 @@ def main():
         results = [(name, statistics.mean(measured_of[name]), statistics.mean(predicted_of[name]))
                    for name, *_ in cases]
 
-    print(f"\n{'case':<32} {'measured s':>11} {'predicted s':>12} {'error':>8}"
+    width = max(32, *(len(name) for name, *_ in results))
+    print(f"\n{'case':<{width}} {'measured s':>11} {'predicted s':>12} {'error':>8}"
           "   (means over the repeats)")
     worst = 0.0
     for name, measured, predicted in results:
         error = (predicted - measured) / measured
         worst = max(worst, abs(error))
-        print(f"{name:<32} {measured:>11.4f} {predicted:>12.4f} {100 * error:>+7.1f}%")
+        print(f"{name:<{width}} {measured:>11.4f} {predicted:>12.4f} {100 * error:>+7.1f}%")
     errors = [abs(p - m) / m for _, m, p in results]
     print(f"\nmean |error| {100 * statistics.mean(errors):.1f}%, max {100 * worst:.1f}% "
           f"(target: every case within {100 * TARGET:.0f}%): {'met' if worst <= TARGET else 'NOT met'}")

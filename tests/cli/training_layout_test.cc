@@ -126,6 +126,15 @@ schedule = "zb-h1"
   EXPECT_EQ(plain.layout.micro, 8);
   EXPECT_EQ(plain.layout.dp, 2);
   EXPECT_EQ(plain.global_batch, 32);
+  EXPECT_EQ(plain.layout.vp, 1);
+  // Interleaved: the virtual stages reach the plan (without them it is not
+  // the interleaved schedule, and the planner refuses it).
+  const cli::TrainingLayout interleaved = training_layout(
+      config_with("[train]\ngrad_accum = 4\n[parallel]\npp = 2\nschedule = \"interleaved\"\n"
+                  "virtual_stages = 2\n"),
+      2);
+  EXPECT_EQ(interleaved.layout.schedule, schedule::Kind::kInterleaved);
+  EXPECT_EQ(interleaved.layout.vp, 2);
 }
 
 TEST(TrainingLayout, RefusesWhatTrainingWouldRefuse) {
@@ -233,6 +242,13 @@ TEST(TrainingLayout, PlanLayoutConfigIsTheSpelledOutLayout) {
       {{"parallel.pp=2", "train.grad_accum=4"}, "pp=2,dp=1,micro=8,schedule=1f1b", "32"},
       {{"parallel.pp=2", "train.grad_accum=4", "parallel.schedule=\"gpipe\""},
        "pp=2,dp=1,micro=8,schedule=gpipe",
+       "32"},
+      {{"parallel.pp=2", "train.grad_accum=4", "parallel.schedule=\"interleaved\"",
+        "parallel.virtual_stages=2"},
+       "pp=2,vp=2,dp=1,micro=8,schedule=interleaved",
+       "32"},
+      {{"parallel.pp=2", "train.grad_accum=4", "parallel.schedule=\"zb-h1\""},
+       "pp=2,dp=1,micro=8,schedule=zb-h1",
        "32"},
       {{"parallel.zero=1", "train.micro_batch=4"}, "dp=2,micro=4,zero=1", "8"},
   };

@@ -84,6 +84,7 @@ TrainingLayout training_layout(const Config& config, int64_t processes) {
   l.sp = options.parallel.sequence_parallel && tp > 1;
   l.micro = options.micro_batch;
   l.schedule = schedule::parse_kind(options.parallel.schedule);
+  l.vp = options.parallel.virtual_stages;
   switch (model.recompute) {
     case Recompute::kNone:
       l.recompute = sim::PlanRecompute::kNone;
