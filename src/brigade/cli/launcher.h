@@ -60,6 +60,10 @@ struct LaunchOptions {
   std::string rdzv;
   // Empty: from BRIGADE_RDZV_TOKEN, else generated (one node only).
   std::string rdzv_token;
+  // Where the coordinator keeps its state (cli/rdzv_backend.h): "tcp", the
+  // store above, or "etcd" at rdzv_endpoints ("http://h:2379[,...]").
+  std::string rdzv_backend = "tcp";
+  std::string rdzv_endpoints;
   // The network interface this node's workers listen on for peers on other
   // nodes (passed on as GLOO_SOCKET_IFNAME). Empty: the one they reach the
   // rendezvous store through.

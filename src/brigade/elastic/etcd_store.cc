@@ -105,13 +105,12 @@ int64_t reply_int(const json& j, const char* field, const std::string& where) {
   throw_error("{}: the reply's \"{}\" is not an integer", where, field);
 }
 
-std::string setup_help(const std::string& token) {
-  const std::string user = etcd_user(token);
+std::string setup_help(const std::string& user, const std::string& prefix) {
   return fmt::format(
-      "as etcd's root run: etcdctl user add {0} --new-user-password=\"$BRIGADE_RDZV_TOKEN\"; "
-      "etcdctl role add {0}; etcdctl role grant-permission {0} readwrite --prefix=true {1}; "
-      "etcdctl user grant-role {0} {0}",
-      user, etcd_prefix(token));
+      "to set the job up, as etcd's root run: etcdctl user add {0} "
+      "--new-user-password=\"$BRIGADE_RDZV_TOKEN\"; etcdctl role add {0}; etcdctl role "
+      "grant-permission {0} readwrite --prefix=true {1}; etcdctl user grant-role {0} {0}",
+      user, prefix);
 }
 
 }  // namespace
@@ -206,11 +205,7 @@ EtcdCoordinatorStore::EtcdCoordinatorStore(std::vector<std::string> endpoints,
   init_curl_once();
   for (const std::string& e : endpoints_) connections_.push_back(std::make_unique<Connection>(e));
   // Authenticates, and checks the user may use the job's prefix.
-  try {
-    range("", now_ns() + call_timeout_ms_ * kNsPerMs);
-  } catch (const Error& e) {
-    throw_error("{} (setting up the job in etcd: {})", e.what(), setup_help(token));
-  }
+  range("", now_ns() + call_timeout_ms_ * kNsPerMs);
 }
 
 EtcdCoordinatorStore::~EtcdCoordinatorStore() = default;
@@ -255,8 +250,8 @@ std::string EtcdCoordinatorStore::call(const std::string& path, const std::strin
             throw_error("etcd at {}: malformed reply to authenticate: {}", c.endpoint,
                         shown_reply(reply));
           } else {
-            throw_error("etcd at {} refused user {} with the job's token: {}", c.endpoint, user_,
-                        shown_reply(reply));
+            throw_error("etcd at {} refused user {} with the job's token ({}): {}", c.endpoint,
+                        user_, shown_reply(reply), setup_help(user_, prefix_));
           }
         }
         const long status = c.post(path, body, c.token, attempt_deadline_ns, reply);
@@ -271,8 +266,8 @@ std::string EtcdCoordinatorStore::call(const std::string& path, const std::strin
         if (status >= 500)
           throw EtcdUnreachable(fmt::format("{}: {}", c.endpoint, shown_reply(reply)));
         if (status == 403) {
-          throw_error("etcd at {} denied user {} the job's keys {}: {}", c.endpoint, user_, prefix_,
-                      shown_reply(reply));
+          throw_error("etcd at {} denied user {} the job's keys {} ({}): {}", c.endpoint, user_,
+                      prefix_, shown_reply(reply), setup_help(user_, prefix_));
         }
         throw_error("etcd at {} refused {} (HTTP {}): {}", c.endpoint, path, status,
                     shown_reply(reply));
@@ -322,6 +317,19 @@ void EtcdCoordinatorStore::set(const std::string& key, const std::string& value)
   const json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (!j.is_object() || !j.contains("header")) {
     throw_error("etcd ({}) writing {}: the reply is not etcd's: {}", address(), prefix_ + key,
+                shown_reply(text));
+  }
+}
+
+void EtcdCoordinatorStore::clear() {
+  std::string end = prefix_;
+  ++end.back();  // "brigade/<id>/" -> "brigade/<id>0": every key with the prefix
+  const std::string text = call(
+      "/v3/kv/deleterange", json{{"key", to_base64(prefix_)}, {"range_end", to_base64(end)}}.dump(),
+      now_ns() + call_timeout_ms_ * kNsPerMs);
+  const json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object() || !j.contains("header")) {
+    throw_error("etcd ({}) clearing {}: the reply is not etcd's: {}", address(), prefix_,
                 shown_reply(text));
   }
 }

@@ -61,6 +61,10 @@ class EtcdCoordinatorStore : public CoordinatorStore {
   int64_t add(const std::string& key, int64_t delta) override;
   std::string address() const override;
   int64_t call_timeout_ms() const override { return call_timeout_ms_; }
+  // Deletes every key under the job's prefix: what an earlier job under the
+  // same token left (its `end` would end this one at once). Node 0 calls it
+  // before it hosts the launchers' rendezvous, so before any agent writes.
+  void clear();
 
   struct Connection;  // one endpoint's curl handle and auth token
 
