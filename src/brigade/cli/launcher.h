@@ -38,6 +38,9 @@
 // that stops answering is replaced by a waiting standby node (--standby,
 // launch_nodes.h) in the next generation, at the same world size, or,
 // with none free, ends the job, named. Node 0 cannot be replaced.
+// With --rdzv-backend etcd --rdzv-endpoints URL[,URL] the coordinator keeps
+// its state in etcd instead (cli/rdzv_backend.h, elastic/etcd_store.h);
+// node 0 still hosts the store the launchers and workers meet in.
 #pragma once
 
 #include <cstdint>
