@@ -13,6 +13,7 @@ packages=(
   libgloo-dev   # TCP collectives for the gloo communicator backend
   libxxhash-dev # checksums of checkpoint shards
   libjs-chart.js  # Chart.js, inlined into the page `brigade report` writes
+  libcurl4-openssl-dev  # HTTP to etcd's v3 gateway (brigade launch --rdzv-backend etcd)
 )
 if [[ "${1:-}" == "--test" ]]; then
   packages+=(
@@ -24,6 +25,7 @@ if [[ "${1:-}" == "--test" ]]; then
     slurm-wlm munge   # the slurm label: a one-node Slurm the test starts (tests/cli/srun_slurm_test.cc)
     chromium     # renders `brigade report` headless (ctest -L external)
     prometheus   # scrapes the agent's /metrics (ctest -L external)
+    etcd-server etcd-client   # a real etcd for the coordinator's etcd backend (ctest -L external)
   )
 fi
 

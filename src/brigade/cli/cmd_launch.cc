@@ -91,6 +91,12 @@ void add_launch_command(CLI::App& app) {
   cmd->add_option("--rdzv-token", options->rdzv_token,
                   "The job's secret, the same on every node (default: env BRIGADE_RDZV_TOKEN; "
                   "one node generates its own). The environment keeps it out of `ps`");
+  cmd->add_option("--rdzv-backend", options->rdzv_backend,
+                  "Where the coordinator keeps the job's state: tcp (node 0's store) or etcd "
+                  "(--rdzv-endpoints; the token is the password of the job's etcd user)")
+      ->capture_default_str();
+  cmd->add_option("--rdzv-endpoints", options->rdzv_endpoints,
+                  "etcd's client URLs, comma-separated (http://etcd0:2379,http://etcd1:2379)");
   cmd->add_option("--iface", options->iface,
                   "Network interface the workers listen on for other nodes, e.g. eth1 (sets "
                   "GLOO_SOCKET_IFNAME; default: the one that reaches the --rdzv host)");

@@ -19,6 +19,7 @@
 #include <utility>
 
 #include "brigade/cli/launch_nodes.h"
+#include "brigade/cli/rdzv_backend.h"
 #include "brigade/comm/tcp_store.h"
 #include "brigade/core/clock.h"
 #include "brigade/core/error.h"
@@ -462,6 +463,7 @@ std::string validate(const LaunchOptions& o) {
         "needs --nnodes 2 or more (the job's nodes, standbys not counted) and --rdzv");
   }
   if (o.rdzv_timeout_ms <= 0) throw_error("--rdzv-timeout-s must be positive");
+  check_rdzv_backend(o);
   if (o.max_restarts < 0) throw_error("--max-restarts must be 0 or more, got {}", o.max_restarts);
   if (o.step_timeout_ms < 1000) {
     throw_error("--step-timeout-s must be at least 1, got {} ms", o.step_timeout_ms);
@@ -504,10 +506,13 @@ int run_launch(const LaunchOptions& o) {
   const char* situation = o.nnodes > 1 ? "a launch over several nodes" : "node rank > 0";
   const std::string token = resolve_token(o, /*may_generate=*/o.nnodes == 1, situation);
 
+  // With etcd, checked there before this node joins anything.
+  CoordinatorBackend coordination(o, token, kCoordinatorCallTimeoutMs);
   std::optional<TcpStoreServer> server;
   if (o.node_rank == 0 && !o.standby) {
     server.emplace(is_loopback(master.host) ? master.host : "", master.port, token);
     master.port = server->port();
+    coordination.publish_worker_store(master.host, master.port);
   }
   TcpStore store(master.host, master.port, token, o.rdzv_timeout_ms);
   if (o.standby) {
@@ -554,13 +559,7 @@ int run_launch(const LaunchOptions& o) {
   agent.partition_iface = partition_iface;
   // The coordinator's calls get their own connection with a short timeout
   // (kCoordinatorCallTimeoutMs), through the same token check.
-  std::optional<TcpStore> coordinator_client;
-  std::optional<elastic::TcpCoordinatorStore> coordinator_store;
-  if (o.nnodes > 1) {
-    coordinator_client.emplace(master.host, master.port, token, kCoordinatorCallTimeoutMs);
-    coordinator_store.emplace(*coordinator_client);
-    agent.store = &*coordinator_store;
-  }
+  if (o.nnodes > 1) agent.store = &coordination.open(master.host, master.port);
   agent.diagnose = [](const std::filesystem::path& dir) { return diag::diagnose_incident(dir); };
   // In-memory snapshots exist to be restarted from: only with restarts, and
   // on one node (elastic/snapshots.h).

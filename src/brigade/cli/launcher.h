@@ -38,6 +38,9 @@
 // that stops answering is replaced by a waiting standby node (--standby,
 // launch_nodes.h) in the next generation, at the same world size, or,
 // with none free, ends the job, named. Node 0 cannot be replaced.
+// With --rdzv-backend etcd --rdzv-endpoints URL[,URL] the coordinator keeps
+// its state in etcd instead (cli/rdzv_backend.h, elastic/etcd_store.h);
+// node 0 still hosts the store the launchers and workers meet in.
 #pragma once
 
 #include <cstdint>
@@ -60,6 +63,10 @@ struct LaunchOptions {
   std::string rdzv;
   // Empty: from BRIGADE_RDZV_TOKEN, else generated (one node only).
   std::string rdzv_token;
+  // Where the coordinator keeps its state (cli/rdzv_backend.h): "tcp", the
+  // store above, or "etcd" at rdzv_endpoints ("http://h:2379[,...]").
+  std::string rdzv_backend = "tcp";
+  std::string rdzv_endpoints;
   // The network interface this node's workers listen on for peers on other
   // nodes (passed on as GLOO_SOCKET_IFNAME). Empty: the one they reach the
   // rendezvous store through.
