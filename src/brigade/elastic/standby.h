@@ -54,8 +54,11 @@ class StandbyPool {
   // the leader, so that a beat's movement is seen as it happens).
   void watch(int64_t now_ns);
   // The `count` lowest free standbys whose beat moved within
-  // agent_timeout_ms; fewer when fewer are.
-  std::vector<int> pick(int64_t now_ns, size_t count) const;
+  // agent_timeout_ms (and kept moving for `settled_ns` at least: a rejoin
+  // takes no joiner that just started); fewer when fewer are.
+  std::vector<int> pick(int64_t now_ns, size_t count, int64_t settled_ns = 0) const;
+  // A standby that must never be given a node (its machine is quarantined).
+  void refuse(int standby) { standbys_.at(static_cast<size_t>(standby)).taken = true; }
   // Gives `node` to `standby` from `generation` on. The standby is taken
   // for good, whether or not it ever starts.
   void assign(int standby, int node, int64_t generation);
@@ -65,7 +68,8 @@ class StandbyPool {
   struct Standby {
     int64_t beat = -1;
     int64_t changed_ns = 0;
-    bool moved = false;  // seen to move at least once
+    bool moved = false;           // seen to move at least once
+    int64_t moving_since_ns = 0;  // without a silence of agent_timeout_ms
     bool taken = false;
   };
   CoordinatorStore& store_;
