@@ -243,6 +243,30 @@ TEST_F(RejoinTest, AMachineLostTwiceIsRefusedAndAnotherTakesItsPlace) {
   EXPECT_EQ(fresh->coordinator->node_rank(), 1);
 }
 
+// A loss counts against the machine that held the node then: node 1's own
+// machine h1 lost once, the joiner on h5 that took its place lost once, a
+// joiner on h1 is admitted (each machine lost once only).
+TEST_F(RejoinTest, ALossCountsAgainstTheMachineThatHeldTheNode) {
+  auto n0 = node(0), n1 = node(1), n2 = node(2);
+  int64_t t = 0;
+  lose_node_1(n0.get(), n1.get(), n2.get(), t);
+  auto other = joiner("h5");
+  ASSERT_TRUE(run_until_failing({n0.get(), n2.get(), other.get()}, t, 4'000));
+  open_next({n0.get(), n2.get()}, {n0.get(), n2.get()}, t);
+  ASSERT_EQ(other->poll(t).state, State::kRestart);
+  ASSERT_TRUE(run_until_failing({n0.get(), n2.get()}, t, 4'000));  // h5 lost
+  open_next({n0.get(), n2.get()}, {n0.get(), n2.get()}, t);
+  ASSERT_EQ(n0->coordinator->members(), (std::vector<int>{0, 2}));
+  auto back = joiner("h1");
+  ASSERT_TRUE(run_until_failing({n0.get(), n2.get(), back.get()}, t, 4'000));
+  const std::vector<JobView> views = open_next({n0.get(), n2.get()}, {n0.get(), n2.get()}, t);
+  ASSERT_EQ(views[0].state, State::kRestart) << views[0].why;
+  EXPECT_EQ(views[0].cause->kind, "rejoin");
+  const JobView took = back->poll(t);
+  ASSERT_EQ(took.state, State::kRestart) << took.why;
+  EXPECT_EQ(back->coordinator->node_rank(), 1);
+}
+
 // With every node in the job a joiner only waits, as a standby: nothing is
 // stopped for it, however long it beats.
 TEST_F(RejoinTest, AJoinerWhileTheJobIsAtFullSizeWaitsAsAStandby) {
