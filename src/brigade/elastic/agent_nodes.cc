@@ -39,7 +39,9 @@ std::string take_interface_down(const std::string& iface) {
 
 bool Agent::wait_for_a_node(int* status) {
   using State = JobView::State;
-  std::fprintf(stderr, "brigade launch: standby node %d waits to take the place of a lost node\n",
+  std::fprintf(stderr,
+               "brigade launch: standby node %d waits to take the place of a lost node (or to "
+               "rejoin the job while it runs on fewer nodes)\n",
                coordinator_->standby_id());
   std::fflush(stderr);
   const sigset_t watched = watched_signals();

@@ -1,5 +1,7 @@
 // Standby nodes: agents that wait, registered with the coordinator
-// (elastic/coordinator.h), to take the place of a lost node.
+// (elastic/coordinator.h), to take the place of a lost node, or, while the
+// job runs on fewer nodes than it started with, to join it as a left-out
+// node (a rejoin: elastic/coordinator_rejoin.cc).
 //
 // A standby's agent (`brigade launch --standby`) registers under
 // "brigade/coord/standby/":
@@ -9,6 +11,9 @@
 //                         once: the standby runs that node's workers (the
 //                         same node rank, local ranks and world size) from
 //                         that generation on
+//   <s>/host              its machine's name (a rejoin's quarantine)
+//   <s>/refused           why the leader will never give it a node (its
+//                         machine is quarantined): it leaves
 //   release               the job is over: every standby still waiting exits
 // The leader watches every standby's beat as it watches the nodes', and
 // gives a lost node's rank only to a standby it has seen beating within
