@@ -128,18 +128,21 @@ int Agent::run(const sigset_t& child_mask) {
       if (!incidents_.empty() && incidents_.back().generation == generation_) {
         incidents_.back().stopped_ns = now_ns();
       }
-      ++restarts_;
+      // A rejoin (a node grows the job back) uses no restart.
+      const bool rejoin = failure_->kind == "rejoin";
+      if (!rejoin) ++restarts_;
       ++generation_;
       std::string from;
       if (const auto point = resume_point()) {
         from = fmt::format(" from the {} of step {}",
                            point->from_snapshot ? "in-memory snapshot" : "checkpoint", point->step);
       }
-      std::fprintf(stderr,
-                   "brigade launch: %s; restarting the workers as generation %lld (restart %d of "
-                   "%d)%s\n",
-                   failure_->what.c_str(), static_cast<long long>(generation_), restarts_,
-                   options_.max_restarts, from.c_str());
+      std::fprintf(stderr, "brigade launch: %s; restarting the workers as generation %lld (%s)%s\n",
+                   failure_->what.c_str(), static_cast<long long>(generation_),
+                   rejoin
+                       ? "a rejoin, no restart used"
+                       : fmt::format("restart {} of {}", restarts_, options_.max_restarts).c_str(),
+                   from.c_str());
       std::fflush(stderr);
       continue;
     }

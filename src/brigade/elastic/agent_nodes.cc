@@ -39,7 +39,9 @@ std::string take_interface_down(const std::string& iface) {
 
 bool Agent::wait_for_a_node(int* status) {
   using State = JobView::State;
-  std::fprintf(stderr, "brigade launch: standby node %d waits to take the place of a lost node\n",
+  std::fprintf(stderr,
+               "brigade launch: standby node %d waits to take the place of a lost node (or to "
+               "rejoin the job while it runs on fewer nodes)\n",
                coordinator_->standby_id());
   std::fflush(stderr);
   const sigset_t watched = watched_signals();
@@ -50,7 +52,7 @@ bool Agent::wait_for_a_node(int* status) {
         options_.node_rank = coordinator_->node_rank();
         generation_ = coordinator_->generation();
         // The job's restarts so far, as the other nodes count them.
-        restarts_ = static_cast<int>(generation_);
+        restarts_ = static_cast<int>(coordinator_->restarts_used());
         // Its workers resume where the job's are (no worker of its own has
         // said so yet).
         run_dir_ = view.run_dir;
@@ -163,7 +165,11 @@ void Agent::follow_job(const JobView& view, WorkerGroup* group) {
     // survivors' state is disposable, as on one node.
     will_restart_ = view.will_restart && received_signal_ == 0;
     stopped_count_ = group->running();
-    if (will_restart_) {
+    if (view.rejoin) {
+      // Not a failure: the workers agree on a step boundary and save there
+      // (elastic/coordinator_rejoin.cc), as on a launcher's signal.
+      group->stop(SIGTERM, options_.signal_grace_ms);
+    } else if (will_restart_) {
       group->stop(SIGKILL, 0);
     } else {
       group->stop(SIGTERM, options_.failure_grace_ms);

@@ -94,7 +94,8 @@ Incident parse_report(const std::string& key, const nlohmann::json& j, int64_t n
   }
   const std::string kind = j.at("kind");
   const double detected_after_ms = j.at("detected_after_ms");
-  if ((kind != "crash" && kind != "hang" && kind != "node_lost" && kind != "partition") ||
+  if ((kind != "crash" && kind != "hang" && kind != "node_lost" && kind != "partition" &&
+       kind != "rejoin") ||
       !(detected_after_ms >= 0)) {
     return fail();
   }
@@ -173,7 +174,8 @@ Coordinator::Coordinator(CoordinatorStore& store, CoordinatorOptions options, in
     : store_(store),
       options_(options),
       last_beat_(static_cast<size_t>(options.nnodes), -1),
-      beat_changed_ns_(static_cast<size_t>(options.nnodes), now_ns) {
+      beat_changed_ns_(static_cast<size_t>(options.nnodes), now_ns),
+      holder_(static_cast<size_t>(options.nnodes), -1) {
   for (int n = 0; n < options_.nnodes; ++n) beat_keys_.push_back(beat_key(n));
   for (int n = 0; n < options_.nnodes; ++n) members_.push_back(n);
   if (options_.min_nnodes < 0 || options_.min_nnodes > options_.nnodes) {
@@ -198,6 +200,7 @@ Coordinator::Coordinator(CoordinatorStore& store, CoordinatorOptions options, in
     beat_key_ = beat_key(options_.node_rank);
   }
   if (leader()) standbys_ = std::make_unique<StandbyPool>(store_, options_.agent_timeout_ms);
+  register_host();  // before the first beat: the leader reads it once it sees one
   store_.add(beat_key_, 1);
   next_beat_ns_ = now_ns + options_.beat_interval_ms * kNsPerMs;
 }
@@ -349,6 +352,7 @@ JobView Coordinator::read_state() {
         next_members_ = parse_members(members, *nodes, options_.nnodes);
       }
       next_layout_ = read_layout(generation_ + 1);
+      next_restarts_ = read_restarts(generation_ + 1);
       v.state = JobView::State::kRestart;
       v.cause =
           parse_report(cause, parse_object(cause, *text, "a failure report"), 0, options_.nnodes);
@@ -356,7 +360,8 @@ JobView Coordinator::read_state() {
       return v;
     }
     v.state = JobView::State::kFailing;
-    v.will_restart = generation_ < options_.max_restarts;
+    v.rejoin = read_rejoin(generation_).has_value();
+    v.will_restart = restarts_used_ < options_.max_restarts || v.rejoin;
     return v;
   }
   if (reported_stopped_) {
@@ -396,7 +401,10 @@ std::optional<JobView> Coordinator::lead(int64_t now_ns) {
   }
   const std::string reports = reports_key(generation_);
   const auto count = store_.try_get(reports);
-  if (!count || parse_count(reports, *count) == 0) return std::nullopt;
+  if (!count || parse_count(reports, *count) == 0) {
+    maybe_grow(now_ns);
+    return std::nullopt;
+  }
   if (store_.try_get(open_key(generation_ + 1))) return std::nullopt;
   for (const int n : members_) {
     if (!lost_.contains(n) && !store_.try_get(stopped_key(generation_, n))) return std::nullopt;
@@ -404,13 +412,19 @@ std::optional<JobView> Coordinator::lead(int64_t now_ns) {
   // Every node's workers of this generation are gone: decide. A lost node
   // is the cause: the other nodes' failures are its consequences.
   std::optional<Incident> cause = lost_.empty() ? choose_cause() : lost_.begin()->second;
+  // A rejoin with nothing else reported: no failure, no restart.
+  if (const auto rejoin = read_rejoin(generation_); !cause && rejoin) {
+    grow(now_ns, rejoin->first, rejoin->second);
+    return std::nullopt;
+  }
   if (!cause) {
     throw MalformedValue(reports, *count, "a count of reports that exist (none does)");
   }
   next_members_ = members_;  // unless lost nodes are left out
-  if (generation_ < options_.max_restarts && replace_lost_nodes(now_ns, *cause)) {
+  if (restarts_used_ < options_.max_restarts && replace_lost_nodes(now_ns, *cause)) {
     // Before the generation opens: every agent reads it there.
     store_.set(members_key(generation_ + 1), members_text(next_members_));
+    store_.set(restarts_key(generation_ + 1), std::to_string(restarts_used_ + 1));
     write_next_layout();
     store_.set(cause_key(generation_), report_json(*cause).dump());
     store_.set(open_key(generation_ + 1), std::to_string(generation_ + 1));
@@ -434,7 +448,7 @@ std::optional<JobView> Coordinator::lead(int64_t now_ns) {
        {"generation", generation_},
        {"what", options_.max_restarts == 0
                     ? cause->what
-                    : fmt::format("{} (no restart left: {} used)", cause->what, generation_)},
+                    : fmt::format("{} (no restart left: {} used)", cause->what, restarts_used_)},
        {"cause", report}},
       now_ns);
 }
@@ -549,6 +563,7 @@ void Coordinator::enter_next_generation() {
   ++generation_;
   members_ = next_members_;
   layout_ = next_layout_;
+  restarts_used_ = next_restarts_;
   lost_.clear();
   reported_failure_ = false;
   pending_report_.reset();

@@ -64,6 +64,22 @@
 // Node 0, the leader, cannot be replaced: its loss ends the job (its
 // launcher hosts the store too); surviving it needs a store with leases
 // and leader election (etcd), a later increment.
+//   - Rejoin (scale up, elastic/coordinator_rejoin.cc): while the job runs
+//     on fewer nodes than it started with, a joiner (`brigade launch
+//     --standby`, started on a recovered or a new machine) that has beaten
+//     for agent_timeout_ms grows it back at the next generation: the
+//     leader writes gen/<g>/rejoin = "<standby> <node>" and counts a report
+//     in g; every agent stops its workers with SIGTERM and the signal's
+//     grace (JobView::rejoin), so that they agree on a step boundary and
+//     save an interrupt checkpoint there (no step is lost); once all are
+//     reaped the leader gives the left-out node rank to the joiner (the
+//     lowest first), opens g+1 with it among the members and the layout
+//     scaled back up (absent at every node: node 0's own). A rejoin uses no
+//     restart: gen/<g>/restarts holds the restarts used up to g (absent:
+//     g). It is bounded instead: a machine (its host name, agent/<n>/host
+//     or standby/<s>/host) declared lost twice is quarantined
+//     (host/<h>/losses), and its joiner is refused (standby/<s>/refused,
+//     why) rather than readmitted.
 // A lost node never comes back into the job: its agent, should it come
 // back (it was stopped, or its network returns), finds node/<n>/lost at
 // or after its generation on its next poll and ends for itself without
@@ -84,6 +100,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "brigade/core/error.h"
@@ -151,6 +168,9 @@ struct CoordinatorOptions {
   // waits for a lost node's rank.
   bool standby = false;
   int max_restarts = 0;
+  // This machine, for the quarantine of machines lost twice (a rejoin);
+  // empty: its host name.
+  std::string host;
   int64_t beat_interval_ms = 200;
   // Two seconds without a beat: a loaded machine's agent still beats ten
   // times over, and a lost node is named within the 3 s the issue allows.
@@ -184,6 +204,9 @@ struct JobView {
   std::vector<int> lost_nodes;
   // kEnded because this agent lost the store or the leader.
   bool lost_coordinator = false;
+  // kFailing for a rejoin, not a failure: stop the workers as on a signal
+  // (they save a checkpoint at a step boundary), not with SIGKILL.
+  bool rejoin = false;
   // A standby's kRestart: the run directory the job's nodes published (its
   // workers resume from its newest checkpoint); empty if none did.
   std::string run_dir;
@@ -202,6 +225,8 @@ class Coordinator {
   ~Coordinator();
 
   int64_t generation() const { return generation_; }
+  // The job's restarts so far: its generations less its rejoins.
+  int64_t restarts_used() const { return restarts_used_; }
   bool leader() const { return !options_.standby && options_.node_rank == 0; }
   // A standby still waiting for a node.
   bool standby() const { return options_.standby; }
@@ -292,6 +317,22 @@ class Coordinator {
   // Node 0: leaves the lost nodes without a standby out of generation g+1.
   void leave_out(const std::vector<int>& nodes, Incident& cause);
   bool member(int node) const;
+  // elastic/coordinator_rejoin.cc. Writes this agent's host name.
+  void register_host();
+  // Node 0: counts a loss against the machine that held `node`.
+  void count_loss(int node);
+  // Node 0, while nothing is reported: grows the job when a settled joiner
+  // and a left-out node are there (a report in g with gen/<g>/rejoin).
+  void maybe_grow(int64_t now_ns);
+  // Node 0, every node stopped for a rejoin: the joiner takes its node,
+  // g+1 opens with it (as it was, if the joiner went silent meanwhile).
+  void grow(int64_t now_ns, int standby, int node);
+  // The rejoin of generation g (standby, node), once the leader decided it.
+  std::optional<std::pair<int, int>> read_rejoin(int64_t g);
+  // gen/<g>/restarts (absent: g).
+  int64_t read_restarts(int64_t g);
+  // A standby whose machine was quarantined: refused, why.
+  std::optional<JobView> check_refused();
   // Node 0: checks the agents' beats and turns reports into decisions.
   std::optional<JobView> lead(int64_t now_ns);
   // The leader's beat, seen from the other nodes.
@@ -337,6 +378,11 @@ class Coordinator {
   // Per node: the last beat value seen and when it changed (this agent's clock).
   std::vector<int64_t> last_beat_;
   std::vector<int64_t> beat_changed_ns_;
+  int64_t restarts_used_ = 0;
+  int64_t next_restarts_ = 0;
+  // Node 0: per node, the standby holding it (-1: the node's own agent),
+  // whose machine a loss counts against.
+  std::vector<int> holder_;
 };
 
 // Key names, for the agent's messages and the tests.

@@ -70,7 +70,13 @@ std::vector<int> Coordinator::nodes_lost_unreplaced() const {
   for (int n = 1; n < options_.nnodes; ++n) {
     const std::string key = lost_key(n);
     const auto lost_in = store_.try_get(key);
-    if (lost_in && !store_.try_get(replaced_key(parse_count(key, *lost_in) + 1, n))) {
+    if (!lost_in) continue;
+    const int64_t g = parse_count(key, *lost_in);
+    // A joiner that took the node back later (coordinator_rejoin.cc).
+    const std::string rejoined = rejoined_key(n);
+    const auto back = store_.try_get(rejoined);
+    if (back && parse_count(rejoined, *back) > g) continue;
+    if (!store_.try_get(replaced_key(g + 1, n))) {
       out.push_back(n);
     }
   }

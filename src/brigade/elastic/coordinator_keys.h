@@ -26,6 +26,11 @@ std::string members_key(int64_t g);
 // gen/<g>/train_layout: "DP GRAD_ACCUM", the leader's scaled `brigade
 // train` layout of a generation on fewer nodes.
 std::string train_layout_key(int64_t g);
+// gen/<g>/restarts: the restarts the job used up to generation g, when
+// rejoins (which use none) came before; node/<n>/rejoined: the generation
+// a joiner took node n back from (elastic/coordinator_rejoin.cc).
+std::string restarts_key(int64_t g);
+std::string rejoined_key(int node);
 
 // gen/<g>/members: the nodes of generation g, their original ranks in
 // order, space-separated ("0 2"); a node's rank in g is its position.

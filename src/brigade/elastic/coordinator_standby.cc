@@ -63,6 +63,7 @@ JobView Coordinator::standby_poll(int64_t now_ns) {
     return ended_view(*end);
   }
   JobView v;
+  if (const auto refused = check_refused()) return *refused;
   if (store_.try_get(standby_release_key())) {
     v.state = JobView::State::kSucceeded;
     return v;
@@ -94,6 +95,7 @@ JobView Coordinator::standby_poll(int64_t now_ns) {
         members_ = parse_members(members, *text, options_.nnodes);
       }
       layout_ = read_layout(generation_);
+      restarts_used_ = read_restarts(generation_);
       v.state = JobView::State::kRestart;
       v.run_dir = store_.try_get(coordinator_key("run_dir")).value_or("");
       return v;
@@ -138,18 +140,19 @@ std::optional<JobView> Coordinator::on_silent_node(int n, int64_t now_ns) {
   // the job may go on without the lost nodes no standby is free for.
   const size_t lost_now = lost_.size() + 1;
   const size_t free = standbys_->pick(now_ns, lost_now).size();
-  if (generation_ < options_.max_restarts &&
+  if (restarts_used_ < options_.max_restarts &&
       (free >= lost_now || may_go_on_with_fewer(lost_now - free))) {
     // Marked before the others hear of it: its agent, should it come back,
     // finds itself out before it can see the next generation open.
     store_.set(lost_key(n), std::to_string(generation_));
+    count_loss(n);
     lost_.emplace(n, std::move(lost));
     store_.add(reports_key(generation_), 1);
     return std::nullopt;
   }
   std::string why;
   const bool fewer_allowed = options_.min_nnodes > 0 && options_.min_nnodes < options_.nnodes;
-  if (fewer_allowed && generation_ < options_.max_restarts) {
+  if (fewer_allowed && restarts_used_ < options_.max_restarts) {
     std::string nodes = std::to_string(n);
     for (const auto& [other, incident] : lost_) nodes += fmt::format(", {}", other);
     why = fmt::format(
@@ -161,8 +164,8 @@ std::optional<JobView> Coordinator::on_silent_node(int n, int64_t now_ns) {
     why =
         "with no standby node the job cannot go on at the same world size, so it ends (to go on "
         "with fewer nodes instead, launch every node with --nnodes MIN:MAX)";
-  } else if (generation_ >= options_.max_restarts) {
-    why = fmt::format("no restart left ({} used), so the job ends", generation_);
+  } else if (restarts_used_ >= options_.max_restarts) {
+    why = fmt::format("no restart left ({} used), so the job ends", restarts_used_);
   } else {
     why = fmt::format(
         "no standby node is free (of {} registered, none unused with a heartbeat in the last "
@@ -212,6 +215,7 @@ bool Coordinator::replace_lost_nodes(int64_t now_ns, Incident& cause) {
     if (cause.node == n) cause.what = lost.what;
     // Watched from now on under the standby's own key.
     beat_keys_[n] = standby_beat_key(standby);
+    holder_[static_cast<size_t>(n)] = standby;
     last_beat_[n] = -1;
     beat_changed_ns_[n] = now_ns;
   }

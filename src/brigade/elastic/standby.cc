@@ -61,7 +61,11 @@ std::optional<StandbyAssignment> read_assignment(CoordinatorStore& store, int st
 void StandbyPool::watch(int64_t now_ns) {
   const int64_t count = read_standby_count(store_);
   while (static_cast<int64_t>(standbys_.size()) < count) {
-    standbys_.push_back({.beat = -1, .changed_ns = now_ns, .moved = false, .taken = false});
+    standbys_.push_back({.beat = -1,
+                         .changed_ns = now_ns,
+                         .moved = false,
+                         .moving_since_ns = now_ns,
+                         .taken = false});
   }
   for (size_t s = 0; s < standbys_.size(); ++s) {
     Standby& standby = standbys_[s];
@@ -73,18 +77,22 @@ void StandbyPool::watch(int64_t now_ns) {
     const int64_t beat = value ? detail::parse_count(key, *value) : 0;
     if (beat == standby.beat) continue;
     // The first value read is no movement: it may be a dead standby's last.
+    const bool was_moving =
+        standby.moved && now_ns - standby.changed_ns <= agent_timeout_ms_ * kNsPerMs;
     standby.moved = standby.beat >= 0;
+    if (!was_moving) standby.moving_since_ns = now_ns;
     standby.beat = beat;
     standby.changed_ns = now_ns;
   }
 }
 
-std::vector<int> StandbyPool::pick(int64_t now_ns, size_t count) const {
+std::vector<int> StandbyPool::pick(int64_t now_ns, size_t count, int64_t settled_ns) const {
   std::vector<int> free;
   for (size_t s = 0; s < standbys_.size() && free.size() < count; ++s) {
     const Standby& standby = standbys_[s];
     if (standby.taken || !standby.moved) continue;
     if (now_ns - standby.changed_ns > agent_timeout_ms_ * kNsPerMs) continue;
+    if (now_ns - standby.moving_since_ns < settled_ns) continue;
     free.push_back(static_cast<int>(s));
   }
   return free;

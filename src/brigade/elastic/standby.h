@@ -1,5 +1,7 @@
 // Standby nodes: agents that wait, registered with the coordinator
-// (elastic/coordinator.h), to take the place of a lost node.
+// (elastic/coordinator.h), to take the place of a lost node, or, while the
+// job runs on fewer nodes than it started with, to join it as a left-out
+// node (a rejoin: elastic/coordinator_rejoin.cc).
 //
 // A standby's agent (`brigade launch --standby`) registers under
 // "brigade/coord/standby/":
@@ -9,6 +11,9 @@
 //                         once: the standby runs that node's workers (the
 //                         same node rank, local ranks and world size) from
 //                         that generation on
+//   <s>/host              its machine's name (a rejoin's quarantine)
+//   <s>/refused           why the leader will never give it a node (its
+//                         machine is quarantined): it leaves
 //   release               the job is over: every standby still waiting exits
 // The leader watches every standby's beat as it watches the nodes', and
 // gives a lost node's rank only to a standby it has seen beating within
@@ -54,8 +59,11 @@ class StandbyPool {
   // the leader, so that a beat's movement is seen as it happens).
   void watch(int64_t now_ns);
   // The `count` lowest free standbys whose beat moved within
-  // agent_timeout_ms; fewer when fewer are.
-  std::vector<int> pick(int64_t now_ns, size_t count) const;
+  // agent_timeout_ms (and kept moving for `settled_ns` at least: a rejoin
+  // takes no joiner that just started); fewer when fewer are.
+  std::vector<int> pick(int64_t now_ns, size_t count, int64_t settled_ns = 0) const;
+  // A standby that must never be given a node (its machine is quarantined).
+  void refuse(int standby) { standbys_.at(static_cast<size_t>(standby)).taken = true; }
   // Gives `node` to `standby` from `generation` on. The standby is taken
   // for good, whether or not it ever starts.
   void assign(int standby, int node, int64_t generation);
@@ -65,7 +73,8 @@ class StandbyPool {
   struct Standby {
     int64_t beat = -1;
     int64_t changed_ns = 0;
-    bool moved = false;  // seen to move at least once
+    bool moved = false;           // seen to move at least once
+    int64_t moving_since_ns = 0;  // without a silence of agent_timeout_ms
     bool taken = false;
   };
   CoordinatorStore& store_;
