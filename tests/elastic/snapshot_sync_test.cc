@@ -283,9 +283,29 @@ TEST_F(SnapshotRestoreTest, WithoutEveryNodesPartNobodyResumesFromASnapshot) {
   EXPECT_FALSE(a0->restore(1, 0, {0, 1})) << log_;
   EXPECT_FALSE(other.get()) << log_;
   EXPECT_FALSE(latest_checkpoint(area(0))) << "an assembled snapshot was left to resume from";
-  EXPECT_NE(log_.find("node 0: no in-memory snapshot to resume from (node 1 could not assemble "
-                      "it)"),
+  EXPECT_NE(log_.find("node 0: no in-memory snapshot to resume from (node 1's part of step 6 "
+                      "could not be fetched"),
             std::string::npos)
+      << log_;
+}
+
+TEST_F(SnapshotRestoreTest, ANodeThatCouldNotAssembleKeepsEveryNodeOffTheSnapshot) {
+  auto a0 = agent(0), a1 = agent(1);
+  a0->enter_generation(0, 0, {0, 1});
+  a1->enter_generation(0, 1, {0, 1});
+  write_part(area(0), 0, 7);
+  write_part(area(1), 1, 7);
+  replicate({a0.get(), a1.get()}, 7);
+  a0->freeze();
+  a1->freeze();
+  // Node 1 (its own restore, say, cut short) could not: node 0 assembles
+  // step 7 all the same, and still does not resume from it.
+  store_.set(restore_key(1, 1), "none");
+  EXPECT_FALSE(a0->restore(1, 0, {0, 1})) << log_;
+  EXPECT_FALSE(latest_checkpoint(area(0)));
+  EXPECT_NE(
+      log_.find("node 0: no in-memory snapshot to resume from (node 1 could not assemble it)"),
+      std::string::npos)
       << log_;
 }
 

@@ -90,6 +90,10 @@ std::optional<int64_t> newest_complete_step(CoordinatorStore& store, int64_t gen
   return least;
 }
 
+std::string written_key(int64_t generation, int node) {
+  return coordinator_key(fmt::format("gen/{}/written/{}", generation, node));
+}
+
 std::string restore_key(int64_t generation, int node) {
   return coordinator_key(fmt::format("gen/{}/restore/{}", generation, node));
 }
@@ -255,8 +259,19 @@ bool SnapshotSync::caught_up(int64_t step, int64_t now_ns) {
 }
 
 void SnapshotSync::freeze() {
+  if (frozen_) return;
   frozen_ = true;
   sender_.reset();
+  // What the node's owner can serve at the restart, replicated or not (a
+  // failure can come before the first record: steps faster than a tick).
+  try {
+    const std::vector<int64_t> steps = node_part_steps(options_.area);
+    if (!steps.empty()) {
+      options_.store->set(written_key(generation_, node_), std::to_string(steps.back()));
+    }
+  } catch (const Error& e) {
+    log(fmt::format("snapshot parts of node {}: {}", node_, e.what()));
+  }
 }
 
 std::string SnapshotSync::assemble(int64_t failed, int64_t step, const std::vector<int>& members,
@@ -328,21 +343,26 @@ std::optional<int64_t> SnapshotSync::restore(int64_t generation, int node,
     const std::vector<int> failed_members = members_of(*options_.store, failed, options_.nnodes);
     std::optional<int64_t> least, most;
     for (const int m : failed_members) {
-      const std::optional<int64_t> step = read_snapshot_step(*options_.store, failed, m);
+      std::optional<int64_t> step = read_snapshot_step(*options_.store, failed, m);
+      const std::string key = written_key(failed, m);
+      if (const auto written = options_.store->try_get(key)) {
+        const int64_t w = detail::parse_count(key, *written);
+        step = step ? std::max(*step, w) : w;
+      }
       if (!step) {
-        why = fmt::format("node {} recorded no replicated snapshot in generation {}", m, failed);
+        why = fmt::format("node {} recorded no snapshot part in generation {}", m, failed);
         least.reset();
         break;
       }
       least = least ? std::min(*least, *step) : *step;
       most = most ? std::max(*most, *step) : *step;
     }
-    // Newest first, from one past the newest record (a part written whose
-    // record the failure cut short: its owner still serves it) down to the
-    // step complete everywhere. The same steps on every node, tried against
-    // the same sources, so every node reaches the same one.
+    // Newest first, from the newest part any member wrote (a live owner
+    // serves it, replicated or not) down to the least: the same steps on
+    // every node, tried against the same sources, so every node reaches the
+    // same one.
     unreachable_.clear();
-    for (int64_t step = least ? *most + 1 : -1; least && step >= *least; --step) {
+    for (int64_t step = least ? *most : -1; least && step >= *least; --step) {
       const std::string failure = assemble(failed, step, failed_members, node);
       if (failure.empty()) {
         chosen = step;
@@ -375,7 +395,7 @@ std::optional<int64_t> SnapshotSync::restore(int64_t generation, int node,
     agreed = chosen;
     for (const auto& [m, value] : said) {
       if (value == "none") {
-        if (m != node) why = fmt::format("node {} could not assemble it", m);
+        if (m != node && chosen) why = fmt::format("node {} could not assemble it", m);
         agreed.reset();
       } else if (!chosen || value != std::to_string(*chosen)) {
         if (chosen) why = fmt::format("node {} assembled step {}, this node {}", m, value, *chosen);

@@ -5,6 +5,10 @@
 //   gen/<g>/snapshot/<node>   the newest step of node's snapshot part
 //                             (ckpt/node_part.h) that is written in its
 //                             area AND kept by its peer, in generation g
+//   gen/<g>/written/<node>    the newest part written, once g's workers
+//                             are gone (its owner serves it, kept or not)
+//   gen/<g>/restore/<node>    the step node assembled for its restart
+//                             into generation g, or "none"
 // Nodes are named by their original ranks (a standby that took node n's
 // place is node n). Each agent writes only its own node's keys.
 //
@@ -15,8 +19,7 @@
 // the generation that failed, assembled from every member's part; a lost
 // member's part comes from the replica its peer keeps.
 //
-// Each step of the restart agreement (gen/<g>/restore/<node>: the step
-// that node assembled for generation g, or "none") keeps every node's
+// The restart's agreement (gen/<g>/restore/<node>) keeps every node's
 // workers on the same state: they resume from the snapshot only when every
 // member of g assembled the same step, else every one from the newest disk
 // checkpoint (the run directory is shared, so they find the same one).
@@ -77,6 +80,10 @@ std::optional<int64_t> newest_complete_step(CoordinatorStore& store, int64_t gen
                                             const std::vector<int>& members);
 
 std::string restore_key(int64_t generation, int node);
+// gen/<g>/written/<node>: the newest part the node's workers committed in
+// g, written by its agent once g's workers are gone (its owner serves it
+// at the restart even if no peer keeps it yet).
+std::string written_key(int64_t generation, int node);
 
 // The nodes of generation g: gen/<k>/members of the newest k <= g that has
 // one, else all nnodes (no generation left a node out).
@@ -124,7 +131,8 @@ class SnapshotSync {
   // newest the peer keeps.
   void tick();
   // The generation's workers are gone: nothing more is offered or recorded,
-  // so every agent reads the same records at the restart.
+  // so every agent reads the same records at the restart; the newest part
+  // written is published (written_key).
   void freeze();
   // The newest step recorded for this node in the current generation (-1).
   int64_t recorded_step() const { return recorded_; }
@@ -137,10 +145,11 @@ class SnapshotSync {
   bool caught_up(int64_t step, int64_t now_ns);
 
   // Before generation g's workers start (g - 1 failed), on every member of
-  // g: gathers every g - 1 member's part of the newest step they all
-  // recorded (a node's own from its area, the others' from their owners'
-  // servers, a lost node's from its peer's replica; older recorded steps
-  // are tried next), assembles it into the area as a checkpoint, and agrees
+  // g: gathers every g - 1 member's part of the newest step whose every
+  // part can be had (a node's own from its area, the others' from their
+  // owners' servers, a lost node's from its peer's replica; the steps
+  // tried run from the newest any member recorded or wrote down to the
+  // least of the members' newest), assembles it into the area as a checkpoint, and agrees
   // with the other members of g. Returns the step when every one of them
   // assembled that step; otherwise null, with the reason in one log line,
   // and no assembled snapshot left in the area, so the workers resume from
