@@ -222,6 +222,11 @@ TEST_F(SnapshotRestoreTest, EveryNodeRestartsInPlaceFromTheNewestStepCompleteEve
   EXPECT_EQ(other.get(), 4) << log_;
   expect_state(area(0), 4);
   expect_state(area(1), 4);
+  // The parts are the old branch's (node 1's of step 4 was never
+  // replicated, its step 5 would be another history): none is left to be
+  // offered or assembled in generation 1.
+  EXPECT_TRUE(node_part_steps(area(0)).empty());
+  EXPECT_TRUE(node_part_steps(area(1)).empty());
 }
 
 TEST_F(SnapshotRestoreTest, AStandbyGetsTheLostNodesPartFromItsPeersReplica) {
