@@ -341,7 +341,8 @@ std::optional<int64_t> SnapshotSync::restore(int64_t generation, int node,
   std::string why;
   try {
     const std::vector<int> failed_members = members_of(*options_.store, failed, options_.nnodes);
-    std::optional<int64_t> least, most;
+    // -1: no step (every member's part is needed); most < least: none.
+    int64_t least = -1, most = -2;
     for (const int m : failed_members) {
       std::optional<int64_t> step = read_snapshot_step(*options_.store, failed, m);
       const std::string key = written_key(failed, m);
@@ -351,18 +352,18 @@ std::optional<int64_t> SnapshotSync::restore(int64_t generation, int node,
       }
       if (!step) {
         why = fmt::format("node {} recorded no snapshot part in generation {}", m, failed);
-        least.reset();
+        most = -2;
         break;
       }
-      least = least ? std::min(*least, *step) : *step;
-      most = most ? std::max(*most, *step) : *step;
+      least = least < 0 ? *step : std::min(least, *step);
+      most = std::max(most, *step);
     }
     // Newest first, from the newest part any member wrote (a live owner
     // serves it, replicated or not) down to the least: the same steps on
     // every node, tried against the same sources, so every node reaches the
     // same one.
     unreachable_.clear();
-    for (int64_t step = least ? *most : -1; least && step >= *least; --step) {
+    for (int64_t step = most; step >= 0 && step >= least; --step) {
       const std::string failure = assemble(failed, step, failed_members, node);
       if (failure.empty()) {
         chosen = step;
