@@ -10,6 +10,7 @@
 #include "brigade/core/trace.h"
 
 namespace brigade {
+namespace fs = std::filesystem;
 
 AsyncCheckpointWriter::AsyncCheckpointWriter(int64_t commit_timeout_ms)
     : commit_timeout_ms_(commit_timeout_ms) {}
@@ -130,11 +131,17 @@ void AsyncCheckpointWriter::run(const Save& save) {
   stats_.bytes = write_checkpoint_shard(
       save.root, save.step, save.rank,
       ParamLayout(save.config, save.tp_rank, save.tp_size, save.layers), pieces_, save.writing);
-  if (save.rank != 0) return;
+  if (!save.commits()) return;
   set_state(State::kWaiting);
   const int64_t deadline = now_ns() + commit_timeout_ms_ * 1'000'000;
+  const int first = save.part ? save.part->first_rank : 0;
+  const int count = save.part ? save.part->ranks : save.num_shards;
   for (;;) {
-    const int missing = missing_checkpoint_shards(save.root, save.step, save.num_shards);
+    int missing = -1;
+    for (int r = first; r < first + count && missing < 0; ++r) {
+      fs::path index = partial_shard_path(save.root, save.step, r);
+      if (!fs::exists(index.replace_extension(".json"))) missing = r;
+    }
     if (missing < 0) break;
     if (abort_.load(std::memory_order_acquire)) {
       throw_error("checkpoint of step {}: given up while waiting for rank {}'s shard", save.step,
@@ -147,6 +154,15 @@ void AsyncCheckpointWriter::run(const Save& save) {
           save.step, missing, commit_timeout_ms_);
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  if (save.part) {
+    NodePart part = *save.part;
+    part.step = save.step;
+    part.num_shards = save.num_shards;
+    part.config = save.config;
+    if (save.rank == 0) part.header = save.header;
+    commit_node_part(save.root, part, save.keep, save.writing.recycle);
+    return;
   }
   commit_checkpoint(save.root, save.step, save.num_shards, save.config, save.header);
   // The step is committed: a prune that fails leaves an old step too many,

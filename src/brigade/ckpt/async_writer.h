@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "brigade/ckpt/checkpoint.h"
+#include "brigade/ckpt/node_part.h"
 
 namespace brigade {
 
@@ -57,6 +58,14 @@ class AsyncCheckpointWriter {
     // k be taken while step k+1's forward and backward run (they read the
     // parameters and moments; only the optimizer's update writes them).
     bool staged = true;
+    // An in-memory snapshot across nodes (ckpt/node_part.h): the node's
+    // ranks [part->first_rank, + part->ranks) are committed as the node's
+    // part by the lowest of them, the node's committer, instead of the
+    // whole step by rank 0 (each node's area is its own memory). Its
+    // node, first_rank and ranks are read; the rest comes from this Save.
+    std::optional<NodePart> part;
+    // The rank that clears the step's directory (phase 1) and commits.
+    bool commits() const { return part ? rank == part->first_rank : rank == 0; }
   };
   // Waits for the previous save (rethrowing its error), copies the pieces'
   // data (if staged), and returns once the background write has started.

@@ -232,6 +232,13 @@ void run_train(const std::string& config_path, const std::vector<std::string>& o
   if (const char* dir = std::getenv(elastic::kSnapshotDirVariable);
       dir != nullptr && launched_worker()) {
     options.snapshot_dir = dir;
+    if (const char* parts = std::getenv(elastic::kSnapshotPartsVariable);
+        parts != nullptr && std::strcmp(parts, "1") == 0) {
+      // A node's workers are consecutive world ranks.
+      const WorldEnvironment world = read_world_environment();
+      const int first = world.world_rank - world.local_rank;
+      options.snapshot_part = {first / world.local_world_size, first, world.local_world_size};
+    }
   }
   const bool first_rank = !launched_worker() || read_world_environment().world_rank == 0;
   if (first_rank) check_run_dir_is_free(options);

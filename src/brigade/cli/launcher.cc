@@ -19,6 +19,7 @@
 #include <utility>
 
 #include "brigade/cli/launch_nodes.h"
+#include "brigade/cli/launch_snapshots.h"
 #include "brigade/cli/rdzv_backend.h"
 #include "brigade/comm/tcp_store.h"
 #include "brigade/core/clock.h"
@@ -28,7 +29,6 @@
 #include "brigade/diag/prometheus.h"
 #include "brigade/diag/root_cause.h"
 #include "brigade/elastic/agent.h"
-#include "brigade/elastic/snapshots.h"
 #include "brigade/elastic/worker_group.h"
 
 extern char** environ;
@@ -561,18 +561,7 @@ int run_launch(const LaunchOptions& o) {
   // (kCoordinatorCallTimeoutMs), through the same token check.
   if (o.nnodes > 1) agent.store = &coordination.open(master.host, master.port);
   agent.diagnose = [](const std::filesystem::path& dir) { return diag::diagnose_incident(dir); };
-  // In-memory snapshots exist to be restarted from: only with restarts, and
-  // on one node (elastic/snapshots.h).
-  const std::optional<elastic::SnapshotArea> snapshots =
-      agent.brigade_train && o.max_restarts > 0 && o.nnodes == 1 ? elastic::SnapshotArea::create()
-                                                                 : std::nullopt;
-  if (snapshots) {
-    agent.snapshot_dir = snapshots->path().string();
-    agent.environment.set(elastic::kSnapshotDirVariable, agent.snapshot_dir);
-  } else {
-    // Only this agent's own area; never one the user's environment names.
-    agent.environment.unset(elastic::kSnapshotDirVariable);
-  }
+  const LaunchSnapshots snapshots = set_up_snapshots(o, agent, master.host, master.port, token);
   int exit_status = 0;
   {
     const elastic::BlockedSignals blocked;

@@ -15,6 +15,7 @@
 #include "brigade/elastic/fault_injection.h"
 #include "brigade/elastic/heartbeat.h"
 #include "brigade/elastic/incident_evidence.h"
+#include "brigade/elastic/snapshot_sync.h"
 
 namespace brigade::elastic {
 namespace fs = std::filesystem;
@@ -87,12 +88,17 @@ int Agent::run(const sigset_t& child_mask) {
   if (options_.standby) {
     int status = 0;
     if (!wait_for_a_node(&status)) return status;
+    restore_snapshot();
   }
   if (options_.chaos) {
     chaos_.emplace(*options_.chaos, options_.node_rank, options_.nnodes);
     chaos_->start(start_ns_);
   }
   for (;;) {
+    if (options_.snapshot_sync) {
+      options_.snapshot_sync->enter_generation(generation_, options_.node_rank,
+                                               coordinator_->members());
+    }
     HeartbeatTable table(options_.nproc_per_node, generation_);
     hold_for_node_faults(table);
     Environment env = options_.environment;
@@ -120,6 +126,7 @@ int Agent::run(const sigset_t& child_mask) {
                         options_.nproc_per_node, child_mask, table.fd());
       outcome = supervise(group, table);
     }
+    if (options_.snapshot_sync) options_.snapshot_sync->freeze();
     end_generation(table);
     if (coordinator_) outcome = settle_generation(outcome);
     if (outcome == Outcome::kFailed && will_restart_) {
@@ -132,6 +139,7 @@ int Agent::run(const sigset_t& child_mask) {
       const bool rejoin = failure_->kind == "rejoin";
       if (!rejoin) ++restarts_;
       ++generation_;
+      restore_snapshot();
       std::string from;
       if (const auto point = resume_point()) {
         from = fmt::format(" from the {} of step {}",
@@ -228,6 +236,7 @@ Agent::Outcome Agent::supervise(WorkerGroup& group, const HeartbeatTable& table)
     if (generation_ > 0) check_recovery(table);
     publish_status(group, table);
     learn_run_dir(table);
+    if (options_.snapshot_sync && !group.stopping()) options_.snapshot_sync->tick();
     if (coordinator_) follow_job(coordinator_->poll(now_ns()), &group);
     if (group.stopping()) {
       table.hold_after(0);  // a held worker would not see its signal

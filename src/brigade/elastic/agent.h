@@ -41,13 +41,15 @@
 // generation g+1 for all nodes at once while restarts are left
 // (max_restarts counts the job's restarts, not one node's), and every
 // agent starts its workers again in place, at the same world size, from the
-// run directory's newest checkpoint. In-memory snapshots stay one node only
-// (elastic/snapshots.h), so a multi-node job has none. A node whose agent
+// newer of the run directory's newest checkpoint and the newest in-memory
+// snapshot every node assembled (options.snapshot_sync,
+// elastic/snapshot_sync.h: each node's part, replicated to a peer agent,
+// gathered from the live nodes and a lost one's peer). A node whose agent
 // stops beating (dead, or cut off the network) is lost within about 2 s:
 // a standby node's agent (options.standby), which runs no workers and
 // waits, takes its node rank in the next generation if the coordinator
 // gives it (elastic/standby.h), and runs that node's workers from the
-// newest checkpoint; with none free the job goes on with the live nodes
+// newest checkpoint or snapshot; with none free the job goes on with the live nodes
 // if at least options.min_nnodes are left (`--nnodes MIN:MAX`: each agent
 // renumbers its workers by its node's place among them, GROUP_RANK, RANK
 // and WORLD_SIZE, and a `brigade train` keeps its global batch with dp
@@ -84,6 +86,8 @@ class Config;
 
 namespace brigade::elastic {
 
+class SnapshotSync;
+
 // The longest the agent's loop sleeps before it looks around again: the
 // watchdog's resolution, and how often the coordinator is polled.
 inline constexpr int64_t kAgentTickMs = 100;
@@ -117,6 +121,10 @@ struct AgentOptions {
   // Where the workers write in-memory snapshots (elastic/snapshots.h), also
   // in `environment`; empty: none.
   std::string snapshot_dir;
+  // Multi-node: replicates this node's snapshot parts and gathers every
+  // node's at a restart (elastic/snapshot_sync.h); null: no snapshots
+  // across nodes. The launcher owns it.
+  SnapshotSync* snapshot_sync = nullptr;
   // After a failure with no restart left, how long the others get to exit
   // on SIGTERM before SIGKILL.
   int64_t failure_grace_ms = 5'000;
@@ -232,6 +240,10 @@ class Agent {
   // Numbers this node's workers among the nodes of the generation the
   // coordinator opened (fewer after a node was left out).
   void take_membership();
+  // Multi-node, before a restarted generation's workers start: every
+  // node's part of the newest snapshot complete everywhere, assembled in
+  // this node's area (options_.snapshot_sync), if every node could.
+  void restore_snapshot();
   // A `brigade train` on fewer nodes than it started on: the --set
   // arguments that keep its global batch (empty on every node).
   std::vector<std::string> fewer_nodes_args() const;

@@ -12,6 +12,7 @@
 #include "brigade/core/clock.h"
 #include "brigade/core/error.h"
 #include "brigade/elastic/agent.h"
+#include "brigade/elastic/snapshot_sync.h"
 
 namespace brigade::elastic {
 namespace {
@@ -111,10 +112,14 @@ void Agent::raise_node_fault(WorkerGroup& group, const HeartbeatTable& table) {
         fault.generation != generation_) {
       continue;
     }
-    // Once every worker of the node completed the step.
+    // Once every worker of the node completed the step, and its snapshot
+    // of it (if any) is replicated: what a fault at that step would find.
     bool due = true;
     for (int r = 0; r < table.slots() && due; ++r) due = table.read(r).step >= fault.step;
     if (!due) continue;
+    if (options_.snapshot_sync && !options_.snapshot_sync->caught_up(fault.step, now_ns())) {
+      continue;
+    }
     node_fault_raised_[i] = true;
     std::fprintf(stderr,
                  "brigade launch: injecting %s on node %d after step %lld (generation %lld)\n",
@@ -284,6 +289,11 @@ void Agent::take_membership() {
   // A standby's given node; a node's own rank, as the incidents name it.
   options_.environment.set("BRIGADE_NODE", std::to_string(options_.node_rank));
   options_.environment.set("WORLD_SIZE", std::to_string(count * options_.nproc_per_node));
+}
+
+void Agent::restore_snapshot() {
+  if (!options_.snapshot_sync || generation_ == 0) return;
+  options_.snapshot_sync->restore(generation_, options_.node_rank, coordinator_->members());
 }
 
 std::vector<std::string> Agent::fewer_nodes_args() const {

@@ -24,6 +24,7 @@
 
 #include "brigade/ckpt/checkpoint.h"
 #include "brigade/ckpt/manifest.h"
+#include "brigade/ckpt/node_part.h"
 #include "brigade/comm/socket_io.h"
 #include "brigade/comm/store_protocol.h"
 #include "brigade/core/clock.h"
@@ -301,8 +302,9 @@ void ReplicaServer::handle(int fd, const std::string& peer, const std::string& f
       throw Refusal{fmt::format("node {}: this job has nodes 0 to {}", node, options_.nodes - 1)};
     }
     if (op == static_cast<uint8_t>(PeerOp::kGet)) {
+      const int64_t step = d.i64();
       d.end();
-      serve_get(link, static_cast<int>(node), peer);
+      serve_get(link, static_cast<int>(node), step, peer);
     } else if (op == static_cast<uint8_t>(PeerOp::kPut)) {
       const int64_t generation = d.i64();
       const int64_t step = d.i64();
@@ -334,17 +336,41 @@ void ReplicaServer::handle(int fd, const std::string& peer, const std::string& f
   active_fd_ = -1;
 }
 
-void ReplicaServer::serve_get(const Link& link, int node, const std::string& peer) {
-  const fs::path dir = kept_dir(node);
+void ReplicaServer::serve_own(int node, fs::path parts_root) {
+  std::lock_guard lock(mutex_);
+  own_node_ = node;
+  own_parts_ = std::move(parts_root);
+}
+
+void ReplicaServer::serve_get(const Link& link, int node, int64_t step, const std::string& peer) {
+  fs::path dir, own_parts;
+  {
+    std::lock_guard lock(mutex_);
+    if (node == own_node_) own_parts = own_parts_;
+  }
+  if (!own_parts.empty()) {
+    const std::vector<int64_t> steps = node_part_steps(own_parts);
+    const int64_t wanted = step >= 0 ? step : steps.empty() ? -1 : steps.back();
+    if (wanted >= 0 && std::find(steps.begin(), steps.end(), wanted) != steps.end()) {
+      dir = node_part_directory(own_parts, wanted);
+    }
+  } else {
+    dir = kept_dir(node);
+    if (!dir.empty() && step >= 0 && checkpoint_step(dir) != step) dir.clear();
+  }
   if (dir.empty()) {
-    send_status(link, sp::Status::kError, fmt::format("it keeps no replica of node {}", node));
+    const std::string of_step = step >= 0 ? fmt::format(" of step {}", step) : "";
+    send_status(link, sp::Status::kError,
+                own_parts.empty()
+                    ? fmt::format("it keeps no replica of node {}{}", node, of_step)
+                    : fmt::format("it holds no part of its own node {}{}", node, of_step));
     return;
   }
   const std::vector<FileEntry> files = list_files(dir);
   write_all(link, sp::Encoder()
                       .status(sp::Status::kOk)
                       .str("")
-                      .i64(checkpoint_step(dir))
+                      .i64(step >= 0 ? step : checkpoint_step(fs::path(dir).replace_extension()))
                       .u32(static_cast<uint32_t>(files.size()))
                       .frame());
   try {
@@ -427,22 +453,26 @@ void send_replica(const std::string& host, uint16_t port, const std::string& tok
 }
 
 int64_t fetch_replica(const std::string& host, uint16_t port, const std::string& token, int node,
-                      const fs::path& dest_root, int64_t max_bytes, int64_t timeout_ms) {
+                      const fs::path& dest_root, int64_t max_bytes, int64_t timeout_ms,
+                      int64_t step) {
   Connection c;
   open_connection(c, host, port, token, timeout_ms, nullptr);
   std::string payload;
   expect_ok(c, payload);
   const fs::path incoming = dest_root / fmt::format(".fetching-node-{}", node);
   try {
-    write_all(c.link, sp::Encoder().u8(static_cast<uint8_t>(PeerOp::kGet)).i64(node).frame());
+    write_all(c.link,
+              sp::Encoder().u8(static_cast<uint8_t>(PeerOp::kGet)).i64(node).i64(step).frame());
     std::string reply;
     sp::Decoder d = expect_ok(c, reply);
-    const int64_t step = d.i64();
+    const int64_t sent = d.i64();
     const uint32_t count = d.u32();
     d.end();
-    if (step < 0 || count == 0 || count > kMaxFiles) {
-      throw Error(fmt::format("{} sent step {} with {} files", c.where, step, count));
+    if (sent < 0 || (step >= 0 && sent != step) || count == 0 || count > kMaxFiles) {
+      throw Error(fmt::format("{} sent step {} with {} files (asked for step {})", c.where, sent,
+                              count, step));
     }
+    step = sent;
     fs::remove_all(incoming);
     fs::create_directories(incoming);
     int64_t budget = max_bytes;

@@ -31,9 +31,13 @@
 //              client -> per file: str name, i64 bytes, i64 xxh64, then
 //              `bytes` raw bytes after that frame
 //              server -> status message    (kOk: kept)
-//   get        client -> u8 2, i64 node
+//   get        client -> u8 2, i64 node, i64 step (-1: the newest)
 //              server -> status message i64 step u32 files, then per file
-//              as in put
+//              as in put; kError when it holds no such part or replica
+// A get of the server's own node (serve_own) is served from that node's
+// snapshot parts in its area (ckpt/node_part.h), so a restart gathers every
+// live node's part from its owner and a lost node's from its peer's
+// replica.
 // The server reads many connections' handshakes at once, in one poll loop:
 // a connection that has not shown the job's token within 2 s is closed,
 // however it spaces its bytes, so strangers never hold the server. Once
@@ -48,16 +52,8 @@
 // promptly: the poll loop watches a stop pipe, and a transfer in flight has
 // its socket shut down.
 //
-// Not wired into the agent yet: multi-node jobs take no snapshots at all
-// (cli/launcher.cc creates a SnapshotArea for one node only), since the
-// commit protocol has rank 0 wait for every shard in its own directory and
-// each node's area is its own memory. Loading needs every rank's shard (each
-// rank holds a slice of every bucket), so a restart from snapshot s needs
-// every node's part of s on every node: its own from its area, the others'
-// from their nodes' servers, and a lost node's from the replica its peer
-// keeps. The job's step s is complete once every node's part of s is
-// written and replicated; a restart resumes from the newest step complete
-// everywhere, or the newest disk checkpoint if that is newer.
+// The agent's use of it (what is sent when, to whom, and how a restart
+// gathers the parts) is elastic/snapshot_sync.h's.
 #pragma once
 
 #include <condition_variable>
@@ -113,6 +109,10 @@ class ReplicaServer {
   int64_t kept_step(int node) const;
   // Where node's kept replica is (empty when none).
   std::filesystem::path kept_dir(int node) const;
+  // From now on a get of `node` is served from the snapshot parts under
+  // parts_root (this agent's area), not from a replica: the agent runs
+  // that node (a standby once it took the node's place).
+  void serve_own(int node, std::filesystem::path parts_root);
 
  private:
   struct Kept {
@@ -123,7 +123,7 @@ class ReplicaServer {
   void serve();
   // One connection whose handshake frame (its payload) arrived.
   void handle(int fd, const std::string& peer, const std::string& frame);
-  void serve_get(const replica_wire::Link& link, int node, const std::string& peer);
+  void serve_get(const replica_wire::Link& link, int node, int64_t step, const std::string& peer);
   void serve_put(const replica_wire::Link& link, int node, int64_t generation, int64_t step,
                  uint32_t count, const std::string& peer, const std::filesystem::path& incoming);
   void log(const std::string& line) const;
@@ -137,6 +137,8 @@ class ReplicaServer {
   int64_t newest_generation_ = -1;  // of any replica kept
   bool stopping_ = false;
   int active_fd_ = -1;  // the transfer in flight, shut down by the destructor
+  int own_node_ = -1;
+  std::filesystem::path own_parts_;
   std::thread thread_;
 };
 
@@ -148,9 +150,9 @@ void send_replica(const std::string& host, uint16_t port, const std::string& tok
                   int64_t generation, int64_t step, const std::filesystem::path& dir,
                   int64_t timeout_ms = 10'000);
 
-// Fetches node `node`'s newest replica from the server and returns its
-// step; every file's checksum is checked as it arrives. The files arrive in
-// a directory of their own under dest_root, then join
+// Fetches node `node`'s replica (or, from the node's own server, its part)
+// of `step` (-1: the newest) from the server and returns its step; every file's checksum is checked
+// as it arrives. The files arrive in a directory of their own under dest_root, then join
 // step_directory(dest_root, step) (ckpt/checkpoint.h), which may hold other
 // nodes' parts of that step already: nothing there is deleted or replaced.
 // Throws Error when the server has none, refuses, sends more than max_bytes
@@ -159,7 +161,7 @@ void send_replica(const std::string& host, uint16_t port, const std::string& tok
 // (nothing of it is left in dest_root then).
 int64_t fetch_replica(const std::string& host, uint16_t port, const std::string& token, int node,
                       const std::filesystem::path& dest_root, int64_t max_bytes,
-                      int64_t timeout_ms = 10'000);
+                      int64_t timeout_ms = 10'000, int64_t step = -1);
 
 // Sends this node's newest snapshot part to its peer's ReplicaServer on a
 // thread of its own, so the workers' steps never wait for the network:

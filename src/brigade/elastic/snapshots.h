@@ -10,9 +10,11 @@
 // step; only the newest complete snapshot is kept. Reusing the checkpoint
 // format means a snapshot loads under any layout and verifies like one.
 //
-// One node only for now: the commit protocol needs every shard in one
-// directory, and each node has its own memory. Across nodes, snapshots need
-// replication to a peer agent (issue 14, scope 4), which is still to come.
+// Across nodes each node's area is its own memory, so each node commits its
+// own part of a snapshot (ckpt/node_part.h), its agent replicates the part
+// to a peer node's agent, and a restart gathers every node's part of one
+// step and assembles it into a checkpoint in each area
+// (elastic/snapshot_sync.h).
 #pragma once
 
 #include <cstdint>
@@ -23,6 +25,9 @@ namespace brigade::elastic {
 
 // Where the agent tells its workers to write snapshots.
 inline constexpr char kSnapshotDirVariable[] = "BRIGADE_SNAPSHOT_DIR";
+// Set ("1") by a multi-node job's agent: each node's workers commit their
+// node's part of a snapshot (ckpt/node_part.h): its workers' world ranks.
+inline constexpr char kSnapshotPartsVariable[] = "BRIGADE_SNAPSHOT_PARTS";
 
 // A private (0700) directory under `parent`, removed with everything in it
 // when this goes away, and locked (flock) while it exists: creating one

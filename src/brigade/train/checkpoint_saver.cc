@@ -77,13 +77,14 @@ void CheckpointSaver::start(AsyncCheckpointWriter::Save save,
   // removes the directory rank 0 created.
   root_ = save.root;
   step_ = save.step;
+  committer_ = save.commits();
   in_flight_ = true;
   // Phase 1: rank 0 has cleared the step's directory, and every rank knows
   // it before writing into it. The ranks agree on whether it could (a full
   // file system): one rank throwing alone would leave the others waiting.
   double failed = 0;
   std::string why;
-  if (rank_ == 0) {
+  if (committer_) {
     try {
       begin_checkpoint(save.root, save.step);
     } catch (const Error& e) {
@@ -95,7 +96,7 @@ void CheckpointSaver::start(AsyncCheckpointWriter::Save save,
   if (failed != 0) {
     in_flight_ = false;
     throw_error("save of step {} could not start: {}", save.step,
-                rank_ == 0 ? why : "rank 0 could not prepare " + save.root.string());
+                committer_ ? why : "a rank could not prepare " + save.root.string());
   }
   writer_.start(std::move(save), pieces);
 }
@@ -124,7 +125,7 @@ bool CheckpointSaver::settle(const std::vector<int32_t>& states) {
   // nothing writes into it afterwards.
   writer_.abort();
   if (group_) group_->barrier()->wait();
-  if (rank_ == 0) abandon_checkpoint(root_, step_);
+  if (committer_) abandon_checkpoint(root_, step_);
   in_flight_ = false;
   std::string who;
   for (int r : failed) {
@@ -169,7 +170,7 @@ void CheckpointSaver::wait() {
 void CheckpointSaver::abandon() {
   if (!in_flight_) return;
   writer_.abort();
-  if (rank_ == 0) abandon_checkpoint(root_, step_);
+  if (committer_) abandon_checkpoint(root_, step_);
   in_flight_ = false;
 }
 

@@ -82,6 +82,9 @@ class CheckpointSaver {
   bool in_flight_ = false;
   std::filesystem::path root_;
   int64_t step_ = 0;
+  // This rank clears and commits the save in flight (rank 0, or a node's
+  // committer of a snapshot part).
+  bool committer_ = false;
   // The stats of a save that wait() completed, for the next poll().
   std::optional<AsyncCheckpointWriter::Stats> completed_;
 };

@@ -70,6 +70,14 @@ struct TrainOptions {
   // forward and backward.
   int64_t snapshot_every = 0;
   std::string snapshot_dir;
+  // Across nodes each node's snapshot is its own part (ckpt/node_part.h):
+  // this worker's node (its rank in this generation), and its world ranks
+  // [first_rank, first_rank + ranks). ranks 0: one node, whole snapshots.
+  struct SnapshotPart {
+    int node = 0;
+    int first_rank = 0;
+    int ranks = 0;
+  } snapshot_part;
   // Steps between the data-parallel replicas' comparison of their
   // parameters (and under ZeRO 0 Adam moments; train/silent_corruption.h;
   // 0: none, and none under ZeRO 3, which keeps no replica), which also

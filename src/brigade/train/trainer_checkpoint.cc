@@ -155,6 +155,17 @@ void Trainer::start_save(CheckpointSaver& saver, const fs::path& root, int64_t k
     // waits for it before the update): ckpt/checkpoint.h, ShardWriting.
     save.writing = {.recycle = true, .checksum = false};
     save.staged = false;
+    if (options_.snapshot_part.ranks > 0) {
+      NodePart part;
+      part.node = options_.snapshot_part.node;
+      part.first_rank = options_.snapshot_part.first_rank;
+      part.ranks = options_.snapshot_part.ranks;
+      save.part = part;
+      // The nodes commit their parts at slightly different times: a
+      // restart assembles the newest step every node holds, which may be
+      // the one before a node's newest.
+      save.keep = keep + 1;
+    }
   }
   if (world_rank() == 0) {
     save.header = {{{"dp", dp_size()}, {"tp", tp_size()}, {"pp", pp_size()}, {"zero", zero_}},

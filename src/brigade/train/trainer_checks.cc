@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "brigade/ckpt/checkpoint.h"
+#include "brigade/ckpt/node_part.h"
 #include "brigade/comm/communicator.h"
 #include "brigade/core/error.h"
 #include "brigade/data/dataset.h"
@@ -27,8 +28,13 @@ bool Trainer::replica_checks_on() const {
 
 void Trainer::discard_saves(int64_t step) {
   abandon_checkpoint();
-  if (world_rank() != 0) return;
   std::error_code ec;
+  // Across nodes, each node's committer drops its node's part.
+  if (snapshot_saver_ && options_.snapshot_part.ranks > 0 &&
+      world_rank() == options_.snapshot_part.first_rank) {
+    fs::remove_all(node_part_directory(options_.snapshot_dir, step), ec);
+  }
+  if (world_rank() != 0) return;
   if (snapshot_saver_) fs::remove_all(step_directory(options_.snapshot_dir, step), ec);
   fs::remove_all(step_directory(fs::path(options_.run_dir) / "checkpoints", step), ec);
 }

@@ -1,0 +1,325 @@
+// The agents' agreement about in-memory snapshots across nodes
+// (elastic/snapshot_sync.h): replication peers after a shrink, the
+// completion records in a real TcpStore, and malformed values refused
+// naming their key.
+#include "brigade/elastic/snapshot_sync.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <future>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "brigade/ckpt/node_part.h"
+#include "brigade/comm/tcp_store.h"
+#include "brigade/core/config.h"
+#include "brigade/core/error.h"
+#include "brigade/elastic/coordinator_keys.h"
+#include "brigade/parallel/grad_buckets.h"
+#include "testing/temp_dir.h"
+
+namespace brigade::elastic {
+namespace BRIGADE_TEST_FILE {
+
+constexpr char kToken[] = "snapshot-sync-test-token";
+
+class SnapshotSyncTest : public ::testing::Test {
+ protected:
+  TcpStoreServer server_{"127.0.0.1", 0, kToken};
+  TcpStore client_{"127.0.0.1", server_.port(), kToken, 2'000};
+  TcpCoordinatorStore store_{client_};
+
+  // The refusal's message, which must name the key; empty when accepted.
+  template <typename F>
+  std::string refusal(F&& read) {
+    try {
+      read();
+    } catch (const MalformedValue& e) {
+      return e.what();
+    }
+    return "";
+  }
+};
+
+TEST(ReplicaPeer, IsTheNextMemberNotTheNextNumber) {
+  // Three nodes: a ring.
+  EXPECT_EQ(replica_peer({0, 1, 2}, 0), 1);
+  EXPECT_EQ(replica_peer({0, 1, 2}, 2), 0);
+  EXPECT_EQ(replica_source({0, 1, 2}, 0), 2);
+  EXPECT_EQ(replica_source({0, 1, 2}, 1), 0);
+  // Node 1 left out after a shrink: 0 replicates to 2, and 2 back to 0.
+  EXPECT_EQ(replica_peer({0, 2}, 0), 2);
+  EXPECT_EQ(replica_peer({0, 2}, 2), 0);
+  EXPECT_EQ(replica_source({0, 2}, 2), 0);
+  // Four nodes, 2 lost: 1's peer is 3.
+  EXPECT_EQ(replica_peer({0, 1, 3}, 1), 3);
+  EXPECT_EQ(replica_source({0, 1, 3}, 3), 1);
+  // Nobody to replicate to, or not a member (a left-out node, a standby).
+  EXPECT_EQ(replica_peer({0}, 0), -1);
+  EXPECT_EQ(replica_source({0}, 0), -1);
+  EXPECT_EQ(replica_peer({0, 2}, 1), -1);
+  EXPECT_EQ(replica_source({0, 2}, 1), -1);
+}
+
+TEST_F(SnapshotSyncTest, AStepIsCompleteOnceEveryMemberRecordedIt) {
+  const std::vector<int> members = {0, 1, 2};
+  EXPECT_FALSE(newest_complete_step(store_, 3, members));
+  publish_snapshot_step(store_, 3, 0, 7);
+  publish_snapshot_step(store_, 3, 1, 8);
+  EXPECT_FALSE(newest_complete_step(store_, 3, members)) << "node 2 has recorded nothing";
+  publish_snapshot_step(store_, 3, 2, 6);
+  EXPECT_EQ(newest_complete_step(store_, 3, members), 6);
+  publish_snapshot_step(store_, 3, 2, 9);
+  EXPECT_EQ(newest_complete_step(store_, 3, members), 7);
+  // A late, older record never moves a node's back.
+  publish_snapshot_step(store_, 3, 0, 5);
+  EXPECT_EQ(read_snapshot_step(store_, 3, 0), 7);
+  // Per generation: another generation's records do not count.
+  EXPECT_FALSE(newest_complete_step(store_, 4, members));
+  // Only the members count: node 1 left out.
+  publish_snapshot_step(store_, 4, 0, 12);
+  publish_snapshot_step(store_, 4, 2, 11);
+  EXPECT_EQ(newest_complete_step(store_, 4, {0, 2}), 11);
+}
+
+TEST_F(SnapshotSyncTest, ReplicaAddressesRoundTripAndMalformedOnesAreRefused) {
+  EXPECT_FALSE(read_replica_address(store_, 1, 1));
+  publish_replica_address(store_, 1, 1, {"10.0.0.2", 4567});
+  const auto address = read_replica_address(store_, 1, 1);
+  ASSERT_TRUE(address);
+  EXPECT_EQ(address->host, "10.0.0.2");
+  EXPECT_EQ(address->port, 4567);
+  for (const char* bad : {"10.0.0.2", "10.0.0.2:", ":80", "h:0", "h:65536", "h:80x", "h:-1"}) {
+    client_.set(replica_address_key(2, 0), bad);
+    const std::string why = refusal([&] { read_replica_address(store_, 2, 0); });
+    EXPECT_NE(why.find(replica_address_key(2, 0)), std::string::npos) << bad << ": " << why;
+  }
+}
+
+TEST_F(SnapshotSyncTest, MalformedSnapshotRecordsAreRefusedNamingTheKey) {
+  publish_snapshot_step(store_, 5, 0, 3);
+  for (const char* bad : {"", "-3", "7 steps", "x"}) {
+    client_.set(snapshot_key(5, 1), bad);
+    const std::string why = refusal([&] { newest_complete_step(store_, 5, {0, 1}); });
+    EXPECT_NE(why.find(snapshot_key(5, 1)), std::string::npos) << bad << ": " << why;
+  }
+}
+
+// Agents in one process: each a SnapshotSync over its own area and its own
+// client of one store; their "workers" are the test writing parts.
+class SnapshotRestoreTest : public SnapshotSyncTest {
+ protected:
+  static constexpr int kRanks = 4;  // 2 nodes x 2
+  static GptConfig config() {
+    Config c = Config::from_string(
+        "[model]\nn_layer = 1\nn_head = 2\nn_embd = 16\nblock_size = 8\nvocab_size = 31\n");
+    return GptConfig::from_config(c);
+  }
+  static std::vector<float> state(int kind, int64_t step) {
+    std::vector<float> v(static_cast<size_t>(ParamLayout(config()).size()));
+    for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(kind * 100000 + i + step);
+    return v;
+  }
+  std::filesystem::path area(int n) const {
+    const auto dir = temp_.path() / ("area" + std::to_string(n));
+    std::filesystem::create_directories(dir);
+    return dir;
+  }
+  std::unique_ptr<SnapshotSync> agent(int area_number) {
+    SnapshotSync::Options o;
+    o.area = area(area_number);
+    o.host = "127.0.0.1";
+    o.token = kToken;
+    o.nnodes = 2;
+    o.store = &store_;
+    o.max_bytes = 64 << 20;
+    o.io_timeout_ms = 5'000;
+    o.agree_timeout_ms = 20'000;
+    o.log = [this](const std::string& line) {
+      const std::lock_guard lock(log_mutex_);
+      log_ += line + "\n";
+    };
+    return std::make_unique<SnapshotSync>(std::move(o));
+  }
+  // Node `node`'s workers commit their part of `step` in `dir`.
+  static void write_part(const std::filesystem::path& dir, int node, int64_t step) {
+    const int64_t size = ParamLayout(config()).size();
+    const BucketPlan plan(size, kRanks, 500);
+    const auto p = state(0, step), m = state(1, step), v = state(2, step);
+    for (int r = node * 2; r < node * 2 + 2; ++r) {
+      std::vector<CheckpointPiece> pieces;
+      for (const FlatRange& s : plan.owned(r)) {
+        const int64_t end = std::min(s.end, size);
+        if (s.begin >= end) continue;
+        pieces.push_back({StateKind::kParams, s.begin, end, p.data() + s.begin});
+        pieces.push_back({StateKind::kExpAvg, s.begin, end, m.data() + s.begin});
+        pieces.push_back({StateKind::kExpAvgSq, s.begin, end, v.data() + s.begin});
+      }
+      write_checkpoint_shard(dir, step, r, ParamLayout(config()), pieces,
+                             {.recycle = true, .checksum = false});
+    }
+    NodePart part;
+    part.step = step;
+    part.node = node;
+    part.first_rank = node * 2;
+    part.ranks = 2;
+    part.num_shards = kRanks;
+    part.config = config();
+    if (node == 0) part.header = CheckpointHeader{{{"dp", kRanks}}, {{"step", step}}, "byte"};
+    commit_node_part(dir, part, 2, true);
+  }
+  // Ticks the agents until each recorded `step` (its peer keeps it).
+  static void replicate(const std::vector<SnapshotSync*>& agents, int64_t step) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    for (;;) {
+      bool all = true;
+      for (SnapshotSync* a : agents) {
+        a->tick();
+        all = all && a->recorded_step() >= step;
+      }
+      if (all) return;
+      ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "not replicated";
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  }
+  // The assembled snapshot in `dir` holds exactly step's state.
+  static void expect_state(const std::filesystem::path& dir, int64_t step) {
+    const Manifest manifest = verify_checkpoint(step_directory(dir, step), true);
+    std::vector<float> loaded(state(0, step).size());
+    load_checkpoint_state(step_directory(dir, step), manifest, config(), StateKind::kExpAvgSq,
+                          loaded.data());
+    const std::vector<float> expected = state(2, step);
+    const ParamLayout layout(config());
+    for (const ParamInfo& info : layout.params()) {
+      for (int64_t i = info.offset; i < info.offset + info.numel; ++i) {
+        ASSERT_EQ(loaded[i], expected[i]) << i;
+      }
+    }
+  }
+  testing::TempDir temp_{"snapshot_sync"};
+  std::mutex log_mutex_;
+  std::string log_;
+};
+
+TEST_F(SnapshotRestoreTest, EveryNodeRestartsInPlaceFromTheNewestStepCompleteEverywhere) {
+  auto a0 = agent(0), a1 = agent(1);
+  a0->enter_generation(0, 0, {0, 1});
+  a1->enter_generation(0, 1, {0, 1});
+  write_part(area(0), 0, 3);
+  write_part(area(1), 1, 3);
+  replicate({a0.get(), a1.get()}, 3);
+  write_part(area(0), 0, 4);
+  replicate({a0.get()}, 4);
+  // Node 1's part of 4 is written but not replicated when the job fails.
+  write_part(area(1), 1, 4);
+  a0->freeze();
+  a1->freeze();
+  EXPECT_EQ(newest_complete_step(store_, 0, {0, 1}), 3);
+  auto other = std::async(std::launch::async, [&] { return a1->restore(1, 1, {0, 1}); });
+  EXPECT_EQ(a0->restore(1, 0, {0, 1}), 4) << log_;
+  EXPECT_EQ(other.get(), 4) << log_;
+  expect_state(area(0), 4);
+  expect_state(area(1), 4);
+  // The parts are the old branch's (node 1's of step 4 was never
+  // replicated, its step 5 would be another history): none is left to be
+  // offered or assembled in generation 1.
+  EXPECT_TRUE(node_part_steps(area(0)).empty());
+  EXPECT_TRUE(node_part_steps(area(1)).empty());
+}
+
+TEST_F(SnapshotRestoreTest, AStandbyGetsTheLostNodesPartFromItsPeersReplica) {
+  auto a0 = agent(0), a1 = agent(1);
+  a0->enter_generation(0, 0, {0, 1});
+  a1->enter_generation(0, 1, {0, 1});
+  write_part(area(0), 0, 5);
+  write_part(area(1), 1, 5);
+  replicate({a0.get(), a1.get()}, 5);
+  a0->freeze();
+  a1.reset();  // node 1 is lost, its area with it
+  std::filesystem::remove_all(area(1));
+  auto standby = agent(2);
+  auto other = std::async(std::launch::async, [&] { return standby->restore(1, 1, {0, 1}); });
+  EXPECT_EQ(a0->restore(1, 0, {0, 1}), 5) << log_;
+  EXPECT_EQ(other.get(), 5) << log_;
+  expect_state(area(2), 5);
+  expect_state(area(0), 5);
+}
+
+TEST_F(SnapshotRestoreTest, AfterAShrinkTheSurvivorAssemblesTheLostNodesReplica) {
+  auto a0 = agent(0), a1 = agent(1);
+  a0->enter_generation(0, 0, {0, 1});
+  a1->enter_generation(0, 1, {0, 1});
+  write_part(area(0), 0, 2);
+  write_part(area(1), 1, 2);
+  replicate({a0.get(), a1.get()}, 2);
+  a0->freeze();
+  a1.reset();
+  // Generation 1 runs node 0 alone: it needs node 1's part for every bucket.
+  store_.set(elastic::detail::members_key(1), "0");
+  EXPECT_EQ(a0->restore(1, 0, {0}), 2) << log_;
+  expect_state(area(0), 2);
+  // Alone, the next generation replicates to nobody and records what it wrote.
+  a0->enter_generation(1, 0, {0});
+  write_part(area(0), 0, 3);
+  a0->tick();
+  EXPECT_EQ(read_snapshot_step(store_, 1, 0), 3);
+  // Generation 1 failed too: its members are {0}, from gen/1/members.
+  EXPECT_EQ(members_of(store_, 1, 2), std::vector<int>{0});
+  EXPECT_EQ(members_of(store_, 0, 2), (std::vector<int>{0, 1}));
+}
+
+TEST_F(SnapshotRestoreTest, WithoutEveryNodesPartNobodyResumesFromASnapshot) {
+  auto a0 = agent(0), a1 = agent(1);
+  a0->enter_generation(0, 0, {0, 1});
+  a1->enter_generation(0, 1, {0, 1});
+  write_part(area(0), 0, 6);
+  write_part(area(1), 1, 6);
+  replicate({a0.get(), a1.get()}, 6);
+  // A restart assembled step 6 here before; this one must not leave it.
+  assemble_checkpoint({node_part_directory(area(0), 6), node_part_directory(area(1), 6)}, area(0));
+  a0->freeze();
+  a1->freeze();
+  // Node 1's part is gone from its area and from its peer's replica.
+  std::filesystem::remove_all(node_part_directory(area(1), 6));
+  std::filesystem::remove_all(area(0) / "replicas");
+  auto other = std::async(std::launch::async, [&] { return a1->restore(1, 1, {0, 1}); });
+  EXPECT_FALSE(a0->restore(1, 0, {0, 1})) << log_;
+  EXPECT_FALSE(other.get()) << log_;
+  EXPECT_FALSE(latest_checkpoint(area(0))) << "an assembled snapshot was left to resume from";
+  EXPECT_NE(log_.find("node 0: no in-memory snapshot to resume from (node 1's part of step 6 "
+                      "could not be fetched"),
+            std::string::npos)
+      << log_;
+}
+
+TEST_F(SnapshotRestoreTest, ANodeThatCouldNotAssembleKeepsEveryNodeOffTheSnapshot) {
+  auto a0 = agent(0), a1 = agent(1);
+  a0->enter_generation(0, 0, {0, 1});
+  a1->enter_generation(0, 1, {0, 1});
+  write_part(area(0), 0, 7);
+  write_part(area(1), 1, 7);
+  replicate({a0.get(), a1.get()}, 7);
+  a0->freeze();
+  a1->freeze();
+  // Node 1 (its own restore, say, cut short) could not: node 0 assembles
+  // step 7 all the same, and still does not resume from it.
+  store_.set(restore_key(1, 1), "none");
+  EXPECT_FALSE(a0->restore(1, 0, {0, 1})) << log_;
+  EXPECT_FALSE(latest_checkpoint(area(0)));
+  EXPECT_NE(
+      log_.find("node 0: no in-memory snapshot to resume from (node 1 could not assemble it)"),
+      std::string::npos)
+      << log_;
+}
+
+TEST_F(SnapshotRestoreTest, AMalformedRestoreAgreementIsRefusedNamingTheKey) {
+  auto a0 = agent(0);
+  store_.set(restore_key(1, 1), "seven");
+  EXPECT_FALSE(a0->restore(1, 0, {0, 1}));
+  EXPECT_NE(log_.find(restore_key(1, 1)), std::string::npos) << log_;
+}
+
+}  // namespace BRIGADE_TEST_FILE
+}  // namespace brigade::elastic
