@@ -128,6 +128,7 @@ def main():
         full = os.path.join(tmp, "calibration.json")
         run([brigade, "bench", "calibrate", "--out", full])
         for rate in rates:
+            cluster("down")  # what a killed earlier run left up (does nothing otherwise)
             cluster("up", str(NODES), "--rate", rate)
             try:
                 for name in cases:

@@ -295,7 +295,7 @@ TEST(TrainingLayout, PlanLayoutConfigRefusals) {
             std::string::npos);
   // train.threads is each worker's: 2 workers of 2 threads oversubscribe 2 cores.
   const std::string over = plan_error(calibration, {"--set", "train.threads=2"});
-  EXPECT_NE(over.find("does not model oversubscribed cores"), std::string::npos) << over;
+  EXPECT_NE(over.find("does not model threads beyond the cores"), std::string::npos) << over;
   const std::string gpu = plan_error(calibration, {"--set", "train.threads=1"}, "h100-80g");
   EXPECT_NE(gpu.find("has no notion"), std::string::npos) << gpu;
   // Training runs ZeRO 2 with pp; the planner does not cost it, and says so

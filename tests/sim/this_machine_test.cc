@@ -126,21 +126,30 @@ TEST(ThisMachine, CalibrationsWithoutThePeakAreRefusedWithTheFix) {
   EXPECT_THROW(this_machine_hardware(c, 1), Error);
 }
 
-// Two namespace nodes of two workers each on this 2-core machine, 10 Gbit
-// links, and a Gloo all-reduce measured at 0.5 GB/s (slower than the link).
-nlohmann::json with_gloo() {
+// Two namespace nodes of two workers each on this 2-core machine: a Gloo
+// all-reduce measured at 0.5 GB/s (the cores' TCP rate), the staged shm
+// path at 1 GB/s.
+nlohmann::json with_links() {
   nlohmann::json c = calibration();
   c["comm"]["gloo_all_reduce"] = {{{"bytes", 4096}, {"time_s", 120e-6}},
                                   {{"bytes", 16777216}, {"time_s", 16777216.0 / 0.5e9}}};
+  c["comm"]["staged_all_reduce"] = {{{"bytes", 4096}, {"time_s", 30e-6}},
+                                    {{"bytes", 16777216}, {"time_s", 16777216.0 / 1e9}}};
   return c;
 }
 
-TEST(ThisMachineNodes, NamespaceNodesShareTheCoresAndTheLinkIsTheSlowerOfWireAndGloo) {
+Hardware namespace_nodes(const std::string& link) {
   ThisMachineNodes nodes;
   nodes.nodes = 2;
-  nodes.link_bytes_per_s = parse_link_rate("10gbit");
+  nodes.link_bytes_per_s = parse_link_rate(link);
   nodes.one_machine = true;
-  const Hardware h = this_machine_hardware(with_gloo(), 2, 0, nodes);
+  return this_machine_hardware(with_links(), 2, 0, nodes);
+}
+
+constexpr double kPayload = 1448.0 / 1514.0;  // TCP's data in a full Ethernet frame
+
+TEST(ThisMachineNodes, NamespaceNodesShareTheCoresTheLinksCarryPayload) {
+  const Hardware h = namespace_nodes("10gbit");
   // Each node's launcher gives its 2 workers 1 thread each: 4 threads on 2
   // cores, each worker a quarter of what both cores do together.
   EXPECT_DOUBLE_EQ(h.peak_flops, 75e9);              // min(160, 300 / 4)
@@ -150,54 +159,102 @@ TEST(ThisMachineNodes, NamespaceNodesShareTheCoresAndTheLinkIsTheSlowerOfWireAnd
   EXPECT_EQ(h.gpus_per_node, 2);
   EXPECT_EQ(h.cores, 2);
   EXPECT_TRUE(h.hierarchical_nodes);
-  EXPECT_DOUBLE_EQ(h.inter_bytes_per_s, 0.5e9);  // Gloo, below 10 Gbit's 1.2 GB/s
+  EXPECT_DOUBLE_EQ(h.inter_bytes_per_s, 1.25e9 * kPayload);
+  EXPECT_DOUBLE_EQ(h.tcp_cpu_bytes_per_s, 0.5e9);
   EXPECT_DOUBLE_EQ(h.inter_latency_s, 60e-6);
-  EXPECT_DOUBLE_EQ(h.intra_bytes_per_s, 16777216.0 / 8e-3);  // shm inside a node, as before
-  // At 1 Gbit the wire is the limit: its payload share of 125 MB/s.
-  nodes.link_bytes_per_s = parse_link_rate("1gbit");
-  EXPECT_DOUBLE_EQ(this_machine_hardware(with_gloo(), 2, 0, nodes).inter_bytes_per_s,
-                   125e6 * 1448.0 / 1514.0);
+  EXPECT_DOUBLE_EQ(h.node_bytes_per_s, 1e9);
+  EXPECT_DOUBLE_EQ(h.node_latency_s, 15e-6);
   // Separate machines: every node has the cores to itself.
-  nodes.one_machine = false;
-  EXPECT_DOUBLE_EQ(this_machine_hardware(with_gloo(), 2, 0, nodes).peak_flops, 150e9);
+  ThisMachineNodes apart;
+  apart.nodes = 2;
+  apart.link_bytes_per_s = 1e9;
+  EXPECT_DOUBLE_EQ(this_machine_hardware(with_links(), 2, 0, apart).peak_flops, 150e9);
 }
 
-TEST(ThisMachineNodes, TheDpAllReduceRunsInsideNodesThenBetweenLeaders) {
-  ThisMachineNodes nodes;
-  nodes.nodes = 2;
-  nodes.link_bytes_per_s = parse_link_rate("1gbit");
-  nodes.one_machine = true;
-  const Hardware h = this_machine_hardware(with_gloo(), 2, 0, nodes);
+Workload small_job(int64_t n_layer, int64_t n_embd) {
   Workload job;
-  job.model.n_layer = 2;
-  job.model.n_embd = 256;
+  job.model.n_layer = n_layer;
+  job.model.n_embd = n_embd;
   job.model.n_head = 4;
   job.model.vocab_size = 256;
   job.seq_len = 64;
   job.model.block_size = 64;
   job.global_batch = 8;
   job.features = brigade_cpu_features();
+  return job;
+}
+
+TEST(ThisMachineNodes, TheWorldAllReduceRunsInsideNodesThenBetweenLeadersThenBroadcasts) {
+  const Hardware h = namespace_nodes("1gbit");
+  const Workload job = small_job(2, 256);
   Layout l;
   l.dp = 4;
   l.micro = 2;
   const Estimate e = estimate(job, l, h);
   ASSERT_TRUE(e.valid) << e.invalid;
-  // Gradients of S bytes: a 2-rank all-reduce inside each node, S over the
-  // 2 leaders' ring, a broadcast inside the node; ZeRO 0, nothing gathered.
-  const Estimate one_node = estimate(job, l, this_machine_hardware(with_gloo(), 4));
+  // Gradients of S bytes: a 2-rank staged all-reduce inside each node, S
+  // over the 2 leaders' ring at the 1 Gbit link's payload rate (slower
+  // than the cores' TCP), the leader's result read by the other member.
   const double s = 4.0 * stage_params_per_gpu(job.model, job.seq_len, l, true, true);
-  const double expected = (s / h.intra_bytes_per_s + 2 * h.intra_latency_s) +
-                          (s / h.inter_bytes_per_s + 2 * h.inter_latency_s) +
-                          (0.5 * s / h.intra_bytes_per_s + h.intra_latency_s);
+  const double node = s / 1e9 + 2 * 15e-6;
+  const double expected = node + (s / (125e6 * kPayload) + 2 * 60e-6) + node;
   EXPECT_NEAR(e.dp_comm_s, expected, 1e-9 * expected);
-  // Across 1 Gbit links the same all-reduce costs more than on one node.
-  EXPECT_GT(e.dp_comm_s, one_node.dp_comm_s);
+  // One bucket (the whole 4 MB): nothing overlaps it, all of it shows.
+  EXPECT_NEAR(e.time.dp_exposed_s, expected, 1e-9 * expected);
+  // ZeRO 1: the reduce-scatter is an all-reduce of a fresh copy (faulted
+  // in, read and written); the all-gather gathers a node's 2 shards (S/2)
+  // inside it, S among the leaders, then S is read inside the node.
+  l.zero = 1;
+  const Estimate z = estimate(job, l, h);
+  ASSERT_TRUE(z.valid) << z.invalid;
+  const double copy = 2.0 * s / h.memory_bytes_per_s + s / h.refault_bytes_per_s;
+  const double gather = (0.5 * (s / 2) / 1e9 + 0.5 * 2 * 15e-6) +
+                        (0.5 * s / (125e6 * kPayload) + 0.5 * 2 * 60e-6) + node;
+  EXPECT_NEAR(z.dp_comm_s, expected + copy + gather, 1e-9 * z.dp_comm_s);
+}
+
+TEST(ThisMachineNodes, ASmallerGroupSpanningNodesIsOneFlatGlooRing) {
+  // tp 2 x dp 2 on 2 nodes of 2: the dp groups pair ranks of different
+  // nodes, and only the world is hierarchical, so each is a 2-rank Gloo
+  // ring at the slower of the cores' TCP (0.5 GB/s) and the 10 Gbit link.
+  const Hardware h = namespace_nodes("10gbit");
+  const Workload job = small_job(2, 256);
+  Layout l;
+  l.tp = 2;
+  l.dp = 2;
+  l.micro = 2;
+  const Estimate e = estimate(job, l, h);
+  ASSERT_TRUE(e.valid) << e.invalid;
+  const double s = 4.0 * stage_params_per_gpu(job.model, job.seq_len, l, true, true);
+  const double expected = s / 0.5e9 + 2 * 60e-6;
+  EXPECT_NEAR(e.dp_comm_s, expected, 1e-9 * expected);
+}
+
+TEST(ThisMachineNodes, BackwardHidesOnlyTheSlowLinksWaitingNotTheCoresWork) {
+  // 12 blocks of 768: ~340 MB of gradients in 25 MB buckets. At 1 Gbit
+  // the link's time beyond the cores' TCP work is waiting, which the
+  // backward (part of the compute) overlaps; at 10 Gbit the cores' TCP is
+  // the limit and all of it shows.
+  const Workload job = small_job(12, 768);
+  Layout l;
+  l.dp = 4;
+  l.micro = 2;
+  const Estimate slow = estimate(job, l, namespace_nodes("1gbit"));
+  const Estimate fast = estimate(job, l, namespace_nodes("10gbit"));
+  ASSERT_TRUE(slow.valid && fast.valid);
+  EXPECT_NEAR(fast.time.dp_exposed_s, fast.dp_comm_s, 1e-9 * fast.dp_comm_s);
+  const double hidden = slow.dp_comm_s - slow.time.dp_exposed_s;
+  EXPECT_GT(hidden, 0.0);
+  EXPECT_LT(hidden, slow.time.compute_s);
+  EXPECT_GT(slow.time.dp_exposed_s, fast.time.dp_exposed_s);
 }
 
 TEST(ThisMachineNodes, LinkRatesAndBadInputNameTheFix) {
   EXPECT_DOUBLE_EQ(parse_link_rate("10gbit"), 1.25e9);
   EXPECT_DOUBLE_EQ(parse_link_rate("800Mbit"), 1e8);
   EXPECT_DOUBLE_EQ(parse_link_rate("2.5gbit"), 312.5e6);
+  EXPECT_DOUBLE_EQ(parse_link_rate("1gbps"), 1e9);  // tc: bytes per second
+  EXPECT_DOUBLE_EQ(parse_link_rate("1tbit"), 125e9);
   for (const char* bad : {"10", "gbit", "10gb", "-1gbit", "0mbit", "tengbit", ""}) {
     try {
       parse_link_rate(bad);
@@ -206,16 +263,20 @@ TEST(ThisMachineNodes, LinkRatesAndBadInputNameTheFix) {
       EXPECT_NE(std::string(e.what()).find("10gbit"), std::string::npos) << e.what();
     }
   }
-  // A calibration from before the Gloo figures cannot plan links.
+  // A calibration from before the link figures cannot plan links.
   ThisMachineNodes nodes;
   nodes.nodes = 2;
   nodes.link_bytes_per_s = 1e9;
-  try {
-    this_machine_hardware(calibration(), 2, 0, nodes);
-    ADD_FAILURE() << "no error without comm.gloo_all_reduce";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("gloo_all_reduce"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("brigade bench calibrate"), std::string::npos);
+  for (const char* missing : {"gloo_all_reduce", "staged_all_reduce"}) {
+    nlohmann::json c = with_links();
+    c["comm"].erase(missing);
+    try {
+      this_machine_hardware(c, 2, 0, nodes);
+      ADD_FAILURE() << "no error without comm." << missing;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(missing), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("brigade bench calibrate"), std::string::npos);
+    }
   }
 }
 

@@ -5,11 +5,11 @@
 // GEMM efficiency curve) with one thread and with every core, streaming memory
 // bandwidth, the rate of our attention kernel, the fixed cost of a small
 // kernel, and the shm all-reduce's bus bandwidth and latency between two
-// workers (`bench comm --shared`, the zero-copy path training uses) and of
-// Gloo's over loopback TCP (the links between nodes, `plan --nodes`), the
-// AdamW rate, and what ZeRO's released pages cost when they come back.
-// Writes one JSON file (sim/this_machine.h reads it); takes about a minute,
-// less with --comm-from (the all-reduce figures of an earlier run).
+// workers (`bench comm --shared`, the zero-copy path training uses), of
+// the staged shm path and of Gloo over loopback TCP (the hierarchical
+// backend's node step and leaders, for `plan --nodes`), the AdamW rate, and what ZeRO's released
+// pages cost when they come back. Writes one JSON file (sim/this_machine.h reads it); takes about a
+// minute, less with --comm-from (the all-reduce figures of an earlier run).
 #include <fmt/format.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -263,13 +263,28 @@ nlohmann::json all_reduce_rows(const std::string& backend_flags, const std::stri
   return rows;
 }
 
-// The shm all-reduce training uses inside a node (the zero-copy path), and
-// Gloo over loopback TCP: what a node leader's collectives cost the CPU
-// before any wire limits them (`brigade plan --nodes`).
+// The shm all-reduce training uses inside a node (the zero-copy path); for
+// `brigade plan --nodes`, the staged shm path (the hierarchical backend's
+// node step) and Gloo over loopback TCP (what a node leader's collectives
+// cost the cores before any wire limits them). A failure of the last two
+// leaves them out with a warning: plans of one node do not need them, and
+// plan --nodes says what is missing.
 nlohmann::json measure_comm() {
-  return {{"nproc", 2},
-          {"all_reduce", all_reduce_rows("--backend shm --shared", "64M")},
-          {"gloo_all_reduce", all_reduce_rows("--backend gloo", "64M")}};
+  nlohmann::json comm = {{"nproc", 2},
+                         {"all_reduce", all_reduce_rows("--backend shm --shared", "64M")}};
+  for (const auto& [key, flags] :
+       {std::pair<const char*, const char*>{"staged_all_reduce", "--backend shm"},
+        std::pair<const char*, const char*>{"gloo_all_reduce", "--backend gloo"}}) {
+    try {
+      comm[key] = all_reduce_rows(flags, "64M");
+    } catch (const Error& e) {
+      std::fprintf(stderr,
+                   "brigade bench calibrate: warning: no %s figures (%s); `brigade plan --nodes` "
+                   "will ask for them\n",
+                   key, e.what());
+    }
+  }
+  return comm;
 }
 
 }  // namespace

@@ -92,15 +92,7 @@ sim::Workload workload_from(const PlanArgs& args) {
 // this-machine reads its calibration, measuring (and caching) it first if
 // there is none yet.
 sim::Hardware hardware_from(const PlanArgs& args, int64_t devices, int64_t threads_per_device) {
-  if (args.hardware != "this-machine") {
-    if (args.nodes > 1 || !args.link.empty() || args.one_machine) {
-      throw_error(
-          "--nodes, --link and --one-machine describe clusters of this machine: use them with "
-          "--hardware this-machine ({} has its own nodes and links)",
-          args.hardware);
-    }
-    return sim::hardware_by_name(args.hardware);
-  }
+  if (args.hardware != "this-machine") return sim::hardware_by_name(args.hardware);
   sim::ThisMachineNodes nodes;
   nodes.nodes = args.nodes;
   nodes.one_machine = args.one_machine;
@@ -184,7 +176,17 @@ int run_plan(const PlanArgs& args) {
   // A node's devices share this machine's cores: the planner needs to know
   // how many to split them between (all of --gpus, up to one per core; on
   // --nodes N, a node's share of them).
-  if (args.nodes > 1 && (args.gpus <= 0 || args.gpus % args.nodes != 0)) {
+  if ((args.nodes > 1 || !args.link.empty() || args.one_machine) &&
+      args.hardware != "this-machine") {
+    throw_error(
+        "--nodes, --link and --one-machine describe clusters of this machine: use them with "
+        "--hardware this-machine ({} has its own nodes and links)",
+        args.hardware);
+  }
+  if (args.nodes > 1 && args.gpus <= 0) {
+    throw_error("--gpus N is required (the workers to spread over --nodes {})", args.nodes);
+  }
+  if (args.nodes > 1 && args.gpus % args.nodes != 0) {
     throw_error("--gpus {} does not split evenly over --nodes {}: every node runs as many workers",
                 args.gpus, args.nodes);
   }
@@ -200,8 +202,8 @@ int run_plan(const PlanArgs& args) {
     if (run && run->threads * per_node > cores) {
       throw_error(
           "train.threads = {} on {} workers asks for {} threads but this machine has {} cores: "
-          "the planner does not model oversubscribed cores; set train.threads <= {} (or 0, the "
-          "cores split evenly)",
+          "the planner does not model threads beyond the cores; set train.threads <= {} (or 0, "
+          "the cores split evenly)",
           run->threads, per_node, run->threads * per_node, cores, cores / per_node);
     }
   }
@@ -318,6 +320,11 @@ void add_plan_command(CLI::App& app) {
       ->check(CLI::Range(1, 1000000))
       ->capture_default_str();
   cmd->callback([args] {
+    if (args->validate && (args->nodes > 1 || !args->link.empty() || args->one_machine)) {
+      throw_error(
+          "--validate checks published runs, whose clusters are their own: drop --nodes, "
+          "--link and --one-machine");
+    }
     const int rc = args->validate ? run_validate(*args) : run_plan(*args);
     if (rc != 0) {
       throw ExitStatus{rc};

@@ -94,9 +94,13 @@ class Work {
   // Blocks until the operation is done; rethrows its error (every call).
   // The operation's own timeout bounds the wait.
   void wait() {
-    if (poll_) poll_until_done();
-    std::unique_lock<std::mutex> lock(mutex_);
-    done_cv_.wait(lock, [&] { return done_; });
+    const bool slept = poll_ && !poll_until_done();
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      done_cv_.wait(lock, [&] { return done_; });
+    }
+    if (slept && asleep_) asleep_(false);
+    std::lock_guard<std::mutex> lock(mutex_);
     if (error_) std::rethrow_exception(error_);
   }
 
@@ -106,12 +110,15 @@ class Work {
   // A message that is already on its way then costs no thread hand-off (a
   // sleeping waiter is woken tens of microseconds late on a busy machine),
   // while a recv that waits for a peer still computing gives its core back
-  // soon; `stopped`, if set, is called then (not when the work is done).
-  // `poll` must never block; set before the Work is handed out.
-  void set_poll(std::function<void()> poll, int64_t poll_ns, std::function<void()> stopped = {}) {
+  // soon. `asleep`, if set, is called with true when the waiter stops
+  // polling and goes to sleep, and with false once it has woken, so the
+  // backend knows when someone is blocked on it. `poll` must never block;
+  // set before the Work is handed out.
+  void set_poll(std::function<void()> poll, int64_t poll_ns,
+                std::function<void(bool)> asleep = {}) {
     poll_ = std::move(poll);
     poll_ns_ = poll_ns;
-    stopped_ = std::move(stopped);
+    asleep_ = std::move(asleep);
   }
 
   // Whether the operation is done (succeeded or failed); never blocks or throws.
@@ -139,21 +146,23 @@ class Work {
   }
 
  private:
-  void poll_until_done() {
+  // True when the work finished while polling; false when the waiter gave up.
+  bool poll_until_done() {
     const int64_t until = now_ns() + poll_ns_;
     // No yield in between: on a loaded machine a yielding waiter loses its
     // core for a whole time slice, far longer than the transfer it waits for.
     for (int i = 0; !finished_.load(std::memory_order_acquire); ++i) {
       poll_();
       if ((i & 63) == 63 && now_ns() > until) {
-        if (stopped_) stopped_();
-        return;
+        if (asleep_) asleep_(true);
+        return false;
       }
     }
+    return true;
   }
 
   std::function<void()> poll_;
-  std::function<void()> stopped_;
+  std::function<void(bool)> asleep_;
   int64_t poll_ns_ = 0;
   std::atomic<bool> finished_{false};  // done_, readable without the mutex
   std::mutex mutex_;

@@ -85,8 +85,10 @@ constexpr int64_t kPieceBytes = 64 << 10;
 // has a recv posted ahead for most of its step while its peer computes for
 // tens of milliseconds; woken every 50 us, this thread took a third of a
 // core from the stage's own compute (tiny, pp 2: 2.6 s of CPU per 6.9 s of
-// the training thread's). A message that lands mid-nap waits at most
-// kLongestNap, and only when its waiter has stopped polling for itself.
+// the training thread's). Naps stay short while a caller sleeps in wait()
+// on one of these operations (then only this thread can finish it), so a
+// long nap delays no one: what lands meanwhile is a message nobody waits
+// for yet.
 constexpr int kSpinIterations = 2000;
 constexpr int64_t kYieldNs = 1'000'000;
 constexpr auto kNap = std::chrono::microseconds(50);
@@ -243,6 +245,9 @@ struct ShmMailboxes::Impl : std::enable_shared_from_this<Impl> {
   std::thread thread;
   std::atomic<int64_t> last_poll_ns{0};  // when a waiter last polled
   std::atomic<bool> waiter_polling{false};
+  // Callers asleep in Work::wait() on an operation of these mailboxes: only
+  // this thread can finish it then, so it naps short.
+  std::atomic<int> sleeping_waiters{0};
   bool waiter_active() const {
     return waiter_polling.load(std::memory_order_relaxed) &&
            now_ns() - last_poll_ns.load(std::memory_order_relaxed) < kWaiterActiveNs;
@@ -361,12 +366,17 @@ std::shared_ptr<Work> ShmMailboxes::Impl::post(bool is_send, std::byte* data, in
         if (const std::shared_ptr<Impl> impl = weak.lock()) impl->poll(*work);
       },
       kWaiterPollNs,
-      [weak = weak_from_this()] {
-        if (const std::shared_ptr<Impl> impl = weak.lock()) {
-          impl->waiter_polling.store(false, std::memory_order_relaxed);
-          std::lock_guard<std::mutex> lock(impl->mutex);
-          impl->posted_cv.notify_one();
+      [weak = weak_from_this()](bool asleep) {
+        const std::shared_ptr<Impl> impl = weak.lock();
+        if (!impl) return;
+        if (!asleep) {
+          impl->sleeping_waiters.fetch_sub(1, std::memory_order_relaxed);
+          return;
         }
+        impl->sleeping_waiters.fetch_add(1, std::memory_order_relaxed);
+        impl->waiter_polling.store(false, std::memory_order_relaxed);
+        std::lock_guard<std::mutex> lock(impl->mutex);
+        impl->posted_cv.notify_one();
       });
   {
     std::lock_guard<std::mutex> lock(mutex);
@@ -460,8 +470,12 @@ void ShmMailboxes::Impl::run() {
         ::sched_yield();
         nap = kNap;
       } else {
-        std::this_thread::sleep_for(nap);
-        nap = std::min(2 * nap, kLongestNap);
+        // On the condition variable, so that a waiter giving up its polls
+        // (it notifies) ends the nap at once.
+        std::unique_lock<std::mutex> lock(mutex);
+        const bool woken = !stopping && posted_cv.wait_for(lock, nap) == std::cv_status::no_timeout;
+        const bool someone_asleep = sleeping_waiters.load(std::memory_order_relaxed) > 0;
+        nap = woken || someone_asleep ? kNap : std::min(2 * nap, kLongestNap);
       }
     }
   }

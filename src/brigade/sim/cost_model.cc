@@ -228,6 +228,61 @@ std::string why_invalid(const Workload& job, const Layout& l, const Hardware& hw
   return "";
 }
 
+// A data-parallel group across this machine's nodes (hardware.h:
+// hierarchical_nodes): each collective's time, and the part of it that is
+// only a slow link's waiting rather than the cores' work.
+struct CpuNodesDp {
+  double reduce_grads = 0, gather_weights = 0;
+  double reduce_grads_wire = 0, gather_weights_wire = 0;
+};
+
+CpuNodesDp cpu_nodes_dp(const Hardware& hw, const Layout& l, double grads, double weights) {
+  CpuNodesDp c;
+  // Over TCP: the cores move the bytes at tcp_cpu_bytes_per_s; a link
+  // slower than that adds waiting.
+  auto tcp = [&](double bytes, int64_t ranks, double factor, double& wire) {
+    const double link = hw.inter_bytes_per_s * hw.inter_efficiency;
+    const double cpu =
+        ring_collective_s(bytes, ranks, factor, hw.tcp_cpu_bytes_per_s, hw.inter_latency_s);
+    const double all = ring_collective_s(
+        bytes, ranks, factor, std::min(hw.tcp_cpu_bytes_per_s, link), hw.inter_latency_s);
+    wire += all - cpu;
+    return all;
+  };
+  const double d = static_cast<double>(l.dp);
+  if (l.tp > 1 || l.pp > 1) {
+    // Only the world is hierarchical (cli/cmd_train.cc); a smaller group
+    // spanning nodes is one flat Gloo ring, its in-node edges over loopback
+    // TCP as well.
+    c.reduce_grads =
+        tcp(grads, l.dp, (l.zero == 0 ? 2.0 : 1.0) * (d - 1.0) / d, c.reduce_grads_wire);
+    c.gather_weights = tcp(weights, l.dp, (d - 1.0) / d, c.gather_weights_wire);
+    return c;
+  }
+  // comm/hierarchical_communicator.h: inside each node among its k members
+  // (the staged shm path: the backend lends the trainer no shared buffer),
+  // among the n leaders over the links, then the leader's result broadcast
+  // inside the node (it writes the segment, the others read it).
+  const int64_t k = std::max<int64_t>(1, std::min<int64_t>(hw.gpus_per_node, l.dp));
+  const int64_t n = std::max<int64_t>(1, l.dp / k);
+  const double kk = static_cast<double>(k), nn = static_cast<double>(n);
+  auto node = [&](double bytes, double factor) {
+    return ring_collective_s(bytes, k, factor, hw.node_bytes_per_s, hw.node_latency_s);
+  };
+  c.reduce_grads = node(grads, 2.0 * (kk - 1.0) / kk) +
+                   tcp(grads, n, 2.0 * (nn - 1.0) / nn, c.reduce_grads_wire) + node(grads, 1.0);
+  if (l.zero >= 1) {
+    // Its reduce-scatter is an all-reduce of a fresh copy of the bucket:
+    // pages to fault in, then read and write.
+    c.reduce_grads += 2.0 * grads / hw.memory_bytes_per_s +
+                      (hw.refault_bytes_per_s > 0 ? grads / hw.refault_bytes_per_s : 0.0);
+  }
+  // A node gathers its members' shards (1/n of the whole), the leaders the nodes'.
+  c.gather_weights = node(weights / nn, (kk - 1.0) / kk) +
+                     tcp(weights, n, (nn - 1.0) / nn, c.gather_weights_wire) + node(weights, 1.0);
+  return c;
+}
+
 }  // namespace
 
 double ring_collective_s(double bytes, int64_t ranks, double ring_factor, double bus_bytes_per_s,
@@ -315,8 +370,10 @@ Estimate estimate(const Workload& job, const Layout& l, const Hardware& hw) {
   const double params_last = stage_params_per_gpu(job.model, job.seq_len, l, l.pp == 1, true);
   const double params_gpu = std::max(params_first, params_last);
   if (l.dp > 1) {
-    // Members of one dp group inside a node share that node's NICs.
-    const bool inside_node = l.tp * l.dp <= hw.gpus_per_node;
+    // Members of one dp group inside a node share that node's NICs. Groups
+    // are consecutive ranks: inside a node only if they tile it.
+    const bool inside_node =
+        l.tp * l.dp <= hw.gpus_per_node && hw.gpus_per_node % (l.tp * l.dp) == 0;
     const double members_per_node =
         inside_node ? static_cast<double>(l.dp)
                     : std::max(1.0, static_cast<double>(hw.gpus_per_node / l.tp));
@@ -329,29 +386,27 @@ Estimate estimate(const Workload& job, const Layout& l, const Hardware& hw) {
     const double half = (d - 1.0) / d;
     double reduce_grads = ring_collective_s(grads, l.dp, l.zero == 0 ? 2 * half : half, bus, hop);
     double gather_weights = ring_collective_s(weights, l.dp, half, bus, hop);
+    // This machine's nodes: Brigade's own backend across them, and what of
+    // it a slow link only waits for.
+    double grads_wire = 0, weights_wire = 0;
     if (!inside_node && hw.hierarchical_nodes) {
-      // Inside each node among its k members, among the n = dp / k leaders
-      // over the network, then a broadcast of the result inside each node.
-      // The backend's reduce-scatter is an all-reduce of a copy.
-      const int64_t k = static_cast<int64_t>(members_per_node);
-      const int64_t n = std::max<int64_t>(1, l.dp / k);
-      const double kk = static_cast<double>(k), nn = static_cast<double>(n);
-      auto two_level = [&](double node_bytes, double node_factor, double bytes,
-                           double leader_factor) {
-        return ring_collective_s(node_bytes, k, node_factor, costs.intra_bus(),
-                                 hw.intra_latency_s) +
-               ring_collective_s(bytes, n, leader_factor, costs.inter_bus(), hw.inter_latency_s) +
-               ring_collective_s(bytes, k, (kk - 1.0) / kk, costs.intra_bus(), hw.intra_latency_s);
-      };
-      reduce_grads = two_level(grads, 2.0 * (kk - 1.0) / kk, grads, 2.0 * (nn - 1.0) / nn);
-      // A node gathers its members' shards (1/n of the whole), the leaders the nodes'.
-      gather_weights = two_level(weights / nn, (kk - 1.0) / kk, weights, (nn - 1.0) / nn);
+      const CpuNodesDp c = cpu_nodes_dp(hw, l, grads, weights);
+      reduce_grads = c.reduce_grads;
+      gather_weights = c.gather_weights;
+      grads_wire = c.reduce_grads_wire;
+      weights_wire = c.gather_weights_wire;
     }
     // Overlap hides communication behind the backward (gradients) or forward
     // (weights) of one micro-batch; the last bucket always shows.
     const double share = std::min(1.0, f.dp_bucket_bytes / std::max(grads, 1.0));
     auto exposed = [&](double comm, double window, double floor_share) {
       return f.overlap_dp ? std::max(comm - window, comm * floor_share) : comm;
+    };
+    // A slow link's waiting overlaps whatever the system does; the cores'
+    // own part of the collective as the system does.
+    auto exposed_with_wire = [&](double comm, double wire, double window, double floor_share) {
+      return exposed(comm - wire, window, floor_share) +
+             (wire > 0 ? std::max(wire - window, wire * floor_share) : 0.0);
     };
     // ZeRO 3 cannot start a micro-batch before its first block is gathered:
     // at least one block's share of each gather shows.
@@ -372,22 +427,24 @@ Estimate estimate(const Workload& job, const Layout& l, const Hardware& hw) {
     switch (l.zero) {
       case 0:
         e.dp_comm_s = reduce_grads;
-        e.time.dp_exposed_s = exposed(reduce_grads, bwd_mb, share);
+        e.time.dp_exposed_s = exposed_with_wire(reduce_grads, grads_wire, bwd_mb, share);
         break;
       case 1:
         e.dp_comm_s = reduce_grads + gather_weights;
-        e.time.dp_exposed_s =
-            exposed(reduce_grads, bwd_mb, share) + exposed(gather_weights, fwd_mb, share);
+        e.time.dp_exposed_s = exposed_with_wire(reduce_grads, grads_wire, bwd_mb, share) +
+                              exposed_with_wire(gather_weights, weights_wire, fwd_mb, share);
         break;
       case 2:  // gradients reduce-scattered every micro-batch
         e.dp_comm_s = mb * reduce_grads + gather_weights;
-        e.time.dp_exposed_s =
-            mb * exposed(reduce_grads, bwd_mb, share) + exposed(gather_weights, fwd_mb, share);
+        e.time.dp_exposed_s = mb * exposed_with_wire(reduce_grads, grads_wire, bwd_mb, share) +
+                              exposed_with_wire(gather_weights, weights_wire, fwd_mb, share);
         break;
       default:  // 3: weights gathered for forward and again for backward
         e.dp_comm_s = mb * (2.0 * gather_weights + reduce_grads);
-        e.time.dp_exposed_s = mb * (exposed(gather_weights, fwd_mb, block_share) +
-                                    exposed(gather_weights + reduce_grads, bwd_mb, block_share));
+        e.time.dp_exposed_s =
+            mb * (exposed_with_wire(gather_weights, weights_wire, fwd_mb, block_share) +
+                  exposed_with_wire(gather_weights + reduce_grads, weights_wire + grads_wire,
+                                    bwd_mb, block_share));
         break;
     }
     e.dp_comm_s += refault_s;

@@ -59,13 +59,20 @@ struct Hardware {
   // Fixed cost of one kernel launch or small op; matters for tiny models and
   // for the many small collectives of deep pipelines.
   double kernel_overhead_s = 0;
-  // How a group that spans nodes communicates. false: one flat ring over
-  // every device (NCCL's), its cross-node edges at the NICs' speed. true:
-  // Brigade's hierarchical backend (comm/hierarchical_communicator.h): a
-  // collective runs inside each node (intra figures), then among the
-  // nodes' leaders alone (inter figures, one link per node), then a
-  // broadcast inside each node.
+  // Brigade's CPU backend across nodes (this-machine with --nodes). false:
+  // a group spanning nodes is one flat ring (NCCL's), its cross-node edges
+  // at the NICs' speed. true: the world's data-parallel group (tp = pp = 1)
+  // is hierarchical (comm/hierarchical_communicator.h): a collective runs
+  // inside each node on node_bytes_per_s, then among the nodes' leaders over
+  // their links (inter_bytes_per_s, one link per node), then a broadcast
+  // inside each node; any other group spanning nodes is a flat Gloo ring,
+  // every edge TCP. TCP costs the CPU tcp_cpu_bytes_per_s: that much of a
+  // transfer is the cores' work, the rest of a slower link's time only
+  // waiting, which backward can hide.
   bool hierarchical_nodes = false;
+  double node_bytes_per_s = 0;     // the staged shm all-reduce's bus bandwidth
+  double node_latency_s = 0;       // one of its hops
+  double tcp_cpu_bytes_per_s = 0;  // Gloo's all-reduce bus bandwidth over loopback
 };
 
 // The catalogue: a100-80g, h100-80g, h200. Throws Error naming the known

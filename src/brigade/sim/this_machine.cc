@@ -101,47 +101,62 @@ RingFigures all_reduce_figures(const nlohmann::json& comm, const char* key) {
   return r;
 }
 
-// Nodes joined by links of nodes.link_bytes_per_s: the leaders' part of a
-// hierarchical collective runs over Gloo (TCP) at the slower of the link
-// and the Gloo all-reduce measured between two local workers.
+// Nodes joined by links of nodes.link_bytes_per_s, as Brigade's backend
+// joins them (hardware.h: hierarchical_nodes): the node step on the staged
+// shm path, the leaders' ring over the link, TCP's cost to the cores from
+// the Gloo all-reduce measured between two local workers.
 void add_links(Hardware& h, const nlohmann::json& calibration, const ThisMachineNodes& nodes) {
   const nlohmann::json& comm = field(calibration, "comm", "the file");
-  if (!comm.contains("gloo_all_reduce")) {
-    throw_error(
-        "calibration: no Gloo all-reduce figures (comm.gloo_all_reduce), which --nodes needs "
-        "for the links between nodes; rerun `brigade bench calibrate` (without --comm-from)");
+  for (const char* key : {"gloo_all_reduce", "staged_all_reduce"}) {
+    if (!comm.contains(key)) {
+      throw_error(
+          "calibration: no comm.{} figures, which --nodes needs for the links between nodes and "
+          "the node step; rerun `brigade bench calibrate` (without --comm-from)",
+          key);
+    }
   }
   if (!(nodes.link_bytes_per_s > 0)) throw_error("--nodes {} needs --link RATE", nodes.nodes);
   const RingFigures gloo = all_reduce_figures(comm, "gloo_all_reduce");
+  const RingFigures staged = all_reduce_figures(comm, "staged_all_reduce");
   // On the wire a full TCP segment carries 1448 bytes of data (timestamps
   // on) in a 1514-byte Ethernet frame, which is what tc's rate counts.
   constexpr double kTcpPayloadShare = 1448.0 / 1514.0;
-  h.inter_bytes_per_s = std::min(nodes.link_bytes_per_s * kTcpPayloadShare, gloo.bus_bytes_per_s);
+  h.inter_bytes_per_s = nodes.link_bytes_per_s * kTcpPayloadShare;
   h.inter_efficiency = 1.0;
   h.inter_latency_s = gloo.hop_latency_s;
+  h.tcp_cpu_bytes_per_s = gloo.bus_bytes_per_s;
+  h.node_bytes_per_s = staged.bus_bytes_per_s;
+  h.node_latency_s = staged.hop_latency_s;
   h.hierarchical_nodes = true;
 }
 
 }  // namespace
 
 double parse_link_rate(const std::string& rate) {
+  // tc's units: bits per second (bit, kbit, mbit, gbit, tbit) or bytes per
+  // second (bps, kbps, mbps, gbps, tbps); the longest suffix that matches.
   static const std::pair<const char*, double> kUnits[] = {
-      {"gbit", 1e9}, {"mbit", 1e6}, {"kbit", 1e3}, {"bit", 1.0}};
+      {"tbit", 1e12 / 8}, {"gbit", 1e9 / 8}, {"mbit", 1e6 / 8}, {"kbit", 1e3 / 8}, {"tbps", 1e12},
+      {"gbps", 1e9},      {"mbps", 1e6},     {"kbps", 1e3},     {"bit", 1.0 / 8},  {"bps", 1.0}};
   std::string lower;
   for (char ch : rate) lower += static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
-  for (const auto& [unit, bits] : kUnits) {
-    const size_t at = lower.size() >= std::strlen(unit) ? lower.size() - std::strlen(unit) : 0;
-    if (lower.size() > std::strlen(unit) && lower.compare(at, std::string::npos, unit) == 0) {
-      const std::string number = lower.substr(0, at);
-      char* end = nullptr;
-      const double value = std::strtod(number.c_str(), &end);
-      if (end == number.c_str() + number.size() && value > 0 && std::isfinite(value)) {
-        return value * bits / 8.0;
-      }
-      break;
+  for (const auto& [unit, bytes] : kUnits) {
+    const size_t length = std::strlen(unit);
+    if (lower.size() <= length || lower.compare(lower.size() - length, length, unit) != 0) {
+      continue;
     }
+    const std::string number = lower.substr(0, lower.size() - length);
+    char* end = nullptr;
+    const double value = std::strtod(number.c_str(), &end);
+    if (end == number.c_str() + number.size() && value > 0 && std::isfinite(value)) {
+      return value * bytes;
+    }
+    break;
   }
-  throw_error("--link {}: expected a rate as tc writes it, e.g. 10gbit, 800mbit or 25Gbit", rate);
+  throw_error(
+      "--link {}: expected a rate as tc writes it, e.g. 10gbit, 800mbit or 1gbps (bytes per "
+      "second)",
+      rate);
 }
 
 std::string default_calibration_path() {
@@ -234,10 +249,11 @@ Hardware this_machine_hardware(const nlohmann::json& calibration, int64_t device
       h.memory_bytes_per_s * 1e-9, bus * 1e-9, h.intra_latency_s * 1e6);
   if (h.hierarchical_nodes) {
     h.description += fmt::format(
-        "; {} {}nodes of {} worker(s), their leaders' collectives at {:.2f} GB/s + {:.0f} us (the "
-        "slower of the link and Gloo here)",
+        "; {} {}nodes of {} worker(s): links {:.2f} GB/s of payload, TCP (Gloo) {:.2f} GB/s + "
+        "{:.0f} "
+        "us here, the node step (staged shm) {:.2f} GB/s",
         nodes.nodes, nodes.one_machine ? "namespace " : "", devices, h.inter_bytes_per_s * 1e-9,
-        h.inter_latency_s * 1e6);
+        h.tcp_cpu_bytes_per_s * 1e-9, h.inter_latency_s * 1e6, h.node_bytes_per_s * 1e-9);
   }
   return h;
 }
