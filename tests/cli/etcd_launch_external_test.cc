@@ -66,8 +66,10 @@ class EtcdLaunch : public ::testing::Test {
 // the job succeeds; a job before it under the same token left an `end`
 // that does not end this one.
 TEST_F(EtcdLaunch, AKilledWorkerRestartsEveryNodeThroughEtcd) {
+  std::string earlier_run;
   {
     elastic::EtcdCoordinatorStore earlier({etcd_->url()}, kToken, 5'000);
+    earlier_run = earlier.own();
     earlier.set(elastic::coordinator_key("end"), R"({"why":"an earlier job ended"})");
   }
   const std::string out = dir_.path().string();
@@ -99,23 +101,47 @@ TEST_F(EtcdLaunch, AKilledWorkerRestartsEveryNodeThroughEtcd) {
     std::getline(in, generation);
     EXPECT_EQ(generation, "1") << "rank " << rank;
   }
-  // The decisions were etcd's keys, and node 0 published its workers' store.
+  // The decisions were etcd's keys, in a run of their own (the earlier
+  // one's deleted), and node 0 published its workers' store there.
+  std::string keys;
+  ASSERT_EQ(etcd_->run_etcdctl({"get", "--prefix", "--keys-only", elastic::etcd_prefix(kToken)},
+                               /*as_root=*/true, keys),
+            0)
+      << keys;
+  const size_t at = keys.find(elastic::etcd_prefix(kToken));
+  ASSERT_NE(at, std::string::npos) << keys;
+  const std::string run = keys.substr(at + elastic::etcd_prefix(kToken).size(), 16);
+  EXPECT_NE(run, earlier_run);
+  EXPECT_EQ(keys.find(earlier_run), std::string::npos) << keys;
+  EXPECT_EQ(keys.find(elastic::etcd_prefix(kToken) + "owner"), std::string::npos)
+      << "the job ended but still holds the token: " << keys;
   elastic::EtcdCoordinatorStore job({etcd_->url()}, kToken, 5'000);
+  job.use_run(run);
   EXPECT_EQ(job.try_get(elastic::coordinator_key("gen/1/open")), "1");
   EXPECT_EQ(job.try_get(elastic::coordinator_key("gen/0/worker_store")), rdzv);
 }
 
 TEST_F(EtcdLaunch, AWrongTokenOrADeadEndpointIsOneLineNamingTheFix) {
   const std::string rdzv = "127.0.0.1:" + std::to_string(testing::free_port());
-  std::vector<std::string> args = launch_args(0, rdzv, etcd_->url(), "not-the-token");
+  std::vector<std::string> args = launch_args(0, rdzv, etcd_->url(), "not-the-jobs-token");
   for (const char* a : {"--", "true"}) args.push_back(a);
   Output r = run_brigade(args, std::chrono::seconds(60));
   EXPECT_NE(r.status, 0);
-  EXPECT_NE(r.err.find("refused user " + elastic::etcd_user("not-the-token")), std::string::npos)
-      << r.err;
-  EXPECT_NE(r.err.find("etcdctl user add " + elastic::etcd_user("not-the-token")),
+  EXPECT_NE(r.err.find("refused user " + elastic::etcd_user("not-the-jobs-token")),
             std::string::npos)
       << r.err;
+  EXPECT_NE(r.err.find("| etcdctl user add " + elastic::etcd_user("not-the-jobs-token") +
+                       " --interactive=false"),
+            std::string::npos)
+      << r.err;
+  EXPECT_EQ(r.err.find("not-the-jobs-token"), std::string::npos) << r.err;  // the token itself
+
+  // A short token, with etcd: refused before etcd is asked.
+  args = launch_args(0, rdzv, etcd_->url(), "short-token");
+  for (const char* a : {"--", "true"}) args.push_back(a);
+  r = run_brigade(args, std::chrono::seconds(60));
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.err.find("has 11 characters; give one of 16 or more"), std::string::npos) << r.err;
 
   const std::string dead = "http://127.0.0.1:" + std::to_string(testing::free_port());
   args = launch_args(1, rdzv, dead, kToken);
@@ -132,6 +158,8 @@ TEST(EtcdLaunchFlags, BadBackendFlagsAreRefusedNamingTheFix) {
       {{"--rdzv-endpoints", "http://a:2379"}, "add --rdzv-backend etcd"},
       {{"--rdzv-backend", "zookeeper"}, "--rdzv-backend zookeeper: unknown"},
       {{"--rdzv-backend", "etcd", "--rdzv-endpoints", "a:2379"}, "wants etcd's client URLs"},
+      {{"--rdzv-backend", "etcd", "--rdzv-endpoints", "http://u:secret@a:2379"},
+       "a URL with user:password@ is refused"},
   };
   for (const auto& [flags, message] : cases) {
     std::vector<std::string> args = {"launch",      "--nproc-per-node", "1", "--nnodes",

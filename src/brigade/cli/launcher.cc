@@ -515,6 +515,7 @@ int run_launch(const LaunchOptions& o) {
     coordination.publish_worker_store(master.host, master.port);
   }
   TcpStore store(master.host, master.port, token, o.rdzv_timeout_ms);
+  coordination.publish_run(store);  // node 0, before the others can see it joined
   if (o.standby) {
     join_as_standby(store, o);
   } else {
@@ -559,7 +560,7 @@ int run_launch(const LaunchOptions& o) {
   agent.partition_iface = partition_iface;
   // The coordinator's calls get their own connection with a short timeout
   // (kCoordinatorCallTimeoutMs), through the same token check.
-  if (o.nnodes > 1) agent.store = &coordination.open(master.host, master.port);
+  if (o.nnodes > 1) agent.store = &coordination.open(store, master.host, master.port);
   agent.diagnose = [](const std::filesystem::path& dir) { return diag::diagnose_incident(dir); };
   const LaunchSnapshots snapshots = set_up_snapshots(o, agent, master.host, master.port, token);
   int exit_status = 0;

@@ -1,9 +1,14 @@
 #include "brigade/cli/rdzv_backend.h"
 
 #include "brigade/core/error.h"
-#include "brigade/elastic/etcd_store.h"
 
 namespace brigade::cli {
+namespace {
+// Where node 0 leaves the etcd run's id in the rendezvous store.
+constexpr char kEtcdRunKey[] = "brigade/launch/etcd_run";
+// The token is the etcd user's password: guessable ones are refused.
+constexpr size_t kMinEtcdTokenChars = 16;
+}  // namespace
 
 void check_rdzv_backend(const LaunchOptions& o) {
   if (o.rdzv_backend != "tcp" && o.rdzv_backend != "etcd") {
@@ -33,10 +38,16 @@ CoordinatorBackend::CoordinatorBackend(const LaunchOptions& o, const std::string
                                        int64_t call_timeout_ms)
     : options_(o), token_(token), call_timeout_ms_(call_timeout_ms) {
   if (o.rdzv_backend != "etcd") return;
-  auto etcd = std::make_unique<elastic::EtcdCoordinatorStore>(
+  if (token.size() < kMinEtcdTokenChars) {
+    throw_error(
+        "--rdzv-backend etcd: the job's token is the password of its etcd user and has {} "
+        "characters; give one of {} or more (for example BRIGADE_RDZV_TOKEN=$(openssl rand -hex "
+        "16)) and set its etcd user up with it",
+        token.size(), kMinEtcdTokenChars);
+  }
+  etcd_ = std::make_unique<elastic::EtcdCoordinatorStore>(
       elastic::parse_etcd_endpoints(o.rdzv_endpoints), token, call_timeout_ms);
-  if (o.node_rank == 0 && !o.standby) etcd->clear();
-  etcd_ = std::move(etcd);
+  if (o.node_rank == 0 && !o.standby) etcd_->own();
 }
 
 CoordinatorBackend::~CoordinatorBackend() = default;
@@ -47,8 +58,16 @@ void CoordinatorBackend::publish_worker_store(const std::string& host, uint16_t 
   }
 }
 
-elastic::CoordinatorStore& CoordinatorBackend::open(const std::string& host, uint16_t port) {
-  if (etcd_) return *etcd_;
+void CoordinatorBackend::publish_run(TcpStore& rendezvous) {
+  if (etcd_ && !etcd_->run_id().empty()) rendezvous.set(kEtcdRunKey, etcd_->run_id());
+}
+
+elastic::CoordinatorStore& CoordinatorBackend::open(TcpStore& rendezvous, const std::string& host,
+                                                    uint16_t port) {
+  if (etcd_) {
+    if (etcd_->run_id().empty()) etcd_->use_run(rendezvous.get(kEtcdRunKey));
+    return *etcd_;
+  }
   if (!tcp_) {
     client_.emplace(host, port, token_, call_timeout_ms_);
     tcp_.emplace(*client_);

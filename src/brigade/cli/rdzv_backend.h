@@ -4,8 +4,10 @@
 // etcd the operator runs (elastic/etcd_store.h: the job's token is the
 // password of the job's etcd user). Either way node 0's launcher still hosts
 // the rendezvous store the launchers meet in and the workers connect
-// through (comm/world.h); with etcd its address is published under
-// brigade/coord/gen/0/worker_store, where a later leader can find it.
+// through (comm/world.h); with etcd its address is published under the
+// run's brigade/coord/gen/0/worker_store, where a later leader can find it,
+// and the run's id (elastic/etcd_store.h) goes to the other launchers
+// through it.
 #pragma once
 
 #include <cstdint>
@@ -16,6 +18,7 @@
 #include "brigade/cli/launcher.h"
 #include "brigade/comm/tcp_store.h"
 #include "brigade/elastic/coordinator.h"
+#include "brigade/elastic/etcd_store.h"
 
 namespace brigade::cli {
 
@@ -26,24 +29,30 @@ void check_rdzv_backend(const LaunchOptions& o);
 
 class CoordinatorBackend {
  public:
-  // With etcd: authenticates there now (an unreachable endpoint or a wrong
-  // token is one Error naming the fix, before this node joins anything),
-  // and on node 0 clears what an earlier job under the same token left.
+  // With etcd: authenticates there now (an unreachable endpoint, a wrong
+  // token or one under 16 characters is one Error naming the fix, before
+  // this node joins anything), and node 0 takes the token's prefix for a
+  // new run (Error if another job under the token holds it).
   CoordinatorBackend(const LaunchOptions& o, const std::string& token, int64_t call_timeout_ms);
   ~CoordinatorBackend();
 
   // Node 0, once it hosts the rendezvous store at host:port: with etcd,
   // publishes that address. Throws Error if etcd did not take it.
   void publish_worker_store(const std::string& host, uint16_t port);
-  // The coordinator's store, over the rendezvous store at host:port for the
-  // tcp backend (a client of its own with the short call timeout).
-  elastic::CoordinatorStore& open(const std::string& host, uint16_t port);
+  // Node 0, before it joins the rendezvous: with etcd, the run's id for
+  // the other launchers.
+  void publish_run(TcpStore& rendezvous);
+  // The coordinator's store, once this node joined `rendezvous` (host:port):
+  // with etcd the run node 0 published there; for the tcp backend the
+  // rendezvous store itself (a client of its own with the short call
+  // timeout).
+  elastic::CoordinatorStore& open(TcpStore& rendezvous, const std::string& host, uint16_t port);
 
  private:
   const LaunchOptions& options_;
   std::string token_;
   int64_t call_timeout_ms_;
-  std::unique_ptr<elastic::CoordinatorStore> etcd_;
+  std::unique_ptr<elastic::EtcdCoordinatorStore> etcd_;
   std::optional<TcpStore> client_;
   std::optional<elastic::TcpCoordinatorStore> tcp_;
 };

@@ -1,11 +1,16 @@
 #include "brigade/elastic/etcd_store.h"
 
 #include <curl/curl.h>
+#include <sys/socket.h>
 #include <xxhash.h>
 
 #include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <chrono>
 #include <cstring>
 #include <nlohmann/json.hpp>
+#include <random>
 
 #include "brigade/core/clock.h"
 #include "brigade/core/error.h"
@@ -86,6 +91,12 @@ size_t on_etcd_reply_data(char* data, size_t size, size_t count, void* user) {
   return size * count;
 }
 
+// The connection kept open between calls is never inherited by the
+// workers the launcher starts.
+curl_socket_t open_cloexec_socket(void*, curlsocktype, curl_sockaddr* address) {
+  return ::socket(address->family, address->socktype | SOCK_CLOEXEC, address->protocol);
+}
+
 void init_curl_once() {
   static const CURLcode code = curl_global_init(CURL_GLOBAL_DEFAULT);
   if (code != CURLE_OK) throw_error("cannot initialise libcurl: {}", curl_easy_strerror(code));
@@ -95,21 +106,42 @@ void init_curl_once() {
 int64_t reply_int(const json& j, const char* field, const std::string& where) {
   const auto it = j.find(field);
   if (it != j.end() && it->is_string()) {
+    // Up to int64's largest (lease IDs take all 19 digits); no sign.
     const std::string& s = it->get_ref<const std::string&>();
-    if (!s.empty() && s.size() <= 18 && std::all_of(s.begin(), s.end(), ::isdigit)) {
-      return std::stoll(s);
-    }
+    int64_t v = 0;
+    const auto [end, error] = std::from_chars(s.data(), s.data() + s.size(), v);
+    if (!s.empty() && s[0] != '-' && error == std::errc() && end == s.data() + s.size()) return v;
   } else if (it != j.end() && it->is_number_integer()) {
     return it->get<int64_t>();
   }
   throw_error("{}: the reply's \"{}\" is not an integer", where, field);
 }
 
+// The reply's JSON; throws Error naming `where` unless it is etcd's.
+json etcd_reply(const std::string& text, const std::string& where) {
+  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object() || !j.contains("header")) {
+    throw_error("{}: the reply is not etcd's: {}", where, shown_reply(text));
+  }
+  return j;
+}
+
+// A transaction's outcome ("succeeded" is left out when false).
+bool txn_succeeded(const json& j, const std::string& where) {
+  const auto ok = j.find("succeeded");
+  if (ok != j.end() && !ok->is_boolean()) {
+    throw_error("{}: \"succeeded\" is not a boolean: {}", where, shown_reply(j.dump()));
+  }
+  return ok != j.end() && ok->get<bool>();
+}
+
 std::string setup_help(const std::string& user, const std::string& prefix) {
   return fmt::format(
-      "to set the job up, as etcd's root run: etcdctl user add {0} "
-      "--new-user-password=\"$BRIGADE_RDZV_TOKEN\"; etcdctl role add {0}; etcdctl role "
-      "grant-permission {0} readwrite --prefix=true {1}; etcdctl user grant-role {0} {0}",
+      "to set the job up, as etcd's root run: printf %s \"$BRIGADE_RDZV_TOKEN\" | etcdctl user "
+      "add {0} --interactive=false; etcdctl role add {0}; etcdctl role "
+      "grant-permission {0} readwrite --prefix=true {1}; etcdctl user grant-role {0} {0} (and run "
+      "etcd with --auto-compaction-mode periodic --auto-compaction-retention 1h, else the "
+      "agents' beats fill its database)",
       user, prefix);
 }
 
@@ -143,6 +175,12 @@ struct EtcdCoordinatorStore::Connection {
     curl_easy_setopt(curl, CURLOPT_CONNECTTIMEOUT_MS, static_cast<long>(left_ms));
     curl_easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);  // threads: no SIGALRM for timeouts
     curl_easy_setopt(curl, CURLOPT_NOPROXY, "*");  // the job's etcd, never a proxy
+    curl_easy_setopt(curl, CURLOPT_OPENSOCKETFUNCTION, open_cloexec_socket);
+#if LIBCURL_VERSION_NUM >= 0x075700
+    // A name lookup still hanging at the timeout is left to its thread, not
+    // joined: the call ends on time.
+    curl_easy_setopt(curl, CURLOPT_QUICK_EXIT, 1L);
+#endif
     const CURLcode code = curl_easy_perform(curl);
     curl_slist_free_all(headers);
     if (code != CURLE_OK) {
@@ -169,6 +207,12 @@ std::string etcd_prefix(const std::string& token) {
 }
 
 std::vector<std::string> parse_etcd_endpoints(const std::string& text) {
+  if (text.find('@') != std::string::npos) {
+    // Not echoed: errors and logs would show the credentials.
+    throw_error(
+        "--rdzv-endpoints: a URL with user:password@ is refused (errors and logs would show it); "
+        "give etcd's plain client URLs (http://etcd0:2379): the job's token is its etcd password");
+  }
   std::vector<std::string> urls;
   size_t start = 0;
   while (start <= text.size()) {
@@ -203,12 +247,121 @@ EtcdCoordinatorStore::EtcdCoordinatorStore(std::vector<std::string> endpoints,
       call_timeout_ms_(call_timeout_ms) {
   if (endpoints_.empty()) throw_error("the etcd backend needs --rdzv-endpoints URL[,URL]");
   init_curl_once();
+  std::random_device entropy;
+  client_id_ = fmt::format("{:08x}{:08x}", entropy(), entropy());
   for (const std::string& e : endpoints_) connections_.push_back(std::make_unique<Connection>(e));
   // Authenticates, and checks the user may use the job's prefix.
-  range("", now_ns() + call_timeout_ms_ * kNsPerMs);
+  range(prefix_ + "owner", now_ns() + call_timeout_ms_ * kNsPerMs);
 }
 
-EtcdCoordinatorStore::~EtcdCoordinatorStore() = default;
+EtcdCoordinatorStore::~EtcdCoordinatorStore() {
+  if (!keepalive_.joinable()) return;
+  {
+    const std::lock_guard lock(stop_mutex_);
+    stop_ = true;
+  }
+  stop_cv_.notify_all();
+  keepalive_.join();
+  // The next job under this token may start at once; if etcd does not
+  // answer, the lease runs out by itself.
+  try {
+    call("/v3/lease/revoke", json{{"ID", std::to_string(lease_)}}.dump(),
+         now_ns() + call_timeout_ms_ * kNsPerMs);
+  } catch (const Error&) {
+  }
+}
+
+std::string EtcdCoordinatorStore::own() {
+  const int64_t deadline_ns = now_ns() + call_timeout_ms_ * kNsPerMs;
+  std::random_device entropy;
+  const std::string run = fmt::format("{:08x}{:08x}", entropy(), entropy());
+  const std::string where = fmt::format("etcd ({}) taking {} for a new run", address(), prefix_);
+  const json grant = etcd_reply(
+      call("/v3/lease/grant", json{{"TTL", std::to_string(kOwnerLeaseTtlS)}}.dump(), deadline_ns),
+      where);
+  const int64_t lease = reply_int(grant, "ID", where);
+  const std::string owner = prefix_ + "owner";
+  std::string end = prefix_;
+  ++end.back();  // "brigade/<id>/" -> "brigade/<id>0": every key with the prefix
+  // The owner, if there is none, and every key but it deleted: older runs'.
+  const json request = {
+      {"compare", json::array({json{{"target", "CREATE"},
+                                    {"key", to_base64(owner)},
+                                    {"create_revision", "0"},
+                                    {"result", "EQUAL"}}})},
+      {"success",
+       json::array({json{{"request_put",
+                          {{"key", to_base64(owner)},
+                           {"value", to_base64(run)},
+                           {"lease", std::to_string(lease)}}}},
+                    json{{"request_delete_range",
+                          {{"key", to_base64(prefix_)}, {"range_end", to_base64(owner)}}}},
+                    json{{"request_delete_range",
+                          {{"key", to_base64(owner + '\0')}, {"range_end", to_base64(end)}}}}})}};
+  if (!txn_succeeded(etcd_reply(call("/v3/kv/txn", request.dump(), deadline_ns), where), where)) {
+    // Ours all the same if it landed and only the reply was lost (the
+    // endpoint after retried it).
+    const std::optional<Value> holder = range(owner, deadline_ns);
+    if (!holder || holder->value != run) {
+      throw_error(
+          "another job with this token is running on etcd {} (it holds {}): use another token (or "
+          "wait for it to end; a job whose node 0 died holds it {} s more)",
+          address().substr(5), owner, kOwnerLeaseTtlS);
+    }
+  }
+  lease_ = lease;
+  run_id_ = run;
+  keepalive_ = std::thread([this] { keep_lease_alive(); });
+  return run;
+}
+
+void EtcdCoordinatorStore::keep_lease_alive() {
+  bool warned = false;
+  std::unique_lock lock(stop_mutex_);
+  // Four tries per lease term: one etcd that does not answer for a call
+  // timeout still leaves three.
+  while (!stop_cv_.wait_for(lock, std::chrono::seconds(kOwnerLeaseTtlS) / 4,
+                            [this] { return stop_; })) {
+    lock.unlock();
+    try {
+      const std::string text =
+          call("/v3/lease/keepalive", json{{"ID", std::to_string(lease_)}}.dump(),
+               now_ns() + call_timeout_ms_ * kNsPerMs);
+      const json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+      const bool alive = j.is_object() && j.contains("result") && j["result"].is_object() &&
+                         j["result"].contains("TTL") &&  // left out when 0: expired
+                         reply_int(j["result"], "TTL", "etcd's lease keepalive") > 0;
+      if (!alive && !warned) {
+        fmt::print(stderr,
+                   "brigade launch: etcd ({}) let this job's hold on {}owner run out (etcd did not "
+                   "hear from node 0 for {} s): another job under the same token could start\n",
+                   address(), prefix_, kOwnerLeaseTtlS);
+        warned = true;
+      }
+    } catch (const Error&) {
+      // Tried again within the lease's term.
+    }
+    lock.lock();
+  }
+}
+
+void EtcdCoordinatorStore::use_run(const std::string& run_id) {
+  if (run_id.size() != 16 || !std::all_of(run_id.begin(), run_id.end(), [](char c) {
+        return std::isdigit(static_cast<unsigned char>(c)) || (c >= 'a' && c <= 'f');
+      })) {
+    throw_error("node 0 gave '{}' as the job's etcd run id, not 16 hex digits: is it brigade's?",
+                shown_reply(run_id));
+  }
+  run_id_ = run_id;
+}
+
+std::string EtcdCoordinatorStore::run_key(const std::string& key) const {
+  if (run_id_.empty()) {
+    throw_error("etcd ({}): {} read or written before the run is known (own() or use_run())",
+                address(), key);
+  }
+  return prefix_ + run_id_ + "/" + key;
+}
 
 std::string EtcdCoordinatorStore::address() const {
   std::string text = "etcd ";
@@ -259,7 +412,15 @@ std::string EtcdCoordinatorStore::call(const std::string& path, const std::strin
           current_ = (current_ + i) % n;
           return reply;
         }
-        if (status == 401 && attempt == 0) {  // the auth token expired: authenticate again
+        // The auth token expired (401), or etcd's auth store changed since it
+        // was issued (a user or role was changed: 400, "revision of auth
+        // store is old"; "user name is empty" after a restart forgot it):
+        // the request was refused, not applied, so authenticate again.
+        const bool stale_token =
+            status == 401 ||
+            (status == 400 && (reply.find("revision of auth store is old") != std::string::npos ||
+                               reply.find("user name is empty") != std::string::npos));
+        if (stale_token && attempt == 0) {
           c.token.clear();
           continue;
         }
@@ -281,15 +442,11 @@ std::string EtcdCoordinatorStore::call(const std::string& path, const std::strin
               address().substr(5));
 }
 
-std::optional<EtcdCoordinatorStore::Value> EtcdCoordinatorStore::range(const std::string& key,
+std::optional<EtcdCoordinatorStore::Value> EtcdCoordinatorStore::range(const std::string& full,
                                                                        int64_t deadline_ns) {
-  const std::string full = prefix_ + key;
   const std::string text = call("/v3/kv/range", json{{"key", to_base64(full)}}.dump(), deadline_ns);
   const std::string where = fmt::format("etcd ({}) reading {}", address(), full);
-  const json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (!j.is_object() || !j.contains("header")) {
-    throw_error("{}: the reply is not etcd's: {}", where, shown_reply(text));
-  }
+  const json j = etcd_reply(text, where);
   const auto kvs = j.find("kvs");
   if (kvs == j.end()) return std::nullopt;
   if (!kvs->is_array() || kvs->size() != 1 || !(*kvs)[0].is_object()) {
@@ -311,40 +468,27 @@ std::optional<EtcdCoordinatorStore::Value> EtcdCoordinatorStore::range(const std
 }
 
 void EtcdCoordinatorStore::set(const std::string& key, const std::string& value) {
-  const std::string text = call(
-      "/v3/kv/put", json{{"key", to_base64(prefix_ + key)}, {"value", to_base64(value)}}.dump(),
-      now_ns() + call_timeout_ms_ * kNsPerMs);
-  const json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (!j.is_object() || !j.contains("header")) {
-    throw_error("etcd ({}) writing {}: the reply is not etcd's: {}", address(), prefix_ + key,
-                shown_reply(text));
-  }
-}
-
-void EtcdCoordinatorStore::clear() {
-  std::string end = prefix_;
-  ++end.back();  // "brigade/<id>/" -> "brigade/<id>0": every key with the prefix
-  const std::string text = call(
-      "/v3/kv/deleterange", json{{"key", to_base64(prefix_)}, {"range_end", to_base64(end)}}.dump(),
-      now_ns() + call_timeout_ms_ * kNsPerMs);
-  const json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (!j.is_object() || !j.contains("header")) {
-    throw_error("etcd ({}) clearing {}: the reply is not etcd's: {}", address(), prefix_,
-                shown_reply(text));
-  }
+  const std::string full = run_key(key);
+  etcd_reply(call("/v3/kv/put", json{{"key", to_base64(full)}, {"value", to_base64(value)}}.dump(),
+                  now_ns() + call_timeout_ms_ * kNsPerMs),
+             fmt::format("etcd ({}) writing {}", address(), full));
 }
 
 std::optional<std::string> EtcdCoordinatorStore::try_get(const std::string& key) {
-  auto v = range(key, now_ns() + call_timeout_ms_ * kNsPerMs);
+  auto v = range(run_key(key), now_ns() + call_timeout_ms_ * kNsPerMs);
   if (!v) return std::nullopt;
   return std::move(v->value);
 }
 
 int64_t EtcdCoordinatorStore::add(const std::string& key, int64_t delta) {
   const int64_t deadline_ns = now_ns() + call_timeout_ms_ * kNsPerMs;
-  const std::string full = prefix_ + key;
+  const std::string full = run_key(key);
+  // The last add this client applied to the key, "<seq>:<sum>", written in
+  // the same transaction as the sum.
+  const std::string mark = full + "/last/" + client_id_;
+  const uint64_t seq = ++adds_;
   for (;;) {
-    const std::optional<Value> current = range(key, deadline_ns);
+    const std::optional<Value> current = range(full, deadline_ns);
     int64_t base = 0;
     if (current) {
       const std::string& s = current->value;
@@ -365,22 +509,31 @@ int64_t EtcdCoordinatorStore::add(const std::string& key, int64_t delta) {
                                         {"key", to_base64(full)},
                                         {"create_revision", "0"},
                                         {"result", "EQUAL"}};
+    const int64_t sum = base + delta;
     const json put = {
+        {"request_put", {{"key", to_base64(full)}, {"value", to_base64(std::to_string(sum))}}}};
+    const json put_mark = {
         {"request_put",
-         {{"key", to_base64(full)}, {"value", to_base64(std::to_string(base + delta))}}}};
-    const json request = {{"compare", json::array({compare})}, {"success", json::array({put})}};
+         {{"key", to_base64(mark)}, {"value", to_base64(fmt::format("{}:{}", seq, sum))}}}};
+    const json request = {{"compare", json::array({compare})},
+                          {"success", json::array({put, put_mark})}};
     const std::string text = call("/v3/kv/txn", request.dump(), deadline_ns);
-    const json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
-    if (!j.is_object() || !j.contains("header")) {
-      throw_error("etcd ({}) adding to {}: the reply is not etcd's: {}", address(), full,
-                  shown_reply(text));
+    const std::string where = fmt::format("etcd ({}) adding to {}", address(), full);
+    if (txn_succeeded(etcd_reply(text, where), where)) return sum;
+    // The key changed since it was read: by another client, or by this add
+    // itself, when an endpoint applied it and its reply was lost (call()
+    // sent it again to the next). This client's mark says which.
+    const std::optional<Value> marked = range(mark, deadline_ns);
+    const std::string ours = fmt::format("{}:", seq);
+    if (marked && marked->value.starts_with(ours)) {
+      const std::string landed = marked->value.substr(ours.size());
+      if (landed.empty() || landed.size() > 19 ||
+          !std::all_of(landed.begin() + (landed[0] == '-' ? 1 : 0), landed.end(), ::isdigit)) {
+        throw_error("{}: its mark {} holds '{}', not this client's", where, mark,
+                    shown_reply(marked->value));
+      }
+      return std::stoll(landed);
     }
-    const auto ok = j.find("succeeded");  // absent when false
-    if (ok != j.end() && !ok->is_boolean()) {
-      throw_error("etcd ({}) adding to {}: \"succeeded\" is not a boolean: {}", address(), full,
-                  shown_reply(text));
-    }
-    if (ok != j.end() && ok->get<bool>()) return base + delta;
     if (now_ns() >= deadline_ns) {
       throw_error("etcd ({}): adding to {} did not succeed within {} ms (the key kept changing)",
                   address(), full, call_timeout_ms_);

@@ -7,8 +7,9 @@
 // etcd_user(token) ("brigade-" and 16 hex digits of the token's hash), whose
 // role may read and write only the job's prefix, etcd_prefix(token)
 // ("brigade/<same digits>/"). Every key lives under that prefix, so two jobs
-// on one etcd never meet. An operator sets a job up once, as etcd's root:
-//   etcdctl user add brigade-<id> --new-user-password="$BRIGADE_RDZV_TOKEN"
+// on one etcd never meet. An operator sets a job up once, as etcd's root
+// (the token piped in, never on a command line `ps` shows):
+//   printf %s "$BRIGADE_RDZV_TOKEN" | etcdctl user add brigade-<id> --interactive=false
 //   etcdctl role add brigade-<id>
 //   etcdctl role grant-permission brigade-<id> readwrite --prefix=true brigade/<id>/
 //   etcdctl user grant-role brigade-<id> brigade-<id>
@@ -16,20 +17,49 @@
 // the user). An etcd without authentication is refused: anyone who reaches
 // it could change the job's decisions.
 //
+// One token, one job at a time: node 0 owns the prefix while its job runs,
+// through brigade/<id>/owner, created only if absent and attached to a lease
+// it keeps alive (own()); a second job under the same token is refused
+// until the first ends (its lease is revoked) or its node 0 dies (the lease
+// runs out, kOwnerLeaseTtlS). Each run keeps its keys under
+// brigade/<id>/<run id>/, a run id node 0 draws and the other launchers get
+// through the rendezvous (use_run()), so a dead run's straggling agent
+// (its `end`, its beats) never writes into a later run's keys; node 0
+// deletes older runs' keys as it takes the prefix.
+//
+// etcd keeps every revision until compacted: run it with auto-compaction
+// (--auto-compaction-mode periodic --auto-compaction-retention 1h), else
+// the agents' beats grow its database until it hits its quota and refuses
+// writes.
+//
 // Every call, retries included, ends within call_timeout_ms or throws
 // Error: each endpoint is tried in turn with a share of the time left (one
-// that is down or cut off costs its share, not the whole call). add() is a
+// that is down or cut off costs its share, not the whole call). The time
+// starts when the call is made: a call that waits for another thread's
+// (calls go one at a time) spends its own time waiting. A host name is
+// resolved within the share too, and a lookup still hanging at its end is
+// abandoned, not waited for (CURLOPT_QUICK_EXIT, libcurl 7.87 or newer;
+// older ones wait for the system's resolver). A call that fails ends the
+// job as lost contact (coordinator.h's poll): an etcd that elects a new
+// leader for longer than a call timeout is not ridden out. add() is a
 // compare-and-swap loop (read the counter and its mod_revision, write the
 // sum in a transaction only if the key has not changed since), so no
-// increment is lost between agents. Replies are checked as they are read: a
-// malformed one is an Error naming the endpoint and what was wrong.
+// increment is lost between agents; the same transaction writes the sum
+// and the add's sequence number under <key>/last/<client>, which tells an
+// add whose reply was lost (and that call() sent again to the next
+// endpoint) that it landed, so it is applied once. Replies are checked as
+// they are read: a malformed one is an Error naming the endpoint and what
+// was wrong.
 #pragma once
 
+#include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "brigade/elastic/coordinator.h"
@@ -56,16 +86,24 @@ class EtcdCoordinatorStore : public CoordinatorStore {
   EtcdCoordinatorStore(const EtcdCoordinatorStore&) = delete;
   EtcdCoordinatorStore& operator=(const EtcdCoordinatorStore&) = delete;
 
+  static constexpr int64_t kOwnerLeaseTtlS = 10;
+
+  // Node 0: takes the job's prefix for a new run (a fresh run id, returned)
+  // and keeps it until destroyed; deletes older runs' keys. Throws Error if
+  // another job under this token holds it.
+  std::string own();
+  // Every other launcher: the run node 0 drew (use_run's id from own(),
+  // through the rendezvous). Throws Error for an id own() cannot have drawn.
+  void use_run(const std::string& run_id);
+  const std::string& run_id() const { return run_id_; }
+
+  // Keys are the run's: set, try_get and add throw Error before own() or
+  // use_run().
   void set(const std::string& key, const std::string& value) override;
   std::optional<std::string> try_get(const std::string& key) override;
   int64_t add(const std::string& key, int64_t delta) override;
   std::string address() const override;
   int64_t call_timeout_ms() const override { return call_timeout_ms_; }
-  // Deletes every key under the job's prefix: what an earlier job under the
-  // same token left (its `end` would end this one at once). Node 0 calls it
-  // before it hosts the launchers' rendezvous, so before any agent writes.
-  void clear();
-
   struct Connection;  // one endpoint's curl handle and auth token
 
  private:
@@ -78,15 +116,27 @@ class EtcdCoordinatorStore : public CoordinatorStore {
   // last first), authenticating where needed, within the deadline; returns
   // the reply's JSON text. Throws Error if none answered.
   std::string call(const std::string& path, const std::string& body, int64_t deadline_ns);
+  // The run's full key; throws Error before a run is chosen.
+  std::string run_key(const std::string& key) const;
+  void keep_lease_alive();
 
   std::vector<std::string> endpoints_;
   std::string user_;
   std::string password_;
-  std::string prefix_;
+  std::string prefix_;  // the job's
+  std::string run_id_;
+  std::string client_id_;  // random: names this client's add() marks
+  std::atomic<uint64_t> adds_{0};
   int64_t call_timeout_ms_;
   std::mutex mutex_;  // one call at a time over the connections
   std::vector<std::unique_ptr<Connection>> connections_;
   size_t current_ = 0;  // the endpoint that answered last
+  // own()'s lease, kept alive by keepalive_ until the destructor revokes it.
+  int64_t lease_ = 0;
+  std::mutex stop_mutex_;
+  std::condition_variable stop_cv_;
+  bool stop_ = false;
+  std::thread keepalive_;
 };
 
 }  // namespace brigade::elastic
