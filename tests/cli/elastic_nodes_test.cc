@@ -534,6 +534,9 @@ TEST_F(ElasticStandby, NodeFaultsAndStandbysThatCannotWorkAreRefusedBeforeTheRen
   };
   const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
       {{"--inject", "partition:node=1:step=1"}, "it needs --nnodes 2 or more"},
+      {{"--nnodes", "2", "--node-rank", "1", "--node-id", "rack/7"},
+       "the node id 'rack/7' cannot name a machine: give --node-id (or BRIGADE_NODE_ID) 1 to 128 "
+       "characters without '/'"},
       {{"--nnodes", "2", "--node-rank", "1", "--inject", "kill-agent:node=0:step=1"},
        "strikes node 0, which hosts the rendezvous store and leads the job"},
       {{"--nnodes", "2", "--node-rank", "1", "--inject", "kill-agent:node=2:step=1"},

@@ -380,7 +380,14 @@ TEST_F(Elastic, EttrReadsTheLastLaunchOfARunDirectory) {
   {
     std::ofstream incidents(run / "incidents.jsonl");
     incidents << incident(100, 900) << "\n" << summary(2.0) << "\n";
-    incidents << incident(10, 490) << "\n" << summary(4.0) << "\n";
+    incidents << incident(10, 490) << "\n";
+    // A rejoin's pause is no failure: not in the restart cost.
+    incidents << nlohmann::json{{"kind", "rejoin"},
+                                {"restart", false},
+                                {"detected_after_ms", 10},
+                                {"recovered_after_ms", 4990}}
+              << "\n"
+              << summary(4.0) << "\n";
     std::ofstream metrics(run / "metrics.jsonl");
     metrics << step(100, 150) << "\n" << step(100, 150) << "\n" << summary(2.0) << "\n";
     metrics << step(10, 12) << "\n" << step(30, 36) << "\n" << summary(4.0) << "\n";

@@ -44,6 +44,8 @@ class ReportData : public ::testing::Test {
         << "\n"
         << R"({"kind":"straggler_recovered","restart":false,"rank":3,"what":"no longer slow"})"
         << "\n"
+        << R"({"kind":"rejoin","restart":false,"node":1,"what":"node 1 rejoins"})"
+        << "\n"
         << R"({"kind":"summary","ettr":0.9,"incidents":1,"restarts":1,"wall_s":10,"productive_s":9,"lost_s":1})"
         << "\n";
     std::ofstream(dir_.path() / "config.toml")
@@ -81,6 +83,9 @@ TEST_F(ReportData, ReadsTheRunDirectory) {
   ASSERT_EQ(run["stragglers"].size(), 2u);
   EXPECT_EQ(run["stragglers"][0]["what"], "straggler: rank 3 (node 1)");
   EXPECT_EQ(run["stragglers"][1]["kind"], "straggler_recovered");
+  // A rejoin (the job grew back) is no failure either.
+  ASSERT_EQ(run["rejoins"].size(), 1u);
+  EXPECT_EQ(run["rejoins"][0]["what"], "node 1 rejoins");
   EXPECT_DOUBLE_EQ(run["summary"]["ettr"].get<double>(), 0.9);
   EXPECT_EQ(run["mesh"]["dp"], 2);
   EXPECT_EQ(run["mesh"]["zero"], 1);

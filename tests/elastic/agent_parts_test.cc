@@ -524,9 +524,15 @@ namespace BRIGADE_TEST_FILE {
 // worker's fault there, or a node fault given to the workers, is refused
 // naming where it belongs.
 TEST(FaultInjection, NodeFaultsAreTheLaunchersAndParsedWithTheirGeneration) {
-  const auto faults =
-      parse_node_faults("kill-agent:node=1:step=4,chaos:mtbf=30,partition:node=2:step=6:gen=1");
-  ASSERT_EQ(faults.size(), 2u);
+  const auto faults = parse_node_faults(
+      "kill-agent:node=1:step=4,chaos:mtbf=30,partition:node=2:step=6:gen=1,"
+      "hold:node=0:step=2:gen=1");
+  ASSERT_EQ(faults.size(), 3u);
+  EXPECT_EQ(faults[2].kind, NodeFault::Kind::kHold);
+  EXPECT_EQ(faults[2].node, 0);
+  EXPECT_EQ(faults[2].step, 2);
+  EXPECT_EQ(faults[2].generation, 1);
+  EXPECT_STREQ(faults[2].name(), "hold");
   EXPECT_EQ(faults[0].kind, NodeFault::Kind::kKillAgent);
   EXPECT_EQ(faults[0].node, 1);
   EXPECT_EQ(faults[0].step, 4);
@@ -554,6 +560,8 @@ TEST(FaultInjection, NodeFaultsAreTheLaunchersAndParsedWithTheirGeneration) {
   EXPECT_NE(
       error_of(worker, "kill-agent:node=1:step=2").find("pass it to `brigade launch --inject`"),
       std::string::npos);
+  EXPECT_NE(error_of(worker, "hold:node=0:step=2").find("pass it to `brigade launch --inject`"),
+            std::string::npos);
 }
 
 }  // namespace BRIGADE_TEST_FILE

@@ -3,9 +3,11 @@
 // fewer_nodes_test.cc, every agent is a Coordinator over its own client of
 // one real TcpStore, and time is passed in by the test. End to end,
 // training included: tests/cli/elastic_rejoin_test.cc.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <csignal>
 #include <memory>
 #include <string>
 #include <vector>
@@ -294,6 +296,161 @@ TEST_F(RejoinTest, AMalformedRejoinEndsTheJobNamingTheKey) {
                        "1..2"),
             std::string::npos)
       << v.why;
+}
+
+// Two nodes run workers during a rejoin's stop: node 2's workers agree on
+// node 0's step boundary, save and exit 143 (128 + SIGTERM) before node
+// 2's agent saw the rejoin, so its agent reports them as a crash. Still a
+// rejoin: no restart used, the joiner admitted.
+TEST_F(RejoinTest, WorkersThatExitOnTheRejoinsSigtermAreNoCrash) {
+  auto n0 = node(0, 1), n1 = node(1, 1), n2 = node(2, 1);
+  int64_t t = 0;
+  lose_node_1(n0.get(), n1.get(), n2.get(), t);
+  auto s = joiner("h9", 1);
+  ASSERT_TRUE(run_until_failing({n0.get(), n2.get(), s.get()}, t, 4'000));
+  Incident saved;
+  saved.kind = "crash";
+  saved.rank = 1;
+  saved.exit_code = 128 + SIGTERM;
+  saved.what = "worker rank 1 (local 0, node 2) exited with status 143";
+  n2->coordinator->report_failure(saved);
+  const JobView failing = n2->poll(t += 100 * kMs);
+  ASSERT_EQ(failing.state, State::kFailing);
+  EXPECT_TRUE(failing.rejoin);
+  EXPECT_TRUE(failing.will_restart);  // no restart left, but none needed
+  const std::vector<JobView> views = open_next({n0.get(), n2.get()}, {n0.get(), n2.get()}, t);
+  for (const JobView& v : views) {
+    ASSERT_EQ(v.state, State::kRestart) << v.why;
+    EXPECT_EQ(v.cause->kind, "rejoin");
+  }
+  EXPECT_EQ(n0->coordinator->restarts_used(), 1);
+  EXPECT_EQ(n0->coordinator->members(), (std::vector<int>{0, 1, 2}));
+  ASSERT_EQ(s->poll(t).state, State::kRestart);
+}
+
+// A real crash reported while the job stops for a rejoin: no rejoin any
+// more (the survivors get SIGKILL, not the signal's grace), and with no
+// restart left the job ends with the crash, the joiner not admitted.
+TEST_F(RejoinTest, ACrashDuringARejoinIsAFailure) {
+  auto n0 = node(0, 1), n1 = node(1, 1), n2 = node(2, 1);
+  int64_t t = 0;
+  lose_node_1(n0.get(), n1.get(), n2.get(), t);
+  auto s = joiner("h9", 1);
+  ASSERT_TRUE(run_until_failing({n0.get(), n2.get(), s.get()}, t, 4'000));
+  ASSERT_TRUE(n2->poll(t).rejoin);
+  Incident crash;
+  crash.kind = "crash";
+  crash.rank = 1;
+  crash.exit_code = 1;
+  crash.what = "worker rank 1 (local 0, node 2) exited with status 1";
+  n2->coordinator->report_failure(crash);
+  for (Agent* a : {n0.get(), n2.get()}) {
+    const JobView v = a->poll(t += 100 * kMs);
+    ASSERT_EQ(v.state, State::kFailing);
+    EXPECT_FALSE(v.rejoin);
+    EXPECT_FALSE(v.will_restart);
+  }
+  const std::vector<JobView> views = open_next({n0.get(), n2.get()}, {n0.get(), n2.get()}, t);
+  ASSERT_EQ(views[0].state, State::kEnded);
+  EXPECT_NE(views[0].why.find("exited with status 1"), std::string::npos) << views[0].why;
+}
+
+// A joiner that goes silent between the decision and the grow stopped the
+// job for nothing: the rejoin is aborted (no member added), counted as a
+// loss of its machine; twice, and that machine's next joiner is refused.
+TEST_F(RejoinTest, AJoinerSilentBeforeTheGrowCountsAsALossOfItsMachine) {
+  auto n0 = node(0), n1 = node(1), n2 = node(2);
+  int64_t t = 0;
+  lose_node_1(n0.get(), n1.get(), n2.get(), t);
+  for (int attempt = 1; attempt <= 2; ++attempt) {
+    auto flaky = joiner("h8");
+    ASSERT_TRUE(run_until_failing({n0.get(), n2.get(), flaky.get()}, t, 4'000));
+    flaky.reset();  // silent from now on
+    run({n0.get(), n2.get()}, t, t + 2'500 * kMs);
+    const std::vector<JobView> views = open_next({n0.get(), n2.get()}, {n0.get(), n2.get()}, t);
+    ASSERT_EQ(views[0].state, State::kRestart) << views[0].why;
+    EXPECT_EQ(views[0].cause->kind, "rejoin");
+    EXPECT_NE(views[0].cause->what.find(fmt::format(
+                  "rejoin aborted: standby {} went silent before it could rejoin as node 1, "
+                  "which stays out; counted as a loss of its machine 'h8' ({} of the 2",
+                  attempt - 1, attempt)),
+              std::string::npos)
+        << views[0].cause->what;
+    EXPECT_EQ(n0->coordinator->members(), (std::vector<int>{0, 2}));
+    EXPECT_EQ(n0->coordinator->restarts_used(), 1);
+  }
+  auto again = joiner("h8");
+  JobView refused;
+  for (const int64_t end = t + 6'000 * kMs; t <= end && refused.state != State::kEnded;
+       t += 100 * kMs) {
+    EXPECT_EQ(n0->poll(t).state, State::kRunning);
+    EXPECT_EQ(n2->poll(t).state, State::kRunning);
+    refused = again->poll(t);
+  }
+  ASSERT_EQ(refused.state, State::kEnded);
+  EXPECT_NE(refused.why.find("its machine 'h8' was declared lost 2 times"), std::string::npos)
+      << refused.why;
+}
+
+// A job that is finishing (a member's workers are done) is not stopped for
+// a joiner.
+TEST_F(RejoinTest, NoRejoinOnceAMemberIsDone) {
+  auto n0 = node(0), n1 = node(1), n2 = node(2);
+  int64_t t = 0;
+  lose_node_1(n0.get(), n1.get(), n2.get(), t);
+  n2->coordinator->report_stopped(true);
+  auto s = joiner("h9");
+  const int64_t end = t + 5'000 * kMs;
+  for (; t <= end; t += 100 * kMs) {
+    ASSERT_EQ(n0->poll(t).state, State::kRunning);
+    n2->poll(t);  // its agent waits for the others, beating
+    s->poll(t);
+  }
+  EXPECT_FALSE(raw_.check({coordinator_key("gen/1/rejoin")}));
+}
+
+// A node's own failure report never says "rejoin" (only the leader's
+// cause does): one that does ends the job naming its key.
+TEST_F(RejoinTest, AFailureReportOfKindRejoinEndsTheJobNamingTheKey) {
+  auto n0 = node(0), n1 = node(1), n2 = node(2);
+  int64_t t = 0;
+  run({n0.get(), n1.get(), n2.get()}, t, 500 * kMs);
+  raw_.set(coordinator_key("gen/0/failure/1"),
+           R"({"kind":"rejoin","rank":-1,"node":1,"pid":0,"what":"x","injected":false,)"
+           R"("detected_after_ms":0,"last_step":-1,"mean_step_ms":0})");
+  raw_.add(coordinator_key("gen/0/reports"), 1);
+  for (Agent* a : {n0.get(), n1.get(), n2.get()}) a->coordinator->report_stopped(false);
+  const JobView v = n0->poll(t += 100 * kMs);
+  ASSERT_EQ(v.state, State::kEnded);
+  EXPECT_NE(v.why.find("'brigade/coord/gen/0/failure/1' holds"), std::string::npos) << v.why;
+  EXPECT_NE(v.why.find("not a failure report of node 1"), std::string::npos) << v.why;
+}
+
+// --node-id names a machine in a store key (host/<id>/losses): refused
+// empty, too long, or with a '/' or a space, naming the fix.
+TEST(CheckNodeId, RefusesIdsThatCannotNameAMachine) {
+  EXPECT_NO_THROW(check_node_id("node-1.rack7"));
+  for (const std::string& bad :
+       std::vector<std::string>{"", "rack/7", "a b", std::string(129, 'x')}) {
+    try {
+      check_node_id(bad);
+      ADD_FAILURE() << "'" << bad << "' was taken";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(
+                    "cannot name a machine: give --node-id (or BRIGADE_NODE_ID) 1 to 128 "
+                    "characters without '/', spaces or control characters"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  // A Coordinator is refused one too, before it writes anything.
+  TcpStoreServer server("127.0.0.1", 0, kToken);
+  TcpStore client("127.0.0.1", server.port(), kToken, 1'000);
+  TcpCoordinatorStore store(client);
+  CoordinatorOptions o;
+  o.nnodes = 2;
+  o.host = "rack/7";
+  EXPECT_THROW(Coordinator(store, o, 0), Error);
 }
 
 }  // namespace BRIGADE_TEST_FILE

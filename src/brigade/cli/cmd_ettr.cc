@@ -85,7 +85,10 @@ Comparison compare(const fs::path& run_dir, std::optional<double> mtbf_s,
       summary = j;
       recoveries_s = std::move(launch_recoveries_s);
       launch_recoveries_s.clear();
-    } else if (j.contains("recovered_after_ms") && j["recovered_after_ms"].is_number()) {
+    } else if (j.value("restart", true) && j.contains("recovered_after_ms") &&
+               j["recovered_after_ms"].is_number()) {
+      // A record with restart false (a rejoin, a straggler) is no failure:
+      // its pause is in the measured ETTR, not in the restart cost.
       launch_recoveries_s.push_back((number_at(j, "detected_after_ms", incidents_path) +
                                      number_at(j, "recovered_after_ms", incidents_path)) *
                                     1e-3);

@@ -83,8 +83,16 @@ void add_launch_command(CLI::App& app) {
                 "for 2 s), the coordinator gives that node's rank to a free standby, which runs "
                 "its workers from the newest checkpoint at the same world size (needs "
                 "--max-restarts, which the restart counts against). Start as many as you want "
-                "spare nodes")
+                "spare nodes. A standby started while the job runs on fewer nodes (--nnodes "
+                "MIN:MAX) joins it: once it has beaten for 2 s the job stops at a step boundary "
+                "(an interrupt checkpoint) and grows back with it at the next generation, using "
+                "no restart")
       ->excludes(node_rank);
+  cmd->add_option("--node-id", options->node_id,
+                  "This machine's identity (default: env BRIGADE_NODE_ID, else the host name): "
+                  "a machine declared lost twice is quarantined and its joiners refused. Give "
+                  "each node its own where several share a host name (one machine, containers)")
+      ->envname("BRIGADE_NODE_ID");
   cmd->add_option("--rdzv", options->rdzv,
                   "HOST:PORT where node 0's launcher hosts the rendezvous store (needed with "
                   "--nnodes > 1; one node defaults to 127.0.0.1 and a free port)");
@@ -129,8 +137,10 @@ void add_launch_command(CLI::App& app) {
                   "worker at exponentially distributed intervals; restarts need --max-restarts); "
                   "kill-agent:node=N:step=S[:gen=G] (node N's launcher kills its workers and "
                   "itself once they completed step S); partition:node=N:step=S[:gen=G] (node N's "
-                  "launcher takes its network interface down then: root, and no loopback). A "
-                  "fault strikes generation G only (0 by default)");
+                  "launcher takes its network interface down then: root, and no loopback); "
+                  "hold:node=N:step=S[:gen=G] (node N's workers wait after step S until the "
+                  "generation stops, for tests). A fault strikes generation G only (0 by "
+                  "default)");
   cmd->add_option("command", options->command,
                   "The command and its arguments, after --: a brigade verb or a program")
       ->required();

@@ -141,7 +141,8 @@ void check_standby_and_node_faults(const LaunchOptions& o, bool srun_tasks) {
           "--nnodes MIN:MAX to go on without it)",
           f.name(), f.node);
     }
-    if (f.node == 0) {
+    // A hold only delays node 0's workers: node 0 may be held.
+    if (f.node == 0 && f.kind != elastic::NodeFault::Kind::kHold) {
       throw_error(
           "--inject {}:node=0 strikes node 0, which hosts the rendezvous store and leads the "
           "job: its loss ends the job, no standby can take its place; strike node 1..{}",

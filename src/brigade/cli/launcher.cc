@@ -469,6 +469,7 @@ std::string validate(const LaunchOptions& o) {
     throw_error("--step-timeout-s must be at least 1, got {} ms", o.step_timeout_ms);
   }
   check_interface(o);
+  if (!o.node_id.empty()) elastic::check_node_id(o.node_id);
   if (o.metrics_address != "off" && o.metrics_address != "auto") {
     diag::parse_metrics_address(o.metrics_address);
   }
@@ -556,6 +557,7 @@ int run_launch(const LaunchOptions& o) {
   agent.watchdog.step_timeout_ms = o.step_timeout_ms;
   agent.chaos = o.chaos;
   agent.standby = o.standby;
+  agent.node_id = o.node_id;
   agent.node_faults = o.node_faults;
   agent.partition_iface = partition_iface;
   // The coordinator's calls get their own connection with a short timeout

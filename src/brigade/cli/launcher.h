@@ -95,6 +95,9 @@ struct LaunchOptions {
   std::vector<elastic::NodeFault> node_faults;
   // A standby node (launch_nodes.h): node_rank is not used.
   bool standby = false;
+  // This machine's id for the quarantine of machines lost twice (--node-id;
+  // empty: its host name).
+  std::string node_id;
   // A brigade verb and its arguments (run with this same binary), or any
   // program and its arguments.
   std::vector<std::string> command;

@@ -193,6 +193,7 @@ nlohmann::json read_run(const fs::path& run_dir) {
                         {"per_rank", per_rank_series(steps)},
                         {"incidents", nlohmann::json::array()},
                         {"stragglers", nlohmann::json::array()},
+                        {"rejoins", nlohmann::json::array()},
                         {"summary", nullptr},
                         {"config", nullptr},
                         {"config_files", nlohmann::json::array()},
@@ -207,6 +208,9 @@ nlohmann::json read_run(const fs::path& run_dir) {
       } else if (kind.starts_with("straggler")) {
         // A slow rank named or recovered: no failure, no restart.
         run["stragglers"].push_back(std::move(line));
+      } else if (kind == "rejoin") {
+        // The job grew back (a node joined): a pause, no failure.
+        run["rejoins"].push_back(std::move(line));
       } else {
         run["incidents"].push_back(std::move(line));
       }

@@ -152,6 +152,7 @@ constexpr char kMain[] = R"js(
   if (last(s.mfu) !== null) kpi('MFU (last)', fixed(100 * last(s.mfu), 1) + ' %');
   kpi('incidents', run.incidents.length);
   kpi('straggler episodes', run.stragglers.filter(e => e.kind === 'straggler').length);
+  if (run.rejoins.length) kpi('rejoins', run.rejoins.length);
   if (run.summary) {
     kpi('ETTR', fixed(100 * run.summary.ettr, 1) + ' %');
     kpi('restarts', run.summary.restarts);
@@ -227,6 +228,13 @@ constexpr char kMain[] = R"js(
       table.appendChild(row);
     });
     incidents.appendChild(table);
+  }
+  // Nodes that joined (the job grew back): pauses, no failures.
+  if (run.rejoins.length) {
+    const list = el('ul');
+    list.id = 'rejoin-list';
+    for (const e of run.rejoins) list.appendChild(el('li', e.what));
+    incidents.appendChild(list);
   }
   // Slow ranks named and recovered (no restart): their own list.
   const stragglers = document.getElementById('stragglers');

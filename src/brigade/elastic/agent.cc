@@ -69,6 +69,7 @@ Agent::Agent(AgentOptions options) : options_(std::move(options)) {
     c.node_rank = options_.node_rank;
     c.max_restarts = options_.max_restarts;
     c.standby = options_.standby;
+    c.host = options_.node_id;
     c.min_nnodes = options_.min_nnodes;
     c.train_dp = options_.train_dp;
     c.train_grad_accum = options_.train_grad_accum;
@@ -205,12 +206,18 @@ Agent::Outcome Agent::supervise(WorkerGroup& group, const HeartbeatTable& table)
       } else {
         received_signal_ = sig;
         will_restart_ = false;
+        stopping_for_rejoin_ = false;
         stopped_count_ = group.running();
         group.stop(sig, options_.signal_grace_ms);
         report_end(fmt::format("the launcher of node {} received {}", options_.node_rank,
                                signal_name(sig)));
       }
     }
+    // The job's state before the exits: a worker that exited on a rejoin's
+    // SIGTERM from another node (its interrupt checkpoint saved, 128 + 15)
+    // is then seen stopping with the job, not as a crash (the rejoin's key
+    // is written before any node's workers are signalled).
+    if (coordinator_) follow_job(coordinator_->poll(now_ns()), &group);
     const std::vector<WorkerExit> exits = by_likely_cause(group.reap(), table);
     for (const WorkerExit& ended : exits) exits_[ended.worker.rank] = ended.wait_status;
     for (const WorkerExit& ended : exits) {
@@ -237,7 +244,6 @@ Agent::Outcome Agent::supervise(WorkerGroup& group, const HeartbeatTable& table)
     publish_status(group, table);
     learn_run_dir(table);
     if (options_.snapshot_sync && !group.stopping()) options_.snapshot_sync->tick();
-    if (coordinator_) follow_job(coordinator_->poll(now_ns()), &group);
     if (group.stopping()) {
       table.hold_after(0);  // a held worker would not see its signal
     } else {

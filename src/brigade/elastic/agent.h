@@ -155,6 +155,9 @@ struct AgentOptions {
   // A standby node's agent (multi-node only): node_rank is not used; it
   // waits until the coordinator gives it a lost node's.
   bool standby = false;
+  // This machine's id for the quarantine (CoordinatorOptions::host); empty:
+  // its host name.
+  std::string node_id;
   // Whole-node faults (kill-agent, partition) this agent raises when they
   // are its node's and generation's.
   std::vector<NodeFault> node_faults;
@@ -274,6 +277,8 @@ class Agent {
   // How this generation's ended workers ended (wait status), by rank.
   std::map<int, int> exits_;
   bool will_restart_ = false;
+  // The workers are stopping for a rejoin, with the signal's grace.
+  bool stopping_for_rejoin_ = false;
   int received_signal_ = 0;
   std::string remote_failure_;
   int stopped_count_ = 0;

@@ -96,8 +96,9 @@ void Agent::hold_for_node_faults(const HeartbeatTable& table) const {
   int64_t step = 0;
   for (size_t i = 0; i < options_.node_faults.size(); ++i) {
     const NodeFault& fault = options_.node_faults[i];
-    if (node_fault_raised_[i] || fault.node != options_.node_rank ||
-        fault.generation != generation_) {
+    // A hold raised goes on holding, until the generation stops.
+    if ((node_fault_raised_[i] && fault.kind != NodeFault::Kind::kHold) ||
+        fault.node != options_.node_rank || fault.generation != generation_) {
       continue;
     }
     step = step == 0 ? fault.step : std::min(step, fault.step);
@@ -121,6 +122,15 @@ void Agent::raise_node_fault(WorkerGroup& group, const HeartbeatTable& table) {
       continue;
     }
     node_fault_raised_[i] = true;
+    if (fault.kind == NodeFault::Kind::kHold) {
+      std::fprintf(stderr,
+                   "brigade launch: holding node %d's workers after step %lld (generation %lld) "
+                   "until the generation stops\n",
+                   fault.node, static_cast<long long>(fault.step),
+                   static_cast<long long>(generation_));
+      std::fflush(stderr);
+      continue;
+    }
     std::fprintf(stderr,
                  "brigade launch: injecting %s on node %d after step %lld (generation %lld)\n",
                  fault.name(), fault.node, static_cast<long long>(fault.step),
@@ -164,7 +174,18 @@ void Agent::follow_job(const JobView& view, WorkerGroup* group) {
     lost_coordinator_ = view.lost_coordinator;
     record_job_incident(view);
   }
-  if (group == nullptr || group->stopping()) return;
+  if (group == nullptr) return;
+  if (group->stopping()) {
+    // A stop begun as a rejoin's (the signal's grace) that a failure or a
+    // lost node joined: the failure's stop, as if it had come first.
+    if (stopping_for_rejoin_ && view.state == State::kFailing && !view.rejoin) {
+      stopping_for_rejoin_ = false;
+      will_restart_ = view.will_restart && received_signal_ == 0;
+      group->stop(will_restart_ ? SIGKILL : SIGTERM, will_restart_ ? 0 : options_.failure_grace_ms);
+    }
+    return;
+  }
+  stopping_for_rejoin_ = view.state == State::kFailing && view.rejoin;
   if (view.state == State::kFailing) {
     // A failure on another node (or this one's, already stopping): the
     // survivors' state is disposable, as on one node.

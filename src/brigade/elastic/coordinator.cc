@@ -360,7 +360,7 @@ JobView Coordinator::read_state() {
       return v;
     }
     v.state = JobView::State::kFailing;
-    v.rejoin = read_rejoin(generation_).has_value();
+    v.rejoin = rejoin_only();
     v.will_restart = restarts_used_ < options_.max_restarts || v.rejoin;
     return v;
   }
@@ -479,13 +479,11 @@ std::optional<Incident> Coordinator::choose_cause() {
   auto rank_of = [](const Incident& i) {
     return std::make_tuple(!i.injected, !i.signal.has_value(), i.kind != "hang", i.node);
   };
-  for (int n = 0; n < options_.nnodes; ++n) {
-    const std::string key = failure_key(generation_, n);
-    const auto text = store_.try_get(key);
-    if (!text) continue;
-    Incident i =
-        parse_report(key, parse_object(key, *text, "a failure report"), 0, options_.nnodes);
-    if (i.node != n) throw MalformedValue(key, *text, fmt::format("a report of node {}", n));
+  const bool rejoin = read_rejoin(generation_).has_value();
+  for (Incident& i : read_failures()) {
+    // Workers that saved and exited on a rejoin's SIGTERM before their
+    // agent saw it: its consequence, not a cause.
+    if (rejoin && stopped_by_rejoin(i)) continue;
     if (!best || rank_of(i) < rank_of(*best)) best = std::move(i);
   }
   return best;

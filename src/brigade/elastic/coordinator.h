@@ -76,10 +76,17 @@
 //     lowest first), opens g+1 with it among the members and the layout
 //     scaled back up (absent at every node: node 0's own). A rejoin uses no
 //     restart: gen/<g>/restarts holds the restarts used up to g (absent:
-//     g). It is bounded instead: a machine (its host name, agent/<n>/host
-//     or standby/<s>/host) declared lost twice is quarantined
-//     (host/<h>/losses), and its joiner is refused (standby/<s>/refused,
-//     why) rather than readmitted.
+//     g). It is bounded instead: a machine (--node-id, else its host name:
+//     agent/<n>/host or standby/<s>/host) declared lost twice is
+//     quarantined (host/<h>/losses), and its joiner is refused
+//     (standby/<s>/refused, why) rather than readmitted; a joiner silent
+//     by the time every node stopped aborts the rejoin (g+1 as g) and
+//     counts as a loss of its machine. A rejoin is one only while it is g's
+//     sole report: a node lost or a failure reported in g besides (but a
+//     worker that exited 128 + SIGTERM or SIGINT, the rejoin's own stop
+//     seen before its agent saw the rejoin) makes g's stop a failure's
+//     (SIGKILL, a restart used), and agents that began stopping with the
+//     signal's grace escalate.
 // A lost node never comes back into the job: its agent, should it come
 // back (it was stopped, or its network returns), finds node/<n>/lost at
 // or after its generation on its next poll and ends for itself without
@@ -168,8 +175,10 @@ struct CoordinatorOptions {
   // waits for a lost node's rank.
   bool standby = false;
   int max_restarts = 0;
-  // This machine, for the quarantine of machines lost twice (a rejoin);
-  // empty: its host name.
+  // This machine, for the quarantine of machines lost twice (a rejoin):
+  // `brigade launch --node-id` or env BRIGADE_NODE_ID (check_node_id());
+  // empty: its host name, which every node on one machine shares (loopback
+  // tests, containers), so that two losses there refuse every joiner.
   std::string host;
   int64_t beat_interval_ms = 200;
   // Two seconds without a beat: a loaded machine's agent still beats ten
@@ -339,6 +348,16 @@ class Coordinator {
   std::optional<JobView> watch_leader(int64_t now_ns);
   bool beat_moved(int node, int64_t now_ns);
   std::optional<Incident> choose_cause();
+  // Every node's failure report in this generation (a node's own report
+  // never has kind "rejoin": that is the leader's cause only).
+  std::vector<Incident> read_failures();
+  // A failure report that a rejoin's stop explains: a worker that exited
+  // on SIGTERM or SIGINT (128 + the signal: `brigade train` after its
+  // interrupt checkpoint).
+  static bool stopped_by_rejoin(const Incident& i);
+  // The rejoin is this generation's only report: no node lost in it, no
+  // failure but those the rejoin's stop explains.
+  bool rejoin_only();
   nlohmann::json signed_end(nlohmann::json end) const;
   void end_job(const nlohmann::json& end);
   // Node 0 ends the job with `end`, unless another agent's end came first.
@@ -384,6 +403,11 @@ class Coordinator {
   // whose machine a loss counts against.
   std::vector<int> holder_;
 };
+
+// Throws Error unless `id` can name a machine (CoordinatorOptions::host):
+// 1..128 characters, none of them '/', a space or a control character (it
+// is part of a store key).
+void check_node_id(const std::string& id);
 
 // Key names, for the agent's messages and the tests.
 std::string coordinator_key(const std::string& suffix);

@@ -22,20 +22,32 @@
 // counts the pause), but no restart: gen/<g>/restarts keeps the count.
 //
 // Bound: every loss counts against the machine that held the node (its
-// host name, or CoordinatorOptions::host); a machine lost twice is
+// --node-id, else its host name: CoordinatorOptions::host); so does a
+// joiner that went silent between the decision and the grow (the rejoin
+// aborted: the job stopped for nothing). A machine lost twice is
 // quarantined and its joiners are refused with the reason, so that a
-// machine that keeps failing cannot stop the job again and again. Only
-// joiners are refused: a standby that takes a lost node's place keeps the
-// job at its size, as before (one host name on a loopback test is every
-// node's).
+// machine that keeps failing, or a joiner restarted after every settle,
+// cannot stop the job again and again. Only joiners are refused: a
+// standby that takes a lost node's place keeps the job at its size, as
+// before (the quarantine is not checked there). The holder of a node
+// (whose machine a loss counts against) is the leader's memory, which
+// dies with it: node 0 cannot be replaced anyway.
+//
+// A rejoin is one only while it is its generation's sole report
+// (rejoin_only()): a crash, a hang or a lost node besides makes the stop a
+// failure's. A worker that exited 128 + SIGTERM (or SIGINT) is the
+// rejoin's own stop, seen by its workers (agreeing on node 0's step
+// boundary) before its agent saw the rejoin: no cause.
 #include <fmt/format.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <climits>
+#include <csignal>
 #include <cstdio>
 
 #include "brigade/core/clock.h"
+#include "brigade/core/error.h"
 #include "brigade/elastic/coordinator.h"
 #include "brigade/elastic/coordinator_keys.h"
 #include "brigade/elastic/standby.h"
@@ -84,7 +96,19 @@ std::string this_host() {
 
 using namespace detail;
 
+void check_node_id(const std::string& id) {
+  const bool bad = std::any_of(id.begin(), id.end(),
+                               [](unsigned char c) { return c == '/' || c <= ' ' || c == 0x7f; });
+  if (id.empty() || id.size() > 128 || bad) {
+    throw_error(
+        "the node id '{}' cannot name a machine: give --node-id (or BRIGADE_NODE_ID) 1 to 128 "
+        "characters without '/', spaces or control characters, e.g. the machine's host name",
+        id);
+  }
+}
+
 void Coordinator::register_host() {
+  if (!options_.host.empty()) check_node_id(options_.host);
   const std::string host = options_.host.empty() ? this_host() : options_.host;
   store_.set(options_.standby ? standby_host_key(standby_id_) : agent_host_key(options_.node_rank),
              host);
@@ -94,6 +118,39 @@ void Coordinator::count_loss(int node) {
   const int holder = holder_[static_cast<size_t>(node)];
   const auto host = store_.try_get(holder < 0 ? agent_host_key(node) : standby_host_key(holder));
   if (host && !host->empty()) store_.add(losses_key(*host), 1);
+}
+
+std::vector<Incident> Coordinator::read_failures() {
+  std::vector<Incident> out;
+  for (int n = 0; n < options_.nnodes; ++n) {
+    const std::string key = failure_key(generation_, n);
+    const auto text = store_.try_get(key);
+    if (!text) continue;
+    Incident i =
+        parse_report(key, parse_object(key, *text, "a failure report"), 0, options_.nnodes);
+    if (i.node != n || i.kind == "rejoin") {
+      throw MalformedValue(key, *text, fmt::format("a failure report of node {}", n));
+    }
+    out.push_back(std::move(i));
+  }
+  return out;
+}
+
+bool Coordinator::stopped_by_rejoin(const Incident& i) {
+  const auto by = [](int sig) { return sig == SIGTERM || sig == SIGINT; };
+  return i.kind == "crash" && ((i.exit_code && *i.exit_code > 128 && by(*i.exit_code - 128)) ||
+                               (i.signal && by(*i.signal)));
+}
+
+bool Coordinator::rejoin_only() {
+  if (!read_rejoin(generation_) || !lost_.empty()) return false;
+  for (const int n : members_) {
+    const std::string key = lost_key(n);
+    const auto lost_in = store_.try_get(key);
+    if (lost_in && parse_count(key, *lost_in) == generation_) return false;
+  }
+  const std::vector<Incident> failures = read_failures();
+  return std::all_of(failures.begin(), failures.end(), stopped_by_rejoin);
 }
 
 int64_t Coordinator::read_restarts(int64_t g) {
@@ -136,6 +193,10 @@ void Coordinator::maybe_grow(int64_t now_ns) {
     if (!member(n)) node = n;
   }
   if (node < 0) return;
+  // A member whose workers are done: the job is finishing, not worth a stop.
+  for (const int n : members_) {
+    if (store_.try_get(stopped_key(generation_, n))) return;
+  }
   // On all the nodes the layout is node 0's own; on fewer it must scale.
   if (options_.train_dp != 0 && members_.size() + 1 < static_cast<size_t>(options_.nnodes) &&
       !scaled_layout(members_.size() + 1)) {
@@ -187,6 +248,17 @@ void Coordinator::grow(int64_t now_ns, int standby, int node) {
     beat_changed_ns_[node] = now_ns;
     holder_[static_cast<size_t>(node)] = standby;
   }
+  // A joiner that went silent stopped the job for nothing: a loss of its
+  // machine, so that one that keeps doing so is quarantined as one lost
+  // twice (a joiner restarted after every settle would stop the job forever).
+  int64_t losses = 0;
+  std::string host;
+  if (!joins) {
+    if (const auto h = store_.try_get(standby_host_key(standby)); h && !h->empty()) {
+      host = *h;
+      losses = store_.add(losses_key(host), 1);
+    }
+  }
   write_next_layout();
   const std::string layout =
       next_layout_ ? fmt::format(" (parallel.dp {}, train.grad_accum {}: the same global batch)",
@@ -198,9 +270,11 @@ void Coordinator::grow(int64_t now_ns, int standby, int node) {
                   "back to {} of its {} nodes{}; no restart used",
                   node, standby, generation_ + 1, next_members_.size(), options_.nnodes, layout)
             : fmt::format(
-                  "standby {} went silent before it could rejoin as node {}: the job goes on "
-                  "with its {} of {} nodes; no restart used",
-                  standby, node, next_members_.size(), options_.nnodes);
+                  "rejoin aborted: standby {} went silent before it could rejoin as node {}, "
+                  "which stays out; counted as a loss of its machine '{}' ({} of the {} that "
+                  "quarantine it); the job goes on with its {} of {} nodes; no restart used",
+                  standby, node, host, losses, kQuarantineLosses, next_members_.size(),
+                  options_.nnodes);
   cause.nodes = static_cast<int>(next_members_.size());
   // Before the generation opens: every agent reads them there.
   store_.set(members_key(generation_ + 1), members_text(next_members_));

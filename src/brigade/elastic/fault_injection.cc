@@ -62,7 +62,7 @@ InjectedFault parse_one(std::string_view text) {
     fault.kind = InjectedFault::Kind::kSdc;
   } else if (fields[0] == "nan") {
     fault.kind = InjectedFault::Kind::kNan;
-  } else if (fields[0] == "kill-agent" || fields[0] == "partition") {
+  } else if (fields[0] == "kill-agent" || fields[0] == "partition" || fields[0] == "hold") {
     throw_error(
         "fault '{}': {} is a whole node's fault, raised by its agent: pass it to `brigade launch "
         "--inject`, not to the workers",
@@ -147,8 +147,9 @@ bool is_chaos(std::string_view part) {
 }
 
 constexpr const char* kNodeForm =
-    "kill-agent:node=N:step=S[:gen=G] or partition:node=N:step=S[:gen=G] (and at most one "
-    "chaos:mtbf=SECONDS[:kinds=kill+stop][:seed=N]), separated by commas";
+    "kill-agent:node=N:step=S[:gen=G], partition:node=N:step=S[:gen=G] or "
+    "hold:node=N:step=S[:gen=G] (and at most one chaos:mtbf=SECONDS[:kinds=kill+stop][:seed=N]), "
+    "separated by commas";
 
 NodeFault parse_node_fault(std::string_view text) {
   const std::vector<std::string_view> fields = split(text, ':');
@@ -157,10 +158,13 @@ NodeFault parse_node_fault(std::string_view text) {
     fault.kind = NodeFault::Kind::kKillAgent;
   } else if (fields[0] == "partition") {
     fault.kind = NodeFault::Kind::kPartition;
+  } else if (fields[0] == "hold") {
+    fault.kind = NodeFault::Kind::kHold;
   } else {
     throw_error(
         "launch --inject takes only chaos:mtbf=SECONDS[:kinds=kill+stop][:seed=N] (at most one), "
-        "kill-agent:node=N:step=S[:gen=G] and partition:node=N:step=S[:gen=G], got '{}': the "
+        "kill-agent:node=N:step=S[:gen=G], partition:node=N:step=S[:gen=G] and "
+        "hold:node=N:step=S[:gen=G], got '{}': the "
         "other faults are raised by brigade train's workers themselves; pass them to `brigade "
         "train --inject`",
         text);

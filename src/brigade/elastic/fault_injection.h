@@ -49,6 +49,11 @@
 //   partition:node=1:step=4[:gen=G]    node 1's agent takes its network
 //                                      interface down then (the node's cable
 //                                      pulled; needs root, never loopback)
+//   hold:node=0:step=2[:gen=G]         node 0's workers wait after step 2
+//                                      until the generation stops (a rejoin,
+//                                      a failure, a signal): a test's way to
+//                                      keep a generation running until then,
+//                                      however fast its steps
 //
 // are the agent's too (`brigade launch --inject`, NodeFault): whole-node
 // faults, which only a standby node can take the place of. The node's
@@ -130,12 +135,16 @@ class ChaosSchedule {
 
 // A whole node's fault, raised by its agent.
 struct NodeFault {
-  enum class Kind { kKillAgent, kPartition } kind = Kind::kKillAgent;
+  enum class Kind { kKillAgent, kPartition, kHold } kind = Kind::kKillAgent;
   int node = 0;
   int64_t step = 0;  // once every worker of the node completed it (from 1)
   int64_t generation = 0;
-  // "kill-agent" or "partition", as in the spec.
-  const char* name() const { return kind == Kind::kKillAgent ? "kill-agent" : "partition"; }
+  // "kill-agent", "partition" or "hold", as in the spec.
+  const char* name() const {
+    return kind == Kind::kKillAgent   ? "kill-agent"
+           : kind == Kind::kPartition ? "partition"
+                                      : "hold";
+  }
 };
 
 // The kill-agent and partition parts of an inject spec for `brigade

@@ -59,6 +59,10 @@ nlohmann::json Incident::to_json() const {
   j["exit_code"] = exit_code ? nlohmann::json(*exit_code) : nlohmann::json(nullptr);
   // The job went on with fewer nodes after it.
   if (nodes > 0) j["nodes"] = nodes;
+  // A rejoin (the job grew back) stopped the job but is no failure and
+  // used no restart: not one of the failures `brigade ettr`, report and
+  // the model count, as a straggler's record is not.
+  if (kind == "rejoin") j["restart"] = false;
   const auto recovered = recovered_after_ms();
   j["recovered_after_ms"] = recovered ? nlohmann::json(*recovered) : nlohmann::json(nullptr);
   j["resumed_from_step"] =
