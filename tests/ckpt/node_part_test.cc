@@ -40,6 +40,7 @@ class NodePartTest : public ::testing::Test {
     const int64_t size = ParamLayout(config()).size();
     const BucketPlan plan(size, kRanks, 1000);
     const auto params = state(0, step), m = state(1, step), v = state(2, step);
+    begin_checkpoint(area(node), step);  // the committer's phase 1
     for (int r = node * 2; r < node * 2 + 2; ++r) {
       std::vector<CheckpointPiece> pieces;
       for (const FlatRange& s : plan.owned(r)) {
@@ -104,6 +105,37 @@ TEST_F(NodePartTest, ANodeKeepsItsNewestPartsAndRecyclesTheRest) {
   write_part(1, 5);
   EXPECT_EQ(node_part_steps(area(1)), (std::vector<int64_t>{4, 5}));
   EXPECT_TRUE(fs::exists(area(1) / "spare" / "shard_00002.safetensors"));
+}
+
+TEST_F(NodePartTest, AnAssembledCheckpointSharesThePartsFilesRatherThanCopies) {
+  // tmpfs: a copy would hold the state twice in memory.
+  const fs::path a = write_part(0, 5), b = write_part(1, 5);
+  const fs::path dir = assemble_checkpoint({a, b}, area(0));
+  EXPECT_EQ(fs::hard_link_count(dir / "shard_00002.safetensors"), 2u);
+  EXPECT_TRUE(fs::equivalent(dir / "shard_00000.safetensors", a / "shard_00000.safetensors"));
+  // The parts go; the checkpoint stays whole.
+  fs::remove_all(a);
+  fs::remove_all(b);
+  EXPECT_NO_THROW(verify_checkpoint(dir, /*snapshot=*/true));
+}
+
+TEST_F(NodePartTest, APinnedPartIsNeitherPrunedNorRecycledUntilUnpinned) {
+  const fs::path sent = write_part(1, 3);
+  pin_node_part(area(1), 3);
+  const std::string shard = read_file(sent / "shard_00002.safetensors");
+  // Its agent's send is slower than three steps.
+  write_part(1, 4);
+  write_part(1, 5);
+  write_part(1, 6);
+  EXPECT_EQ(node_part_steps(area(1)), (std::vector<int64_t>{3, 5, 6}));
+  EXPECT_EQ(read_file(sent / "shard_00002.safetensors"), shard) << "recycled while pinned";
+  // Another step's unpin leaves the pin; the send's own ends it.
+  unpin_node_part(area(1), 5);
+  EXPECT_EQ(pinned_node_part(area(1)), 3);
+  unpin_node_part(area(1), 3);
+  EXPECT_FALSE(pinned_node_part(area(1)));
+  write_part(1, 7);
+  EXPECT_EQ(node_part_steps(area(1)), (std::vector<int64_t>{6, 7}));
 }
 
 TEST_F(NodePartTest, ACommitWithoutEveryShardOfTheNodeIsRefused) {

@@ -218,6 +218,26 @@ TEST_F(CoordinatorTest, ASilentAgentEndsTheJobNamingItsNodeAfterTwoSeconds) {
   EXPECT_EQ(other.lost_node, 1);
 }
 
+// An agent busy between generations (a snapshot restore) beats through
+// keep_alive: the leader does not take it for lost, and it hears when the
+// job ends meanwhile.
+TEST_F(CoordinatorTest, AnAgentThatOnlyKeepsAliveIsNotLostAndHearsTheEnd) {
+  auto n0 = node(0, 3), n1 = node(1, 3), n2 = node(2, 3);
+  int64_t t = 0;
+  for (; t <= 4'000 * kMs; t += 100 * kMs) {
+    EXPECT_TRUE(n1->coordinator->keep_alive(t)) << t / kMs;
+    n2->coordinator->poll(t);
+    EXPECT_EQ(n0->coordinator->poll(t).state, State::kRunning) << t / kMs;
+  }
+  // Node 2 goes silent: the leader ends the job, and node 1's keep_alive
+  // says there is no point going on.
+  for (; t <= 7'000 * kMs && n0->coordinator->poll(t).state == State::kRunning; t += 100 * kMs) {
+    EXPECT_TRUE(n1->coordinator->keep_alive(t)) << t / kMs;
+  }
+  ASSERT_LE(t, 7'000 * kMs) << "node 2's silence was never noticed";
+  EXPECT_FALSE(n1->coordinator->keep_alive(t));
+}
+
 // Node 0's agent silent for node 1 (stalled, or cut off from node 1 only):
 // node 1 ends, and ends the job, so that node 0's workers, should they
 // live, do not wait for node 1's in a collective.

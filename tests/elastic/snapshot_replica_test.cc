@@ -136,6 +136,27 @@ std::string put_header(int64_t node, int64_t step, uint32_t files, int64_t gener
   return sp::Encoder().u8(1).i64(node).i64(generation).i64(step).u32(files).frame();
 }
 
+TEST(SnapshotReplica, AReplicaOfAnotherGenerationIsNotServed) {
+  testing::TempDir dir("brigade_replica");
+  const fs::path part = snapshot_step(dir.path() / "node1", 4);
+  Server s(dir.path() / "peer");
+  send_replica("127.0.0.1", s.server->port(), kToken, 1, 2, 4, part);
+  // Node 1 of generation 3 may be another node's history (a shrink
+  // renumbers nodes): generation 2's replica is not its.
+  try {
+    fetch_replica("127.0.0.1", s.server->port(), kToken, 1, dir.path() / "a", kLimit, 10'000, 4, 0,
+                  3);
+    ADD_FAILURE() << "generation 2's replica was served for generation 3";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("keeps no replica of node 1 of step 4 from generation 3"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(fetch_replica("127.0.0.1", s.server->port(), kToken, 1, dir.path() / "b", kLimit,
+                          10'000, 4, 0, 2),
+            4);
+}
+
 TEST(SnapshotReplica, AReplicaArrivesCompleteAndVerifiesAndIsFetchedBackBitForBit) {
   testing::TempDir dir("brigade_replica");
   const fs::path part = snapshot_step(dir.path() / "node1", 4);

@@ -4,8 +4,13 @@
 // naming their key.
 #include "brigade/elastic/snapshot_sync.h"
 
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <future>
 #include <string>
@@ -24,6 +29,12 @@ namespace brigade::elastic {
 namespace BRIGADE_TEST_FILE {
 
 constexpr char kToken[] = "snapshot-sync-test-token";
+
+size_t count_of(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
 
 class SnapshotSyncTest : public ::testing::Test {
  protected:
@@ -127,7 +138,7 @@ class SnapshotRestoreTest : public SnapshotSyncTest {
     std::filesystem::create_directories(dir);
     return dir;
   }
-  std::unique_ptr<SnapshotSync> agent(int area_number) {
+  std::unique_ptr<SnapshotSync> agent(int area_number, int64_t agree_timeout_ms = 20'000) {
     SnapshotSync::Options o;
     o.area = area(area_number);
     o.host = "127.0.0.1";
@@ -136,7 +147,7 @@ class SnapshotRestoreTest : public SnapshotSyncTest {
     o.store = &store_;
     o.max_bytes = 64 << 20;
     o.io_timeout_ms = 5'000;
-    o.agree_timeout_ms = 20'000;
+    o.agree_timeout_ms = agree_timeout_ms;
     o.log = [this](const std::string& line) {
       const std::lock_guard lock(log_mutex_);
       log_ += line + "\n";
@@ -148,6 +159,7 @@ class SnapshotRestoreTest : public SnapshotSyncTest {
     const int64_t size = ParamLayout(config()).size();
     const BucketPlan plan(size, kRanks, 500);
     const auto p = state(0, step), m = state(1, step), v = state(2, step);
+    begin_checkpoint(dir, step);  // the committer's phase 1
     for (int r = node * 2; r < node * 2 + 2; ++r) {
       std::vector<CheckpointPiece> pieces;
       for (const FlatRange& s : plan.owned(r)) {
@@ -312,6 +324,173 @@ TEST_F(SnapshotRestoreTest, ANodeThatCouldNotAssembleKeepsEveryNodeOffTheSnapsho
       log_.find("node 0: no in-memory snapshot to resume from (node 1 could not assemble it)"),
       std::string::npos)
       << log_;
+}
+
+TEST_F(SnapshotRestoreTest, TheRestoreKeepsTheAgentBeatingWhileItWaits) {
+  // Node 1 never says what it assembled: node 0 waits out the agreement,
+  // longer than the coordinator waits for a beat (2 s).
+  auto a0 = agent(0, 3'000);
+  std::vector<std::chrono::steady_clock::time_point> calls;
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_FALSE(a0->restore(1, 0, {0, 1}, [&] {
+    calls.push_back(std::chrono::steady_clock::now());
+    return true;
+  })) << log_;
+  const auto end = std::chrono::steady_clock::now();
+  ASSERT_GE(end - start, std::chrono::milliseconds(3'000)) << log_;
+  ASSERT_FALSE(calls.empty()) << "the restore never let the agent beat";
+  // Every 100 ms; 1 s leaves a loaded machine's margin under the 2 s.
+  auto longest = calls.front() - start;
+  for (size_t i = 1; i < calls.size(); ++i) longest = std::max(longest, calls[i] - calls[i - 1]);
+  longest = std::max(longest, end - calls.back());
+  EXPECT_LT(longest, std::chrono::milliseconds(1'000))
+      << calls.size() << " calls, the longest gap "
+      << std::chrono::duration_cast<std::chrono::milliseconds>(longest).count() << " ms";
+}
+
+TEST_F(SnapshotRestoreTest, AJobThatEndsCutsTheRestoreShort) {
+  auto a0 = agent(0, 60'000);
+  int calls = 0;
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_FALSE(a0->restore(1, 0, {0, 1}, [&] { return ++calls < 3; })) << log_;
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30))
+      << "the restore waited out the agreement after the job ended";
+  EXPECT_NE(log_.find("the job ended during the restore"), std::string::npos) << log_;
+}
+
+TEST_F(SnapshotRestoreTest, APartItsOwnerDiscardedIsNotTakenFromThePeersReplica) {
+  auto a0 = agent(0), a1 = agent(1);
+  a0->enter_generation(0, 0, {0, 1});
+  a1->enter_generation(0, 1, {0, 1});
+  write_part(area(0), 0, 3);
+  write_part(area(1), 1, 3);
+  replicate({a0.get(), a1.get()}, 3);
+  write_part(area(0), 0, 4);
+  write_part(area(1), 1, 4);
+  replicate({a0.get(), a1.get()}, 4);
+  // Node 1's workers found a silent corruption in step 4 after its part
+  // was replicated, and discarded it (Trainer::discard_saves).
+  std::filesystem::remove_all(node_part_directory(area(1), 4));
+  a0->freeze();
+  a1->freeze();
+  auto other = std::async(std::launch::async, [&] { return a1->restore(1, 1, {0, 1}); });
+  EXPECT_EQ(a0->restore(1, 0, {0, 1}), 3) << log_;
+  EXPECT_EQ(other.get(), 3) << log_;
+  expect_state(area(0), 3);
+  expect_state(area(1), 3);
+}
+
+TEST_F(SnapshotRestoreTest, NodesThatAssembledDifferentStepsResumeFromNoSnapshot) {
+  auto a0 = agent(0), a1 = agent(1);
+  a0->enter_generation(0, 0, {0, 1});
+  a1->enter_generation(0, 1, {0, 1});
+  write_part(area(0), 0, 4);
+  write_part(area(1), 1, 4);
+  replicate({a0.get(), a1.get()}, 4);
+  a0->freeze();
+  a1->freeze();
+  // Node 1 assembled step 3 (another view of the records): node 0 has 4.
+  store_.set(restore_key(1, 1), "3");
+  EXPECT_FALSE(a0->restore(1, 0, {0, 1})) << log_;
+  EXPECT_FALSE(latest_checkpoint(area(0)));
+  EXPECT_NE(log_.find("node 1 assembled step 3, this node 4"), std::string::npos) << log_;
+}
+
+TEST_F(SnapshotRestoreTest, ANodeThatTimedOutDecidesForEveryNode) {
+  auto a0 = agent(0, 1'000);
+  // Alone, node 0 waits 1 s for node 1, gives up and decides: no snapshot.
+  EXPECT_FALSE(a0->restore(1, 0, {0, 1})) << log_;
+  EXPECT_EQ(store_.try_get(restore_decision_key(1)), "none");
+  // In generation 2, node 0 (which timed out) said step 5 before it
+  // decided "none" and resumed from disk; node 1 comes later, assembles
+  // step 5 too and hears the same from every node: it must still follow
+  // the decision.
+  a0 = agent(0);
+  auto a1 = agent(1);
+  a0->enter_generation(1, 0, {0, 1});
+  a1->enter_generation(1, 1, {0, 1});
+  write_part(area(0), 0, 5);
+  write_part(area(1), 1, 5);
+  replicate({a0.get(), a1.get()}, 5);
+  a0->freeze();
+  a1->freeze();
+  store_.set(restore_key(2, 0), "5");
+  ASSERT_EQ(store_.add(restore_deciding_key(2), 1), 1);
+  store_.set(restore_decision_key(2), "none");
+  EXPECT_FALSE(a1->restore(2, 1, {0, 1})) << log_;
+  EXPECT_FALSE(latest_checkpoint(area(1))) << "an assembled snapshot was left to resume from";
+  EXPECT_NE(log_.find("another node decided on no snapshot"), std::string::npos) << log_;
+}
+
+TEST_F(SnapshotRestoreTest, APartOnItsWayToASlowPeerIsNotPrunedMeanwhile) {
+  // A peer that takes the connection and never answers: the send of step 3
+  // stays in flight while the workers commit three more parts (keep 2).
+  const int listener = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(listener, 0);
+  sockaddr_in at{};
+  at.sin_family = AF_INET;
+  at.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof(at);
+  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&at), sizeof(at)), 0);
+  ASSERT_EQ(::listen(listener, 4), 0);
+  ASSERT_EQ(::getsockname(listener, reinterpret_cast<sockaddr*>(&at), &length), 0);
+  {
+    ReplicaSender sender({"127.0.0.1", ntohs(at.sin_port), kToken, 60'000}, 0, 0,
+                         [](const std::string&) {});
+    write_part(area(0), 0, 3);
+    sender.offer(3, node_part_directory(area(0), 3));
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (pinned_node_part(area(0)) != 3) {
+      ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "the send never pinned its part";
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    write_part(area(0), 0, 4);
+    write_part(area(0), 0, 5);
+    write_part(area(0), 0, 6);
+    EXPECT_EQ(node_part_steps(area(0)), (std::vector<int64_t>{3, 5, 6}));
+    EXPECT_NO_THROW(read_node_part(node_part_directory(area(0), 3)));
+  }
+  ::close(listener);
+  // The send is over (the sender stopped): the next commit prunes it.
+  EXPECT_FALSE(pinned_node_part(area(0)));
+  write_part(area(0), 0, 7);
+  EXPECT_EQ(node_part_steps(area(0)), (std::vector<int64_t>{6, 7}));
+}
+
+TEST_F(SnapshotRestoreTest, NoRestoreWhenTheDiskCheckpointIsAsNew) {
+  auto a0 = agent(0), a1 = agent(1);
+  a0->enter_generation(0, 0, {0, 1});
+  a1->enter_generation(0, 1, {0, 1});
+  write_part(area(0), 0, 4);
+  write_part(area(1), 1, 4);
+  replicate({a0.get(), a1.get()}, 4);
+  a0->freeze();
+  a1->freeze();
+  // A checkpoint of step 4 is on disk (a rejoin's interrupt checkpoint):
+  // nothing to gain from fetching.
+  auto other = std::async(std::launch::async, [&] { return a1->restore(1, 1, {0, 1}, {}, 4); });
+  EXPECT_FALSE(a0->restore(1, 0, {0, 1}, {}, 4)) << log_;
+  EXPECT_FALSE(other.get()) << log_;
+  EXPECT_FALSE(latest_checkpoint(area(0)));
+  EXPECT_NE(log_.find("the newest disk checkpoint is at least as new as any part (step 4)"),
+            std::string::npos)
+      << log_;
+}
+
+TEST_F(SnapshotRestoreTest, AMalformedPeerAddressIsLoggedOnceAndReplicationStops) {
+  auto a0 = agent(0);
+  a0->enter_generation(0, 0, {0, 1});
+  store_.set(replica_address_key(0, 1), "no-port-here");
+  write_part(area(0), 0, 3);
+  for (int i = 0; i < 20; ++i) a0->tick();
+  EXPECT_EQ(count_of(log_, replica_address_key(0, 1)), 1u) << log_;
+  EXPECT_NE(log_.find("snapshot replication of node 0 is off for generation 0"), std::string::npos)
+      << log_;
+  EXPECT_EQ(a0->recorded_step(), -1);
+  // The next generation tries again.
+  a0->enter_generation(1, 0, {0, 1});
+  a0->tick();
+  EXPECT_EQ(count_of(log_, "is off for generation"), 1u) << log_;
 }
 
 TEST_F(SnapshotRestoreTest, AMalformedRestoreAgreementIsRefusedNamingTheKey) {

@@ -308,5 +308,26 @@ TEST_F(SnapshotTmpfs, AnEarlierGenerationsSnapshotsCountAsRoom) {
   EXPECT_TRUE(second.snapshots_enabled());
 }
 
+// Across nodes the agent keeps another node's part in the same area
+// (replicas/): it stays, so it is no room for this node's snapshots.
+TEST_F(SnapshotTmpfs, AReplicaKeptInTheAreaIsNoRoom) {
+  if (::geteuid() != 0) GTEST_SKIP() << "mounting a tmpfs needs root";
+  Config c = small_config(4);
+  const GptConfig model = GptConfig::from_config(c);
+  TrainOptions opts = TrainOptions::from_config(c);
+  ASSERT_TRUE(mount_tmpfs(state_bytes(model) * 5 / 2 + (64 << 10))) << std::strerror(errno);
+  fs::create_directories(where_ / "replicas" / "node-1");
+  {
+    std::ofstream replica(where_ / "replicas" / "node-1" / "shard", std::ios::binary);
+    const std::vector<char> bytes(static_cast<size_t>(state_bytes(model)), 'x');
+    replica.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    ASSERT_TRUE(replica.good());
+  }
+  opts.snapshot_dir = where_.string();
+  opts.snapshot_every = 1;
+  Trainer t(model, opts);
+  EXPECT_FALSE(t.snapshots_enabled()) << "the replica counted as room";
+}
+
 }  // namespace BRIGADE_TEST_FILE
 }  // namespace brigade

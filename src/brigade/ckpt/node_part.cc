@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <charconv>
 #include <map>
 #include <string>
 
@@ -58,6 +59,32 @@ fs::path node_part_directory(const fs::path& root, int64_t step) {
   return dir;
 }
 
+void pin_node_part(const fs::path& root, int64_t step) {
+  write_file_atomic(root / kNodePartPinFile, std::to_string(step));
+}
+
+void unpin_node_part(const fs::path& root, int64_t step) {
+  if (pinned_node_part(root) != step) return;
+  std::error_code ec;
+  fs::remove(root / kNodePartPinFile, ec);
+}
+
+std::optional<int64_t> pinned_node_part(const fs::path& root) {
+  std::error_code ec;
+  if (!fs::exists(root / kNodePartPinFile, ec)) return std::nullopt;
+  try {
+    const std::string text = read_file(root / kNodePartPinFile);
+    int64_t step = -1;
+    const char* end = text.data() + text.size();
+    if (text.empty() || std::from_chars(text.data(), end, step).ptr != end || step < 0) {
+      return std::nullopt;
+    }
+    return step;
+  } catch (const Error&) {
+    return std::nullopt;  // removed meanwhile
+  }
+}
+
 fs::path commit_node_part(const fs::path& root, const NodePart& part, int64_t keep, bool recycle) {
   const fs::path partial = partial_shard_path(root, part.step, part.first_rank).parent_path();
   for (int r = part.first_rank; r < part.first_rank + part.ranks; ++r) {
@@ -72,7 +99,9 @@ fs::path commit_node_part(const fs::path& root, const NodePart& part, int64_t ke
   fs::rename(partial, final_dir);
   if (keep > 0) {
     const std::vector<fs::path> dirs = part_dirs(root);
+    const std::optional<int64_t> pinned = pinned_node_part(root);
     for (size_t i = 0; i + static_cast<size_t>(keep) < dirs.size(); ++i) {
+      if (pinned && dirs[i] == node_part_directory(root, *pinned)) continue;
       // Renamed first, in one step: a prune cut short leaves no part.json
       // whose shards are half gone.
       fs::path doomed = dirs[i];
@@ -186,7 +215,11 @@ fs::path assemble_checkpoint(const std::vector<fs::path>& parts, const fs::path&
     fs::create_directory(partial);
     for (const auto& [rank, i] : owner) {
       for (const fs::path& f : {shard_path(parts[i], rank), index_path(parts[i], rank)}) {
-        fs::copy_file(f, partial / f.filename());
+        // A link, not a copy: the area is tmpfs, and a copy would hold the
+        // whole state twice in memory while the parts are still there.
+        std::error_code ec;
+        fs::create_hard_link(f, partial / f.filename(), ec);
+        if (ec) fs::copy_file(f, partial / f.filename());  // another file system
       }
     }
     return commit_checkpoint(root, first.step, first.num_shards, first.config, *header);

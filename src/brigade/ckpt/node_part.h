@@ -47,13 +47,24 @@ struct NodePart {
 // <root>/step_N.part
 std::filesystem::path node_part_directory(const std::filesystem::path& root, int64_t step);
 
+// <root>/sending: the step of the part the node's agent is sending to its
+// peer (one at a time, elastic/snapshot_replica.h). A slow send may take
+// longer than a few steps: the part it sends is kept (and its shards not
+// recycled) until the send is over, whatever the committer's `keep`.
+inline constexpr char kNodePartPinFile[] = "sending";
+void pin_node_part(const std::filesystem::path& root, int64_t step);
+// Unpins `step` (another step's pin stays); never throws.
+void unpin_node_part(const std::filesystem::path& root, int64_t step);
+// The pinned step; null when none (or the file is unreadable).
+std::optional<int64_t> pinned_node_part(const std::filesystem::path& root);
+
 // The node's committer, once its ranks' shards of part.step are written
 // into <root>/step_N.partial: checks each one's index file is there (Error
 // naming the first missing rank otherwise), writes part.json (atomically)
 // and renames the directory to step_N.part, replacing an older copy of the
-// same step. Then keeps the newest `keep` parts (0: all); with `recycle` the
-// pruned parts' shard files go to <root>/spare/ (ShardWriting). Returns the
-// part's directory.
+// same step. Then keeps the newest `keep` parts (0: all) and the pinned
+// one; with `recycle` the pruned parts' shard files go to <root>/spare/
+// (ShardWriting). Returns the part's directory.
 std::filesystem::path commit_node_part(const std::filesystem::path& root, const NodePart& part,
                                        int64_t keep, bool recycle);
 
@@ -65,9 +76,12 @@ NodePart read_node_part(const std::filesystem::path& part_dir);
 // The steps of the complete parts under root, oldest first.
 std::vector<int64_t> node_part_steps(const std::filesystem::path& root);
 
-// Copies every part's shards into <root>/step_N.partial and commits them as
-// one checkpoint (commit_checkpoint, with the header of the part holding
-// rank 0); returns the step directory. Error, leaving nothing under root,
+// Links (copies, across file systems) every part's shards into
+// <root>/step_N.partial and commits them as one checkpoint
+// (commit_checkpoint, with the header of the part holding rank 0); returns
+// the step directory. The checkpoint shares the parts' files: the parts
+// must then be removed, never pruned with recycling (whose spares are
+// overwritten in place). Error, leaving nothing under root,
 // when the parts are of different steps, shard counts or models, overlap,
 // leave a rank uncovered (naming it), or no part carries the header.
 std::filesystem::path assemble_checkpoint(const std::vector<std::filesystem::path>& parts,

@@ -245,7 +245,9 @@ class Agent {
   void take_membership();
   // Multi-node, before a restarted generation's workers start: every
   // node's part of the newest snapshot complete everywhere, assembled in
-  // this node's area (options_.snapshot_sync), if every node could.
+  // this node's area (options_.snapshot_sync), if every node could. The
+  // agent keeps beating meanwhile (Coordinator::keep_alive). A node without
+  // snapshots (its area could not be set up) says "none" at once.
   void restore_snapshot();
   // A `brigade train` on fewer nodes than it started on: the --set
   // arguments that keep its global batch (empty on every node).

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <csignal>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 
@@ -13,6 +14,7 @@
 #include "brigade/core/error.h"
 #include "brigade/elastic/agent.h"
 #include "brigade/elastic/snapshot_sync.h"
+#include "brigade/elastic/snapshots.h"
 
 namespace brigade::elastic {
 namespace {
@@ -313,8 +315,30 @@ void Agent::take_membership() {
 }
 
 void Agent::restore_snapshot() {
-  if (!options_.snapshot_sync || generation_ == 0) return;
-  options_.snapshot_sync->restore(generation_, options_.node_rank, coordinator_->members());
+  if (generation_ == 0 || !coordinator_) return;
+  if (!options_.snapshot_sync) {
+    // This node has no snapshots (its area could not be set up): the
+    // others, which may, hear at once that it resumes from disk.
+    if (options_.store == nullptr) return;
+    try {
+      options_.store->set(restore_key(generation_, options_.node_rank), "none");
+    } catch (const Error&) {
+      // A lost store: the next poll says so.
+    }
+    return;
+  }
+  // A rejoin's workers stopped at a step boundary with a checkpoint: no
+  // snapshot is newer (the disk step says so too, on every node).
+  int64_t disk_step = -1;
+  if (failure_ && failure_->kind == "rejoin") {
+    disk_step = INT64_MAX;
+  } else if (!run_dir_.empty()) {
+    if (const auto point = newest_resume_point(run_dir_, {})) disk_step = point->step;
+  }
+  // The restore can take longer than the coordinator waits for a beat.
+  options_.snapshot_sync->restore(
+      generation_, options_.node_rank, coordinator_->members(),
+      [this] { return coordinator_->keep_alive(now_ns()); }, disk_step);
 }
 
 std::vector<std::string> Agent::fewer_nodes_args() const {

@@ -332,6 +332,20 @@ JobView Coordinator::poll(int64_t now_ns) {
   }
 }
 
+bool Coordinator::keep_alive(int64_t now_ns) {
+  try {
+    if (lost_in()) return false;
+    if (now_ns >= next_beat_ns_) {
+      store_.add(beat_key_, 1);
+      next_beat_ns_ = now_ns + options_.beat_interval_ms * kNsPerMs;
+    }
+    const auto end = store_.try_get(end_key());
+    return !end || end_from_lost_node(*end);
+  } catch (const Error&) {
+    return false;  // the next poll() says what went wrong
+  }
+}
+
 JobView Coordinator::read_state() {
   JobView v;
   const std::string reports = reports_key(generation_);

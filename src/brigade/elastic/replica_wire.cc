@@ -187,7 +187,8 @@ Connection::~Connection() {
 }
 
 void open_connection(Connection& c, const std::string& host, uint16_t port,
-                     const std::string& token, int64_t timeout_ms, SendControl* control) {
+                     const std::string& token, int64_t timeout_ms, SendControl* control,
+                     int64_t connect_timeout_ms) {
   c.where = fmt::format("the snapshot replica server at {}:{}", host, port);
   c.link.timeout_ns = timeout_ms * kNsPerMs;
   c.control = control;
@@ -200,7 +201,10 @@ void open_connection(Connection& c, const std::string& host, uint16_t port,
       rc != 0) {
     throw Error(fmt::format("cannot resolve {}: {}", c.where, ::gai_strerror(rc)));
   }
-  const int64_t deadline_ns = now_ns() + c.link.timeout_ns;
+  const int64_t deadline_ns =
+      now_ns() + (connect_timeout_ms > 0
+                      ? std::min(connect_timeout_ms * kNsPerMs, c.link.timeout_ns)
+                      : c.link.timeout_ns);
   std::string last = "no address";
   for (addrinfo* a = list; a != nullptr && c.link.fd < 0; a = a->ai_next) {
     const int fd =

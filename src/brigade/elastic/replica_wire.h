@@ -105,10 +105,12 @@ struct Connection {
   ~Connection();
 };
 
-// Connects (non-blocking, within timeout_ms, giving up early once control
-// says stop) and presents the token; throws Error naming the server.
+// Connects (non-blocking, within connect_timeout_ms, else timeout_ms,
+// giving up early once control says stop) and presents the token; throws
+// Error naming the server.
 void open_connection(Connection& c, const std::string& host, uint16_t port,
-                     const std::string& token, int64_t timeout_ms, SendControl* control);
+                     const std::string& token, int64_t timeout_ms, SendControl* control,
+                     int64_t connect_timeout_ms = 0);
 // Reads the server's status frame; throws Error with its message unless ok.
 sp::Decoder expect_ok(const Connection& c, std::string& payload);
 // send_replica, stopped early when control (may be null) says stop.

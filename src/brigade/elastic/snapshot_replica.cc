@@ -303,8 +303,9 @@ void ReplicaServer::handle(int fd, const std::string& peer, const std::string& f
     }
     if (op == static_cast<uint8_t>(PeerOp::kGet)) {
       const int64_t step = d.i64();
+      const int64_t generation = d.i64();
       d.end();
-      serve_get(link, static_cast<int>(node), step, peer);
+      serve_get(link, static_cast<int>(node), step, generation, peer);
     } else if (op == static_cast<uint8_t>(PeerOp::kPut)) {
       const int64_t generation = d.i64();
       const int64_t step = d.i64();
@@ -342,11 +343,15 @@ void ReplicaServer::serve_own(int node, fs::path parts_root) {
   own_parts_ = std::move(parts_root);
 }
 
-void ReplicaServer::serve_get(const Link& link, int node, int64_t step, const std::string& peer) {
+void ReplicaServer::serve_get(const Link& link, int node, int64_t step, int64_t generation,
+                              const std::string& peer) {
   fs::path dir, own_parts;
+  int64_t kept_generation = -1;
   {
     std::lock_guard lock(mutex_);
     if (node == own_node_) own_parts = own_parts_;
+    if (const auto it = kept_.find(node); it != kept_.end())
+      kept_generation = it->second.generation;
   }
   if (!own_parts.empty()) {
     const std::vector<int64_t> steps = node_part_steps(own_parts);
@@ -356,10 +361,15 @@ void ReplicaServer::serve_get(const Link& link, int node, int64_t step, const st
     }
   } else {
     dir = kept_dir(node);
-    if (!dir.empty() && step >= 0 && checkpoint_step(dir) != step) dir.clear();
+    if (!dir.empty() && ((step >= 0 && checkpoint_step(dir) != step) ||
+                         (generation >= 0 && kept_generation != generation))) {
+      dir.clear();
+    }
   }
   if (dir.empty()) {
-    const std::string of_step = step >= 0 ? fmt::format(" of step {}", step) : "";
+    std::string of_step = step >= 0 ? fmt::format(" of step {}", step) : "";
+    if (own_parts.empty() && generation >= 0)
+      of_step += fmt::format(" from generation {}", generation);
     send_status(link, sp::Status::kError,
                 own_parts.empty()
                     ? fmt::format("it keeps no replica of node {}{}", node, of_step)
@@ -454,15 +464,19 @@ void send_replica(const std::string& host, uint16_t port, const std::string& tok
 
 int64_t fetch_replica(const std::string& host, uint16_t port, const std::string& token, int node,
                       const fs::path& dest_root, int64_t max_bytes, int64_t timeout_ms,
-                      int64_t step) {
+                      int64_t step, int64_t connect_timeout_ms, int64_t generation) {
   Connection c;
-  open_connection(c, host, port, token, timeout_ms, nullptr);
+  open_connection(c, host, port, token, timeout_ms, nullptr, connect_timeout_ms);
   std::string payload;
   expect_ok(c, payload);
   const fs::path incoming = dest_root / fmt::format(".fetching-node-{}", node);
   try {
-    write_all(c.link,
-              sp::Encoder().u8(static_cast<uint8_t>(PeerOp::kGet)).i64(node).i64(step).frame());
+    write_all(c.link, sp::Encoder()
+                          .u8(static_cast<uint8_t>(PeerOp::kGet))
+                          .i64(node)
+                          .i64(step)
+                          .i64(generation)
+                          .frame());
     std::string reply;
     sp::Decoder d = expect_ok(c, reply);
     const int64_t sent = d.i64();
@@ -559,7 +573,10 @@ void ReplicaSender::run() {
     busy_ = true;
     lock.unlock();
     std::string failure;
+    // The committer keeps the part while it goes out (ckpt/node_part.h).
+    const fs::path root = dir.parent_path();
     try {
+      pin_node_part(root, step);
       send_replica_impl(peer_.host, peer_.port, peer_.token, node_, generation_, step, dir,
                         peer_.timeout_ms, control_.get());
     } catch (const std::exception& e) {
@@ -567,6 +584,7 @@ void ReplicaSender::run() {
     } catch (...) {
       failure = "an unknown exception";
     }
+    unpin_node_part(root, step);
     if (!failure.empty()) {
       const std::string line =
           fmt::format("the snapshot of step {} was not replicated: {}", step, failure);

@@ -123,7 +123,8 @@ class ReplicaServer {
   void serve();
   // One connection whose handshake frame (its payload) arrived.
   void handle(int fd, const std::string& peer, const std::string& frame);
-  void serve_get(const replica_wire::Link& link, int node, int64_t step, const std::string& peer);
+  void serve_get(const replica_wire::Link& link, int node, int64_t step, int64_t generation,
+                 const std::string& peer);
   void serve_put(const replica_wire::Link& link, int node, int64_t generation, int64_t step,
                  uint32_t count, const std::string& peer, const std::filesystem::path& incoming);
   void log(const std::string& line) const;
@@ -158,10 +159,15 @@ void send_replica(const std::string& host, uint16_t port, const std::string& tok
 // Throws Error when the server has none, refuses, sends more than max_bytes
 // (a node's part is known to be smaller; the copy goes to tmpfs), a file's
 // name exists in the step's directory already, or the transfer breaks off
-// (nothing of it is left in dest_root then).
+// (nothing of it is left in dest_root then). connect_timeout_ms > 0 bounds
+// the connect alone (a server cut off the network), timeout_ms the rest.
+// generation >= 0: a replica only if it was sent in that generation (node
+// numbers hold within one; an older generation's replica is another
+// history).
 int64_t fetch_replica(const std::string& host, uint16_t port, const std::string& token, int node,
                       const std::filesystem::path& dest_root, int64_t max_bytes,
-                      int64_t timeout_ms = 10'000, int64_t step = -1);
+                      int64_t timeout_ms = 10'000, int64_t step = -1,
+                      int64_t connect_timeout_ms = 0, int64_t generation = -1);
 
 // Sends this node's newest snapshot part to its peer's ReplicaServer on a
 // thread of its own, so the workers' steps never wait for the network:
@@ -171,12 +177,15 @@ int64_t fetch_replica(const std::string& host, uint16_t port, const std::string&
 // or is down) is logged and the next offer tries again: replication is
 // best effort, and recovery falls back to the disk checkpoint.
 //
-// The part's files may be recycled while they are sent (a pruned step's
-// shards move to <root>/spare/ and the save after next overwrites them in
-// place, ckpt/checkpoint.h): every file's checksum is taken before its bytes
-// are read again to go out, by path, so a recycled file either cannot be
-// opened or no longer matches, and the server refuses the torn copy rather
-// than keeping it; the newer part is offered next anyway.
+// The part in flight is pinned (ckpt/node_part.h, <root>/sending): its
+// node's committer neither prunes nor recycles it until the send is over,
+// so a send slower than a few steps still completes. A part pruned before
+// its send began (a pruned step's shards move to <root>/spare/ and the save
+// after next overwrites them in place, ckpt/checkpoint.h) is still caught:
+// every file's checksum is taken before its bytes are read again to go
+// out, by path, so a recycled file either cannot be opened or no longer
+// matches, and the server refuses the torn copy rather than keeping it;
+// the newer part is offered next anyway.
 class ReplicaSender {
  public:
   struct Peer {

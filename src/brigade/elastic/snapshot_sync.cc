@@ -10,9 +10,11 @@
 #include <algorithm>
 #include <charconv>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <mutex>
 #include <set>
 #include <thread>
 
@@ -96,6 +98,14 @@ std::string written_key(int64_t generation, int node) {
 
 std::string restore_key(int64_t generation, int node) {
   return coordinator_key(fmt::format("gen/{}/restore/{}", generation, node));
+}
+
+std::string restore_decision_key(int64_t generation) {
+  return coordinator_key(fmt::format("gen/{}/restore/decision", generation));
+}
+
+std::string restore_deciding_key(int64_t generation) {
+  return coordinator_key(fmt::format("gen/{}/restore/deciding", generation));
 }
 
 std::vector<int> members_of(CoordinatorStore& store, int64_t generation, int nnodes) {
@@ -206,12 +216,19 @@ void SnapshotSync::enter_generation(int64_t generation, int node, const std::vec
   recorded_ = -1;
   waiting_since_ns_ = 0;
   frozen_ = false;
+  replication_off_ = false;
   server_->serve_own(node, options_.area);
-  publish_replica_address(*options_.store, generation, node, {options_.host, server_->port()});
+  try {
+    publish_replica_address(*options_.store, generation, node, {options_.host, server_->port()});
+  } catch (const Error& e) {
+    // A lost store is lost contact, which the agent's next poll reports;
+    // meanwhile nobody can replicate to this node (its peer finds no address).
+    log(fmt::format("node {} could not publish its snapshot replica address: {}", node, e.what()));
+  }
 }
 
 void SnapshotSync::tick() {
-  if (frozen_) return;
+  if (frozen_ || replication_off_) return;
   try {
     const std::vector<int64_t> steps = node_part_steps(options_.area);
     if (peer_ < 0) {
@@ -239,6 +256,11 @@ void SnapshotSync::tick() {
       publish_snapshot_step(*options_.store, generation_, node_, sent);
       recorded_ = sent;
     }
+  } catch (const MalformedValue& e) {
+    // Not ours to fix, and the same every tick: said once.
+    replication_off_ = true;
+    log(fmt::format("snapshot replication of node {} is off for generation {}: {}", node_,
+                    generation_, e.what()));
   } catch (const Error& e) {
     log(fmt::format("snapshot replication of node {}: {}", node_, e.what()));
   }
@@ -295,6 +317,10 @@ std::string SnapshotSync::assemble(int64_t failed, int64_t step, const std::vect
     bool fetched = false;
     std::string tried;
     for (const int source : sources) {
+      if (given_up_) {
+        tried += fmt::format("{}the job ended during the restore", tried.empty() ? "" : "; ");
+        break;
+      }
       if (unreachable.contains(source)) continue;
       try {
         const std::optional<ReplicaAddress> at =
@@ -302,7 +328,7 @@ std::string SnapshotSync::assemble(int64_t failed, int64_t step, const std::vect
         if (!at) throw_error("node {} published no replica address", source);
         const fs::path root = staging / fmt::format("node-{}", m);
         fetch_replica(at->host, at->port, options_.token, m, root, options_.max_bytes,
-                      options_.io_timeout_ms, step);
+                      options_.io_timeout_ms, step, options_.connect_timeout_ms, failed);
         const fs::path part = node_part_directory(root, step);
         fs::rename(step_directory(root, step), part);
         parts.push_back(part);
@@ -310,11 +336,17 @@ std::string SnapshotSync::assemble(int64_t failed, int64_t step, const std::vect
         break;
       } catch (const Error& e) {
         tried += fmt::format("{}node {}: {}", tried.empty() ? "" : "; ", source, e.what());
+        const std::string what = e.what();
+        // The owner answered that it holds no such part: final. It may have
+        // discarded the part (a silent corruption found after it was
+        // replicated), and its peer's replica would bring it back.
+        if (source == m &&
+            what.find(" refused: it holds no part of its own node ") != std::string::npos) {
+          break;
+        }
         // A server that answered holds no such part; one that did not is
         // not asked again in this restart (a cut-off node costs one timeout).
-        if (std::string(e.what()).find(" refused: it ") == std::string::npos) {
-          unreachable.insert(source);
-        }
+        if (what.find(" refused: it ") == std::string::npos) unreachable.insert(source);
       }
     }
     if (!fetched) {
@@ -326,7 +358,7 @@ std::string SnapshotSync::assemble(int64_t failed, int64_t step, const std::vect
     try {
       const fs::path dir = assemble_checkpoint(parts, options_.area);
       verify_checkpoint(dir, /*snapshot=*/true);
-    } catch (const Error& e) {
+    } catch (const std::exception& e) {  // a filesystem_error too (ENOSPC)
       why = e.what();
     }
   }
@@ -335,7 +367,42 @@ std::string SnapshotSync::assemble(int64_t failed, int64_t step, const std::vect
 }
 
 std::optional<int64_t> SnapshotSync::restore(int64_t generation, int node,
-                                             const std::vector<int>& members) {
+                                             const std::vector<int>& members,
+                                             const std::function<bool()>& keep_alive,
+                                             int64_t disk_step) {
+  given_up_ = false;
+  if (!keep_alive) return restore_here(generation, node, members, disk_step);
+  std::optional<int64_t> result;
+  std::exception_ptr failure;
+  std::mutex mutex;
+  std::condition_variable cv;
+  bool done = false;
+  std::thread worker([&] {
+    try {
+      result = restore_here(generation, node, members, disk_step);
+    } catch (...) {
+      failure = std::current_exception();
+    }
+    const std::lock_guard lock(mutex);
+    done = true;
+    cv.notify_all();
+  });
+  std::unique_lock lock(mutex);
+  while (!done) {
+    lock.unlock();
+    if (!given_up_ && !keep_alive()) given_up_ = true;
+    lock.lock();
+    cv.wait_for(lock, std::chrono::milliseconds(100), [&] { return done; });
+  }
+  lock.unlock();
+  worker.join();
+  if (failure) std::rethrow_exception(failure);
+  return result;
+}
+
+std::optional<int64_t> SnapshotSync::restore_here(int64_t generation, int node,
+                                                  const std::vector<int>& members,
+                                                  int64_t disk_step) {
   const int64_t failed = generation - 1;
   std::optional<int64_t> chosen;
   std::string why;
@@ -347,8 +414,10 @@ std::optional<int64_t> SnapshotSync::restore(int64_t generation, int node,
       std::optional<int64_t> step = read_snapshot_step(*options_.store, failed, m);
       const std::string key = written_key(failed, m);
       if (const auto written = options_.store->try_get(key)) {
-        const int64_t w = detail::parse_count(key, *written);
-        step = step ? std::max(*step, w) : w;
+        // The owner's own word once its workers were gone: newer than its
+        // record (not replicated yet), or older after a discard (a silent
+        // corruption found after the part was replicated).
+        step = detail::parse_count(key, *written);
       }
       if (!step) {
         why = fmt::format("node {} recorded no snapshot part in generation {}", m, failed);
@@ -363,7 +432,12 @@ std::optional<int64_t> SnapshotSync::restore(int64_t generation, int node,
     // every node, tried against the same sources, so every node reaches the
     // same one.
     unreachable_.clear();
-    for (int64_t step = most; step >= 0 && step >= least; --step) {
+    if (most >= 0 && disk_step >= most) {
+      why =
+          fmt::format("the newest disk checkpoint is at least as new as any part (step {})", most);
+      most = -2;
+    }
+    for (int64_t step = most; step >= 0 && step >= least && !given_up_; --step) {
       const std::string failure = assemble(failed, step, failed_members, node);
       if (failure.empty()) {
         chosen = step;
@@ -371,11 +445,15 @@ std::optional<int64_t> SnapshotSync::restore(int64_t generation, int node,
       }
       why = failure;
     }
-  } catch (const Error& e) {
+  } catch (const std::exception& e) {
     why = e.what();
   }
-  // Every member resumes from the same state, or none from a snapshot.
-  std::optional<int64_t> agreed;
+  // Every member resumes from the same state, or none from a snapshot:
+  // each says what it assembled, and the first to have heard from every
+  // member (or given up waiting) decides for all, once: a node that timed
+  // out and resumes from disk never leaves a slower one to decide alone on
+  // the snapshot.
+  std::string proposal = "none";
   try {
     options_.store->set(restore_key(generation, node),
                         chosen ? std::to_string(*chosen) : std::string("none"));
@@ -387,28 +465,57 @@ std::optional<int64_t> SnapshotSync::restore(int64_t generation, int node,
         if (auto value = options_.store->try_get(restore_key(generation, m))) said[m] = *value;
       }
       if (said.size() == members.size()) break;
+      if (given_up_) throw_error("the job ended during the restore");
       if (now_ns() > deadline) {
         throw_error("not every node said which snapshot it assembled within {} ms",
                     options_.agree_timeout_ms);
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
-    agreed = chosen;
+    bool same = chosen.has_value();
     for (const auto& [m, value] : said) {
-      if (value == "none") {
-        if (m != node && chosen) why = fmt::format("node {} could not assemble it", m);
-        agreed.reset();
-      } else if (!chosen || value != std::to_string(*chosen)) {
-        if (chosen) why = fmt::format("node {} assembled step {}, this node {}", m, value, *chosen);
-        if (value != "none" && value.find_first_not_of("0123456789") != std::string::npos) {
-          throw MalformedValue(restore_key(generation, m), value, "a step or \"none\"");
-        }
-        agreed.reset();
+      if (value != "none" &&
+          (value.empty() || value.find_first_not_of("0123456789") != std::string::npos)) {
+        throw MalformedValue(restore_key(generation, m), value, "a step or \"none\"");
       }
+      if (!chosen || value == std::to_string(*chosen)) continue;
+      same = false;
+      why = value == "none"
+                ? fmt::format("node {} could not assemble it", m)
+                : fmt::format("node {} assembled step {}, this node {}", m, value, *chosen);
     }
-  } catch (const Error& e) {
+    if (same) proposal = std::to_string(*chosen);
+  } catch (const std::exception& e) {
     why = e.what();
-    agreed.reset();
+  }
+  std::optional<int64_t> agreed;
+  try {
+    const std::string decision_key = restore_decision_key(generation);
+    if (options_.store->add(restore_deciding_key(generation), 1) == 1) {
+      options_.store->set(decision_key, proposal);
+    }
+    // The decider writes it right after its add: a long wait means it died.
+    const int64_t deadline = now_ns() + options_.agree_timeout_ms * kNsPerMs;
+    std::optional<std::string> decision;
+    while (!(decision = options_.store->try_get(decision_key))) {
+      if (given_up_) throw_error("the job ended during the restore");
+      if (now_ns() > deadline) {
+        throw_error("no node decided on the snapshot within {} ms", options_.agree_timeout_ms);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    if (*decision != "none" &&
+        (decision->empty() || decision->find_first_not_of("0123456789") != std::string::npos)) {
+      throw MalformedValue(decision_key, *decision, "a step or \"none\"");
+    }
+    if (chosen && *decision == std::to_string(*chosen)) {
+      agreed = chosen;
+    } else if (proposal != "none") {
+      why = fmt::format("another node decided on {} (it heard from the nodes first)",
+                        *decision == "none" ? "no snapshot" : "step " + *decision);
+    }
+  } catch (const std::exception& e) {
+    why = e.what();
   }
   // Every member has assembled (or given up): nobody fetches a part any
   // more.

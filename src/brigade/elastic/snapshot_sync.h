@@ -9,6 +9,8 @@
 //                             are gone (its owner serves it, kept or not)
 //   gen/<g>/restore/<node>    the step node assembled for its restart
 //                             into generation g, or "none"
+//   gen/<g>/restore/decision  what every member of g resumes from: a step
+//                             or "none", written once (restore_decision_key)
 // Nodes are named by their original ranks (a standby that took node n's
 // place is node n). Each agent writes only its own node's keys.
 //
@@ -19,10 +21,13 @@
 // the generation that failed, assembled from every member's part; a lost
 // member's part comes from the replica its peer keeps.
 //
-// The restart's agreement (gen/<g>/restore/<node>) keeps every node's
-// workers on the same state: they resume from the snapshot only when every
-// member of g assembled the same step, else every one from the newest disk
-// checkpoint (the run directory is shared, so they find the same one).
+// The restart's agreement (gen/<g>/restore/<node>, then one decision)
+// keeps every node's workers on the same state: they resume from the
+// snapshot only when every member of g assembled the same step, else every
+// one from the newest disk checkpoint (the run directory is shared, so they
+// find the same one). A node's own part that its owner says it no longer
+// holds (discarded after a silent corruption) is never taken from the
+// peer's replica: only a lost owner's part is.
 //
 // Replication peers: node n's peer is the member after n in the
 // generation's members (cyclic), never n + 1: after a shrink the members
@@ -31,6 +36,7 @@
 // (MalformedValue, naming the key).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
@@ -80,6 +86,11 @@ std::optional<int64_t> newest_complete_step(CoordinatorStore& store, int64_t gen
                                             const std::vector<int>& members);
 
 std::string restore_key(int64_t generation, int node);
+// gen/<g>/restore/decision: the step every member of g resumes from, or
+// "none", written once by the first member that heard from every member
+// or gave up waiting (the one whose add to gen/<g>/restore/deciding gave 1).
+std::string restore_decision_key(int64_t generation);
+std::string restore_deciding_key(int64_t generation);
 // gen/<g>/written/<node>: the newest part the node's workers committed in
 // g, written by its agent once g's workers are gone (its owner serves it
 // at the restart even if no peer keeps it yet).
@@ -109,6 +120,9 @@ class SnapshotSync {
     // tmpfs); 0: half of the area's free space when the server starts.
     int64_t max_bytes = 0;
     int64_t io_timeout_ms = 10'000;
+    // How long the restore waits for a source's server to accept: a node
+    // cut off the network costs this once per restore, not io_timeout_ms.
+    int64_t connect_timeout_ms = 2'000;
     // How long the restart waits for every member's assembled step.
     int64_t agree_timeout_ms = 60'000;
     std::function<void(const std::string&)> log;  // stderr when unset
@@ -155,11 +169,29 @@ class SnapshotSync {
   // and no assembled snapshot left in the area, so the workers resume from
   // the newest disk checkpoint. Either way the area's parts go (after
   // every member said it is done with them): they are the old branch's.
-  std::optional<int64_t> restore(int64_t generation, int node, const std::vector<int>& members);
+  //
+  // It can take long (a timeout per unreachable source, seconds per large
+  // part, up to agree_timeout_ms for the others): with `keep_alive` set it
+  // runs on a thread of its own while the calling thread calls keep_alive
+  // at least every 100 ms (the agent beats through it, or it is taken for
+  // lost after 2 s); once keep_alive returns false (the job ended) the
+  // restore gives up at its next source, step or look at the agreement,
+  // and resumes from no snapshot.
+  //
+  // `disk_step`: the step of the newest disk checkpoint (the run directory
+  // is shared: every node sees the same; -1 none). When it is at least the
+  // newest step any member wrote, no snapshot can be newer (a rejoin's
+  // interrupt checkpoint, a checkpoint just before the failure): nothing
+  // is fetched, and the node says "none" at once.
+  std::optional<int64_t> restore(int64_t generation, int node, const std::vector<int>& members,
+                                 const std::function<bool()>& keep_alive = {},
+                                 int64_t disk_step = -1);
 
  private:
   // Gathers and assembles step `step` of `members`' parts; the reason on failure.
   std::string assemble(int64_t failed, int64_t step, const std::vector<int>& members, int node);
+  std::optional<int64_t> restore_here(int64_t generation, int node, const std::vector<int>& members,
+                                      int64_t disk_step);
   void log(const std::string& line) const;
 
   Options options_;
@@ -171,8 +203,10 @@ class SnapshotSync {
   int64_t offered_ = -1;
   int64_t recorded_ = -1;
   bool frozen_ = true;
+  bool replication_off_ = false;  // the peer's address is malformed: said once
   int64_t waiting_since_ns_ = 0;
-  std::set<int> unreachable_;  // within one restore: sources that did not answer
+  std::set<int> unreachable_;          // within one restore: sources that did not answer
+  std::atomic<bool> given_up_{false};  // within one restore: keep_alive said so
 };
 
 }  // namespace brigade::elastic

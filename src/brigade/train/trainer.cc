@@ -197,7 +197,10 @@ Trainer::Trainer(const GptConfig& model, const TrainOptions& options, const Trai
   }
   saver_ = std::make_unique<CheckpointSaver>(world_, options_.parallel.timeout_s * 1000);
   require_shared_directory(world_, fs::path(options_.run_dir) / "checkpoints");
-  if (!options_.snapshot_dir.empty() && options_.snapshot_every > 0) start_snapshots_if_room();
+  // Every rank, with an area or not: the ranks agree (a collective) on
+  // whether all of them have one (a node whose launcher could not set up
+  // its area gives its workers none).
+  if (options_.snapshot_every > 0) start_snapshots_if_room();
   if (zero == 3) {
     sharded_params_ = std::make_unique<ShardedParams>(*dp_group_, *plan_, params_.data(),
                                                       buffers_in_shared_memory_);

@@ -19,11 +19,22 @@ namespace brigade {
 namespace fs = std::filesystem;
 namespace {
 
-// The bytes of the regular files under dir (0 if it does not exist).
-int64_t bytes_under(const fs::path& dir) {
+// The bytes of the regular files under the snapshot area that this
+// trainer's snapshots replace (0 if it does not exist): not what the
+// node's agent keeps there (elastic/snapshot_sync.h: replicas/, another
+// node's part it keeps for as long as the job runs, and restore/, a
+// restart's staging).
+int64_t replaceable_bytes_under(const fs::path& dir) {
   int64_t bytes = 0;
   std::error_code ec;
   for (fs::recursive_directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    if (it.depth() == 0 && it->is_directory(ec)) {
+      const std::string name = it->path().filename().string();
+      if (name == "replicas" || name == "restore") {
+        it.disable_recursion_pending();
+        continue;
+      }
+    }
     if (it->is_regular_file(ec)) bytes += static_cast<int64_t>(it->file_size(ec));
   }
   return bytes;
@@ -58,17 +69,27 @@ void Trainer::start_snapshots_if_room() {
   // for these: they replace it.
   const double needed = static_cast<double>(snapshots_kept() + 1) * 3.0 * sizeof(float) *
                         static_cast<double>(ParamLayout(model_config()).size());
+  // 0: room; 1: too small; 2: a rank has no area at all.
   struct statvfs fs_stats {};
-  double too_small = 1;
-  if (::statvfs(options_.snapshot_dir.c_str(), &fs_stats) == 0) {
+  double too_small = options_.snapshot_dir.empty() ? 2 : 1;
+  if (!options_.snapshot_dir.empty() && ::statvfs(options_.snapshot_dir.c_str(), &fs_stats) == 0) {
     const double room = static_cast<double>(fs_stats.f_bavail) * fs_stats.f_frsize +
-                        static_cast<double>(bytes_under(options_.snapshot_dir));
+                        static_cast<double>(replaceable_bytes_under(options_.snapshot_dir));
     too_small = room < needed ? 1 : 0;
   }
-  // Every rank looks at the same file system; they still agree, since the
-  // saves are collective.
+  // A node's ranks look at their node's file system; they still agree,
+  // since the saves are collective.
   if (world_ != nullptr && world_->size() > 1) {
     world_->all_reduce(&too_small, 1, DType::kF64, ReduceOp::kMax)->wait();
+  }
+  if (too_small == 2) {
+    // Nobody's area (not under a launcher that restarts): nothing to say.
+    if (world_rank() == 0 && !options_.snapshot_dir.empty()) {
+      std::fprintf(stderr,
+                   "brigade train: no in-memory snapshots: a node's launcher gave its workers no "
+                   "snapshot area (see its log); restarts resume from the newest checkpoint\n");
+    }
+    return;
   }
   if (too_small != 0) {
     if (world_rank() == 0) {
