@@ -16,6 +16,7 @@
 #include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -117,15 +118,41 @@ class ElasticSnapshotsCluster : public ::testing::Test {
     return r.out;
   }
 
+  // The final parameters of the same job without faults. ctest runs every
+  // TEST in a process of its own, so the hash is kept in a file of a fixed
+  // temporary directory, named by the job's config and the brigade binary
+  // (its size and time: a rebuilt trainer computes it again).
+  std::string reference_hash() {
+    const fs::path cache_dir = fs::temp_directory_path() / "brigade_elastic_snapshots_reference";
+    const std::string config = testing::read_all(config_);
+    const auto binary_time = fs::last_write_time(testing::kBrigade).time_since_epoch().count();
+    const std::string key = std::to_string(
+        std::hash<std::string>{}(config + "|" + std::to_string(fs::file_size(testing::kBrigade)) +
+                                 "|" + std::to_string(binary_time)));
+    const fs::path cached = cache_dir / key;
+    if (std::string reference = testing::read_all(cached); !reference.empty()) return reference;
+    const auto r = run_job("reference", 29561, {}, false);
+    EXPECT_EQ(r[0].status, 0) << r[0].output;
+    EXPECT_EQ(r[1].status, 0) << r[1].output;
+    const std::string reference = hash("reference");
+    if (r[0].status == 0 && r[1].status == 0 && !reference.empty()) {
+      // Renamed into place: a test reading it at the same time never sees
+      // half of it.
+      fs::create_directories(cache_dir);
+      const fs::path partial = cache_dir / (key + "." + std::to_string(::getpid()));
+      std::ofstream(partial) << reference;
+      fs::rename(partial, cached);
+    }
+    return reference;
+  }
+
   // The incident of the job's one restart, after checking the job ended
   // well and bit-identical to the same job without faults.
   nlohmann::json expect_recovered(const std::string& run, const std::vector<ClusterResult>& r) {
     std::string all;
     for (const ClusterResult& c : r) all += c.output + "\n----\n";
     EXPECT_EQ(r[0].status, 0) << all;
-    const auto reference = run_job("reference", 29561, {}, false);
-    EXPECT_EQ(reference[0].status, 0) << reference[0].output;
-    EXPECT_EQ(hash(run), hash("reference"));
+    EXPECT_EQ(hash(run), reference_hash());
     const auto lines = read_incidents(dir_.path() / run / "incidents.jsonl");
     EXPECT_EQ(lines.size(), 2u) << all;
     return lines.empty() ? nlohmann::json::object() : lines[0];
@@ -174,8 +201,12 @@ TEST_F(ElasticSnapshotsCluster, AKilledWorkerRestartsBothNodesFromTheSnapshot) {
   // No disk checkpoint before step 1000: only the snapshots explain it. The
   // rank dies right after step 4, before step 4's snapshot starts; step 3's
   // parts were written during step 4 (its update waits for them), and their
-  // owners serve them even when the failure cut their records short.
-  EXPECT_EQ(incident.value("resumed_from_step", -1), 3) << incident;
+  // owners serve them even when the failure cut their records short. A
+  // SIGKILL can still land before node 1's committer renamed its part of
+  // step 3 into place: then step 2, the newest every node holds.
+  const int64_t resumed = incident.value("resumed_from_step", -1);
+  EXPECT_GE(resumed, 2) << incident;
+  EXPECT_LE(resumed, 3) << incident;
 }
 
 }  // namespace BRIGADE_TEST_FILE
