@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "testing/free_port.h"
+#include "testing/launchers.h"
 #include "testing/processes.h"
 #include "testing/run_brigade.h"
 #include "testing/temp_dir.h"
@@ -62,62 +63,8 @@ std::map<int64_t, double> losses(const fs::path& run) {
   return out;
 }
 
-// Launchers the test starts itself (fork, exec), stderr to a file each, so
-// that it can start one while the others run and stop each by pid; every
-// one left is SIGKILLed by the destructor.
-class Launchers {
- public:
-  explicit Launchers(fs::path dir) : dir_(std::move(dir)) {}
-  ~Launchers() {
-    for (const pid_t pid : pids_) {
-      if (pid > 0 && ::kill(pid, SIGKILL) == 0) ::waitpid(pid, nullptr, 0);
-    }
-  }
-  pid_t start(const std::string& name, const std::vector<std::string>& args) {
-    const std::string err = (dir_ / (name + ".err")).string();
-    std::vector<std::string> argv = {testing::kBrigade};
-    argv.insert(argv.end(), args.begin(), args.end());
-    std::fflush(nullptr);
-    const pid_t pid = ::fork();
-    if (pid == 0) {
-      if (::freopen(err.c_str(), "w", stderr) == nullptr) ::_exit(126);
-      std::vector<char*> p;
-      for (const std::string& a : argv) p.push_back(const_cast<char*>(a.c_str()));
-      p.push_back(nullptr);
-      ::execv(p[0], p.data());
-      ::_exit(127);
-    }
-    pids_.push_back(pid);
-    return pid;
-  }
-  // Its exit status (128 + signal when killed), or -1 past the deadline.
-  int wait(pid_t pid, std::chrono::steady_clock::time_point deadline) {
-    int status = 0;
-    while (::waitpid(pid, &status, WNOHANG) == 0) {
-      if (std::chrono::steady_clock::now() > deadline) return -1;
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    std::erase(pids_, pid);
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  }
-  std::string err(const std::string& name) const {
-    std::ifstream in(dir_ / (name + ".err"));
-    return std::string{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-  }
-
- private:
-  fs::path dir_;
-  std::vector<pid_t> pids_;
-};
-
-bool wait_for(const std::function<bool()>& ready, std::chrono::seconds limit) {
-  const auto deadline = std::chrono::steady_clock::now() + limit;
-  while (!ready()) {
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return true;
-}
+using testing::Launchers;
+using testing::wait_for;
 
 class ElasticRejoin : public ::testing::Test {
  protected:
