@@ -172,17 +172,21 @@ TEST_F(ElasticSnapshotsCluster, AStandbyResumesALostNodeFromItsPeersReplica) {
   const auto r = run_job("lost", 29562, {"--inject", "kill-agent:node=1:step=4"}, true);
   EXPECT_EQ(r[1].status, 128 + SIGKILL) << r[1].output;
   EXPECT_EQ(r[2].status, 0) << r[2].output;
-  EXPECT_NE(r[2].output.find("resumes from the in-memory snapshot of step 3, as every node does"),
-            std::string::npos)
+  EXPECT_NE(r[2].output.find("resumes from the in-memory snapshot of step "), std::string::npos)
       << r[2].output;
+  EXPECT_NE(r[2].output.find(", as every node does"), std::string::npos) << r[2].output;
   const nlohmann::json incident = expect_recovered("lost", r);
   EXPECT_EQ(incident.value("kind", ""), "node_lost") << incident;
   // Node 1's workers wait for the fault after step 4, before step 4's
   // snapshot starts, so step 3's part is the newest there is; the agent
-  // strikes once it is replicated and recorded. Node 0's part of step 3 is
-  // in its own area: step 3, one step lost (snapshot_every), where the disk
-  // would give step 0.
-  EXPECT_EQ(incident.value("resumed_from_step", -1), 3) << incident;
+  // strikes once it is replicated and recorded, or after a second without
+  // it (its committer renames part 3 asynchronously: on a loaded machine
+  // that can take longer, and part 2 is then the newest replicated). Node
+  // 0's parts are in its own area: step 3 (or 2), where the disk would give
+  // step 0.
+  const int64_t resumed = incident.value("resumed_from_step", -1);
+  EXPECT_GE(resumed, 2) << incident;
+  EXPECT_LE(resumed, 3) << incident;
 }
 
 // Worker rank 3 killed at step 4: both nodes restart in place from the

@@ -39,9 +39,11 @@ class EtcdStoreTest : public ::testing::Test {
     ASSERT_TRUE(etcd_->ok());
     ASSERT_TRUE(etcd_->add_job(etcd_user(kToken), kToken, etcd_prefix(kToken)));
   }
-  // In run kRun; with an empty run, in none yet.
+  // In run kRun; with an empty run, in none yet. Calls get 5 s: etcd's
+  // authentication and disk syncs on a loaded machine can pass one second,
+  // and these tests do not measure the timeout.
   std::unique_ptr<EtcdCoordinatorStore> store(const std::string& token = kToken,
-                                              int64_t timeout_ms = 1'000,
+                                              int64_t timeout_ms = 5'000,
                                               const std::string& run = kRun) {
     auto s = std::make_unique<EtcdCoordinatorStore>(std::vector<std::string>{etcd_->url()}, token,
                                                     timeout_ms);
@@ -262,13 +264,13 @@ TEST_F(EtcdStoreTest, AnotherJobsUserIsDeniedThisJobsPrefix) {
 // starts without the older run's keys, and a straggler of the older run
 // (a node 1 whose node 0 is gone) writes nothing the new run reads.
 TEST_F(EtcdStoreTest, ASecondJobUnderTheTokenIsRefusedAndAnOlderRunNeverReachesTheNewOne) {
-  auto first = store(kToken, 1'000, "");
+  auto first = store(kToken, 5'000, "");
   const std::string run1 = first->own();
   first->set("brigade/coord/run_dir", "/runs/1");
-  auto straggler = store(kToken, 1'000, run1);
+  auto straggler = store(kToken, 5'000, run1);
   EXPECT_EQ(straggler->try_get("brigade/coord/run_dir"), "/runs/1");
   try {
-    store(kToken, 1'000, "")->own();
+    store(kToken, 5'000, "")->own();
     ADD_FAILURE() << "a second job took the token's prefix while the first runs";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("another job with this token is running"),
@@ -278,7 +280,7 @@ TEST_F(EtcdStoreTest, ASecondJobUnderTheTokenIsRefusedAndAnOlderRunNeverReachesT
   EXPECT_EQ(first->try_get("brigade/coord/run_dir"), "/runs/1");  // the refusal wiped nothing
   first.reset();                                                  // the first job ends
 
-  auto next = store(kToken, 1'000, "");
+  auto next = store(kToken, 5'000, "");
   const std::string run2 = next->own();
   EXPECT_NE(run2, run1);
   EXPECT_EQ(next->try_get("brigade/coord/run_dir"), std::nullopt);
@@ -287,7 +289,7 @@ TEST_F(EtcdStoreTest, ASecondJobUnderTheTokenIsRefusedAndAnOlderRunNeverReachesT
   EXPECT_EQ(straggler->add(coordinator_key("gen/0/reports"), 1), 1);
   EXPECT_EQ(next->try_get(coordinator_key("end")), std::nullopt);
   EXPECT_EQ(next->add(coordinator_key("gen/0/reports"), 0), 0);
-  EXPECT_THROW(store(kToken, 1'000, "")->use_run("../other"), Error);
+  EXPECT_THROW(store(kToken, 5'000, "")->use_run("../other"), Error);
 }
 
 TEST_F(EtcdStoreTest, AnEtcdWithoutAuthenticationIsRefused) {
@@ -429,7 +431,7 @@ TEST(EtcdAuthTest, AStaleTokenIsRenewedAndTheCallRetriedOnce) {
 // sees the lease's time left go up again), and ends with it: the next job
 // takes the token at once.
 TEST_F(EtcdStoreTest, NodeZerosHoldIsKeptAliveAndReleasedAtItsEnd) {
-  auto first = store(kToken, 1'000, "");
+  auto first = store(kToken, 5'000, "");
   first->own();
   std::string text;
   ASSERT_EQ(etcd_->run_etcdctl({"get", etcd_prefix(kToken) + "owner", "-w", "json"},
@@ -455,7 +457,7 @@ TEST_F(EtcdStoreTest, NodeZerosHoldIsKeptAliveAndReleasedAtItsEnd) {
   }
   EXPECT_TRUE(renewed) << "etcd's lease on the owner key was never renewed: " << text;
   first.reset();
-  EXPECT_NO_THROW(store(kToken, 1'000, "")->own());
+  EXPECT_NO_THROW(store(kToken, 5'000, "")->own());
 }
 
 // An add that etcd applied but whose reply was lost (its endpoint cut off

@@ -339,11 +339,12 @@ TEST_F(SnapshotRestoreTest, TheRestoreKeepsTheAgentBeatingWhileItWaits) {
   const auto end = std::chrono::steady_clock::now();
   ASSERT_GE(end - start, std::chrono::milliseconds(3'000)) << log_;
   ASSERT_FALSE(calls.empty()) << "the restore never let the agent beat";
-  // Every 100 ms; 1 s leaves a loaded machine's margin under the 2 s.
+  // Every 100 ms; 1.5 s leaves a loaded machine's margin, still under the
+  // coordinator's 2 s (a restore that never beats fails at once).
   auto longest = calls.front() - start;
   for (size_t i = 1; i < calls.size(); ++i) longest = std::max(longest, calls[i] - calls[i - 1]);
   longest = std::max(longest, end - calls.back());
-  EXPECT_LT(longest, std::chrono::milliseconds(1'000))
+  EXPECT_LT(longest, std::chrono::milliseconds(1'500))
       << calls.size() << " calls, the longest gap "
       << std::chrono::duration_cast<std::chrono::milliseconds>(longest).count() << " ms";
 }
