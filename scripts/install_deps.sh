@@ -9,6 +9,7 @@ set -euo pipefail
 packages=(
   g++ cmake ninja-build pkg-config
   libdnnl-dev   # oneDNN: the GEMMs, JIT-compiled for the CPU's ISA; on OpenMP like our kernels
+  ocl-icd-opencl-dev  # only a Recommends of libdnnl-dev, but Debian's dnnl-config.cmake requires OpenCL
   libfmt-dev nlohmann-json3-dev libtomlplusplus-dev libcli11-dev
   libgloo-dev   # TCP collectives for the gloo communicator backend
   libxxhash-dev # checksums of checkpoint shards
