@@ -86,6 +86,21 @@ inline std::string root_cause_trial(const std::filesystem::path& config,
   // Node 0's own view, named per node: the run directory is shared by every
   // node's agent.
   EXPECT_TRUE(std::filesystem::exists(run_dir / "incidents" / "1" / "agent_node0.json"));
+  // The incident's timeline (diag/incident_trace.h): the line on the culprit's
+  // own process (R + 1), and the fault placed on the agents' lane.
+  std::ifstream trace_file(run_dir / "incidents" / "1" / "trace.json");
+  const nlohmann::json trace = nlohmann::json::parse(trace_file, nullptr, /*exceptions=*/false);
+  EXPECT_FALSE(trace.is_discarded()) << "incidents/1/trace.json";
+  bool culprit = false, fault = false;
+  if (!trace.is_discarded()) {
+    for (const nlohmann::json& e : trace.at("traceEvents")) {
+      const std::string name = e.value("name", std::string());
+      culprit = culprit || (e.value("pid", -1) == rank + 1 && name == line);
+      fault = fault || name.starts_with("fault: ");
+    }
+  }
+  EXPECT_TRUE(culprit) << "no event named the cause on rank " << rank << "'s process";
+  EXPECT_TRUE(fault) << "no fault instant in incidents/1/trace.json";
   std::printf("[ cause    ] %s (evidence %.0f ms)\n", line.c_str(),
               incident.at("evidence_ms").get<double>());
   return line;

@@ -17,13 +17,14 @@ void add_diagnose_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "diagnose",
       "Name the root cause of each incident of a run (the rank, the kind: crash, hang, skip, "
-      "mismatch, and the collective) from the evidence in RUN_DIR/incidents/");
+      "mismatch, and the collective) from the evidence in RUN_DIR/incidents/, and write each "
+      "incident's cause.txt and timeline (trace.json, for Perfetto) beside its evidence");
   cmd->add_option("run_dir", *run_dir, "The run directory (train.run_dir)")->required();
   cmd->callback([run_dir] {
     int unreadable = 0;
     for (const auto& dir : diag::incident_dirs(*run_dir)) {
       try {
-        std::printf("%s\n", diag::find_root_cause(diag::read_incident(dir)).line.c_str());
+        std::printf("%s\n", diag::diagnose_incident(dir).c_str());
       } catch (const std::exception& e) {
         // One unreadable incident (damaged JSON, a file gone, a number out
         // of range) must not hide the others'.

@@ -195,6 +195,9 @@ nlohmann::json FlightRecorder::to_json_locked(GroupId group) const {
         {"size", identity.size},
         {"members", identity.members}}},
       {"dumped_at_unix_ms", std::chrono::duration_cast<std::chrono::milliseconds>(wall).count()},
+      // The same to the microsecond, for a timeline of an incident's dumps
+      // (diag/incident_trace.h).
+      {"dumped_at_unix_us", std::chrono::duration_cast<std::chrono::microseconds>(wall).count()},
       {"records", std::move(records)}};
 }
 

@@ -15,6 +15,21 @@ inline int64_t now_ns() {
       .count();
 }
 
+// Microseconds since the Unix epoch (the wall clock): what times taken on
+// different machines are compared on (to the precision of their clocks'
+// synchronisation), where each monotonic clock starts at its own boot.
+inline int64_t unix_us_now() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+// A time of now_ns()'s clock on the wall clock (unix_us_now's), through the
+// two clocks' offset read now.
+inline int64_t steady_to_unix_us(int64_t steady_ns) {
+  return unix_us_now() - (now_ns() - steady_ns) / 1'000;
+}
+
 // CPU time the calling thread has used, in ns.
 inline int64_t thread_cpu_ns() {
   timespec t{};

@@ -12,6 +12,7 @@
 
 #include "brigade/core/error.h"
 #include "brigade/core/files.h"
+#include "brigade/diag/incident_trace.h"
 #include "brigade/elastic/incident_evidence.h"
 
 namespace brigade::diag {
@@ -596,8 +597,10 @@ std::vector<fs::path> incident_dirs(const fs::path& run_dir) {
 }
 
 std::string diagnose_incident(const fs::path& dir) {
-  const RootCause cause = find_root_cause(read_incident(dir));
+  const IncidentEvidence evidence = read_incident(dir);
+  const RootCause cause = find_root_cause(evidence);
   write_file_atomic(dir / "cause.txt", cause.line + "\n");
+  write_file_atomic(dir / "trace.json", incident_trace(dir, evidence, cause).dump() + "\n");
   return cause.line;
 }
 

@@ -120,7 +120,9 @@ IncidentEvidence read_incident(const std::filesystem::path& dir);
 std::vector<std::filesystem::path> incident_dirs(const std::filesystem::path& run_dir);
 
 // read_incident, find_root_cause and a copy of the result in the directory
-// (cause.txt, the line): what the launcher's agent runs at an incident.
+// (cause.txt, the line), with the incident's timeline (trace.json,
+// diag/incident_trace.h): what the launcher's agent runs at an incident, and
+// `brigade diagnose` for each incident afterwards.
 std::string diagnose_incident(const std::filesystem::path& dir);
 
 }  // namespace brigade::diag

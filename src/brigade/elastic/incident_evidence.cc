@@ -41,11 +41,19 @@ nlohmann::json agent_view(const Incident& incident, int64_t number, int node, in
                     {"step_age_ms", age_ms(p.step_ns)},
                     {"last_step_ms", p.last_step_ns * 1e-6}});
   }
-  return {{"incident", number},
-          {"node", node},
-          {"nproc_per_node", nproc_per_node},
-          {"detected", incident.to_json()},
-          {"workers", std::move(list)}};
+  nlohmann::json view = {{"incident", number},
+                         {"node", node},
+                         {"nproc_per_node", nproc_per_node},
+                         {"detected", incident.to_json()},
+                         {"workers", std::move(list)}};
+  // On the wall clock, which the workers' dumps are stamped with too (each
+  // node's monotonic clock is its own): an incident's timeline places the
+  // fault and its detection among the dumps' collectives.
+  if (incident.fault_ns != 0) view["fault_unix_us"] = steady_to_unix_us(incident.fault_ns);
+  if (incident.detected_ns != 0) {
+    view["detected_unix_us"] = steady_to_unix_us(incident.detected_ns);
+  }
+  return view;
 }
 
 namespace {
