@@ -84,6 +84,10 @@ EtcdCoordinatorStore::Leader EtcdCoordinatorStore::campaign(const std::string& c
     // lost (and that call() sent again) finds the key bound to its lease.
     const std::optional<Value> held = range(key, deadline_ns);
     if (held) {
+      // Every existing key has one: without it no leadership can be fenced.
+      if (held->create_revision <= 0) {
+        throw_error("{}: the reply gives the key no create revision", where);
+      }
       Leader l{held->value, held->lease == member_lease_, held->create_revision};
       if (l.ours) fence_revision_ = l.revision;
       return l;

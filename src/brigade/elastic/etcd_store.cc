@@ -489,9 +489,10 @@ std::optional<EtcdCoordinatorStore::Value> EtcdCoordinatorStore::range(const std
     throw_error("{}: the reply's key or value is not the key asked for in base64: {}", where,
                 shown_reply(text));
   }
-  // "lease" is left out for a key without one.
+  // "lease" is left out for a key without one; "create_revision" is
+  // checked where it is used (the leader key's, by the election).
   return Value{*value, reply_int(kv, "mod_revision", where),
-               reply_int(kv, "create_revision", where),
+               kv.contains("create_revision") ? reply_int(kv, "create_revision", where) : 0,
                kv.contains("lease") ? reply_int(kv, "lease", where) : 0};
 }
 
