@@ -1,9 +1,10 @@
 // `brigade launch --rdzv-backend etcd` surviving the loss of node 0, the
-// leader: two loopback nodes of two `brigade train` workers each, node 0's
-// launcher killed with its workers after step 4 (--inject kill-agent). Node
+// leader: three loopback nodes of one `brigade train` worker each, node 0's
+// launcher killed with its worker after step 4 (--inject kill-agent). Node
 // 1's agent takes the leader key once node 0's lease ran out, declares node
-// 0 lost and, with --nnodes 1:2, goes on alone from the newest checkpoint,
-// its workers meeting in node 1's own store. A real etcd the test starts
+// 0 lost and, with --nnodes 2:3, goes on with nodes 1 and 2 from the newest
+// checkpoint (dp 3 x grad_accum 2 -> dp 2 x grad_accum 3), their workers
+// meeting in node 1's own store: node 0's went with it. A real etcd the test starts
 // (tests/testing/etcd_server.h); skipped, saying so, without etcd. The
 // election alone: tests/elastic/etcd_election_external_test.cc.
 #include <gtest/gtest.h>
@@ -34,7 +35,7 @@ constexpr char kToken[] = "etcd-leader-test-token";
 constexpr char kTraining[] = R"(
 [train]
 micro_batch = 2
-grad_accum = 1
+grad_accum = 2
 steps = 8
 seed = 5
 checkpoint_every = 1
@@ -44,7 +45,7 @@ min_lr = 3e-3
 [data]
 synthetic = true
 [parallel]
-dp = 4
+dp = 3
 timeout_s = 30
 )";
 
@@ -68,14 +69,14 @@ class EtcdLeader : public ::testing::Test {
 TEST_F(EtcdLeader, NodeZerosLossLeavesTheJobToNodeOneThroughEtcd) {
   const std::string rdzv = "127.0.0.1:" + std::to_string(testing::free_port());
   const fs::path run = dir_.path() / "run";
-  std::vector<Output> r(2);
+  std::vector<Output> r(3);
   std::vector<std::thread> nodes;
-  for (int node = 0; node < 2; ++node) {
+  for (int node = 0; node < 3; ++node) {
     const std::vector<std::string> args = {"launch",
                                            "--nproc-per-node",
-                                           "2",
+                                           "1",
                                            "--nnodes",
-                                           "1:2",
+                                           "2:3",
                                            "--node-rank",
                                            std::to_string(node),
                                            "--rdzv",
@@ -103,10 +104,13 @@ TEST_F(EtcdLeader, NodeZerosLossLeavesTheJobToNodeOneThroughEtcd) {
   for (std::thread& t : nodes) t.join();
   EXPECT_EQ(r[0].status, 128 + SIGKILL) << r[0].err;
   ASSERT_EQ(r[1].status, 0) << "node 1:\n" << r[1].err << "\nnode 0:\n" << r[0].err;
-  EXPECT_NE(r[1].err.find("node 1 runs as node 0 of 1 in generation 1 (the job started with 2 "
+  ASSERT_EQ(r[2].status, 0) << "node 2:\n" << r[2].err << "\nnode 1:\n" << r[1].err;
+  EXPECT_NE(r[1].err.find("node 1 runs as node 0 of 2 in generation 1 (the job started with 3 "
                           "nodes)"),
             std::string::npos)
       << r[1].err;
+  EXPECT_NE(r[2].err.find("node 2 runs as node 1 of 2 in generation 1"), std::string::npos)
+      << r[2].err;
   // Node 1, the leader now, wrote the job's incidents: node 0 lost.
   std::ifstream in(run / "incidents.jsonl");
   std::vector<nlohmann::json> lines;
@@ -115,7 +119,7 @@ TEST_F(EtcdLeader, NodeZerosLossLeavesTheJobToNodeOneThroughEtcd) {
   const nlohmann::json& incident = lines.front();
   EXPECT_EQ(incident.at("kind"), "node_lost") << incident.dump();
   EXPECT_EQ(incident.at("node"), 0) << incident.dump();
-  EXPECT_EQ(incident.value("nodes", 0), 1) << incident.dump();
+  EXPECT_EQ(incident.value("nodes", 0), 2) << incident.dump();
   EXPECT_NE(incident.at("what").get<std::string>().find("node 0 is lost"), std::string::npos)
       << incident.dump();
   EXPECT_EQ(lines.back().at("kind"), "summary") << lines.back().dump();
