@@ -1,3 +1,7 @@
+// Over 600 lines: `brigade launch` from flags to exit status in one place
+// (validation, rendezvous, the workers' environment, the agent and the end
+// of the job); the pieces that stand alone are in launch_nodes.cc,
+// launch_snapshots.cc and rdzv_backend.cc.
 #include "brigade/cli/launcher.h"
 
 #include <fcntl.h>
