@@ -487,6 +487,28 @@ TEST_F(EtcdStoreTest, AnAddWhoseReplyWasLostIsAppliedOnce) {
   }
 }
 
+// An etcd electing a new leader answers 503 for a moment ("etcdserver:
+// leader changed"): the call is tried again within its time, so that one
+// failed call is not taken for lost contact.
+TEST_F(EtcdStoreTest, ACallThatFailsDuringAnEtcdElectionIsTriedAgainWithinItsTime) {
+  std::atomic<int> failing{0};
+  const int port = etcd_->port();
+  FakeEtcd proxy([&failing, port](const std::string& request) {
+    if (!FakeEtcd::is_authenticate(request) && failing > 0) {
+      --failing;
+      return std::make_optional(
+          std::make_pair(503, std::string(R"({"error":"etcdserver: leader changed","code":14})")));
+    }
+    return forward(port, request);
+  });
+  EtcdCoordinatorStore s({proxy.url()}, kToken, 5'000);
+  s.use_run(kRun);
+  failing = 3;
+  EXPECT_NO_THROW(s.set("brigade/coord/run_dir", "/runs/a"));
+  EXPECT_EQ(failing, 0);
+  EXPECT_EQ(store()->try_get("brigade/coord/run_dir"), "/runs/a");
+}
+
 // The connection kept open between calls is closed in the workers the
 // launcher starts.
 TEST_F(EtcdStoreTest, TheConnectionToEtcdIsNotInheritedAcrossExec) {

@@ -141,11 +141,13 @@ void check_standby_and_node_faults(const LaunchOptions& o, bool srun_tasks) {
           "--nnodes MIN:MAX to go on without it)",
           f.name(), f.node);
     }
-    // A hold only delays node 0's workers: node 0 may be held.
-    if (f.node == 0 && f.kind != elastic::NodeFault::Kind::kHold) {
+    // A hold only delays node 0's workers: node 0 may be held. With etcd
+    // another node takes over from a lost node 0 (elastic/coordinator.h).
+    if (f.node == 0 && f.kind != elastic::NodeFault::Kind::kHold && o.rdzv_backend != "etcd") {
       throw_error(
           "--inject {}:node=0 strikes node 0, which hosts the rendezvous store and leads the "
-          "job: its loss ends the job, no standby can take its place; strike node 1..{}",
+          "job: its loss ends the job, no standby can take its place (with --rdzv-backend etcd "
+          "another node would lead); strike node 1..{}",
           f.name(), o.nnodes - 1);
     }
     if (f.node >= o.nnodes) {

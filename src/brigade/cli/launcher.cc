@@ -1,3 +1,7 @@
+// Over 600 lines: `brigade launch` from flags to exit status in one place
+// (validation, rendezvous, the workers' environment, the agent and the end
+// of the job); the pieces that stand alone are in launch_nodes.cc,
+// launch_snapshots.cc and rdzv_backend.cc.
 #include "brigade/cli/launcher.h"
 
 #include <fcntl.h>
@@ -29,6 +33,7 @@
 #include "brigade/diag/prometheus.h"
 #include "brigade/diag/root_cause.h"
 #include "brigade/elastic/agent.h"
+#include "brigade/elastic/snapshot_sync.h"
 #include "brigade/elastic/worker_group.h"
 
 extern char** environ;
@@ -510,10 +515,17 @@ int run_launch(const LaunchOptions& o) {
   // With etcd, checked there before this node joins anything.
   CoordinatorBackend coordination(o, token, kCoordinatorCallTimeoutMs);
   std::optional<TcpStoreServer> server;
+  // With etcd every node's: the one that leads a generation serves it.
+  std::string worker_store;
   if (o.node_rank == 0 && !o.standby) {
     server.emplace(is_loopback(master.host) ? master.host : "", master.port, token);
     master.port = server->port();
     coordination.publish_worker_store(master.host, master.port);
+    if (coordination.etcd()) worker_store = fmt::format("{}:{}", master.host, master.port);
+  } else if (coordination.etcd()) {
+    server.emplace(is_loopback(master.host) ? master.host : "", 0, token);
+    worker_store = fmt::format("{}:{}", elastic::local_address_towards(master.host, master.port),
+                               server->port());
   }
   TcpStore store(master.host, master.port, token, o.rdzv_timeout_ms);
   coordination.publish_run(store);  // node 0, before the others can see it joined
@@ -558,6 +570,7 @@ int run_launch(const LaunchOptions& o) {
   agent.chaos = o.chaos;
   agent.standby = o.standby;
   agent.node_id = o.node_id;
+  agent.worker_store = worker_store;
   agent.node_faults = o.node_faults;
   agent.partition_iface = partition_iface;
   // The coordinator's calls get their own connection with a short timeout
@@ -584,7 +597,10 @@ int run_launch(const LaunchOptions& o) {
     exit_status = supervisor.run(blocked.child_mask());
     // An agent that lost the coordinator would wait out the store's
     // timeout to say it is done, to nobody.
-    if (o.nnodes > 1 && !supervisor.lost_coordinator()) {
+    if (o.nnodes > 1 && !supervisor.lost_coordinator() && coordination.etcd()) {
+      coordination.finish(supervisor.node_rank(), exit_status, supervisor.led(),
+                          supervisor.nodes_out());
+    } else if (o.nnodes > 1 && !supervisor.lost_coordinator()) {
       try {
         // A standby that took a node's place is that node now.
         const int node = supervisor.node_rank();

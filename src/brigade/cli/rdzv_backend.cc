@@ -1,5 +1,13 @@
 #include "brigade/cli/rdzv_backend.h"
 
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <thread>
+
+#include "brigade/core/clock.h"
 #include "brigade/core/error.h"
 
 namespace brigade::cli {
@@ -73,6 +81,33 @@ elastic::CoordinatorStore& CoordinatorBackend::open(TcpStore& rendezvous, const 
     tcp_.emplace(*client_);
   }
   return *tcp_;
+}
+
+void CoordinatorBackend::finish(int node, int exit_status, bool led, const std::vector<int>& out) {
+  if (!etcd_) return;
+  try {
+    if (node >= 0) {
+      etcd_->set(elastic::coordinator_key(fmt::format("launch/done/{}", node)),
+                 std::to_string(exit_status));
+    }
+    if (!led) return;
+    const int64_t deadline_ns = now_ns() + options_.rdzv_timeout_ms * kNsPerMs;
+    for (int n = 0; n < options_.nnodes; ++n) {
+      if (std::find(out.begin(), out.end(), n) != out.end()) continue;
+      while (!etcd_->try_get(elastic::coordinator_key(fmt::format("launch/done/{}", n)))) {
+        if (now_ns() >= deadline_ns) {
+          fmt::print(stderr,
+                     "brigade launch: node {} did not report its workers done within {} ms; "
+                     "closing this node's store anyway\n",
+                     n, options_.rdzv_timeout_ms);
+          return;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      }
+    }
+  } catch (const Error& e) {
+    fmt::print(stderr, "brigade launch: {}\n", e.what());
+  }
 }
 
 }  // namespace brigade::cli

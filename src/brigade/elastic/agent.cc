@@ -73,6 +73,7 @@ Agent::Agent(AgentOptions options) : options_(std::move(options)) {
     c.min_nnodes = options_.min_nnodes;
     c.train_dp = options_.train_dp;
     c.train_grad_accum = options_.train_grad_accum;
+    c.worker_store = options_.worker_store;
     coordinator_.emplace(*options_.store, c, now_ns());
   }
   if (options_.standby) {
@@ -461,8 +462,16 @@ void Agent::learn_run_dir(const HeartbeatTable& table) {
 }
 
 void Agent::write_incidents(bool final) {
-  // Across nodes node 0's agent writes them all: it hears of every node's.
-  if (run_dir_.empty() || options_.node_rank != 0) return;
+  // Across nodes the leader's agent writes them all: it hears of every
+  // node's (node 0's, or with etcd the one that took over).
+  if (run_dir_.empty()) return;
+  if (coordinator_ ? !coordinator_->leader() : options_.node_rank != 0) {
+    // The leader writes a recovered incident as this agent sees it
+    // recovered: a follower that takes over later (etcd) does not write it
+    // again.
+    for (Incident& i : incidents_) i.written = i.written || i.recovered_ns.has_value();
+    return;
+  }
   const fs::path path = fs::path(run_dir_) / "incidents.jsonl";
   try {
     for (Incident& i : incidents_) {
@@ -506,7 +515,8 @@ int Agent::finish(Outcome outcome, int stopped) {
   }
   // The snapshots go with the agent; the newest state must not.
   if (outcome != Outcome::kSucceeded) keep_newest_snapshot();
-  if (options_.brigade_train && !run_dir_.empty() && options_.node_rank == 0) {
+  if (options_.brigade_train && !run_dir_.empty() &&
+      (coordinator_ ? coordinator_->leader() : options_.node_rank == 0)) {
     const RunSummary summary = summarize(incidents_, generations_, restarts_, start_ns_, now_ns());
     std::fprintf(stderr, "brigade launch: %s\n", summary.line().c_str());
     nlohmann::json line = summary.to_json();

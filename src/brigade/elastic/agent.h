@@ -158,6 +158,11 @@ struct AgentOptions {
   // This machine's id for the quarantine (CoordinatorOptions::host); empty:
   // its host name.
   std::string node_id;
+  // "HOST:PORT" of the workers' store this node's launcher hosts
+  // (CoordinatorOptions::worker_store): with etcd, whichever node leads
+  // a generation has its workers meet there. Empty: MASTER_ADDR and
+  // MASTER_PORT of `environment` serve every generation.
+  std::string worker_store;
   // Whole-node faults (kill-agent, partition) this agent raises when they
   // are its node's and generation's.
   std::vector<NodeFault> node_faults;
@@ -209,6 +214,9 @@ class Agent {
   // standby's id (-1 for a node's agent).
   int node_rank() const { return options_.node_rank; }
   int standby_id() const { return coordinator_ ? coordinator_->standby_id() : -1; }
+  // Multi-node: this agent led the job at its end (node 0's, or with etcd
+  // the one elected in its place).
+  bool led() const { return coordinator_ && coordinator_->leader(); }
 
  private:
   enum class Outcome { kSucceeded, kFailed, kSignalled, kRemoteFailure };

@@ -224,7 +224,7 @@ Agent::Outcome Agent::settle_generation(Outcome outcome) {
     coordinator_->report_stopped(outcome == Outcome::kSucceeded);
   } catch (const Error& e) {
     remote_failure_ = fmt::format("lost contact with the coordinator: {}", e.what());
-    lost_coordinator_ = options_.node_rank != 0;
+    lost_coordinator_ = !coordinator_->leader();
     return failure_ ? Outcome::kFailed : Outcome::kRemoteFailure;
   }
   if (outcome == Outcome::kSignalled) return outcome;
@@ -312,6 +312,12 @@ void Agent::take_membership() {
   // A standby's given node; a node's own rank, as the incidents name it.
   options_.environment.set("BRIGADE_NODE", std::to_string(options_.node_rank));
   options_.environment.set("WORLD_SIZE", std::to_string(count * options_.nproc_per_node));
+  // With etcd the generation's leader hosts its workers' store (node 0's
+  // may be gone).
+  if (const auto& where = coordinator_->worker_store()) {
+    options_.environment.set("MASTER_ADDR", where->host);
+    options_.environment.set("MASTER_PORT", std::to_string(where->port));
+  }
 }
 
 void Agent::restore_snapshot() {

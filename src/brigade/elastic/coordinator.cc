@@ -203,6 +203,16 @@ Coordinator::Coordinator(CoordinatorStore& store, CoordinatorOptions options, in
   register_host();  // before the first beat: the leader reads it once it sees one
   store_.add(beat_key_, 1);
   next_beat_ns_ = now_ns + options_.beat_interval_ms * kNsPerMs;
+  // Node 0 takes the leader key first; the others campaign only once the
+  // leader falls silent (watch_leader()).
+  if (store_.elects_leader() && !options_.standby && options_.node_rank == 0) {
+    const std::optional<int> leading = store_.campaign_for(0, options_.agent_timeout_ms);
+    if (!leading || *leading < 0 || *leading >= options_.nnodes) {
+      throw_error("the coordinator's store at {} elected no node of 0..{} as the leader",
+                  store_.address(), options_.nnodes - 1);
+    }
+    leader_node_ = *leading;
+  }
 }
 
 Coordinator::~Coordinator() = default;
@@ -305,6 +315,8 @@ JobView Coordinator::poll(int64_t now_ns) {
     if (now_ns >= next_beat_ns_) {
       store_.add(beat_key_, 1);
       next_beat_ns_ = now_ns + options_.beat_interval_ms * kNsPerMs;
+      // The leader's lease lives while it beats.
+      if (store_.elects_leader() && leader() && !store_.renew_lease()) return deposed_view();
     }
     if (const auto end = store_.try_get(end_key()); end && !end_from_lost_node(*end)) {
       return ended_view(*end);
@@ -319,6 +331,8 @@ JobView Coordinator::poll(int64_t now_ns) {
     v.state = JobView::State::kEnded;
     v.why = e.what();
     return v;
+  } catch (const NotLeader&) {
+    return deposed_view();
   } catch (const Error& e) {
     JobView v;
     v.state = JobView::State::kEnded;
@@ -338,6 +352,7 @@ bool Coordinator::keep_alive(int64_t now_ns) {
     if (now_ns >= next_beat_ns_) {
       store_.add(beat_key_, 1);
       next_beat_ns_ = now_ns + options_.beat_interval_ms * kNsPerMs;
+      if (store_.elects_leader() && leader() && !store_.renew_lease()) return false;
     }
     const auto end = store_.try_get(end_key());
     return !end || end_from_lost_node(*end);
@@ -366,6 +381,7 @@ JobView Coordinator::read_state() {
         next_members_ = parse_members(members, *nodes, options_.nnodes);
       }
       next_layout_ = read_layout(generation_ + 1);
+      next_worker_store_ = read_worker_store(generation_ + 1);
       next_restarts_ = read_restarts(generation_ + 1);
       v.state = JobView::State::kRestart;
       v.cause =
@@ -408,8 +424,10 @@ bool Coordinator::beat_moved(int node, int64_t now_ns) {
 std::optional<JobView> Coordinator::lead(int64_t now_ns) {
   const int64_t timeout_ns = options_.agent_timeout_ms * kNsPerMs;
   standbys_->watch(now_ns);
-  for (int n = 1; n < options_.nnodes; ++n) {
-    if (lost_.contains(n) || !member(n)) continue;
+  // A new leader first sees the standbys beat (take_over()).
+  if (now_ns < settle_until_ns_) return std::nullopt;
+  for (int n = 0; n < options_.nnodes; ++n) {
+    if (n == options_.node_rank || lost_.contains(n) || !member(n)) continue;
     if (beat_moved(n, now_ns) || now_ns - beat_changed_ns_[n] <= timeout_ns) continue;
     if (const auto ended = on_silent_node(n, now_ns)) return ended;
   }
@@ -440,6 +458,7 @@ std::optional<JobView> Coordinator::lead(int64_t now_ns) {
     store_.set(members_key(generation_ + 1), members_text(next_members_));
     store_.set(restarts_key(generation_ + 1), std::to_string(restarts_used_ + 1));
     write_next_layout();
+    write_worker_store(generation_ + 1);
     store_.set(cause_key(generation_), report_json(*cause).dump());
     store_.set(open_key(generation_ + 1), std::to_string(generation_ + 1));
     return std::nullopt;  // read_state() sees it on the next poll, as everyone does
@@ -503,25 +522,6 @@ std::optional<Incident> Coordinator::choose_cause() {
   return best;
 }
 
-std::optional<JobView> Coordinator::watch_leader(int64_t now_ns) {
-  if (beat_moved(0, now_ns) ||
-      now_ns - beat_changed_ns_[0] <= options_.agent_timeout_ms * kNsPerMs) {
-    return std::nullopt;
-  }
-  JobView v;
-  v.state = JobView::State::kEnded;
-  v.lost_coordinator = true;
-  v.why = fmt::format(
-      "lost the coordinator: node 0's agent sent no heartbeat through the store at {} for {:.1f} "
-      "s",
-      store_.address(), (now_ns - beat_changed_ns_[0]) * 1e-9);
-  // Node 0's agent may be alive but slow or cut off from this node only:
-  // its workers must not wait on this node's in a collective. A standby
-  // runs no workers: nobody waits on it.
-  if (!options_.standby) try_end_job(fmt::format("node {} {}", options_.node_rank, v.why));
-  return v;
-}
-
 JobView Coordinator::ended_view(const std::string& value) {
   const std::string& key = end_key();
   const char* expected = "the end of the job (a JSON object of kind, what, node)";
@@ -542,7 +542,7 @@ JobView Coordinator::ended_view(const std::string& value) {
     if (j.contains("lost_nodes")) {
       if (!j.at("lost_nodes").is_array()) throw MalformedValue(key, value, expected);
       for (const nlohmann::json& n : j.at("lost_nodes")) {
-        if (!n.is_number_integer() || n.get<int>() < 1 || n.get<int>() >= options_.nnodes) {
+        if (!n.is_number_integer() || n.get<int>() < 0 || n.get<int>() >= options_.nnodes) {
           throw MalformedValue(key, value, expected);
         }
         if (n.get<int>() != node) v.lost_nodes.push_back(n.get<int>());
@@ -575,6 +575,7 @@ void Coordinator::enter_next_generation() {
   ++generation_;
   members_ = next_members_;
   layout_ = next_layout_;
+  if (next_worker_store_) worker_store_ = next_worker_store_;
   restarts_used_ = next_restarts_;
   lost_.clear();
   reported_failure_ = false;

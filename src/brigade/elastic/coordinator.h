@@ -19,8 +19,9 @@
 //   run_dir                       where the job's workers write (node 0's)
 //   end/claims                    a counter: the agent that adds 1 first writes
 //                                 `end`; unwritten after agent_timeout_ms (its
-//                                 agent died in between), node 0 writes its own
-// Node 0's agent also leads: it watches every agent's beat and decides.
+//                                 agent died in between), the leader writes its own
+// The leader (node 0's agent, or with etcd one elected in its place) watches
+// every agent's beat and decides.
 //   - A failure reported anywhere in g stops every node's workers (each
 //     agent sees reports > 0 on its next poll). Once every node has said its
 //     workers of g are gone, the leader picks the likeliest cause among the
@@ -46,7 +47,7 @@
 //     with it), unless the job may go on with fewer nodes (min_nnodes,
 //     `--nnodes MIN:MAX`): with a restart left and at least min_nnodes
 //     nodes still live, the leader opens g+1 with the live nodes only
-//     (gen/<g+1>/members; node 0 stays first and leads), each agent's
+//     (gen/<g+1>/members; the leader stays among them), each agent's
 //     workers renumbered by its position there. At the decision every lost
 //     node gets a live standby, or, when fewer nodes are allowed, those
 //     without one are left out (standbys first); otherwise none does and
@@ -61,9 +62,22 @@
 //     Such an agent still tries once to end the job for everyone, so that
 //     node 0's workers, if they live, do not sit in collectives with this
 //     node's until the collective timeout.
-// Node 0, the leader, cannot be replaced: its loss ends the job (its
-// launcher hosts the store too); surviving it needs a store with leases
-// and leader election (etcd), a later increment.
+// With the built-in store node 0 leads for good: its launcher hosts the
+// store, so its loss ends the job. With a store that elects a leader
+// (etcd: CoordinatorStore::elects_leader()), node 0 campaigns first and
+// leads while its lease lives (renewed on its beat); when the leader's
+// beat stops for agent_timeout_ms, every other node's agent campaigns
+// for the leader key, and the one whose create-if-absent transaction
+// lands once the old leader's lease ran out leads from then on
+// (take_over()): it reads the job's state where the old leader left it
+// in the store (the generation, its members and restarts, nodes already
+// declared lost, which standby holds which node), watches every node's
+// beat afresh and treats the old leader's node as any silent node: lost,
+// a standby in its place or the job going on with fewer nodes. The others
+// follow the new leader's beat. A deposed leader that still runs (it was
+// cut off for longer than its lease) finds its lease gone on its next
+// beat and ends for itself; its writes in between are refused by the
+// store (fenced by its leadership), never mixed into its successor's.
 //   - Rejoin (scale up, elastic/coordinator_rejoin.cc): while the job runs
 //     on fewer nodes than it started with, a joiner (`brigade launch
 //     --standby`, started on a recovered or a new machine) that has beaten
@@ -132,6 +146,25 @@ class CoordinatorStore {
   virtual std::string address() const = 0;
   // The longest one call may take before it throws Error.
   virtual int64_t call_timeout_ms() const = 0;
+
+  // Leader election, in a store with leases (etcd), so that the job
+  // survives the loss of any one node, node 0's included. The built-in
+  // store elects nobody: node 0's launcher hosts it, so node 0 leads for
+  // good and its loss ends the job.
+  virtual bool elects_leader() const { return false; }
+  // Makes `node` the leader unless another node leads, bound to this
+  // agent's lease of lease_ms (granted afresh unless alive, kept by
+  // renew_lease()); returns the node that leads, nullopt while none does.
+  virtual std::optional<int> campaign_for(int node, int64_t lease_ms) {
+    (void)node;
+    (void)lease_ms;
+    return 0;
+  }
+  // The node that leads, without campaigning; nullopt while none does.
+  virtual std::optional<int> leading_node() { return 0; }
+  // Renews the lease the leader's key is bound to; false once it expired
+  // (this agent was silent for longer: another may lead now).
+  virtual bool renew_lease() { return true; }
 };
 
 // The built-in backend: comm/tcp_store.h, whose every call presents the
@@ -147,6 +180,14 @@ class TcpCoordinatorStore : public CoordinatorStore {
 
  private:
   TcpStore& store_;
+};
+
+// A write refused because this agent no longer leads: with an electing
+// store, the leader key it took expired (it was silent for longer than
+// its lease) or another node holds it now.
+class NotLeader : public Error {
+ public:
+  using Error::Error;
 };
 
 // A value under brigade/coord/ that no agent of this job would write: only
@@ -180,6 +221,11 @@ struct CoordinatorOptions {
   // empty: its host name, which every node on one machine shares (loopback
   // tests, containers), so that two losses there refuse every joiner.
   std::string host;
+  // "HOST:PORT" of the store this node's launcher hosts for the workers'
+  // rendezvous (comm/world.h), which the leader publishes as
+  // gen/<g>/worker_store with every generation it opens; empty: none (the
+  // built-in backend: node 0's store serves every generation).
+  std::string worker_store;
   int64_t beat_interval_ms = 200;
   // Two seconds without a beat: a loaded machine's agent still beats ten
   // times over, and a lost node is named within the 3 s the issue allows.
@@ -236,7 +282,11 @@ class Coordinator {
   int64_t generation() const { return generation_; }
   // The job's restarts so far: its generations less its rejoins.
   int64_t restarts_used() const { return restarts_used_; }
-  bool leader() const { return !options_.standby && options_.node_rank == 0; }
+  // This agent leads: node 0's, or with an electing store the one that
+  // took over from a lost leader.
+  bool leader() const { return !options_.standby && options_.node_rank == leader_node_; }
+  // The node whose agent leads (node 0 until another took over).
+  int leader_node() const { return leader_node_; }
   // A standby still waiting for a node.
   bool standby() const { return options_.standby; }
   // This agent's node: a standby's once given one, -1 before.
@@ -262,14 +312,22 @@ class Coordinator {
     int64_t grad_accum = 0;
   };
   const std::optional<TrainLayout>& train_layout() const { return layout_; }
+  // Where this generation's workers meet (gen/<g>/worker_store: the
+  // leader's store, when it opened the generation with one); nullopt: the
+  // launch's own (MASTER_ADDR, MASTER_PORT as given).
+  struct WorkerStore {
+    std::string host;
+    uint16_t port = 0;
+  };
+  const std::optional<WorkerStore>& worker_store() const { return worker_store_; }
 
   // This node raises a whole-node fault now (elastic/fault_injection.h's
   // NodeFault: "kill-agent" or "partition"), so that the leader records
   // the node's loss as that. Throws Error if the store did not take it.
   void mark_node_fault(const std::string& kind);
-  // Node 0, at the end of the job: every standby still waiting exits.
+  // The leader, at the end of the job: every standby still waiting exits.
   void release_standbys();
-  // Node 0, once its workers said where they write: a standby that takes a
+  // The leader, once its workers said where they write: a standby that takes a
   // node's place resumes from there. Throws Error if the store did not take it.
   void publish_run_dir(const std::string& run_dir);
 
@@ -284,7 +342,7 @@ class Coordinator {
   // reaped; all of them exited 0 when `succeeded`.
   void report_stopped(bool succeeded);
 
-  // Beats, leads (node 0), and says where the job stands, at time now_ns
+  // Beats, leads (the leader), and says where the job stands, at time now_ns
   // (core/clock.h's clock; only differences are used, never compared across
   // nodes). Store errors and malformed values come back as kEnded with the
   // error in `why`: the agent must stop its workers either way.
@@ -313,33 +371,36 @@ class Coordinator {
   // Whether `end` was written by a node declared lost after it wrote it
   // (too late to stop the job, which went on without it).
   bool end_from_lost_node(const std::string& value);
-  // Node 0: a silent node is lost; with a standby free and a restart left
+  // The leader: a silent node is lost; with a standby free and a restart left
   // the job goes on without it.
   std::optional<JobView> on_silent_node(int node, int64_t now_ns);
   Incident lost_incident(int node, int64_t now_ns);
-  // Node 0: gives every lost node of the generation to a free standby;
+  // The leader: gives every lost node of the generation to a free standby;
   // false when none is free for one of them.
   bool replace_lost_nodes(int64_t now_ns, Incident& cause);
-  // Node 0: whether the job may go on without `lost` of its nodes.
+  // The leader: whether the job may go on without `lost` of its nodes.
   bool may_go_on_with_fewer(size_t lost) const;
   // Node 0's train layout scaled to `nodes` nodes; nullopt when not known
   // or not whole there.
   std::optional<TrainLayout> scaled_layout(size_t nodes) const;
-  // Node 0: writes gen/<g+1>/train_layout for next_members_ (fewer nodes).
+  // The leader: writes gen/<g+1>/train_layout for next_members_ (fewer nodes).
   void write_next_layout();
   // Reads gen/<g>/train_layout (absent: every node's own layout).
   std::optional<TrainLayout> read_layout(int64_t g);
-  // Node 0: leaves the lost nodes without a standby out of generation g+1.
+  // Reads gen/<g>/worker_store; the leader writes its own before it opens g.
+  std::optional<WorkerStore> read_worker_store(int64_t g);
+  void write_worker_store(int64_t g);
+  // The leader: leaves the lost nodes without a standby out of generation g+1.
   void leave_out(const std::vector<int>& nodes, Incident& cause);
   bool member(int node) const;
   // elastic/coordinator_rejoin.cc. Writes this agent's host name.
   void register_host();
-  // Node 0: counts a loss against the machine that held `node`.
+  // The leader: counts a loss against the machine that held `node`.
   void count_loss(int node);
-  // Node 0, while nothing is reported: grows the job when a settled joiner
+  // The leader, while nothing is reported: grows the job when a settled joiner
   // and a left-out node are there (a report in g with gen/<g>/rejoin).
   void maybe_grow(int64_t now_ns);
-  // Node 0, every node stopped for a rejoin: the joiner takes its node,
+  // The leader, every node stopped for a rejoin: the joiner takes its node,
   // g+1 opens with it (as it was, if the joiner went silent meanwhile).
   void grow(int64_t now_ns, int standby, int node);
   // The rejoin of generation g (standby, node), once the leader decided it.
@@ -348,10 +409,19 @@ class Coordinator {
   int64_t read_restarts(int64_t g);
   // A standby whose machine was quarantined: refused, why.
   std::optional<JobView> check_refused();
-  // Node 0: checks the agents' beats and turns reports into decisions.
+  // The leader: checks the agents' beats and turns reports into decisions.
   std::optional<JobView> lead(int64_t now_ns);
-  // The leader's beat, seen from the other nodes.
+  // The leader's beat, seen from the other nodes; with an electing store,
+  // a silent leader is replaced (a node's agent campaigns, a standby
+  // follows whoever won) rather than ending the job.
   std::optional<JobView> watch_leader(int64_t now_ns);
+  // This agent won the leader key from `old`, silent: it leads from the
+  // job's state in the store, `old` a silent node.
+  void take_over(int old, int64_t now_ns);
+  // Another node leads now: its beat is watched from now_ns.
+  void follow(int node, int64_t now_ns);
+  // This agent led, but its lease ran out: it leaves.
+  JobView deposed_view() const;
   bool beat_moved(int node, int64_t now_ns);
   std::optional<Incident> choose_cause();
   // Every node's failure report in this generation (a node's own report
@@ -366,7 +436,7 @@ class Coordinator {
   bool rejoin_only();
   nlohmann::json signed_end(nlohmann::json end) const;
   void end_job(const nlohmann::json& end);
-  // Node 0 ends the job with `end`, unless another agent's end came first.
+  // The leader ends the job with `end`, unless another agent's end came first.
   std::optional<JobView> lead_end(const nlohmann::json& end, int64_t now_ns);
   JobView ended_view(const std::string& value);
   void send_report();
@@ -378,7 +448,7 @@ class Coordinator {
   CoordinatorOptions options_;
   int standby_id_ = -1;
   std::string beat_key_;  // this agent's own
-  // Node 0: the standbys, and the nodes lost in this generation (the
+  // The leader: the standbys, and the nodes lost in this generation (the
   // incident each is, by node).
   std::unique_ptr<StandbyPool> standbys_;
   std::map<int, Incident> lost_;
@@ -391,6 +461,8 @@ class Coordinator {
   std::vector<int> next_members_;
   std::optional<TrainLayout> layout_;
   std::optional<TrainLayout> next_layout_;
+  std::optional<WorkerStore> worker_store_;
+  std::optional<WorkerStore> next_worker_store_;
   int64_t generation_ = 0;
   int64_t next_beat_ns_ = 0;
   bool reported_failure_ = false;
@@ -405,9 +477,14 @@ class Coordinator {
   std::vector<int64_t> beat_changed_ns_;
   int64_t restarts_used_ = 0;
   int64_t next_restarts_ = 0;
-  // Node 0: per node, the standby holding it (-1: the node's own agent),
+  // The leader: per node, the standby holding it (-1: the node's own agent),
   // whose machine a loss counts against.
   std::vector<int> holder_;
+  // The node that leads, and (a new leader) until when it watches the
+  // standbys' beats before it decides on a silent node: a standby it has
+  // not yet seen beating would not be free.
+  int leader_node_ = 0;
+  int64_t settle_until_ns_ = 0;
 };
 
 // Throws Error unless `id` can name a machine (CoordinatorOptions::host):

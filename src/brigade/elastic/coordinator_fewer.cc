@@ -25,6 +25,10 @@ std::string train_layout_key(int64_t g) {
   return coordinator_key(fmt::format("gen/{}/train_layout", g));
 }
 
+std::string worker_store_key(int64_t g) {
+  return coordinator_key(fmt::format("gen/{}/worker_store", g));
+}
+
 std::string members_text(const std::vector<int>& members) {
   std::string text;
   for (const int n : members) text += fmt::format("{}{}", text.empty() ? "" : " ", n);
@@ -33,9 +37,7 @@ std::string members_text(const std::vector<int>& members) {
 
 std::vector<int> parse_members(const std::string& key, const std::string& value, int nnodes) {
   const std::string expected = fmt::format(
-      "the nodes of a generation (increasing node ranks 0..{}, node 0 first, separated by "
-      "spaces)",
-      nnodes - 1);
+      "the nodes of a generation (increasing node ranks 0..{}, separated by spaces)", nnodes - 1);
   std::vector<int> members;
   std::istringstream in(value);
   for (std::string word; in >> word;) {
@@ -48,7 +50,8 @@ std::vector<int> parse_members(const std::string& key, const std::string& value,
     }
     members.push_back(static_cast<int>(n));
   }
-  if (members.empty() || members.front() != 0) throw MalformedValue(key, value, expected);
+  // Node 0 may be left out: with an electing store another node leads.
+  if (members.empty()) throw MalformedValue(key, value, expected);
   return members;
 }
 
@@ -67,7 +70,7 @@ int Coordinator::member_index() const {
 
 std::vector<int> Coordinator::nodes_lost_unreplaced() const {
   std::vector<int> out;
-  for (int n = 1; n < options_.nnodes; ++n) {
+  for (int n = 0; n < options_.nnodes; ++n) {
     const std::string key = lost_key(n);
     const auto lost_in = store_.try_get(key);
     if (!lost_in) continue;
@@ -128,6 +131,26 @@ std::optional<Coordinator::TrainLayout> Coordinator::read_layout(int64_t g) {
                          "separated by a space)");
   }
   return layout;
+}
+
+std::optional<Coordinator::WorkerStore> Coordinator::read_worker_store(int64_t g) {
+  const std::string key = worker_store_key(g);
+  const auto text = store_.try_get(key);
+  if (!text) return std::nullopt;
+  const size_t colon = text->rfind(':');
+  char* end = nullptr;
+  errno = 0;
+  const long port =
+      colon == std::string::npos ? 0 : std::strtol(text->c_str() + colon + 1, &end, 10);
+  if (colon == std::string::npos || colon == 0 || end == nullptr || *end != '\0' || errno != 0 ||
+      port < 1 || port > 65535) {
+    throw MalformedValue(key, *text, "a store's address (HOST:PORT)");
+  }
+  return WorkerStore{text->substr(0, colon), static_cast<uint16_t>(port)};
+}
+
+void Coordinator::write_worker_store(int64_t g) {
+  if (!options_.worker_store.empty()) store_.set(worker_store_key(g), options_.worker_store);
 }
 
 void Coordinator::leave_out(const std::vector<int>& nodes, Incident& cause) {

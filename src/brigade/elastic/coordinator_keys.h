@@ -26,6 +26,9 @@ std::string members_key(int64_t g);
 // gen/<g>/train_layout: "DP GRAD_ACCUM", the leader's scaled `brigade
 // train` layout of a generation on fewer nodes.
 std::string train_layout_key(int64_t g);
+// gen/<g>/worker_store: "HOST:PORT", the store generation g's workers meet
+// in (its leader's launcher's).
+std::string worker_store_key(int64_t g);
 // gen/<g>/restarts: the restarts the job used up to generation g, when
 // rejoins (which use none) came before; node/<n>/rejoined: the generation
 // a joiner took node n back from (elastic/coordinator_rejoin.cc).
@@ -36,7 +39,7 @@ std::string rejoined_key(int node);
 // order, space-separated ("0 2"); a node's rank in g is its position.
 std::string members_text(const std::vector<int>& members);
 // Throws MalformedValue unless the nodes are increasing, within
-// 0..nnodes-1 and start with node 0 (the leader is never left out).
+// 0..nnodes-1 (node 0 may be left out: with etcd another node can lead).
 std::vector<int> parse_members(const std::string& key, const std::string& value, int nnodes);
 
 // Throw MalformedValue for a value no agent of the job would write.

@@ -279,6 +279,7 @@ void Coordinator::grow(int64_t now_ns, int standby, int node) {
   // Before the generation opens: every agent reads them there.
   store_.set(members_key(generation_ + 1), members_text(next_members_));
   store_.set(restarts_key(generation_ + 1), std::to_string(restarts_used_));
+  write_worker_store(generation_ + 1);
   store_.set(cause_key(generation_), report_json(cause).dump());
   store_.set(open_key(generation_ + 1), std::to_string(generation_ + 1));
 }

@@ -47,8 +47,9 @@ bool Coordinator::end_from_lost_node(const std::string& value) {
     return false;  // ended_view() says what is wrong with it
   }
   const int by = j.at("by");
-  // Node 0 is never declared lost: its end always stands.
-  if (by <= 0 || by >= options_.nnodes) return false;
+  // With the built-in store node 0 is never declared lost (it leads for
+  // good); with an electing one, a lost leader's end is a lost node's.
+  if (by < 0 || by >= options_.nnodes) return false;
   const std::string key = lost_key(by);
   const auto lost_in = store_.try_get(key);
   return lost_in && parse_count(key, *lost_in) >= j.at("by_generation").get<int64_t>();
@@ -88,6 +89,13 @@ JobView Coordinator::standby_poll(int64_t now_ns) {
       options_.standby = false;
       options_.node_rank = given->node;
       generation_ = given->generation;
+      // With an electing store the leader may be another node than 0.
+      if (store_.elects_leader()) {
+        if (const auto leading = store_.leading_node();
+            leading && *leading >= 0 && *leading < options_.nnodes && *leading != leader_node_) {
+          follow(*leading, now_ns);
+        }
+      }
       // The job may have gone on with fewer nodes before: the standby's
       // workers are numbered among the generation's nodes.
       const std::string members = members_key(generation_);
@@ -95,6 +103,9 @@ JobView Coordinator::standby_poll(int64_t now_ns) {
         members_ = parse_members(members, *text, options_.nnodes);
       }
       layout_ = read_layout(generation_);
+      // The latest generation that moved the workers' store, if any did.
+      for (int64_t g = generation_; g >= 1 && !worker_store_; --g)
+        worker_store_ = read_worker_store(g);
       restarts_used_ = read_restarts(generation_);
       v.state = JobView::State::kRestart;
       v.run_dir = store_.try_get(coordinator_key("run_dir")).value_or("");

@@ -11,14 +11,19 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <thread>
 
 #include "brigade/core/clock.h"
 #include "brigade/core/error.h"
+#include "brigade/elastic/etcd_wire.h"
 
 namespace brigade::elastic {
-namespace {
+namespace etcd_wire {
 
 using nlohmann::json;
+
+// Between two rounds over the endpoints within one call.
+constexpr int64_t kRetryPauseNs = 50 * kNsPerMs;
 
 // Larger replies are not etcd's answer to one key: refused, never buffered.
 constexpr size_t kMaxReplyBytes = 1 << 20;
@@ -50,7 +55,6 @@ std::string to_base64(const std::string& in) {
   return out;
 }
 
-// nullopt for anything but canonical padded base64.
 std::optional<std::string> from_base64(const std::string& in) {
   if (in.size() % 4 != 0) return std::nullopt;
   std::string out;
@@ -77,12 +81,18 @@ std::optional<std::string> from_base64(const std::string& in) {
   return out;
 }
 
-// A reply quoted in an error: printable, short.
 std::string shown_reply(const std::string& text) {
   std::string out;
   for (const char c : text.substr(0, 120)) out += (c >= 32 && c < 127) ? c : '?';
   return text.size() > 120 ? out + "..." : out;
 }
+
+}  // namespace etcd_wire
+
+namespace {
+
+using nlohmann::json;
+using namespace etcd_wire;
 
 size_t on_etcd_reply_data(char* data, size_t size, size_t count, void* user) {
   auto* reply = static_cast<std::string*>(user);
@@ -102,7 +112,10 @@ void init_curl_once() {
   if (code != CURLE_OK) throw_error("cannot initialise libcurl: {}", curl_easy_strerror(code));
 }
 
-// A JSON integer as the gateway writes it: int64 as a decimal string.
+}  // namespace
+
+namespace etcd_wire {
+
 int64_t reply_int(const json& j, const char* field, const std::string& where) {
   const auto it = j.find(field);
   if (it != j.end() && it->is_string()) {
@@ -117,7 +130,6 @@ int64_t reply_int(const json& j, const char* field, const std::string& where) {
   throw_error("{}: the reply's \"{}\" is not an integer", where, field);
 }
 
-// The reply's JSON; throws Error naming `where` unless it is etcd's.
 json etcd_reply(const std::string& text, const std::string& where) {
   json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (!j.is_object() || !j.contains("header")) {
@@ -126,7 +138,6 @@ json etcd_reply(const std::string& text, const std::string& where) {
   return j;
 }
 
-// A transaction's outcome ("succeeded" is left out when false).
 bool txn_succeeded(const json& j, const std::string& where) {
   const auto ok = j.find("succeeded");
   if (ok != j.end() && !ok->is_boolean()) {
@@ -134,6 +145,10 @@ bool txn_succeeded(const json& j, const std::string& where) {
   }
   return ok != j.end() && ok->get<bool>();
 }
+
+}  // namespace etcd_wire
+
+namespace {
 
 std::string setup_help(const std::string& user, const std::string& prefix) {
   return fmt::format(
@@ -146,6 +161,8 @@ std::string setup_help(const std::string& user, const std::string& prefix) {
 }
 
 }  // namespace
+
+using namespace etcd_wire;
 
 struct EtcdCoordinatorStore::Connection {
   explicit Connection(std::string url) : endpoint(std::move(url)), curl(curl_easy_init()) {
@@ -255,6 +272,7 @@ EtcdCoordinatorStore::EtcdCoordinatorStore(std::vector<std::string> endpoints,
 }
 
 EtcdCoordinatorStore::~EtcdCoordinatorStore() {
+  revoke_lease();
   if (!keepalive_.joinable()) return;
   {
     const std::lock_guard lock(stop_mutex_);
@@ -374,67 +392,74 @@ std::string EtcdCoordinatorStore::call(const std::string& path, const std::strin
   const std::lock_guard lock(mutex_);
   std::string unreachable;
   const size_t n = connections_.size();
-  for (size_t i = 0; i < n; ++i) {
-    Connection& c = *connections_[(current_ + i) % n];
-    const int64_t left_ns = deadline_ns - now_ns();
-    if (left_ns <= 0) break;
-    // An endpoint that hangs costs its share of the time, not the whole call.
-    const int64_t attempt_deadline_ns = now_ns() + left_ns / static_cast<int64_t>(n - i);
-    try {
-      std::string reply;
-      for (int attempt = 0; attempt < 2; ++attempt) {
-        if (c.token.empty()) {
-          const json request = {{"name", user_}, {"password", password_}};
-          const long status =
-              c.post("/v3/auth/authenticate", request.dump(), "", attempt_deadline_ns, reply);
-          json j = json::parse(reply, nullptr, /*allow_exceptions=*/false);
-          if (status == 200 && j.is_object() && j.contains("token") && j["token"].is_string() &&
-              !j["token"].get_ref<const std::string&>().empty()) {
-            c.token = j["token"].get<std::string>();
-          } else if (status >= 500) {
-            throw EtcdUnreachable(fmt::format("{}: {}", c.endpoint, shown_reply(reply)));
-          } else if (reply.find("authentication is not enabled") != std::string::npos) {
-            throw_error(
-                "etcd at {} has authentication off, so any client could change the job: enable "
-                "it (etcdctl user add root; etcdctl user grant-role root root; etcdctl auth "
-                "enable) and give the job its user",
-                c.endpoint);
-          } else if (status == 200) {
-            throw_error("etcd at {}: malformed reply to authenticate: {}", c.endpoint,
-                        shown_reply(reply));
-          } else {
-            throw_error("etcd at {} refused user {} with the job's token ({}): {}", c.endpoint,
-                        user_, shown_reply(reply), setup_help(user_, prefix_));
+  // Every endpoint that failed at once (refused, or etcd without a leader
+  // for a moment: an election) is tried again while the call's time lasts:
+  // one failed round is not lost contact.
+  for (int round = 0; round == 0 || now_ns() + kRetryPauseNs < deadline_ns; ++round) {
+    if (round > 0) std::this_thread::sleep_for(std::chrono::nanoseconds(kRetryPauseNs));
+    unreachable.clear();
+    for (size_t i = 0; i < n; ++i) {
+      Connection& c = *connections_[(current_ + i) % n];
+      const int64_t left_ns = deadline_ns - now_ns();
+      if (left_ns <= 0) break;
+      // An endpoint that hangs costs its share of the time, not the whole call.
+      const int64_t attempt_deadline_ns = now_ns() + left_ns / static_cast<int64_t>(n - i);
+      try {
+        std::string reply;
+        for (int attempt = 0; attempt < 2; ++attempt) {
+          if (c.token.empty()) {
+            const json request = {{"name", user_}, {"password", password_}};
+            const long status =
+                c.post("/v3/auth/authenticate", request.dump(), "", attempt_deadline_ns, reply);
+            json j = json::parse(reply, nullptr, /*allow_exceptions=*/false);
+            if (status == 200 && j.is_object() && j.contains("token") && j["token"].is_string() &&
+                !j["token"].get_ref<const std::string&>().empty()) {
+              c.token = j["token"].get<std::string>();
+            } else if (status >= 500) {
+              throw EtcdUnreachable(fmt::format("{}: {}", c.endpoint, shown_reply(reply)));
+            } else if (reply.find("authentication is not enabled") != std::string::npos) {
+              throw_error(
+                  "etcd at {} has authentication off, so any client could change the job: enable "
+                  "it (etcdctl user add root; etcdctl user grant-role root root; etcdctl auth "
+                  "enable) and give the job its user",
+                  c.endpoint);
+            } else if (status == 200) {
+              throw_error("etcd at {}: malformed reply to authenticate: {}", c.endpoint,
+                          shown_reply(reply));
+            } else {
+              throw_error("etcd at {} refused user {} with the job's token ({}): {}", c.endpoint,
+                          user_, shown_reply(reply), setup_help(user_, prefix_));
+            }
           }
+          const long status = c.post(path, body, c.token, attempt_deadline_ns, reply);
+          if (status == 200) {
+            current_ = (current_ + i) % n;
+            return reply;
+          }
+          // The auth token expired (401), or etcd's auth store changed since it
+          // was issued (a user or role was changed: 400, "revision of auth
+          // store is old"; "user name is empty" after a restart forgot it):
+          // the request was refused, not applied, so authenticate again.
+          const bool stale_token =
+              status == 401 ||
+              (status == 400 && (reply.find("revision of auth store is old") != std::string::npos ||
+                                 reply.find("user name is empty") != std::string::npos));
+          if (stale_token && attempt == 0) {
+            c.token.clear();
+            continue;
+          }
+          if (status >= 500)
+            throw EtcdUnreachable(fmt::format("{}: {}", c.endpoint, shown_reply(reply)));
+          if (status == 403) {
+            throw_error("etcd at {} denied user {} the job's keys {} ({}): {}", c.endpoint, user_,
+                        prefix_, shown_reply(reply), setup_help(user_, prefix_));
+          }
+          throw_error("etcd at {} refused {} (HTTP {}): {}", c.endpoint, path, status,
+                      shown_reply(reply));
         }
-        const long status = c.post(path, body, c.token, attempt_deadline_ns, reply);
-        if (status == 200) {
-          current_ = (current_ + i) % n;
-          return reply;
-        }
-        // The auth token expired (401), or etcd's auth store changed since it
-        // was issued (a user or role was changed: 400, "revision of auth
-        // store is old"; "user name is empty" after a restart forgot it):
-        // the request was refused, not applied, so authenticate again.
-        const bool stale_token =
-            status == 401 ||
-            (status == 400 && (reply.find("revision of auth store is old") != std::string::npos ||
-                               reply.find("user name is empty") != std::string::npos));
-        if (stale_token && attempt == 0) {
-          c.token.clear();
-          continue;
-        }
-        if (status >= 500)
-          throw EtcdUnreachable(fmt::format("{}: {}", c.endpoint, shown_reply(reply)));
-        if (status == 403) {
-          throw_error("etcd at {} denied user {} the job's keys {} ({}): {}", c.endpoint, user_,
-                      prefix_, shown_reply(reply), setup_help(user_, prefix_));
-        }
-        throw_error("etcd at {} refused {} (HTTP {}): {}", c.endpoint, path, status,
-                    shown_reply(reply));
+      } catch (const EtcdUnreachable& e) {
+        unreachable += (unreachable.empty() ? "" : "; ") + std::string(e.what());
       }
-    } catch (const EtcdUnreachable& e) {
-      unreachable += (unreachable.empty() ? "" : "; ") + std::string(e.what());
     }
   }
   throw_error("no etcd endpoint answered {} within {} ms ({}): is etcd running at {}?", path,
@@ -464,14 +489,27 @@ std::optional<EtcdCoordinatorStore::Value> EtcdCoordinatorStore::range(const std
     throw_error("{}: the reply's key or value is not the key asked for in base64: {}", where,
                 shown_reply(text));
   }
-  return Value{*value, reply_int(kv, "mod_revision", where)};
+  // "lease" is left out for a key without one; "create_revision" is
+  // checked where it is used (the leader key's, by the election).
+  return Value{*value, reply_int(kv, "mod_revision", where),
+               kv.contains("create_revision") ? reply_int(kv, "create_revision", where) : 0,
+               kv.contains("lease") ? reply_int(kv, "lease", where) : 0};
 }
 
 void EtcdCoordinatorStore::set(const std::string& key, const std::string& value) {
   const std::string full = run_key(key);
-  etcd_reply(call("/v3/kv/put", json{{"key", to_base64(full)}, {"value", to_base64(value)}}.dump(),
-                  now_ns() + call_timeout_ms_ * kNsPerMs),
-             fmt::format("etcd ({}) writing {}", address(), full));
+  const std::string where = fmt::format("etcd ({}) writing {}", address(), full);
+  const json put = {{"key", to_base64(full)}, {"value", to_base64(value)}};
+  const int64_t deadline_ns = now_ns() + call_timeout_ms_ * kNsPerMs;
+  if (fence_revision_ == 0) {
+    etcd_reply(call("/v3/kv/put", put.dump(), deadline_ns), where);
+    return;
+  }
+  // A put is idempotent: sent again after a lost reply, it lands the same.
+  const json request = {{"compare", fence()}, {"success", json::array({{{"request_put", put}}})}};
+  if (!txn_succeeded(etcd_reply(call("/v3/kv/txn", request.dump(), deadline_ns), where), where)) {
+    refuse_unfenced(full);
+  }
 }
 
 std::optional<std::string> EtcdCoordinatorStore::try_get(const std::string& key) {
@@ -515,8 +553,9 @@ int64_t EtcdCoordinatorStore::add(const std::string& key, int64_t delta) {
     const json put_mark = {
         {"request_put",
          {{"key", to_base64(mark)}, {"value", to_base64(fmt::format("{}:{}", seq, sum))}}}};
-    const json request = {{"compare", json::array({compare})},
-                          {"success", json::array({put, put_mark})}};
+    json compares = fence();
+    compares.push_back(compare);
+    const json request = {{"compare", compares}, {"success", json::array({put, put_mark})}};
     const std::string text = call("/v3/kv/txn", request.dump(), deadline_ns);
     const std::string where = fmt::format("etcd ({}) adding to {}", address(), full);
     if (txn_succeeded(etcd_reply(text, where), where)) return sum;
@@ -533,6 +572,10 @@ int64_t EtcdCoordinatorStore::add(const std::string& key, int64_t delta) {
                     shown_reply(marked->value));
       }
       return std::stoll(landed);
+    }
+    if (fence_revision_ != 0) {
+      const std::optional<Value> leader = range(run_key("leader"), deadline_ns);
+      if (!leader || leader->create_revision != fence_revision_) refuse_unfenced(full);
     }
     if (now_ns() >= deadline_ns) {
       throw_error("etcd ({}): adding to {} did not succeed within {} ms (the key kept changing)",

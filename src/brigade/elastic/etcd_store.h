@@ -39,9 +39,11 @@
 // (calls go one at a time) spends its own time waiting. A host name is
 // resolved within the share too, and a lookup still hanging at its end is
 // abandoned, not waited for (CURLOPT_QUICK_EXIT, libcurl 7.87 or newer;
-// older ones wait for the system's resolver). A call that fails ends the
-// job as lost contact (coordinator.h's poll): an etcd that elects a new
-// leader for longer than a call timeout is not ridden out. add() is a
+// older ones wait for the system's resolver). Endpoints that failed at
+// once (refused, or an etcd without a leader for a moment) are tried again,
+// 50 ms apart, while the call's time lasts, so that an etcd election
+// shorter than a call timeout is ridden out; a call that fails all the
+// same ends the job as lost contact (coordinator.h's poll). add() is a
 // compare-and-swap loop (read the counter and its mod_revision, write the
 // sum in a transaction only if the key has not changed since), so no
 // increment is lost between agents; the same transaction writes the sum
@@ -57,6 +59,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <thread>
@@ -106,11 +109,54 @@ class EtcdCoordinatorStore : public CoordinatorStore {
   int64_t call_timeout_ms() const override { return call_timeout_ms_; }
   struct Connection;  // one endpoint's curl handle and auth token
 
+  // Leader election (elastic/etcd_election.cc), so that any node's agent
+  // may lead the job, not node 0's only.
+  // This client's own lease, which its leadership is bound to: granted
+  // once for ttl_s (etcd raises it to its minimum, about 2 s), renewed by
+  // renew_lease() on the agent's beat. An agent that stops beating (dead,
+  // hung, cut off) loses it within its TTL, and its leadership with it.
+  // Throws Error if etcd does not answer.
+  void grant_lease(int64_t ttl_s);
+  // False once the lease expired (etcd forgot it): whatever this client
+  // led, another may lead now. Throws Error if etcd does not answer.
+  bool renew_lease() override;
+  // Gives the lease up (an agent leaving): the next leader need not wait
+  // out its TTL. Errors are ignored: the lease then runs out by itself.
+  void revoke_lease();
+  struct Leader {
+    std::string holder;    // the leader key's value: the candidate that took it
+    bool ours = false;     // bound to this client's lease
+    int64_t revision = 0;  // the key's create revision: one per leadership
+  };
+  // Makes `candidate` the run's leader (its key "leader", created only if
+  // absent, bound to this client's lease: grant_lease() first) unless
+  // another leads; returns who leads. Once this client leads, every later
+  // set() and add() of it is fenced by that leadership: applied only while
+  // the leader key is still the one it created (the same create revision,
+  // in the same transaction), else refused with NotLeader, so that a
+  // leader that was cut off and replaced cannot overwrite its successor's
+  // decisions. Throws Error if etcd does not answer.
+  Leader campaign(const std::string& candidate);
+  // Who leads now; nullopt while nobody does.
+  std::optional<Leader> leader();
+  // The coordinator's election (CoordinatorStore): the leader key holds
+  // the node's rank; its lease is granted for lease_ms rounded up to whole
+  // seconds.
+  bool elects_leader() const override { return true; }
+  std::optional<int> campaign_for(int node, int64_t lease_ms) override;
+  std::optional<int> leading_node() override;
+
  private:
   struct Value {
     std::string value;
     int64_t mod_revision = 0;
+    int64_t create_revision = 0;
+    int64_t lease = 0;
   };
+  // The compare a fenced write adds (an empty array when not fenced), and
+  // the NotLeader a refused one throws.
+  nlohmann::json fence() const;
+  [[noreturn]] void refuse_unfenced(const std::string& key);
   std::optional<Value> range(const std::string& key, int64_t deadline_ns);
   // POSTs `body` to `path` at the endpoints in turn (the one that answered
   // last first), authenticating where needed, within the deadline; returns
@@ -137,6 +183,9 @@ class EtcdCoordinatorStore : public CoordinatorStore {
   std::condition_variable stop_cv_;
   bool stop_ = false;
   std::thread keepalive_;
+  // grant_lease()'s, and the leadership the writes are fenced by (0: none).
+  int64_t member_lease_ = 0;
+  int64_t fence_revision_ = 0;
 };
 
 }  // namespace brigade::elastic

@@ -44,15 +44,17 @@ std::optional<StandbyAssignment> read_assignment(CoordinatorStore& store, int st
   const std::string key = standby_node_key(standby);
   const auto value = store.try_get(key);
   if (!value) return std::nullopt;
+  // Node 0 leads for good unless the store elects another leader.
+  const int lowest = store.elects_leader() ? 0 : 1;
   StandbyAssignment a;
   long long generation = 0;
   int consumed = 0;
   if (std::sscanf(value->c_str(), "%d %lld%n", &a.node, &generation, &consumed) != 2 ||
-      consumed != static_cast<int>(value->size()) || a.node < 1 || a.node >= nnodes ||
+      consumed != static_cast<int>(value->size()) || a.node < lowest || a.node >= nnodes ||
       generation < 1) {
-    throw MalformedValue(
-        key, *value,
-        fmt::format("'NODE GENERATION' with NODE in 1..{} and GENERATION >= 1", nnodes - 1));
+    throw MalformedValue(key, *value,
+                         fmt::format("'NODE GENERATION' with NODE in {}..{} and GENERATION >= 1",
+                                     lowest, nnodes - 1));
   }
   a.generation = generation;
   return a;

@@ -45,8 +45,9 @@ struct StandbyAssignment {
 };
 
 // Reads `<s>/node`: nullopt while unassigned. Throws MalformedValue for a
-// value the leader would not write (a node outside 1..nnodes-1: node 0,
-// the leader, is never replaced).
+// value the leader would not write (a node outside 1..nnodes-1; node 0
+// too with an electing store, etcd, where another node leads once node 0
+// is lost).
 std::optional<StandbyAssignment> read_assignment(CoordinatorStore& store, int standby, int nnodes);
 
 // The leader's view of the standbys: whose beat is alive, who is free.
