@@ -145,13 +145,23 @@ def main():
         failures.append("incidents.jsonl has no summary line")
     else:
         report["summary"] = summary
-        if not 0 < summary["ettr"] <= 1:
-            failures.append(f"ETTR {summary['ettr']} is not in (0, 1]")
+        # The agent's ETTR is kept step time over its wall time; the kept
+        # time lies within the training window, which lies within the wall.
+        ettr, kept = summary["ettr"], summary["productive_s"]
+        window, wall = summary["training_s"], summary["wall_s"]
+        if not 0 < ettr <= 1 or abs(ettr - kept / wall) > 1e-9:
+            failures.append(f"ETTR {ettr} is not the kept {kept} s over the wall {wall} s")
+        if not 0 < kept <= window <= wall:
+            failures.append(f"kept {kept} s, training window {window} s and wall {wall} s are "
+                            f"not in that order")
     r = subprocess.run([a.brigade, "ettr", a.run, "--json"], capture_output=True, text=True)
     if r.returncode != 0:
         failures.append(f"brigade ettr failed: {r.stderr.strip()}")
     else:
         report["ettr_model"] = json.loads(r.stdout)
+        if summary is not None and abs(report["ettr_model"]["wall_ettr"] - summary["ettr"]) > 1e-9:
+            failures.append(f"brigade ettr read the run's ETTR as "
+                            f"{report['ettr_model']['wall_ettr']}, not {summary['ettr']}")
 
     report["failures"] = failures
     with open(os.path.join(a.out, "report.json"), "w") as f:
