@@ -151,6 +151,8 @@ while kill -0 "${pid[0]}" 2>/dev/null; do
     unset "pid[$node]"
     echo "$(date +%s.%N) namespace node $node's launcher exited $status" >>"$out/logs/harness.log"
     kill -0 "${pid[0]}" 2>/dev/null || break
+    # 0: the job is over for it (done, or a standby released), not a loss.
+    ((status != 0)) || continue
     if ((replacements >= max_replacements)); then
       echo "$(date +%s.%N) no replacement left (--max-replacements $max_replacements)" \
         >>"$out/logs/harness.log"
