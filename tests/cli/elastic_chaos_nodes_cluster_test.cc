@@ -8,7 +8,9 @@
 // It runs only when BRIGADE_CHAOS_NODES_S says how long to train (the
 // step count is that over this model's ~0.2 s steps): 120 is the 2-minute
 // form the issue asks of CI, 600 the long form; BRIGADE_CHAOS_NODES_MTBF_S
-// (60 by default) and BRIGADE_CHAOS_NODES_SEED (1) vary it. It is left out
+// (60 by default) and BRIGADE_CHAOS_NODES_SEED (1) vary it: every kind is
+// drawn, but a 2-minute run at 60 s raises about 2 faults, so only the
+// long form sees each kind strike (seed 1: all four). It is left out
 // of CI: the suite is at 23.5 of its 25 minutes, and the 2-minute form
 // (about 3 minutes with the cluster and the checks) has not been paid for
 // (docs/PERFORMANCE.md, "Chaos across nodes"). Needs root.
@@ -39,7 +41,7 @@ std::string env_or(const char* name, const char* fallback) {
   return value != nullptr && *value != '\0' ? value : fallback;
 }
 
-TEST(ElasticChaosNodes, ThreeNodesAndAStandbyRideOutEveryFaultKind) {
+TEST(ElasticChaosNodes, ThreeNodesAndAStandbyRideOutChaosOfEveryKind) {
   SKIP_WITHOUT_FAKE_CLUSTER();
   const char* seconds = std::getenv("BRIGADE_CHAOS_NODES_S");
   if (seconds == nullptr) {
