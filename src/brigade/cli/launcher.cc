@@ -479,6 +479,11 @@ std::string validate(const LaunchOptions& o) {
     diag::parse_metrics_address(o.metrics_address);
   }
   check_standby_and_node_faults(o, /*srun_tasks=*/false);
+  // A chaos partition strikes any node but node 0 (elastic/fault_injection.h).
+  if (o.chaos && o.chaos->partition && o.nnodes > 1 && (o.standby || o.node_rank != 0)) {
+    const HostPort master = parse_host_port(o.rdzv, /*allow_port_0=*/false);
+    return partition_interface(o, master.host, master.port);
+  }
   for (const elastic::NodeFault& f : o.node_faults) {
     // On the node it strikes (a standby may become any node).
     if (f.kind == elastic::NodeFault::Kind::kPartition && (o.standby || f.node == o.node_rank)) {

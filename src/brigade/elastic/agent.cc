@@ -93,8 +93,12 @@ int Agent::run(const sigset_t& child_mask) {
     restore_snapshot();
   }
   if (options_.chaos) {
-    chaos_.emplace(*options_.chaos, options_.node_rank, options_.nnodes);
-    chaos_->start(start_ns_);
+    // A standby that took a lost node's place draws a stream of its own
+    // (keyed by the generation it joined at), from now: not the lost
+    // node's faults again, nor the ones due while it waited.
+    chaos_.emplace(*options_.chaos, options_.node_rank, options_.nnodes,
+                   options_.standby ? generation_ : 0);
+    chaos_->start(options_.standby ? now_ns() : start_ns_);
   }
   for (;;) {
     if (options_.snapshot_sync) {
@@ -297,8 +301,8 @@ void Agent::check_watchdog(WorkerGroup& group, const HeartbeatTable& table) {
   }
 }
 
-int64_t Agent::inject_chaos(const WorkerGroup& group, const HeartbeatTable& table) {
-  if (!chaos_) return kAgentTickMs;
+int64_t Agent::inject_chaos(WorkerGroup& group, const HeartbeatTable& table) {
+  if (!chaos_ || chaos_node_struck_) return kAgentTickMs;
   // Faults that fall due while the generation stops (and between
   // generations: evidence, settling, the restart) wait here: none is
   // raised on workers that are going anyway.
@@ -310,6 +314,19 @@ int64_t Agent::inject_chaos(const WorkerGroup& group, const HeartbeatTable& tabl
   if (!due)
     return std::min<int64_t>(kAgentTickMs, (chaos_->due_ns() - now + kNsPerMs - 1) / kNsPerMs);
   const ChaosSchedule::Fault fault = *due;
+  if (fault.whole_node()) {
+    NodeFault node;
+    node.kind = fault.kind == ChaosSchedule::Kind::kPartition ? NodeFault::Kind::kPartition
+                                                              : NodeFault::Kind::kKillAgent;
+    node.node = options_.node_rank;
+    node.generation = generation_;
+    std::fprintf(stderr, "brigade launch: chaos fault %d: %s of node %d (generation %lld)\n",
+                 ++chaos_raised_, node.name(), node.node, static_cast<long long>(generation_));
+    std::fflush(stderr);
+    chaos_node_struck_ = true;
+    strike_node(node, group);
+    return kAgentTickMs;
+  }
   // A stop is detected by the silence of the heartbeat, so only a worker
   // that beats can be stopped; one that does not yet is killed instead.
   // A worker already struck (stopped, not yet detected) keeps its first
@@ -330,9 +347,12 @@ int64_t Agent::inject_chaos(const WorkerGroup& group, const HeartbeatTable& tabl
   } else {
     const Worker& victim = *candidates[fault.victim % candidates.size()];
     table.stamp_fault(victim.local_rank, now);
-    std::fprintf(stderr, "brigade launch: chaos fault %d: %s to worker rank %d (pid %d)\n",
+    std::fprintf(stderr,
+                 "brigade launch: chaos fault %d: %s to worker rank %d (pid %d, node %d, "
+                 "generation %lld)\n",
                  ++chaos_raised_, kill ? "SIGKILL" : "SIGSTOP", victim.rank,
-                 static_cast<int>(victim.pid));
+                 static_cast<int>(victim.pid), options_.node_rank,
+                 static_cast<long long>(generation_));
     std::fflush(stderr);
     ::kill(victim.pid, kill ? SIGKILL : SIGSTOP);
   }

@@ -224,7 +224,7 @@ class Agent {
   void on_failure(WorkerGroup& group, const HeartbeatTable& table, Incident incident);
   void check_watchdog(WorkerGroup& group, const HeartbeatTable& table);
   // Raises the chaos fault that is due, if any; returns the ms until the next.
-  int64_t inject_chaos(const WorkerGroup& group, const HeartbeatTable& table);
+  int64_t inject_chaos(WorkerGroup& group, const HeartbeatTable& table);
   void gather_evidence(const WorkerGroup& group, const HeartbeatTable& table, Incident& incident);
   void check_recovery(const HeartbeatTable& table);
   void publish_status(const WorkerGroup& group, const HeartbeatTable& table);
@@ -247,6 +247,9 @@ class Agent {
   void hold_for_node_faults(const HeartbeatTable& table) const;
   // Raises this node's whole-node fault once its workers completed its step.
   void raise_node_fault(WorkerGroup& group, const HeartbeatTable& table);
+  // Tells the coordinator the fault's kind, then raises it on this node
+  // now: a kill-agent does not return.
+  void strike_node(const NodeFault& fault, WorkerGroup& group);
   void record_job_incident(const JobView& view);
   // Numbers this node's workers among the nodes of the generation the
   // coordinator opened (fewer after a node was left out).
@@ -300,7 +303,9 @@ class Agent {
   std::optional<ChaosSchedule> chaos_;
   int chaos_raised_ = 0;
   double machine_peak_gflops_ = 0;  // rank 0's, once measured
-  int chaos_skipped_ = 0;           // overdue together with a raised one, or no worker to strike
+  // A whole-node chaos fault struck this node (cut off): it raises no more.
+  bool chaos_node_struck_ = false;
+  int chaos_skipped_ = 0;  // overdue together with a raised one, or no worker to strike
   std::vector<bool> node_fault_raised_;
   mutable std::mutex status_mutex_;
   AgentStatus status_;

@@ -138,30 +138,34 @@ void Agent::raise_node_fault(WorkerGroup& group, const HeartbeatTable& table) {
                  fault.name(), fault.node, static_cast<long long>(fault.step),
                  static_cast<long long>(generation_));
     std::fflush(stderr);
-    if (coordinator_) {
-      try {
-        coordinator_->mark_node_fault(fault.name());
-      } catch (const Error& e) {
-        std::fprintf(stderr, "brigade launch: could not tell the coordinator: %s\n", e.what());
-      }
-    }
-    if (fault.kind == NodeFault::Kind::kKillAgent) {
-      // The whole node at once: its workers first (each its own process
-      // group), so that none outlives the agent even for the moment
-      // PR_SET_PDEATHSIG takes.
-      for (const Worker& w : group.workers()) {
-        if (w.running) ::kill(-w.pid, SIGKILL);
-      }
-      ::kill(::getpid(), SIGKILL);
-    }
-    const std::string error = take_interface_down(options_.partition_iface);
-    if (!error.empty()) {
-      std::fprintf(stderr, "brigade launch: the partition fault did not cut node %d: %s\n",
-                   options_.node_rank, error.c_str());
-      std::fflush(stderr);
-    }
+    strike_node(fault, group);
     // Cut off: the workers go on into collectives that cannot complete.
     hold_for_node_faults(table);
+  }
+}
+
+void Agent::strike_node(const NodeFault& fault, WorkerGroup& group) {
+  if (coordinator_) {
+    try {
+      coordinator_->mark_node_fault(fault.name());
+    } catch (const Error& e) {
+      std::fprintf(stderr, "brigade launch: could not tell the coordinator: %s\n", e.what());
+    }
+  }
+  if (fault.kind == NodeFault::Kind::kKillAgent) {
+    // The whole node at once: its workers first (each its own process
+    // group), so that none outlives the agent even for the moment
+    // PR_SET_PDEATHSIG takes.
+    for (const Worker& w : group.workers()) {
+      if (w.running) ::kill(-w.pid, SIGKILL);
+    }
+    ::kill(::getpid(), SIGKILL);
+  }
+  const std::string error = take_interface_down(options_.partition_iface);
+  if (!error.empty()) {
+    std::fprintf(stderr, "brigade launch: the partition fault did not cut node %d: %s\n",
+                 options_.node_rank, error.c_str());
+    std::fflush(stderr);
   }
 }
 

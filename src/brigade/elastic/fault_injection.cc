@@ -19,7 +19,8 @@ namespace {
 constexpr const char* kForm =
     "KIND:rank=R:step=S[:gen=G] with KIND kill, stop, skip, mismatch or sdc, "
     "sdc:rank=R:step=S[:when=forward][:what=moment], nan:rank=R:step=S[:times=N][:gen=G], "
-    "slow:rank=R:factor=F[:gen=G], or chaos:mtbf=SECONDS[:kinds=kill+stop][:seed=N], several "
+    "slow:rank=R:factor=F[:gen=G], or "
+    "chaos:mtbf=SECONDS[:kinds=kill+stop+partition+kill-agent][:seed=N], several "
     "separated by commas (for example "
     "kill:rank=1:step=5,stop:rank=2:step=8,slow:rank=3:factor=2)";
 
@@ -148,7 +149,8 @@ bool is_chaos(std::string_view part) {
 
 constexpr const char* kNodeForm =
     "kill-agent:node=N:step=S[:gen=G], partition:node=N:step=S[:gen=G] or "
-    "hold:node=N:step=S[:gen=G] (and at most one chaos:mtbf=SECONDS[:kinds=kill+stop][:seed=N]), "
+    "hold:node=N:step=S[:gen=G] (and at most one "
+    "chaos:mtbf=SECONDS[:kinds=kill+stop+partition+kill-agent][:seed=N]), "
     "separated by commas";
 
 NodeFault parse_node_fault(std::string_view text) {
@@ -162,7 +164,8 @@ NodeFault parse_node_fault(std::string_view text) {
     fault.kind = NodeFault::Kind::kHold;
   } else {
     throw_error(
-        "launch --inject takes only chaos:mtbf=SECONDS[:kinds=kill+stop][:seed=N] (at most one), "
+        "launch --inject takes only "
+        "chaos:mtbf=SECONDS[:kinds=kill+stop+partition+kill-agent][:seed=N] (at most one), "
         "kill-agent:node=N:step=S[:gen=G], partition:node=N:step=S[:gen=G] and "
         "hold:node=N:step=S[:gen=G], got '{}': the "
         "other faults are raised by brigade train's workers themselves; pass them to `brigade "
@@ -227,10 +230,14 @@ ChaosSpec parse_chaos_part(std::string_view text) {
           spec.kill = true;
         } else if (kind == "stop") {
           spec.stop = true;
+        } else if (kind == "partition") {
+          spec.partition = true;
+        } else if (kind == "kill-agent") {
+          spec.kill_agent = true;
         } else {
           throw_error(
-              "fault '{}': chaos kinds are kill and stop, separated by '+' (kinds=kill+stop), got "
-              "'{}'",
+              "fault '{}': chaos kinds are kill, stop, partition and kill-agent, separated by '+' "
+              "(kinds=kill+stop), got '{}'",
               text, kind);
         }
       }
@@ -279,10 +286,17 @@ std::optional<ChaosSpec> parse_chaos(std::string_view spec) {
   return chaos;
 }
 
-ChaosSchedule::ChaosSchedule(const ChaosSpec& spec, int node, int nnodes)
+ChaosSchedule::ChaosSchedule(const ChaosSpec& spec, int node, int nnodes, int64_t incarnation)
     : spec_(spec),
-      stream_(static_cast<uint64_t>(node)),
-      mean_s_(spec.mtbf_s * std::max(1, nnodes)) {}
+      stream_(static_cast<uint64_t>(node) | (static_cast<uint64_t>(incarnation) << 32)),
+      mean_s_(spec.mtbf_s * std::max(1, nnodes)) {
+  // kill before stop: with those two alone, the draw is the one runs
+  // before the whole-node kinds made (seeds keep their faults).
+  if (spec.kill) kinds_.push_back(Kind::kKill);
+  if (spec.stop) kinds_.push_back(Kind::kStop);
+  if (node != 0 && spec.partition) kinds_.push_back(Kind::kPartition);
+  if (node != 0 && spec.kill_agent) kinds_.push_back(Kind::kKillAgent);
+}
 
 ChaosSchedule::Fault ChaosSchedule::next() {
   const Philox::Block b = Philox::block(spec_.seed, stream_, static_cast<uint64_t>(index_++));
@@ -290,18 +304,20 @@ ChaosSchedule::Fault ChaosSchedule::next() {
   const double u = (static_cast<double>(b[0]) + 1.0) / 4294967296.0;
   Fault f;
   f.after_ns = static_cast<int64_t>(-std::log(u) * mean_s_ * 1e9);
-  f.kill = spec_.kill && (!spec_.stop || (b[1] & 1u) == 0);
+  if (!kinds_.empty()) f.kind = kinds_[b[1] % kinds_.size()];
+  f.kill = f.kind == Kind::kKill;
   f.victim = (uint64_t{b[2]} << 32) | b[3];
   return f;
 }
 
 void ChaosSchedule::start(int64_t start_ns) {
   pending_ = next();
-  due_ns_ = start_ns + pending_.after_ns;
+  // Nothing to draw (node 0 of a whole-node-only spec): never due.
+  due_ns_ = kinds_.empty() ? INT64_MAX : start_ns + pending_.after_ns;
 }
 
 std::optional<ChaosSchedule::Fault> ChaosSchedule::take_due(int64_t now_ns, int* dropped) {
-  if (now_ns < due_ns_) return std::nullopt;
+  if (now_ns < due_ns_ || kinds_.empty()) return std::nullopt;
   const Fault fault = pending_;
   for (bool first = true; now_ns >= due_ns_; first = false) {
     if (!first) ++*dropped;

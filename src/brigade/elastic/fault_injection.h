@@ -28,7 +28,7 @@
 // worker stamps the time into its heartbeat slot first, which is how the
 // agent measures how long detection took.
 //
-//   chaos:mtbf=S[:kinds=kill+stop][:seed=N]
+//   chaos:mtbf=S[:kinds=kill+stop+partition+kill-agent][:seed=N]
 //
 // is the agent's, not a worker's: random faults at exponentially
 // distributed intervals of mean S seconds of wall time, each on a random
@@ -43,6 +43,20 @@
 // chaos_skipped (also those with no worker left to strike). The draws are
 // Philox(seed) (ChaosSchedule), so a seed gives the same intervals, ranks
 // and kinds on every run; where they land in training depends on timing.
+//
+// partition and kill-agent are whole-node kinds (NodeFault below, raised at
+// once, not at a step) for multi-node jobs: each node's agent draws its own
+// faults, at nnodes times the mean interval, so the job fails at the
+// spec's MTBF. The agents draw rather than the leader because a node's own
+// agent is the one that can raise a node's fault (signal its workers, take
+// its interface down, kill itself) without a message that a partition
+// could lose, and because draws per node need no agreement: a node that
+// dies takes its stream with it, and the standby that takes its place
+// draws a fresh one (the stream is keyed by the node and the generation
+// it joined at, so the lost node's faults are not replayed). Node 0 draws
+// no whole-node fault: its launcher hosts the job's TCP store (the
+// workers' store even with etcd), whose loss ends the job; its faults are
+// kill and stop alone, at the same rate.
 //
 //   kill-agent:node=1:step=4[:gen=G]   node 1's agent SIGKILLs its workers
 //                                      and itself once they completed step 4
@@ -93,6 +107,8 @@ struct ChaosSpec {
   double mtbf_s = 0;
   bool kill = true;
   bool stop = true;
+  bool partition = false;   // whole-node: the node's interface taken down
+  bool kill_agent = false;  // whole-node: the agent SIGKILLs its workers and itself
   uint64_t seed = 0;
 };
 
@@ -101,17 +117,23 @@ struct ChaosSpec {
 std::optional<ChaosSpec> parse_chaos(std::string_view spec);
 
 // The chaos faults one agent raises, in order. Fault i's interval, kind and
-// victim are pure functions of (seed, node, i): reproducible, and each
-// node of a multi-node job draws its own stream at nnodes times the mean
-// interval, so the job as a whole fails at the spec's MTBF.
+// victim are pure functions of (seed, node, incarnation, i): reproducible,
+// and each node of a multi-node job draws its own stream at nnodes times
+// the mean interval, so the job as a whole fails at the spec's MTBF.
+// `incarnation` is 0 for a node's first agent, the generation it joined at
+// for a standby that took the node's place. Node 0 draws its kind among
+// the spec's worker kinds only; a node with no kind to draw never falls due.
 class ChaosSchedule {
  public:
+  enum class Kind { kKill, kStop, kPartition, kKillAgent };
   struct Fault {
     int64_t after_ns = 0;  // since the previous fault (or the job's start)
-    bool kill = true;      // else stop
-    uint64_t victim = 0;   // uniform 64 bits: the caller takes it modulo its candidates
+    Kind kind = Kind::kKill;
+    bool kill = true;     // kind == kKill
+    uint64_t victim = 0;  // uniform 64 bits: the caller takes it modulo its candidates
+    bool whole_node() const { return kind == Kind::kPartition || kind == Kind::kKillAgent; }
   };
-  ChaosSchedule(const ChaosSpec& spec, int node, int nnodes);
+  ChaosSchedule(const ChaosSpec& spec, int node, int nnodes, int64_t incarnation = 0);
   Fault next();
 
   // The schedule in time, from `start_ns` (the job's start).
@@ -126,6 +148,7 @@ class ChaosSchedule {
 
  private:
   ChaosSpec spec_;
+  std::vector<Kind> kinds_;  // this node's, in a fixed order
   uint64_t stream_ = 0;
   double mean_s_ = 0;
   int64_t index_ = 0;
