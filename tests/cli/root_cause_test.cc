@@ -45,6 +45,19 @@ TEST_P(RootCauseEndToEnd, TheLineNamesTheInjectedRankAndKind) {
   const auto offline = testing::run_brigade({"diagnose", run.string()});
   EXPECT_EQ(offline.status, 0) << offline.err;
   EXPECT_EQ(offline.out, line + "\n");
+  // A missing timeline is written; one that cannot be is said, and the line
+  // still printed with status 0 (an archived run directory may be read-only).
+  const fs::path timeline = run / "incidents" / "1" / "trace.json";
+  fs::remove(timeline);
+  EXPECT_EQ(testing::run_brigade({"diagnose", run.string()}).status, 0);
+  EXPECT_TRUE(fs::is_regular_file(timeline));
+  fs::remove(timeline);
+  fs::create_directory(timeline);
+  const auto blocked = testing::run_brigade({"diagnose", run.string()});
+  EXPECT_EQ(blocked.status, 0) << blocked.err;
+  EXPECT_EQ(blocked.out, line + "\n");
+  EXPECT_NE(blocked.err.find("no timeline written for incident 1"), std::string::npos)
+      << blocked.err;
 }
 
 // A slow rank is behind at every collective; the stopped one is still the

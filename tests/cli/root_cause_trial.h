@@ -86,21 +86,34 @@ inline std::string root_cause_trial(const std::filesystem::path& config,
   // Node 0's own view, named per node: the run directory is shared by every
   // node's agent.
   EXPECT_TRUE(std::filesystem::exists(run_dir / "incidents" / "1" / "agent_node0.json"));
-  // The incident's timeline (diag/incident_trace.h): the line on the culprit's
-  // own process (R + 1), and the fault placed on the agents' lane.
+  // The incident's timeline (diag/incident_trace.h), written by the launcher
+  // once the incident was resolved: the line on the culprit's own process
+  // (R + 1); the fault before its detection, and the detection after the
+  // survivors began the wait it ended (the steady clock's stamps and the
+  // dumps' wall clock agree).
   std::ifstream trace_file(run_dir / "incidents" / "1" / "trace.json");
   const nlohmann::json trace = nlohmann::json::parse(trace_file, nullptr, /*exceptions=*/false);
   EXPECT_FALSE(trace.is_discarded()) << "incidents/1/trace.json";
-  bool culprit = false, fault = false;
+  bool culprit = false;
+  double fault_us = -1, detected_us = -1, first_wait_us = -1;
   if (!trace.is_discarded()) {
     for (const nlohmann::json& e : trace.at("traceEvents")) {
       const std::string name = e.value("name", std::string());
+      const double ts = e.value("ts", -1.0);
       culprit = culprit || (e.value("pid", -1) == rank + 1 && name == line);
-      fault = fault || name.starts_with("fault: ");
+      if (name.starts_with("fault (node 0): ")) fault_us = ts;
+      if (name == "detected (node 0)") detected_us = ts;
+      if (name.ends_with("(never completed)") && (first_wait_us < 0 || ts < first_wait_us)) {
+        first_wait_us = ts;
+      }
     }
   }
   EXPECT_TRUE(culprit) << "no event named the cause on rank " << rank << "'s process";
-  EXPECT_TRUE(fault) << "no fault instant in incidents/1/trace.json";
+  EXPECT_GE(fault_us, 0) << "no fault instant in incidents/1/trace.json";
+  EXPECT_GE(detected_us, fault_us);
+  if (first_wait_us >= 0) {
+    EXPECT_GE(detected_us, first_wait_us);
+  }
   std::printf("[ cause    ] %s (evidence %.0f ms)\n", line.c_str(),
               incident.at("evidence_ms").get<double>());
   return line;

@@ -8,6 +8,7 @@
 
 #include "brigade/cli/commands.h"
 #include "brigade/core/error.h"
+#include "brigade/diag/incident_trace.h"
 #include "brigade/diag/root_cause.h"
 
 namespace brigade::cli {
@@ -17,19 +18,31 @@ void add_diagnose_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "diagnose",
       "Name the root cause of each incident of a run (the rank, the kind: crash, hang, skip, "
-      "mismatch, and the collective) from the evidence in RUN_DIR/incidents/, and write each "
-      "incident's cause.txt and timeline (trace.json, for Perfetto) beside its evidence");
+      "mismatch, and the collective) from the evidence in RUN_DIR/incidents/; writes the "
+      "timeline (trace.json, for Perfetto) of an incident that lacks one");
   cmd->add_option("run_dir", *run_dir, "The run directory (train.run_dir)")->required();
   cmd->callback([run_dir] {
     int unreadable = 0;
     for (const auto& dir : diag::incident_dirs(*run_dir)) {
       try {
-        std::printf("%s\n", diag::diagnose_incident(dir).c_str());
+        std::printf("%s\n", diag::find_root_cause(diag::read_incident(dir)).line.c_str());
+        std::fflush(stdout);
       } catch (const std::exception& e) {
         // One unreadable incident (damaged JSON, a file gone, a number out
         // of range) must not hide the others'.
         ++unreadable;
         std::fprintf(stderr, "brigade diagnose: incident %s could not be read: %s\n",
+                     dir.filename().c_str(), e.what());
+        continue;
+      }
+      // The launcher writes each incident's timeline once it is resolved; one
+      // that ended the job, or a run from before the timelines, lacks it.
+      // Best effort: the run directory may be read-only (an archive).
+      if (std::filesystem::is_regular_file(dir / "trace.json")) continue;
+      try {
+        diag::write_incident_trace(dir);
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "brigade diagnose: no timeline written for incident %s: %s\n",
                      dir.filename().c_str(), e.what());
       }
     }

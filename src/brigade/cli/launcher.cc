@@ -29,6 +29,7 @@
 #include "brigade/core/clock.h"
 #include "brigade/core/error.h"
 #include "brigade/core/signals.h"
+#include "brigade/diag/incident_trace.h"
 #include "brigade/diag/metrics_server.h"
 #include "brigade/diag/prometheus.h"
 #include "brigade/diag/root_cause.h"
@@ -582,6 +583,8 @@ int run_launch(const LaunchOptions& o) {
   // (kCoordinatorCallTimeoutMs), through the same token check.
   if (o.nnodes > 1) agent.store = &coordination.open(store, master.host, master.port);
   agent.diagnose = [](const std::filesystem::path& dir) { return diag::diagnose_incident(dir); };
+  diag::IncidentTimelines timelines;  // outlives the agent: its writes finish first
+  agent.resolved = [&timelines](const std::filesystem::path& dir) { timelines.write(dir); };
   const LaunchSnapshots snapshots = set_up_snapshots(o, agent, master.host, master.port, token);
   int exit_status = 0;
   {

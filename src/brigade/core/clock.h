@@ -25,9 +25,14 @@ inline int64_t unix_us_now() {
 }
 
 // A time of now_ns()'s clock on the wall clock (unix_us_now's), through the
-// two clocks' offset read now.
+// two clocks' offset read now: the wall clock read between two reads of the
+// steady one, whose midpoint is taken, so a preemption between the reads
+// shifts the result by half of it at most.
 inline int64_t steady_to_unix_us(int64_t steady_ns) {
-  return unix_us_now() - (now_ns() - steady_ns) / 1'000;
+  const int64_t before = now_ns();
+  const int64_t wall_us = unix_us_now();
+  const int64_t after = now_ns();
+  return wall_us - (before + (after - before) / 2 - steady_ns) / 1'000;
 }
 
 // CPU time the calling thread has used, in ns.

@@ -4,27 +4,19 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <fstream>
+#include <cstdio>
 #include <map>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "brigade/core/error.h"
+#include "brigade/core/files.h"
 
 namespace brigade::diag {
 namespace fs = std::filesystem;
 namespace {
-
-nlohmann::json read_json_file(const fs::path& path) {
-  std::ifstream in(path);
-  if (!in) throw_error("cannot read {}", path.string());
-  try {
-    return nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& e) {
-    throw_error("{} is not valid JSON ({}): the evidence is damaged", path.string(), e.what());
-  }
-}
 
 std::optional<double> number_or_null(const nlohmann::json& j, const char* key) {
   if (!j.contains(key) || !j.at(key).is_number()) return std::nullopt;
@@ -35,7 +27,7 @@ std::optional<double> number_or_null(const nlohmann::json& j, const char* key) {
 // at zero at the end.
 class Timeline {
  public:
-  int pid_of_rank(int rank) const { return rank + 1; }
+  static int pid_of_rank(int rank) { return rank + 1; }
 
   int tid_of(int pid, const std::string& lane) {
     auto& lanes = lanes_[pid];
@@ -60,27 +52,17 @@ class Timeline {
                          {"args", {{"sort_index", pid}}}});
   }
 
-  void span(int pid, int tid, std::string name, double begin_us, double end_us,
-            nlohmann::json args) {
-    events_.push_back({{"name", std::move(name)},
-                       {"ph", "X"},
-                       {"pid", pid},
-                       {"tid", tid},
-                       {"ts", begin_us},
-                       {"dur", std::max(0.0, end_us - begin_us)},
-                       {"args", std::move(args)}});
+  void add(nlohmann::json event) { events_.push_back(std::move(event)); }
+
+  void instant(int pid, int tid, std::string name, double at_us) {
+    add({{"name", std::move(name)},
+         {"ph", "i"},
+         {"s", "p"},
+         {"pid", pid},
+         {"tid", tid},
+         {"ts", at_us}});
   }
 
-  void instant(int pid, int tid, std::string name, double at_us, const char* scope = "p") {
-    events_.push_back({{"name", std::move(name)},
-                       {"ph", "i"},
-                       {"s", scope},
-                       {"pid", pid},
-                       {"tid", tid},
-                       {"ts", at_us}});
-  }
-
-  bool empty() const { return events_.empty(); }
   double latest_us() const {
     double latest = 0;
     for (const nlohmann::json& e : events_) {
@@ -91,15 +73,16 @@ class Timeline {
 
   nlohmann::json finish(nlohmann::json other) {
     double first = 0;
-    bool any = false;
-    for (const nlohmann::json& e : events_) {
-      const double ts = e.at("ts").get<double>();
-      first = any ? std::min(first, ts) : ts;
-      any = true;
+    for (size_t i = 0; i < events_.size(); ++i) {
+      const double ts = events_[i].at("ts").get<double>();
+      first = i == 0 ? ts : std::min(first, ts);
     }
     nlohmann::json all = std::move(metadata_);
     for (nlohmann::json& e : events_) {
       e["ts"] = e.at("ts").get<double>() - first;
+      if (e.contains("args") && e.at("args").contains("called_us")) {
+        e["args"]["called_us"] = e.at("args").at("called_us").get<double>() - first;
+      }
       all.push_back(std::move(e));
     }
     other["origin_unix_us"] = first;
@@ -114,61 +97,84 @@ class Timeline {
   std::vector<nlohmann::json> events_;
 };
 
-// One dump's records as spans on its rank's lane for its group. Returns when
-// the dump was taken.
-double add_dump(Timeline& t, const nlohmann::json& dump, const RootCause& cause,
-                const fs::path& path) {
-  try {
-    const int rank = dump.at("world_rank").get<int>();
-    const std::string group = dump.at("group").at("name").get<std::string>();
-    // Dumps before the microsecond stamp carry milliseconds only; one
-    // without either cannot be placed.
-    double dumped_us = 0;
-    if (const auto us = number_or_null(dump, "dumped_at_unix_us")) {
-      dumped_us = *us;
-    } else if (const auto ms = number_or_null(dump, "dumped_at_unix_ms")) {
-      dumped_us = *ms * 1e3;
-    } else {
-      return 0;
-    }
-    const int pid = t.pid_of_rank(rank);
-    const int tid = t.tid_of(pid, "comm " + group);
-    const auto at = [&](const nlohmann::json& r, const char* key) -> std::optional<double> {
-      const auto ago_ms = number_or_null(r, key);
-      if (!ago_ms) return std::nullopt;
-      return dumped_us - *ago_ms * 1e3;
-    };
-    for (const nlohmann::json& r : dump.at("records")) {
-      const auto scheduled = at(r, "scheduled_ms_ago");
-      if (!scheduled) continue;  // no time: nothing to place
-      const std::string state = r.at("state").get<std::string>();
-      const std::string kind = r.at("kind").get<std::string>();
-      const uint64_t seq = r.at("seq").get<uint64_t>();
-      const double begin = at(r, "started_ms_ago").value_or(*scheduled);
-      const auto finished = at(r, "finished_ms_ago");
-      std::string name = fmt::format("{} #{}", r.at("op").get<std::string>(), seq);
-      if (state == "failed") {
-        name += " (failed)";
-      } else if (!finished) {
-        name += state == "scheduled" ? " (never started)" : " (never completed)";
-      }
-      nlohmann::json args = {{"group", group},
-                             {"kind", kind},
-                             {"seq", seq},
-                             {"state", state},
-                             {"bytes", r.value("bytes", int64_t{0})},
-                             {"called_us", *scheduled}};
-      if (r.contains("error")) args["error"] = r.at("error");
-      if (kind == "collective" && group == cause.group && cause.seq && *cause.seq == seq) {
-        args["root_cause"] = cause.line;
-      }
-      t.span(pid, tid, std::move(name), begin, finished.value_or(dumped_us), std::move(args));
-    }
-    return dumped_us;
-  } catch (const nlohmann::json::exception& e) {
-    throw_error("{} is not a flight recorder dump ({}): the evidence is damaged", path.string(),
-                e.what());
+// One dump's records on its rank's lane for its group (as diag/trace.cc
+// draws a window's). Returns the records it could not place (no times).
+int64_t add_dump(Timeline& t, const nlohmann::json& dump, const RootCause& cause) {
+  const int rank = dump.at("world_rank").get<int>();
+  const std::string group = dump.at("group").at("name").get<std::string>();
+  const nlohmann::json& records = dump.at("records");
+  // Dumps before the microsecond stamp carry milliseconds only; one without
+  // either cannot be placed.
+  std::optional<double> dumped_us = number_or_null(dump, "dumped_at_unix_us");
+  if (!dumped_us) {
+    if (const auto ms = number_or_null(dump, "dumped_at_unix_ms")) dumped_us = *ms * 1e3;
   }
+  if (!dumped_us) return static_cast<int64_t>(records.size());
+  const int pid = Timeline::pid_of_rank(rank);
+  const int tid = t.tid_of(pid, "comm " + group);
+  const auto at = [&](const nlohmann::json& r, const char* key) -> std::optional<double> {
+    const auto ago_ms = number_or_null(r, key);
+    if (!ago_ms) return std::nullopt;
+    return *dumped_us - *ago_ms * 1e3;
+  };
+  int64_t unplaced = 0;
+  double lane_free_us = 0;  // where the group's previous collective ended
+  for (const nlohmann::json& r : records) {
+    const auto called = at(r, "scheduled_ms_ago");
+    if (!called) {
+      ++unplaced;
+      continue;
+    }
+    const std::string state = r.value("state", std::string("unknown"));
+    const std::string kind = r.value("kind", std::string("collective"));
+    const uint64_t seq = r.value("seq", uint64_t{0});
+    const std::string op = r.value("op", std::string("?"));
+    const auto finished = at(r, "finished_ms_ago");
+    std::string name = fmt::format("{} #{}", op, seq);
+    if (state == "failed") {
+      name += " (failed)";
+    } else if (!finished) {
+      name += state == "scheduled" ? " (never started)" : " (never completed)";
+    }
+    const std::string key = fmt::format("{}/{}/{}", group, kind, seq);
+    nlohmann::json args = {{"group", group}, {"kind", kind},   {"seq", seq},
+                           {"key", key},     {"state", state}, {"called_us", *called}};
+    if (r.contains("bytes")) args["bytes"] = r.at("bytes");
+    if (r.contains("error")) args["error"] = r.at("error");
+    if (kind == "collective") {
+      if (group == cause.group && cause.seq && *cause.seq == seq) args["root_cause"] = cause.line;
+      const double begin = std::max(at(r, "started_ms_ago").value_or(*called), lane_free_us);
+      const double end = std::max(begin, finished.value_or(*dumped_us));
+      lane_free_us = end;
+      t.add({{"name", std::move(name)},
+             {"cat", "comm"},
+             {"ph", "X"},
+             {"pid", pid},
+             {"tid", tid},
+             {"ts", begin},
+             {"dur", end - begin},
+             {"args", std::move(args)}});
+      continue;
+    }
+    // Sends and receives overlap each other: async spans on their own rows.
+    const double end = std::max(*called, finished.value_or(*dumped_us));
+    t.add({{"name", name},
+           {"cat", "p2p"},
+           {"ph", "b"},
+           {"pid", pid},
+           {"tid", tid},
+           {"ts", *called},
+           {"id2", {{"local", key}}},
+           {"args", std::move(args)}});
+    t.add({{"name", std::move(name)},
+           {"cat", "p2p"},
+           {"ph", "e"},
+           {"pid", pid},
+           {"tid", tid},
+           {"ts", end},
+           {"id2", {{"local", key}}}});
+  }
+  return unplaced;
 }
 
 std::string how_it_ended(const RankEvidence& r) {
@@ -190,7 +196,7 @@ nlohmann::json incident_trace(const fs::path& dir, const IncidentEvidence& evide
     top_rank = std::max(top_rank, r.rank);
   }
   for (const auto& [rank, node] : node_of) {
-    t.name_process(t.pid_of_rank(rank), fmt::format("rank {} (node {})", rank, node));
+    t.name_process(Timeline::pid_of_rank(rank), fmt::format("rank {} (node {})", rank, node));
   }
   std::vector<fs::path> dumps, views;
   for (const fs::directory_entry& entry : fs::directory_iterator(dir)) {
@@ -200,53 +206,94 @@ nlohmann::json incident_trace(const fs::path& dir, const IncidentEvidence& evide
     if (name.starts_with("agent_node") || name == "agent.json") views.push_back(entry.path());
   }
   std::sort(dumps.begin(), dumps.end());
+  std::sort(views.begin(), views.end());
+  std::map<int, int64_t> unplaced;  // by rank
   std::map<int, bool> dumped;
-  double last_dump_us = 0;
   for (const fs::path& path : dumps) {
-    const nlohmann::json dump = read_json_file(path);
-    last_dump_us = std::max(last_dump_us, add_dump(t, dump, cause, path));
-    dumped[dump.value("world_rank", -1)] = true;
+    const nlohmann::json dump = read_evidence_json(path);
+    try {
+      const int rank = dump.at("world_rank").get<int>();
+      unplaced[rank] += add_dump(t, dump, cause);
+      dumped[rank] = true;
+    } catch (const nlohmann::json::exception& e) {
+      throw_error("{} is not a flight recorder dump ({}): the evidence is damaged", path.string(),
+                  e.what());
+    }
   }
-  // The fault and its detection, from the agents' views (the earliest of
-  // each: every node's agent writes one).
-  std::optional<double> fault_us, detected_us;
+  // Each node's agent: its fault and its detection, in its own words.
+  const int incident_pid = top_rank + 2;
+  t.name_process(incident_pid, fmt::format("incident {}", evidence.number));
+  std::optional<double> detected_us;
   for (const fs::path& path : views) {
-    const nlohmann::json view = read_json_file(path);
-    for (auto [key, slot] :
-         {std::pair{"fault_unix_us", &fault_us}, std::pair{"detected_unix_us", &detected_us}}) {
-      if (const auto v = number_or_null(view, key))
-        *slot = slot->has_value() ? std::min(**slot, *v) : *v;
+    const nlohmann::json view = read_evidence_json(path);
+    const int node = view.value("node", 0);
+    const int tid = t.tid_of(incident_pid, fmt::format("agent node {}", node));
+    const nlohmann::json none = nlohmann::json::object();
+    const nlohmann::json& detected = view.contains("detected") ? view.at("detected") : none;
+    const std::string what = detected.value("what", std::string("a failure"));
+    if (const auto fault = number_or_null(view, "fault_unix_us")) {
+      t.instant(incident_pid, tid, fmt::format("fault (node {}): {}", node, what), *fault);
+    }
+    if (const auto at = number_or_null(view, "detected_unix_us")) {
+      t.instant(incident_pid, tid, fmt::format("detected (node {})", node), *at);
+      detected_us = detected_us ? std::min(*detected_us, *at) : *at;
     }
   }
   // Without the agents' stamps (older evidence) the dumps' end stands in.
-  const double detection = detected_us.value_or(t.empty() ? 0.0 : t.latest_us());
-  const int incident_pid = top_rank + 2;
-  t.name_process(incident_pid, fmt::format("incident {}", evidence.number));
-  const int incident_tid = t.tid_of(incident_pid, "agent");
-  if (fault_us) {
-    t.instant(incident_pid, incident_tid, "fault: " + evidence.detected_what, *fault_us, "g");
+  const double detection = detected_us.value_or(t.latest_us());
+  if (!detected_us) {
+    t.instant(incident_pid, t.tid_of(incident_pid, "agent"),
+              "detected (time unknown: the dumps' end)", detection);
   }
-  t.instant(incident_pid, incident_tid,
-            detected_us ? "detected" : "detected (time unknown: the dumps' end)", detection, "g");
+  int64_t unplaced_total = 0;
   for (const RankEvidence& r : evidence.ranks) {
-    if (dumped.contains(r.rank)) continue;
-    const int pid = t.pid_of_rank(r.rank);
-    t.instant(pid, t.tid_of(pid, "evidence"), "no flight recorder: " + how_it_ended(r), detection);
+    const int pid = Timeline::pid_of_rank(r.rank);
+    if (!dumped.contains(r.rank)) {
+      t.instant(pid, t.tid_of(pid, "evidence"), "no flight recorder: " + how_it_ended(r),
+                detection);
+    } else if (unplaced[r.rank] > 0) {
+      unplaced_total += unplaced[r.rank];
+      t.instant(pid, t.tid_of(pid, "evidence"),
+                fmt::format("dump without times: {} operations not placed", unplaced[r.rank]),
+                detection);
+    }
   }
   if (cause.rank >= 0 && node_of.contains(cause.rank)) {
-    const int pid = t.pid_of_rank(cause.rank);
+    const int pid = Timeline::pid_of_rank(cause.rank);
     t.instant(pid, t.tid_of(pid, "evidence"), cause.line, detection);
   } else {
-    t.instant(incident_pid, incident_tid, cause.line, detection);
+    t.instant(incident_pid, t.tid_of(incident_pid, "agent"), cause.line, detection);
   }
-  nlohmann::json other = {{"incident", evidence.number},
-                          {"cause", cause.line},
-                          {"kind", cause.kind},
-                          {"clock",
-                           "wall clock: the dumps' and the agents' stamps (ranks on several "
-                           "machines line up to their clocks' synchronisation)"}};
-  if (last_dump_us > 0) other["last_dump_unix_us"] = last_dump_us;
-  return t.finish(std::move(other));
+  return t.finish({{"incident", evidence.number},
+                   {"cause", cause.line},
+                   {"kind", cause.kind},
+                   {"unplaced_operations", unplaced_total},
+                   {"clock",
+                    "wall clock: the dumps' and the agents' stamps (ranks on several machines "
+                    "line up to their clocks' synchronisation)"}});
+}
+
+void write_incident_trace(const fs::path& dir) {
+  const IncidentEvidence evidence = read_incident(dir);
+  const RootCause cause = find_root_cause(evidence);
+  write_file_atomic(dir / "trace.json", incident_trace(dir, evidence, cause).dump() + "\n");
+}
+
+void IncidentTimelines::write(const fs::path& dir) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  threads_.emplace_back([dir] {
+    try {
+      write_incident_trace(dir);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "brigade launch: no timeline for %s: %s\n", dir.c_str(), e.what());
+      std::fflush(stderr);
+    }
+  });
+}
+
+IncidentTimelines::~IncidentTimelines() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (std::thread& t : threads_) t.join();
 }
 
 }  // namespace brigade::diag

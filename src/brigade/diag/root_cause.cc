@@ -12,7 +12,6 @@
 
 #include "brigade/core/error.h"
 #include "brigade/core/files.h"
-#include "brigade/diag/incident_trace.h"
 #include "brigade/elastic/incident_evidence.h"
 
 namespace brigade::diag {
@@ -421,9 +420,7 @@ RootCause find_root_cause(const IncidentEvidence& evidence) {
   return c;
 }
 
-namespace {
-
-nlohmann::json read_json(const fs::path& path) {
+nlohmann::json read_evidence_json(const fs::path& path) {
   std::ifstream in(path);
   if (!in) throw_error("cannot read {}", path.string());
   try {
@@ -432,6 +429,8 @@ nlohmann::json read_json(const fs::path& path) {
     throw_error("{} is not valid JSON ({}): the evidence is damaged", path.string(), e.what());
   }
 }
+
+namespace {
 
 template <typename T>
 std::optional<T> optional_field(const nlohmann::json& j, const char* key) {
@@ -492,7 +491,7 @@ IncidentEvidence read_incident(const fs::path& dir) {
   int per_node = 1;
   for (size_t v = 0; v < views.size(); ++v) {
     const fs::path& agent_path = views[v].second;
-    const nlohmann::json agent = read_json(agent_path);
+    const nlohmann::json agent = read_evidence_json(agent_path);
     try {
       if (v == 0) {
         e.number = agent.at("incident").get<int64_t>();
@@ -529,7 +528,7 @@ IncidentEvidence read_incident(const fs::path& dir) {
   }
   std::sort(reports.begin(), reports.end());
   for (const fs::path& path : reports) {
-    const nlohmann::json j = read_json(path);
+    const nlohmann::json j = read_evidence_json(path);
     try {
       CorruptionReport r;
       r.reporter = j.at("world_rank").get<int>();
@@ -547,7 +546,7 @@ IncidentEvidence read_incident(const fs::path& dir) {
   }
   std::sort(dumps.begin(), dumps.end());
   for (const fs::path& path : dumps) {
-    const nlohmann::json j = read_json(path);
+    const nlohmann::json j = read_evidence_json(path);
     try {
       const int rank = j.at("world_rank").get<int>();
       auto it = std::find_if(e.ranks.begin(), e.ranks.end(),
@@ -597,10 +596,8 @@ std::vector<fs::path> incident_dirs(const fs::path& run_dir) {
 }
 
 std::string diagnose_incident(const fs::path& dir) {
-  const IncidentEvidence evidence = read_incident(dir);
-  const RootCause cause = find_root_cause(evidence);
+  const RootCause cause = find_root_cause(read_incident(dir));
   write_file_atomic(dir / "cause.txt", cause.line + "\n");
-  write_file_atomic(dir / "trace.json", incident_trace(dir, evidence, cause).dump() + "\n");
   return cause.line;
 }
 

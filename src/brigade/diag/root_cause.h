@@ -37,6 +37,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
@@ -115,14 +116,16 @@ RootCause find_root_cause(const IncidentEvidence& evidence);
 // directory when no view is there, or the file when one is malformed.
 IncidentEvidence read_incident(const std::filesystem::path& dir);
 
+// One evidence file as JSON. Throws Error naming it when it cannot be read
+// or is not JSON.
+nlohmann::json read_evidence_json(const std::filesystem::path& path);
+
 // The incident directories of a run, by number. Throws Error saying what is
 // missing (and how evidence comes to be) when there are none.
 std::vector<std::filesystem::path> incident_dirs(const std::filesystem::path& run_dir);
 
 // read_incident, find_root_cause and a copy of the result in the directory
-// (cause.txt, the line), with the incident's timeline (trace.json,
-// diag/incident_trace.h): what the launcher's agent runs at an incident, and
-// `brigade diagnose` for each incident afterwards.
+// (cause.txt, the line): what the launcher's agent runs at an incident.
 std::string diagnose_incident(const std::filesystem::path& dir);
 
 }  // namespace brigade::diag

@@ -498,6 +498,9 @@ void Agent::write_incidents(bool final) {
       if (i.written || (!final && !i.recovered_ns)) continue;
       append_json_line(path, i.to_json());
       i.written = true;
+      const fs::path evidence =
+          incident_dir(run_dir_, incident_base_.value_or(0) + i.generation + 1);
+      if (options_.resolved && fs::is_directory(evidence)) options_.resolved(evidence);
     }
   } catch (const Error& e) {
     std::fprintf(stderr, "brigade launch: %s\n", e.what());

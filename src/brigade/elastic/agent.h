@@ -138,6 +138,11 @@ struct AgentOptions {
   // (the launcher passes diag/root_cause.h's, a layer above); empty: none.
   // Its line goes to stderr and into the incident's `cause`.
   std::function<std::string(const std::filesystem::path&)> diagnose;
+  // Called with an incident's evidence directory once the incident is
+  // resolved and its record written (node 0's agent): the launcher writes
+  // the incident's timeline then (diag/incident_trace.h), off the restart's
+  // path and once every node's evidence is in; empty: none.
+  std::function<void(const std::filesystem::path&)> resolved;
   // Random faults on this node's workers (elastic/fault_injection.h's
   // chaos), for as long as the job runs; none when unset.
   std::optional<ChaosSpec> chaos;
