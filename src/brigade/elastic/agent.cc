@@ -380,6 +380,7 @@ void Agent::on_failure(WorkerGroup& group, const HeartbeatTable& table, Incident
     incident.mean_step_ms = train_ns * 1e-6 / static_cast<double>(incident.last_step - start_step);
   }
   gather_evidence(group, table, incident);
+  progress_.account(incident);  // steps lost from the highest step the job completed
   will_restart_ = restarts_ < options_.max_restarts && received_signal_ == 0;
   // A hung worker still runs, but it is the failure, not one of the others.
   stopped_count_ = group.running() - (incident.kind == "hang" ? 1 : 0);
@@ -459,6 +460,7 @@ void Agent::end_generation(const HeartbeatTable& table) {
     machine_peak_gflops_ = first.peak_gflops;
   }
   if (first.step > first.start_step) record.step_end_ns = first.step_ns;
+  progress_.saw(first.step);
   learn_run_dir(table);
   // A generation that failed before its first step still says where it resumed.
   note_resumed_from(incidents_, generation_, first.start_step);

@@ -294,6 +294,7 @@ class Agent {
   bool lost_coordinator_ = false;
   std::optional<ChaosSchedule> chaos_;
   int chaos_raised_ = 0;
+  JobProgress progress_;            // the highest step this agent's generations completed
   double machine_peak_gflops_ = 0;  // rank 0's, once measured
   // A whole-node chaos fault struck this node (cut off): it raises no more.
   bool chaos_node_struck_ = false;
