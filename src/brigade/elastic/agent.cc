@@ -323,7 +323,16 @@ int64_t Agent::inject_chaos(WorkerGroup& group, const HeartbeatTable& table) {
                  ++chaos_raised_, node.name(), node.node, static_cast<long long>(generation_));
     std::fflush(stderr);
     chaos_node_struck_ = true;
-    strike_node(node, group);
+    // Not cut off, yet the coordinator was told it is: this node cannot go
+    // on as if nothing happened (it would never draw a fault again), so
+    // the agent ends and the node is lost, with the reason.
+    if (const std::string error = strike_node(node, group); !error.empty()) {
+      throw_error(
+          "chaos fault {}: the partition could not cut node {} ({}); it takes down the "
+          "interface that reaches --rdzv, which needs the launcher to run as root: this agent "
+          "ends rather than run on uncut",
+          chaos_raised_, options_.node_rank, error);
+    }
     return kAgentTickMs;
   }
   // A stop is detected by the silence of the heartbeat, so only a worker
@@ -339,7 +348,7 @@ int64_t Agent::inject_chaos(WorkerGroup& group, const HeartbeatTable& table) {
     running.push_back(&w);
     if (p.beat_ns > 0) beating.push_back(&w);
   }
-  const bool kill = fault.kill || beating.empty();
+  const bool kill = fault.kill() || beating.empty();
   const std::vector<const Worker*>& candidates = kill ? running : beating;
   if (candidates.empty()) {
     ++chaos_skipped_;
