@@ -84,7 +84,8 @@ mkdir -p "$out/logs"
 out=$(cd "$out" && pwd)
 run=$out/run
 config=$out/config.toml
-# keep_checkpoints = 0: every checkpoint stays, so every one is verified.
+# keep_checkpoints more than the run writes: every checkpoint stays, so
+# every one is verified.
 # A widened tiny model: steps of about 0.1-0.3 s on 3 loaded cores, so that
 # steps, not restarts, fill the run. dp 3 x grad_accum 2 keeps its global
 # batch on 2 nodes too (dp 2 x grad_accum 3), while a lost node is replaced.
@@ -103,7 +104,7 @@ seed = 5
 threads = 1
 snapshot_every = 1
 checkpoint_every = 200
-keep_checkpoints = 0
+keep_checkpoints = $((steps / 200 + 2))
 run_dir = "$run"
 [optim]
 lr = 1e-3
