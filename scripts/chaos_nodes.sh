@@ -6,6 +6,7 @@
 #
 #   chaos_nodes.sh --out DIR [--steps N] [--mtbf S] [--seed N] [--bound-s S]
 #                  [--name NAME --net A.B.C] [--port P] [--brigade PATH]
+#                  [--min-ettr F] [--require-kinds kill+stop+...]
 #
 # The cluster manager: when a machine's launcher exits while the job runs
 # (its agent killed, or it gave up once cut off the network), the machine
@@ -22,7 +23,15 @@
 # which a fault was raised, of a kind raised there (kill: crash, stop: hang,
 # partition: partition, kill-agent: node_lost), and none elsewhere but
 # rejoins; the ETTR of the run, and `brigade ettr` against the failure
-# model. Exit 0 when every check holds.
+# model (at least --min-ettr, 0.95 by default, and the model within 3
+# points); every kind of --require-kinds raised; no launcher left running
+# 60 s after node 0 ended; no restart that redid more steps than the
+# snapshots allow. Exit 0 when every check holds.
+#
+# The pids it holds are the launchers' own (fake_cluster.sh run execs ip
+# netns exec, which execs brigade): the hang path and the cleanup signal
+# the launchers, SIGTERM first, then SIGKILL; `cluster down` sweeps the
+# namespaces after, its output in DIR/logs/cluster_down.log.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -37,6 +46,8 @@ seed=1
 bound_s=
 max_replacements=12
 kinds=kill+stop+partition+kill-agent
+min_ettr=0.95
+require_kinds=
 
 die() {
   echo "chaos_nodes.sh: $*" >&2
@@ -57,6 +68,8 @@ while [[ $# -gt 0 ]]; do
     --brigade) brigade=$2 ;;
     --kinds) kinds=$2 ;;
     --max-replacements) max_replacements=$2 ;;
+    --min-ettr) min_ettr=$2 ;;
+    --require-kinds) require_kinds=$2 ;;
     *) die "unknown option $1 (see the top of $0)" ;;
   esac
   shift 2
@@ -71,6 +84,8 @@ mkdir -p "$out/logs"
 out=$(cd "$out" && pwd)
 run=$out/run
 config=$out/config.toml
+# keep_checkpoints more than the run writes: every checkpoint stays, so
+# every one is verified.
 # A widened tiny model: steps of about 0.1-0.3 s on 3 loaded cores, so that
 # steps, not restarts, fill the run. dp 3 x grad_accum 2 keeps its global
 # batch on 2 nodes too (dp 2 x grad_accum 3), while a lost node is replaced.
@@ -89,7 +104,7 @@ seed = 5
 threads = 1
 snapshot_every = 1
 checkpoint_every = 200
-keep_checkpoints = 3
+keep_checkpoints = $((steps / 200 + 2))
 run_dir = "$run"
 [optim]
 lr = 1e-3
@@ -104,19 +119,32 @@ EOF
 cluster() { "$here/fake_cluster.sh" --name "$name" --net "$net" "$@"; }
 
 declare -A pid=()
+# Every launcher still running: SIGTERM (its grace), then SIGKILL after
+# 10 s; then the namespaces.
 cleanup() {
+  local p
+  for p in "${pid[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
   for p in "${pid[@]}"; do
+    for _ in $(seq 20); do
+      kill -0 "$p" 2>/dev/null || break
+      sleep 0.5
+    done
     kill -KILL "$p" 2>/dev/null || true
     wait "$p" 2>/dev/null || true
   done
-  cluster down >/dev/null 2>&1 || true
+  pid=()
+  cluster down >>"$out/logs/cluster_down.log" 2>&1 || true
 }
 trap cleanup EXIT
+# A signal (the test's limit) ends the script through its EXIT trap.
+trap 'exit 143' TERM INT
 
 launch() { # NAMESPACE_NODE MACHINE_ID [--node-rank R | --standby]
   local node=$1 id=$2
   shift 2
-  cluster run "$node" "$brigade" launch --nproc-per-node 1 --nnodes 2:3 \
+  # A simple command in the background: $! is the launcher itself.
+  "$here/fake_cluster.sh" --name "$name" --net "$net" run "$node" \
+    "$brigade" launch --nproc-per-node 1 --nnodes 2:3 \
     --rdzv "$net.10:$port" --rdzv-token chaos-nodes --rdzv-timeout-s 60 \
     --max-restarts 100 --node-id "$id" \
     --inject "chaos:mtbf=$mtbf:kinds=$kinds:seed=$seed" "$@" \
@@ -125,7 +153,7 @@ launch() { # NAMESPACE_NODE MACHINE_ID [--node-rank R | --standby]
   echo "$(date +%s.%N) start $id on namespace node $node: $*" >>"$out/logs/harness.log"
 }
 
-cluster down >/dev/null 2>&1 || true
+cluster down >"$out/logs/cluster_down.log" 2>&1 || true
 cluster up 4 >"$out/logs/cluster_up.log" 2>&1
 start=$(date +%s)
 launch 3 machine-3 --standby
@@ -135,6 +163,7 @@ launch 0 machine-0 --node-rank 0
 next_id=4
 replacements=0
 hang=0
+leftover=0
 
 while kill -0 "${pid[0]}" 2>/dev/null; do
   if (($(date +%s) - start > bound_s)); then
@@ -182,7 +211,10 @@ if ((hang == 0)); then
     if kill -0 "$p" 2>/dev/null; then
       echo "$(date +%s.%N) namespace node $node's launcher still running 60 s after node 0 ended" \
         >>"$out/logs/harness.log"
-      kill -KILL "$p"
+      leftover=$((leftover + 1))
+      kill -TERM "$p"
+      for _ in $(seq 20); do kill -0 "$p" 2>/dev/null || break; sleep 0.5; done
+      kill -KILL "$p" 2>/dev/null || true
     fi
     wait "$p" || status=$?
     unset "pid[$node]"
@@ -190,8 +222,9 @@ if ((hang == 0)); then
   done
 fi
 cleanup
-trap - EXIT
+trap - EXIT TERM INT
 
 python3 "$here/chaos_nodes_check.py" --brigade "$brigade" --out "$out" --run "$run" \
   --node0-status "$node0_status" --hang "$hang" --wall-s $((end - start)) \
-  --replacements "$replacements"
+  --replacements "$replacements" --leftover "$leftover" --min-ettr "$min_ettr" \
+  --require-kinds "$require_kinds"

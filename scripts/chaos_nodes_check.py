@@ -3,8 +3,13 @@
 
 Reads every launcher's log (the faults each agent raised, in its
 `brigade launch: chaos fault N: ...` lines), the run directory's
-incidents.jsonl and checkpoints, and `brigade ettr RUN --json`; writes
-OUT/report.json and a line per check; exits 1 when one fails.
+incidents.jsonl, metrics.jsonl and checkpoints, and `brigade ettr RUN
+--json`; writes OUT/report.json and a line per check; exits 1 when one
+fails. The issue's criteria are checks here: the ETTR at least --min-ettr,
+the failure model within --model-tolerance of it, every kind of
+--require-kinds raised, no launcher left running, no checkpoint that does
+not verify (the run keeps every one), and no recovery that redid more
+steps than the snapshots allow.
 """
 import argparse
 import collections
@@ -40,6 +45,47 @@ def raised_faults(log_dir):
     return faults
 
 
+# Names of --require-kinds (the chaos spec's) as the fault lines say them.
+RAISED_AS = {"kill": "SIGKILL", "stop": "SIGSTOP", "partition": "partition",
+             "kill-agent": "kill-agent"}
+# A checkpoint or snapshot that did not verify when a restart looked at it.
+UNVERIFIED = re.compile(r"brigade: skipping checkpoint |checkpoints verifies|"
+                        r"not resuming from the in-memory snapshot: ")
+RESTART = re.compile(r"restarting the workers as generation (\d+) .*?(from the in-memory snapshot "
+                     r"of step (\d+))?$")
+DISK_FALLBACK = re.compile(r"node 0: no in-memory snapshot to resume from \((.*)\); the newest "
+                           r"disk checkpoint instead")
+TIMEOUT_S = 300  # for each brigade subprocess: a hung one is a failure, not a hung check
+
+
+def run_brigade(argv, failures, what):
+    try:
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        failures.append(f"{what} did not finish within {TIMEOUT_S} s")
+        return None
+    return r
+
+
+def redone_steps(metrics_path):
+    """The restarts metrics.jsonl shows (a step logged again or earlier):
+    the highest step logged before each, the step the next generation
+    resumed from; and the kept steps' time (each step's last logging)."""
+    restarts, kept, highest, previous = [], {}, -1, None
+    with open(metrics_path) as f:
+        for line in f:
+            j = json.loads(line)
+            if "step" not in j or "step_ms" not in j:
+                continue
+            step = j["step"]
+            if previous is not None and step <= previous:
+                restarts.append({"highest": highest, "resumed_from": step - 1,
+                                 "redone": highest - (step - 1)})
+            previous, highest = step, max(highest, step)
+            kept[step] = j["step_ms"]
+    return restarts, sum(kept.values()) / 1e3
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--brigade", required=True)
@@ -49,9 +95,19 @@ def main():
     ap.add_argument("--hang", type=int, required=True)
     ap.add_argument("--wall-s", type=float, required=True)
     ap.add_argument("--replacements", type=int, required=True)
+    ap.add_argument("--leftover", type=int, default=0,
+                    help="launchers the harness found still running 60 s after node 0 ended")
+    ap.add_argument("--min-ettr", type=float, default=0.95)
+    ap.add_argument("--model-tolerance", type=float, default=0.03,
+                    help="the most brigade ettr's predicted ETTR may differ from the run's")
+    ap.add_argument("--require-kinds", default="",
+                    help="chaos kinds that must each have been raised, '+'-separated")
+    ap.add_argument("--snapshot-every", type=int, default=1)
     a = ap.parse_args()
     failures = []
-    report = {"wall_s": a.wall_s, "replacements": a.replacements}
+    report = {"wall_s": a.wall_s, "replacements": a.replacements, "leftover": a.leftover}
+    if a.leftover:
+        failures.append(f"{a.leftover} launcher(s) still ran 60 s after node 0 ended")
 
     # No hang: node 0's launcher ended by itself, and the job succeeded.
     if a.hang:
@@ -66,8 +122,8 @@ def main():
         if not re.fullmatch(r"step_\d+", os.path.basename(d)) or not os.path.isdir(d):
             continue
         checked += 1
-        r = subprocess.run([a.brigade, "ckpt", "inspect", d], capture_output=True, text=True)
-        if r.returncode != 0:
+        r = run_brigade([a.brigade, "ckpt", "inspect", d], failures, f"ckpt inspect {d}")
+        if r is None or r.returncode != 0:
             corrupted.append(os.path.basename(d))
     report["checkpoints_checked"] = checked
     report["checkpoints_corrupted"] = corrupted
@@ -75,6 +131,14 @@ def main():
         failures.append(f"no committed checkpoint in {ckpt_dir}")
     if corrupted:
         failures.append(f"corrupted checkpoints: {corrupted}")
+    # A checkpoint a restart skipped (or a snapshot it refused) is one that
+    # did not verify then, even if retention deleted it since.
+    logs = sorted(glob.glob(os.path.join(a.out, "logs", "machine-*.log")))
+    for path in logs:
+        with open(path, errors="replace") as f:
+            for line in f:
+                if UNVERIFIED.search(line):
+                    failures.append(f"{os.path.basename(path)}: {line.strip()}")
 
     # One incident per generation in which faults were raised, of a kind
     # raised there: a fault raised while another's generation was already
@@ -118,6 +182,47 @@ def main():
                             f"incident")
     if not faults:
         failures.append("no fault was raised")
+    for kind in filter(None, a.require_kinds.split("+")):
+        if kind not in RAISED_AS:
+            failures.append(f"--require-kinds names '{kind}': the kinds are {sorted(RAISED_AS)}")
+        elif not report["faults_raised"][RAISED_AS[kind]]:
+            failures.append(f"no {kind} fault was raised (--require-kinds {a.require_kinds})")
+
+    # Steps redone, from metrics.jsonl (not the incidents' own count): a
+    # restart resumes within snapshot_every (+1, a step in flight) of the
+    # highest step the job completed, unless it fell back to disk for a
+    # reason other than the previous generation leaving no snapshot while
+    # it had resumed from one (a fault during a recovery: the step that
+    # generation resumed from is still assembled on every node).
+    metrics = os.path.join(a.run, "metrics.jsonl")
+    restarts, kept_s = ([], None)
+    if os.path.exists(metrics):
+        restarts, kept_s = redone_steps(metrics)
+    else:
+        failures.append(f"{metrics} is missing")
+    resumed_snapshot, fallbacks = {}, []
+    node0 = os.path.join(a.out, "logs", "machine-0.log")
+    if os.path.exists(node0):
+        with open(node0, errors="replace") as f:
+            for line in f:
+                m = RESTART.search(line.strip())
+                if m:
+                    resumed_snapshot[int(m.group(1))] = m.group(3) is not None
+                m = DISK_FALLBACK.search(line)
+                if m:
+                    fallbacks.append(m.group(1))
+    redone = [r for r in restarts if r["redone"] > a.snapshot_every + 1]
+    report["restarts_redoing_steps"] = redone
+    report["steps_redone"] = sum(r["redone"] for r in restarts)
+    report["disk_fallbacks"] = fallbacks
+    if len(redone) > len(fallbacks):
+        failures.append(f"{len(redone)} restart(s) redid more than {a.snapshot_every + 1} steps "
+                        f"({redone}), but node 0 fell back to disk {len(fallbacks)} time(s)")
+    for why in fallbacks:
+        m = re.search(r"recorded no snapshot part in generation (\d+)", why)
+        if m and resumed_snapshot.get(int(m.group(1))) and "holds no copy" not in why:
+            failures.append(f"generation {m.group(1)} resumed from a snapshot and left none, and "
+                            f"the next went back to disk instead of to that snapshot ({why})")
 
     # Recovery per kind: fault to the first step after it, and its phases.
     per_kind = {}
@@ -154,14 +259,27 @@ def main():
         if not 0 < kept <= window <= wall:
             failures.append(f"kept {kept} s, training window {window} s and wall {wall} s are "
                             f"not in that order")
-    r = subprocess.run([a.brigade, "ettr", a.run, "--json"], capture_output=True, text=True)
-    if r.returncode != 0:
+        # The kept time from the steps' own log: each step's last run.
+        report["kept_s_from_metrics"] = kept_s
+        if kept_s is not None and abs(kept_s - kept) > 0.02 * kept + 1:
+            failures.append(f"the kept steps of metrics.jsonl took {kept_s:.1f} s, the summary "
+                            f"says {kept:.1f} s")
+        # The agent's wall within the harness's (which also counts the
+        # launchers' start, whole seconds).
+        if not a.wall_s - 30 <= wall <= a.wall_s + 2:
+            failures.append(f"the summary's wall time {wall:.1f} s is not the run's "
+                            f"{a.wall_s:.0f} s (the harness's clock)")
+        if ettr < a.min_ettr:
+            failures.append(f"ETTR {ettr:.3f} is below --min-ettr {a.min_ettr}")
+    r = run_brigade([a.brigade, "ettr", a.run, "--json"], failures, "brigade ettr")
+    if r is not None and r.returncode != 0:
         failures.append(f"brigade ettr failed: {r.stderr.strip()}")
-    else:
+    elif r is not None:
         report["ettr_model"] = json.loads(r.stdout)
-        if summary is not None and abs(report["ettr_model"]["wall_ettr"] - summary["ettr"]) > 1e-9:
-            failures.append(f"brigade ettr read the run's ETTR as "
-                            f"{report['ettr_model']['wall_ettr']}, not {summary['ettr']}")
+        predicted = report["ettr_model"]["predicted_ettr"]
+        if summary is not None and abs(predicted - summary["ettr"]) > a.model_tolerance:
+            failures.append(f"the failure model predicts an ETTR of {predicted:.3f}, the run had "
+                            f"{summary['ettr']:.3f}: more than {a.model_tolerance} apart")
 
     report["failures"] = failures
     with open(os.path.join(a.out, "report.json"), "w") as f:

@@ -350,6 +350,17 @@ TEST_F(Elastic, LaunchChaosKillsAWorkerOfAnyProgramAndRefusesTheWorkersOwnFaults
                    run_dir, "--inject", "chaos:mtbf=1"});
   EXPECT_EQ(workers.status, 1) << workers.err;
   EXPECT_NE(workers.err.find(fix), std::string::npos) << workers.err;
+  // Whole-node kinds on one node could never strike (node 0 draws none):
+  // refused, under launch and under train --nproc alike.
+  const std::string whole = "they need brigade launch over 2 or more nodes";
+  const auto one_node = run_brigade({"launch", "--nproc-per-node", "2", "--inject",
+                                     "chaos:mtbf=10:kinds=kill+kill-agent", "--", "true"});
+  EXPECT_EQ(one_node.status, 1) << one_node.err;
+  EXPECT_NE(one_node.err.find(whole), std::string::npos) << one_node.err;
+  const auto train = run_brigade({"train", config().string(), "--nproc", "2", "--set", run_dir,
+                                  "--inject", "chaos:mtbf=10:kinds=partition+kill-agent"});
+  EXPECT_EQ(train.status, 1) << train.err;
+  EXPECT_NE(train.err.find(whole), std::string::npos) << train.err;
 }
 
 // A run directory launched twice (the second a --resume): `brigade ettr`

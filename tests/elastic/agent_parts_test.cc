@@ -351,6 +351,34 @@ TEST(IncidentEvidence, TheAgentsViewGivesAgesAtDetection) {
   EXPECT_EQ(view.at("workers").at(1).at("signal"), SIGKILL);
 }
 
+// Generation 0 reached step 58; generation 1 resumed from 58 and failed
+// during its restart, before its first step; generation 2 went back to
+// step 0: generation 1's incident lost the 58 steps, at generation 0's pace.
+TEST(Incidents, AFaultDuringARecoveryLosesTheStepsTheJobHadDone) {
+  JobProgress progress;
+  Incident first;
+  first.last_step = 58;
+  first.mean_step_ms = 200;
+  progress.account(first);
+  progress.saw(58);  // generation 0 ended
+  first.resumed_from_step = 58;
+  EXPECT_EQ(first.steps_lost(), 0);
+  Incident during;  // generation 1's workers completed no step
+  during.last_step = 0;
+  progress.account(during);
+  progress.saw(0);
+  during.resumed_from_step = 0;
+  EXPECT_EQ(during.last_step, 58);
+  EXPECT_EQ(during.steps_lost(), 58);
+  EXPECT_DOUBLE_EQ(during.mean_step_ms, 200);
+  first.recovered_ns = first.fault_ns;  // the recoveries' own time is not the point here
+  during.recovered_ns = during.fault_ns;
+  const RunSummary s =
+      summarize({first, during}, {{0, 58, 11'600 * kMs}, {58, 58, 0}, {0, 100, 20'000 * kMs}}, 2, 0,
+                40'000 * kMs);
+  EXPECT_NEAR(s.lost_s, 58 * 0.2, 1e-9);
+}
+
 TEST(Incidents, EttrCountsOnlyTheStepsTheResultKeeps) {
   // Generation 0 trained steps 0..6 in 600 ms, then failed; generation 1
   // resumed from step 5 (the newest checkpoint) and trained 5..10 in 500 ms.

@@ -82,7 +82,7 @@ TEST(Chaos, TheScheduleIsSeededExponentialAndKeepsToItsKinds) {
   for (int i = 0; i < 50; ++i) {
     const auto x = a.next(), y = b.next();
     EXPECT_EQ(x.after_ns, y.after_ns);
-    EXPECT_EQ(x.kill, y.kill);
+    EXPECT_EQ(x.kill(), y.kill());
     EXPECT_EQ(x.victim, y.victim);
     same_node += other_node.next().after_ns == x.after_ns;
     same_seed += other_seed.next().after_ns == x.after_ns;
@@ -101,7 +101,7 @@ TEST(Chaos, TheScheduleIsSeededExponentialAndKeepsToItsKinds) {
     const double s = f.after_ns * 1e-9;
     sum += s;
     sum_sq += s * s;
-    kills += f.kill;
+    kills += f.kill();
   }
   const double mean = sum / n;
   EXPECT_NEAR(mean, 6.0, 0.18);
@@ -113,8 +113,8 @@ TEST(Chaos, TheScheduleIsSeededExponentialAndKeepsToItsKinds) {
   spec.kill = false;
   ChaosSchedule stop_only(spec, 0, 1);
   for (int i = 0; i < 100; ++i) {
-    EXPECT_TRUE(kill_only.next().kill);
-    EXPECT_FALSE(stop_only.next().kill);
+    EXPECT_TRUE(kill_only.next().kill());
+    EXPECT_FALSE(stop_only.next().kill());
   }
 }
 
@@ -147,7 +147,7 @@ TEST(Chaos, WholeNodeKindsAreDrawnOffNodeZeroOnly) {
     const auto f0 = node0.next(), f1 = node1.next(), g1 = node1_again.next();
     ++on0[f0.kind];
     ++on1[f1.kind];
-    EXPECT_EQ(f1.kill, f1.kind == ChaosSchedule::Kind::kKill);
+    EXPECT_EQ(f1.kill(), f1.kind == ChaosSchedule::Kind::kKill);
     EXPECT_EQ(f1.whole_node(), f1.kind == ChaosSchedule::Kind::kPartition ||
                                    f1.kind == ChaosSchedule::Kind::kKillAgent);
     sum0 += f0.after_ns * 1e-9;

@@ -241,6 +241,84 @@ TEST_F(SnapshotRestoreTest, EveryNodeRestartsInPlaceFromTheNewestStepCompleteEve
   EXPECT_TRUE(node_part_steps(area(1)).empty());
 }
 
+// A fault during a recovery, before the new generation's first snapshot:
+// the next restart resumes from the step that generation resumed from, not
+// from the (older) disk checkpoint; not when the disk checkpoint is as new.
+TEST_F(SnapshotRestoreTest, AGenerationThatFailedBeforeItsFirstSnapshotResumesFromItsOwnStart) {
+  auto a0 = agent(0), a1 = agent(1);
+  a0->enter_generation(0, 0, {0, 1});
+  a1->enter_generation(0, 1, {0, 1});
+  write_part(area(0), 0, 7);
+  write_part(area(1), 1, 7);
+  replicate({a0.get(), a1.get()}, 7);
+  a0->freeze();
+  a1->freeze();
+  auto other = std::async(std::launch::async, [&] { return a1->restore(1, 1, {0, 1}); });
+  ASSERT_EQ(a0->restore(1, 0, {0, 1}), 7) << log_;
+  ASSERT_EQ(other.get(), 7) << log_;
+  // Generation 1 fails before any part is written.
+  a0->enter_generation(1, 0, {0, 1});
+  a1->enter_generation(1, 1, {0, 1});
+  a0->tick();
+  a1->tick();
+  a0->freeze();
+  a1->freeze();
+  other = std::async(std::launch::async, [&] { return a1->restore(2, 1, {0, 1}, {}, 2); });
+  EXPECT_EQ(a0->restore(2, 0, {0, 1}, {}, 2), 7) << log_;
+  EXPECT_EQ(other.get(), 7) << log_;
+  expect_state(area(0), 7);
+  expect_state(area(1), 7);
+  EXPECT_NE(log_.find("node 0: generation 1 left no snapshot to resume from (node 0 recorded no "
+                      "snapshot part in generation 1); the copy of step 7 it resumed from instead"),
+            std::string::npos)
+      << log_;
+  // Generation 2 fails before its first snapshot too: step 7 again.
+  a0->enter_generation(2, 0, {0, 1});
+  a1->enter_generation(2, 1, {0, 1});
+  a0->freeze();
+  a1->freeze();
+  other = std::async(std::launch::async, [&] { return a1->restore(3, 1, {0, 1}, {}, 2); });
+  EXPECT_EQ(a0->restore(3, 0, {0, 1}, {}, 2), 7) << log_;
+  EXPECT_EQ(other.get(), 7) << log_;
+  // And generation 3, with a checkpoint of step 7 on disk by then: nothing
+  // newer in memory, so disk.
+  a0->enter_generation(3, 0, {0, 1});
+  a1->enter_generation(3, 1, {0, 1});
+  a0->freeze();
+  a1->freeze();
+  other = std::async(std::launch::async, [&] { return a1->restore(4, 1, {0, 1}, {}, 7); });
+  EXPECT_FALSE(a0->restore(4, 0, {0, 1}, {}, 7)) << log_;
+  EXPECT_FALSE(other.get()) << log_;
+  EXPECT_FALSE(latest_checkpoint(area(0)));
+}
+
+// A node that holds no copy of that step (a standby new to the generation)
+// keeps every node off it.
+TEST_F(SnapshotRestoreTest, WithoutEveryNodesCopyOfTheResumedStepEveryNodeGoesToDisk) {
+  auto a0 = agent(0), a1 = agent(1);
+  a0->enter_generation(0, 0, {0, 1});
+  a1->enter_generation(0, 1, {0, 1});
+  write_part(area(0), 0, 4);
+  write_part(area(1), 1, 4);
+  replicate({a0.get(), a1.get()}, 4);
+  a0->freeze();
+  a1->freeze();
+  auto other = std::async(std::launch::async, [&] { return a1->restore(1, 1, {0, 1}); });
+  ASSERT_EQ(a0->restore(1, 0, {0, 1}), 4) << log_;
+  ASSERT_EQ(other.get(), 4) << log_;
+  a0->enter_generation(1, 0, {0, 1});
+  a0->freeze();
+  a1.reset();  // node 1 is lost with its copy; a standby takes its place
+  std::filesystem::remove_all(area(1));
+  auto standby = agent(2);
+  other = std::async(std::launch::async, [&] { return standby->restore(2, 1, {0, 1}); });
+  EXPECT_FALSE(a0->restore(2, 0, {0, 1})) << log_;
+  EXPECT_FALSE(other.get()) << log_;
+  EXPECT_NE(log_.find("node 1 holds no copy of step 4, which generation 1 resumed from"),
+            std::string::npos)
+      << log_;
+}
+
 TEST_F(SnapshotRestoreTest, AStandbyGetsTheLostNodesPartFromItsPeersReplica) {
   auto a0 = agent(0), a1 = agent(1);
   a0->enter_generation(0, 0, {0, 1});

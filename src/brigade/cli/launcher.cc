@@ -480,19 +480,23 @@ std::string validate(const LaunchOptions& o) {
     diag::parse_metrics_address(o.metrics_address);
   }
   check_standby_and_node_faults(o, /*srun_tasks=*/false);
-  // A chaos partition strikes any node but node 0 (elastic/fault_injection.h).
-  if (o.chaos && o.chaos->partition && o.nnodes > 1 && (o.standby || o.node_rank != 0)) {
-    const HostPort master = parse_host_port(o.rdzv, /*allow_port_0=*/false);
-    return partition_interface(o, master.host, master.port);
+  if (o.chaos && (o.chaos->partition || o.chaos->kill_agent) && o.nnodes < 2) {
+    throw_error(
+        "chaos kinds partition and kill-agent strike a whole node, and node 0 never draws them: "
+        "they need brigade launch over 2 or more nodes (--nnodes 2 or more, --rdzv); this job has "
+        "1 node, so drop them from kinds= (kinds=kill+stop)");
   }
+  // A partition strikes its own node's interface: a chaos one any node but
+  // node 0 (elastic/fault_injection.h), a node fault the node it names; a
+  // standby may become any node.
+  bool partitioned = o.chaos && o.chaos->partition && (o.standby || o.node_rank != 0);
   for (const elastic::NodeFault& f : o.node_faults) {
-    // On the node it strikes (a standby may become any node).
-    if (f.kind == elastic::NodeFault::Kind::kPartition && (o.standby || f.node == o.node_rank)) {
-      const HostPort master = parse_host_port(o.rdzv, /*allow_port_0=*/false);
-      return partition_interface(o, master.host, master.port);
-    }
+    partitioned = partitioned || (f.kind == elastic::NodeFault::Kind::kPartition &&
+                                  (o.standby || f.node == o.node_rank));
   }
-  return "";
+  if (!partitioned) return "";
+  const HostPort master = parse_host_port(o.rdzv, /*allow_port_0=*/false);
+  return partition_interface(o, master.host, master.port);
 }
 
 }  // namespace

@@ -324,7 +324,16 @@ int64_t Agent::inject_chaos(WorkerGroup& group, const HeartbeatTable& table) {
                  ++chaos_raised_, node.name(), node.node, static_cast<long long>(generation_));
     std::fflush(stderr);
     chaos_node_struck_ = true;
-    strike_node(node, group);
+    // Not cut off, yet the coordinator was told it is: this node cannot go
+    // on as if nothing happened (it would never draw a fault again), so
+    // the agent ends and the node is lost, with the reason.
+    if (const std::string error = strike_node(node, group); !error.empty()) {
+      throw_error(
+          "chaos fault {}: the partition could not cut node {} ({}); it takes down the "
+          "interface that reaches --rdzv, which needs the launcher to run as root: this agent "
+          "ends rather than run on uncut",
+          chaos_raised_, options_.node_rank, error);
+    }
     return kAgentTickMs;
   }
   // A stop is detected by the silence of the heartbeat, so only a worker
@@ -340,7 +349,7 @@ int64_t Agent::inject_chaos(WorkerGroup& group, const HeartbeatTable& table) {
     running.push_back(&w);
     if (p.beat_ns > 0) beating.push_back(&w);
   }
-  const bool kill = fault.kill || beating.empty();
+  const bool kill = fault.kill() || beating.empty();
   const std::vector<const Worker*>& candidates = kill ? running : beating;
   if (candidates.empty()) {
     ++chaos_skipped_;
@@ -381,6 +390,7 @@ void Agent::on_failure(WorkerGroup& group, const HeartbeatTable& table, Incident
     incident.mean_step_ms = train_ns * 1e-6 / static_cast<double>(incident.last_step - start_step);
   }
   gather_evidence(group, table, incident);
+  progress_.account(incident);  // steps lost from the highest step the job completed
   will_restart_ = restarts_ < options_.max_restarts && received_signal_ == 0;
   // A hung worker still runs, but it is the failure, not one of the others.
   stopped_count_ = group.running() - (incident.kind == "hang" ? 1 : 0);
@@ -460,6 +470,7 @@ void Agent::end_generation(const HeartbeatTable& table) {
     machine_peak_gflops_ = first.peak_gflops;
   }
   if (first.step > first.start_step) record.step_end_ns = first.step_ns;
+  progress_.saw(first.step);
   learn_run_dir(table);
   // A generation that failed before its first step still says where it resumed.
   note_resumed_from(incidents_, generation_, first.start_step);

@@ -253,8 +253,9 @@ class Agent {
   // Raises this node's whole-node fault once its workers completed its step.
   void raise_node_fault(WorkerGroup& group, const HeartbeatTable& table);
   // Tells the coordinator the fault's kind, then raises it on this node
-  // now: a kill-agent does not return.
-  void strike_node(const NodeFault& fault, WorkerGroup& group);
+  // now: a kill-agent does not return; a partition returns why the
+  // interface could not be taken down (empty once it is down).
+  std::string strike_node(const NodeFault& fault, WorkerGroup& group);
   void record_job_incident(const JobView& view);
   // Numbers this node's workers among the nodes of the generation the
   // coordinator opened (fewer after a node was left out).
@@ -307,6 +308,7 @@ class Agent {
   bool lost_coordinator_ = false;
   std::optional<ChaosSchedule> chaos_;
   int chaos_raised_ = 0;
+  JobProgress progress_;            // the highest step this agent's generations completed
   double machine_peak_gflops_ = 0;  // rank 0's, once measured
   // A whole-node chaos fault struck this node (cut off): it raises no more.
   bool chaos_node_struck_ = false;

@@ -144,7 +144,7 @@ void Agent::raise_node_fault(WorkerGroup& group, const HeartbeatTable& table) {
   }
 }
 
-void Agent::strike_node(const NodeFault& fault, WorkerGroup& group) {
+std::string Agent::strike_node(const NodeFault& fault, WorkerGroup& group) {
   if (coordinator_) {
     try {
       coordinator_->mark_node_fault(fault.name());
@@ -167,6 +167,7 @@ void Agent::strike_node(const NodeFault& fault, WorkerGroup& group) {
                  options_.node_rank, error.c_str());
     std::fflush(stderr);
   }
+  return error;
 }
 
 void Agent::follow_job(const JobView& view, WorkerGroup* group) {

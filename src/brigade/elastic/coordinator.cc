@@ -339,9 +339,9 @@ JobView Coordinator::poll(int64_t now_ns) {
     v.lost_coordinator = !leader();
     v.why = fmt::format("lost contact with the coordinator's store at {}: {}", store_.address(),
                         e.what());
-    // A standby's loss of the store concerns nobody else.
-    if (!leader() && !options_.standby)
-      try_end_job(fmt::format("node {} {}", options_.node_rank, v.why));
+    // This node leaves, and ends no one else: a store that is only slow
+    // must not end a healthy job. The leader finds this node silent within
+    // agent_timeout_ms and gives its rank to a standby or stops every node.
     return v;
   }
 }

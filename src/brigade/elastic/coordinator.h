@@ -58,10 +58,14 @@
 //   - The other agents watch the leader's beat the same way, and treat a
 //     store that no longer answers (each call is bounded by the store
 //     client's timeout, at most half of agent_timeout_ms, so that one slow
-//     call cannot make a healthy agent look silent) as the end of the job.
-//     Such an agent still tries once to end the job for everyone, so that
-//     node 0's workers, if they live, do not sit in collectives with this
-//     node's until the collective timeout.
+//     call cannot make a healthy agent look silent) as its own end
+//     (lost_coordinator): it stops its workers and leaves, writing
+//     nothing, so that a store that was only slow does not end a healthy
+//     job; the leader finds the node silent within agent_timeout_ms and
+//     gives its rank to a standby or stops every node, so node 0's workers
+//     do not sit in collectives with this node's until the collective
+//     timeout. An agent that finds the leader silent still tries once to
+//     end the job for everyone.
 // With the built-in store node 0 leads for good: its launcher hosts the
 // store, so its loss ends the job. With a store that elects a leader
 // (etcd: CoordinatorStore::elects_leader()), node 0 campaigns first and

@@ -305,7 +305,6 @@ ChaosSchedule::Fault ChaosSchedule::next() {
   Fault f;
   f.after_ns = static_cast<int64_t>(-std::log(u) * mean_s_ * 1e9);
   if (!kinds_.empty()) f.kind = kinds_[b[1] % kinds_.size()];
-  f.kill = f.kind == Kind::kKill;
   f.victim = (uint64_t{b[2]} << 32) | b[3];
   return f;
 }

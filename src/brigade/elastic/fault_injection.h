@@ -45,9 +45,13 @@
 // and kinds on every run; where they land in training depends on timing.
 //
 // partition and kill-agent are whole-node kinds (NodeFault below, raised at
-// once, not at a step) for multi-node jobs: each node's agent draws its own
-// faults, at nnodes times the mean interval, so the job fails at the
-// spec's MTBF. The agents draw rather than the leader because a node's own
+// once, not at a step) for multi-node jobs (a launch of one node refuses
+// them: they could never strike): each node's agent draws its own
+// faults, at nnodes times the mean interval, so the job fails at about the
+// spec's MTBF: less often while a node has no kind to draw (node 0 under
+// whole-node kinds alone), waits as a standby, or is left out of a smaller
+// generation, and faults that fall due while a generation restarts wait
+// for the next one. The agents draw rather than the leader because a node's own
 // agent is the one that can raise a node's fault (signal its workers, take
 // its interface down, kill itself) without a message that a partition
 // could lose, and because draws per node need no agreement: a node that
@@ -119,7 +123,7 @@ std::optional<ChaosSpec> parse_chaos(std::string_view spec);
 // The chaos faults one agent raises, in order. Fault i's interval, kind and
 // victim are pure functions of (seed, node, incarnation, i): reproducible,
 // and each node of a multi-node job draws its own stream at nnodes times
-// the mean interval, so the job as a whole fails at the spec's MTBF.
+// the mean interval (the job as a whole at about the spec's MTBF, above).
 // `incarnation` is 0 for a node's first agent, the generation it joined at
 // for a standby that took the node's place. Node 0 draws its kind among
 // the spec's worker kinds only; a node with no kind to draw never falls due.
@@ -129,8 +133,8 @@ class ChaosSchedule {
   struct Fault {
     int64_t after_ns = 0;  // since the previous fault (or the job's start)
     Kind kind = Kind::kKill;
-    bool kill = true;     // kind == kKill
     uint64_t victim = 0;  // uniform 64 bits: the caller takes it modulo its candidates
+    bool kill() const { return kind == Kind::kKill; }
     bool whole_node() const { return kind == Kind::kPartition || kind == Kind::kKillAgent; }
   };
   ChaosSchedule(const ChaosSpec& spec, int node, int nnodes, int64_t incarnation = 0);

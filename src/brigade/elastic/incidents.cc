@@ -108,6 +108,17 @@ void note_resumed_from(std::vector<Incident>& incidents, int64_t generation, int
   }
 }
 
+void JobProgress::saw(int64_t last_step) {
+  highest_step = std::max(highest_step, last_step);
+}
+
+void JobProgress::account(Incident& incident) {
+  saw(incident.last_step);
+  incident.last_step = highest_step;
+  if (incident.mean_step_ms > 0) mean_step_ms = incident.mean_step_ms;
+  incident.mean_step_ms = mean_step_ms;
+}
+
 RunSummary summarize(const std::vector<Incident>& incidents,
                      const std::vector<GenerationRecord>& generations, int restarts,
                      int64_t start_ns, int64_t end_ns) {

@@ -47,7 +47,9 @@ struct Incident {
   int64_t fault_ns = 0;
   bool injected = false;
   int64_t detected_ns = 0;
-  int64_t last_step = 0;  // the last step any worker completed before the fault
+  // The highest step the job completed before the fault (in this or an
+  // earlier generation: steps lost count from there).
+  int64_t last_step = 0;
   double mean_step_ms = 0;
   // The nodes the job went on with after this incident, when it went on
   // with fewer (`--nnodes MIN:MAX`, no standby free); 0: as many as before.
@@ -88,6 +90,21 @@ struct GenerationRecord {
   int64_t train_ns = 0;
   int64_t ready_ns = 0;     // training set up (0: never)
   int64_t step_end_ns = 0;  // its last step completed (0: none)
+};
+
+// The job's progress across generations, as one agent saw it: an
+// incident's steps lost count from the highest step the job completed, so
+// a generation that failed during its restart (before its first step)
+// still loses the steps the one before it had done when the next resumes
+// from further back, at the pace of the last generation that stepped.
+struct JobProgress {
+  int64_t highest_step = 0;
+  double mean_step_ms = 0;
+  // A generation ended having completed `last_step`.
+  void saw(int64_t last_step);
+  // A failed generation's incident, its last_step and mean_step_ms its
+  // own workers', becomes the job's.
+  void account(Incident& incident);
 };
 
 struct RunSummary {

@@ -400,6 +400,29 @@ std::optional<int64_t> SnapshotSync::restore(int64_t generation, int node,
   return result;
 }
 
+std::optional<int64_t> SnapshotSync::resumed_copy(int64_t failed, int node, int64_t disk_step,
+                                                  std::string& why) {
+  if (failed < 1) return std::nullopt;  // generation 0 resumed from no snapshot
+  const std::string key = restore_decision_key(failed);
+  const std::optional<std::string> decision = options_.store->try_get(key);
+  if (!decision || *decision == "none") return std::nullopt;
+  const int64_t step = detail::parse_count(key, *decision);
+  if (step <= disk_step) return std::nullopt;  // the disk checkpoint is as new
+  const std::filesystem::path dir = step_directory(options_.area, step);
+  try {
+    verify_checkpoint(dir, /*snapshot=*/true);
+  } catch (const std::exception& e) {
+    why += fmt::format("; node {} holds no copy of step {}, which generation {} resumed from ({})",
+                       node, step, failed, e.what());
+    return std::nullopt;
+  }
+  log(
+      fmt::format("node {}: generation {} left no snapshot to resume from ({}); the copy of step "
+                  "{} it resumed from instead",
+                  node, failed, why, step));
+  return step;
+}
+
 std::optional<int64_t> SnapshotSync::restore_here(int64_t generation, int node,
                                                   const std::vector<int>& members,
                                                   int64_t disk_step) {
@@ -445,6 +468,7 @@ std::optional<int64_t> SnapshotSync::restore_here(int64_t generation, int node,
       }
       why = failure;
     }
+    if (!chosen && !given_up_) chosen = resumed_copy(failed, node, disk_step, why);
   } catch (const std::exception& e) {
     why = e.what();
   }

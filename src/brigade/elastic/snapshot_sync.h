@@ -178,6 +178,14 @@ class SnapshotSync {
   // restore gives up at its next source, step or look at the agreement,
   // and resumes from no snapshot.
   //
+  // When g - 1 left no step every part of which can be had (it failed
+  // during its own restart, before its first snapshot), the step g - 1
+  // resumed from is taken instead: every node that resumed with it keeps
+  // that assembled copy in its area until the next restore, so a fault
+  // during a recovery does not send the job back to the disk checkpoint.
+  // A node without the copy (a standby new to g) says "none", and every
+  // node resumes from disk.
+  //
   // `disk_step`: the step of the newest disk checkpoint (the run directory
   // is shared: every node sees the same; -1 none). When it is at least the
   // newest step any member wrote, no snapshot can be newer (a rejoin's
@@ -190,6 +198,12 @@ class SnapshotSync {
  private:
   // Gathers and assembles step `step` of `members`' parts; the reason on failure.
   std::string assemble(int64_t failed, int64_t step, const std::vector<int>& members, int node);
+  // When generation `failed` left no step to assemble (a fault during its
+  // restart, before its first snapshot): the step it resumed from, whose
+  // assembled copy every node that resumed with it kept in its area, if it
+  // is newer than the disk checkpoint; null (a reason added to `why`) else.
+  std::optional<int64_t> resumed_copy(int64_t failed, int node, int64_t disk_step,
+                                      std::string& why);
   std::optional<int64_t> restore_here(int64_t generation, int node, const std::vector<int>& members,
                                       int64_t disk_step);
   void log(const std::string& line) const;
