@@ -6,6 +6,10 @@
 //     the step, the evidence holds the ranks' reports, and the job rolls
 //     back to a snapshot taken before the flip: its final parameters are bit
 //     for bit a fault-free run's (`brigade ckpt hash`);
+//   - under ZeRO 3, a flip in a rank's own slices is caught by their hash
+//     against the one taken after its update;
+//   - a flip in one rank's local gradient before the reduce is caught by a
+//     check step's replay of its peer's micro-batches, and its rank named;
 //   - a clean run that checks after every step raises no alarm;
 //   - a NaN loss re-runs the step: once (a passing fault) training goes on
 //     with the same result as a clean run; twice (as bad data would) it
@@ -78,9 +82,11 @@ class SilentCorruption : public ::testing::Test {
 // line starts when it names several ranks ("ranks 1 (node 0) and 3").
 // `step`: the steps done when the check failed; `rollback`: the snapshot's
 // or checkpoint's step the job must resume from (-1: step - 1's snapshot).
+// `finding`: words the line must hold instead of a replicas' comparison's.
 std::string expect_sdc_incident(const testing::Output& r, const fs::path& run, int rank, int step,
                                 const std::string& named = "", int rollback = -1,
-                                const std::string& from = "the in-memory snapshot") {
+                                const std::string& from = "the in-memory snapshot",
+                                const std::string& finding = "") {
   EXPECT_EQ(r.status, 0) << r.err;
   const std::string head =
       "brigade launch: incident 1: " + (named.empty() ? "rank " + std::to_string(rank) : named) +
@@ -89,8 +95,10 @@ std::string expect_sdc_incident(const testing::Output& r, const fs::path& run, i
   EXPECT_NE(at, std::string::npos) << r.err;
   if (at == std::string::npos) return "";
   const std::string line = r.err.substr(at + 16, r.err.find('\n', at) - at - 16);
-  EXPECT_NE(line.find(named.empty() ? "differ from those of the" : "no majority"),
-            std::string::npos)
+  EXPECT_NE(
+      line.find(!finding.empty() ? finding
+                                 : (named.empty() ? "differ from those of the" : "no majority")),
+      std::string::npos)
       << line;
   EXPECT_EQ(r.err.find("brigade launch: incident", at + 1), std::string::npos) << r.err;
   std::ifstream in(run / "incidents.jsonl");
@@ -185,21 +193,77 @@ TEST_F(SilentCorruption, UnderTensorParallelismBothReplicasAreNamedAndEveryGroup
   EXPECT_EQ(hash("run"), hash("clean"));
 }
 
-// Ten steps compared before every update, under each ZeRO stage that keeps
-// replicas (sdc_slow_test.cc runs 1,000); ZeRO 3 keeps none and says so.
+// Two dozen steps checked before every update, their gradients replayed in
+// every step, under each ZeRO stage (sdc_slow_test.cc runs 1,000): the
+// recomputations are bit-identical, the slices unchanged between update
+// and check.
 TEST_F(SilentCorruption, ACleanRunCheckedEveryStepRaisesNoAlarm) {
   for (const char* zero : {"0", "1", "2", "3"}) {
     SCOPED_TRACE(std::string("ZeRO ") + zero);
     const std::string run = std::string("zero") + zero;
     const auto r =
-        train(run, {"--nproc", "2", "--set", "train.steps=10", "--set", "train.snapshot_every=0",
+        train(run, {"--nproc", "2", "--set", "train.steps=24", "--set", "train.snapshot_every=0",
                     "--set", "diag.sdc_every=1", "--set", std::string("parallel.zero=") + zero});
     EXPECT_EQ(r.status, 0) << r.err;
     EXPECT_NE(r.err.find("0 incidents"), std::string::npos) << r.err;
     EXPECT_EQ(r.err.find("silent data corruption"), std::string::npos) << r.err;
-    EXPECT_EQ(r.err.find("no replica check under ZeRO 3") != std::string::npos,
-              std::string(zero) == "3")
-        << r.err;
+    EXPECT_EQ(r.err.find("no gradient replay"), std::string::npos) << r.err;
+  }
+}
+
+// ZeRO 3 holds each slice once: a flip in one after its update (at rest),
+// or at the start of the next forward (which gathers it to every rank), is
+// caught by the rank's own hash of its slices, taken after the update, and
+// the rank is named; the job resumes from the snapshot before.
+TEST_F(SilentCorruption, UnderZero3ARanksOwnSlicesAreCheckedAgainstThemselves) {
+  const std::vector<std::string> zero3 = {"--nproc", "2", "--set", "parallel.zero=3"};
+  const auto clean = train("clean", zero3);
+  ASSERT_EQ(clean.status, 0) << clean.err;
+  const struct {
+    const char* fault;
+    int rank, step;
+  } cases[] = {{"sdc:rank=1:step=3", 1, 3},
+               {"sdc:rank=0:step=4:when=forward", 0, 3},
+               {"sdc:rank=1:step=5:what=moment", 1, 5}};
+  int n = 0;
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.fault);
+    const std::string run = "run" + std::to_string(n++);
+    std::vector<std::string> args = zero3;
+    args.insert(args.end(), {"--inject", c.fault});
+    const auto r = train(run, args);
+    expect_sdc_incident(r, dir_.path() / run, c.rank, c.step, "", -1, "the in-memory snapshot",
+                        "its own parameter and Adam moment slices (ZeRO 3: held by no other "
+                        "rank) changed after the update of step " +
+                            std::to_string(c.step));
+    EXPECT_EQ(hash(run), hash("clean"));
+  }
+}
+
+// A bit flipped in one rank's local gradient before the reduce enters every
+// rank's sum, so the replicas agree on the wrong update. The check step's
+// replay (rank 0 recomputes rank 1's micro-batches, rank 1 rank 0's) finds
+// the gradient that differs, the recomputation names its rank, and the job
+// resumes from before the step: under every ZeRO stage, the final
+// parameters are a fault-free run's.
+TEST_F(SilentCorruption, AFlipInALocalGradientIsFoundByTheReplayAndItsRankNamed) {
+  for (const char* zero : {"0", "1", "2", "3"}) {
+    SCOPED_TRACE(std::string("ZeRO ") + zero);
+    const std::string run = std::string("zero") + zero;
+    const std::vector<std::string> args = {
+        "--nproc", "2", "--set", std::string("parallel.zero=") + zero, "--set", "diag.sdc_every=3"};
+    const auto clean = train(run + "clean", args);
+    ASSERT_EQ(clean.status, 0) << clean.err;
+    std::vector<std::string> faulty = args;
+    // Step 4 is the check step after step 3, the 3rd.
+    faulty.insert(faulty.end(), {"--inject", "sdc:rank=1:step=4:what=grad"});
+    const auto r = train(run, faulty);
+    EXPECT_NE(r.err.find("before the reduce"), std::string::npos) << r.err;
+    const std::string line =
+        expect_sdc_incident(r, dir_.path() / run, 1, 3, "", -1, "the in-memory snapshot",
+                            "rank 1's local gradient of step 4 (before the reduce)");
+    EXPECT_NE(line.find("rank 1's own computation was off"), std::string::npos) << line;
+    EXPECT_EQ(hash(run), hash(run + "clean"));
   }
 }
 

@@ -43,6 +43,15 @@ struct ReplicaComparison {
   bool clean() const { return suspects.empty(); }
 };
 
+// Trainer::replay_gradients' verdict, by rank of the data-parallel group.
+struct GradientReplay {
+  std::vector<uint64_t> own;       // each rank's local gradient of the step
+  std::vector<uint64_t> replayed;  // rank r's recomputation of rank (r + 1) % n's
+  std::vector<uint64_t> again;     // each rank's own once more; empty when all agreed
+  std::vector<int> suspects;       // group ranks
+  bool clean() const { return suspects.empty(); }
+};
+
 // Collective over `group`: every rank passes its hash and gets every rank's
 // (one all-gather of 8 bytes each) and the same verdict.
 ReplicaComparison compare_replicas(Communicator& group, uint64_t mine);

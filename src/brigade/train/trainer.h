@@ -143,9 +143,27 @@ class Trainer {
   // both Adam moments too (ZeRO 1/2 shard them: each slice exists once).
   // ZeRO 3 holds no replica at all, so there is nothing to compare.
   ReplicaComparison compare_replicas();
-  // Whether diag.sdc_every's replica check runs (train/silent_corruption.h):
-  // dp > 1 under ZeRO 0-2 (ZeRO 3 holds no replica) and sdc_every > 0.
+  // Whether diag.sdc_every's checks run (train/silent_corruption.h): dp > 1
+  // and sdc_every > 0 (replicas compared under ZeRO 0-2; under ZeRO 3,
+  // which holds no replica, each rank's own slices against themselves).
   bool replica_checks_on() const;
+  // ZeRO 3: a hash of what exists on this rank only between steps: its
+  // slices of the parameters and of both Adam moments.
+  uint64_t owned_state_hash() const;
+  // Collective over the data-parallel group, called between a step's
+  // backward and its reduce (on_local_gradients): hashes this rank's local
+  // gradient, recomputes dp rank (r + 1) % dp's micro-batches of the step
+  // from the same parameters into the same buffer, and compares each rank's
+  // own hash with its replayer's. On a disagreement every rank recomputes
+  // its own once more, which tells the rank whose first gradient was off
+  // (its recomputation agrees with the replay) from a replayer that was
+  // (it agrees with the first). Leaves this rank's local gradient as it was.
+  GradientReplay replay_gradients();
+  // Whether the replay can run: data parallelism without tensor or
+  // pipeline parallelism (their forward is collective over other groups).
+  bool gradient_replay_supported() const {
+    return dp_size() > 1 && tp_size() == 1 && pp_size() == 1;
+  }
   // The snapshots kept: 1, or 2 under replica checks, since a failed check
   // discards the newest (discard_saves) and the rollback needs the one before.
   int64_t snapshots_kept() const { return replica_checks_on() ? 2 : 1; }
@@ -158,6 +176,15 @@ class Trainer {
   // Runs `check` in every train_step right before the update, once an
   // unstaged snapshot has been read (train/silent_corruption.h). Empty: none.
   void on_before_update(std::function<void()> check) { before_update_ = std::move(check); }
+  // Runs `record` right after every update (ZeRO 1/2: after the gather).
+  void on_after_update(std::function<void()> record) { after_update_ = std::move(record); }
+  // In every forward_backward where due() says so: the gradients are not
+  // reduced during the backward but after it, and `check` runs in between
+  // (replay_gradients). Empty: none.
+  void on_local_gradients(std::function<bool()> due, std::function<void()> check) {
+    local_gradients_due_ = std::move(due);
+    local_gradients_check_ = std::move(check);
+  }
   // Fault injection (elastic/fault_injection.h): flips a bit of one
   // parameter this rank owns, or of its first Adam moment (returns its name
   // and offset), now or at the
@@ -165,6 +192,9 @@ class Trainer {
   // losses of step `step` on this rank NaN.
   std::string flip_parameter_bit(bool in_moment = false);
   void flip_bit_before_forward(int64_t step) { flip_step_ = step; }
+  // ... or of this rank's local gradient of step `step` (0-based) before
+  // the reduce (that step's backward then reduces after it ends).
+  void flip_gradient_before_reduce(int64_t step) { flip_grad_step_ = step; }
   void poison_loss(int64_t step, int times);
   // Mean validation loss over options.eval_windows windows (all if 0).
   double evaluate();
@@ -298,6 +328,17 @@ class Trainer {
   int64_t step_ = 0;
   StepClock clock_;
   std::function<void()> before_update_;
+  std::function<void()> after_update_;
+  std::function<bool()> local_gradients_due_;
+  std::function<void()> local_gradients_check_;
+  // replay_gradients' copy of this rank's own local gradient.
+  FloatBuffer own_gradient_;
+  int64_t flip_grad_step_ = -1;
+  // Forward and backward of dp rank `rank`'s micro-batches of this step into
+  // grads_, zeroed first, without reducing; returns their hash.
+  uint64_t local_gradient_hash_of(int rank);
+  // Flips the top mantissa bit of the first non-zero local gradient element.
+  std::string flip_gradient_bit();
   double local_loss_ = 0;  // this dp rank's loss sum of the last forward_backward
   int64_t flip_step_ = -1;
   int64_t poisoned_step_ = -1;

@@ -23,7 +23,85 @@ namespace brigade {
 namespace fs = std::filesystem;
 
 bool Trainer::replica_checks_on() const {
-  return options_.sdc_every > 0 && dp_size() > 1 && zero_ < 3;
+  return options_.sdc_every > 0 && dp_size() > 1;
+}
+
+uint64_t Trainer::owned_state_hash() const {
+  std::vector<uint64_t> hashes;
+  for (const FlatRange& slice : plan_->owned(dp_rank())) {
+    hashes.push_back(hash_floats(params_.data() + slice.begin, slice.size()));
+  }
+  hashes.push_back(hash_floats(optimizer_->m().data(), optimizer_->m().size()));
+  hashes.push_back(hash_floats(optimizer_->v().data(), optimizer_->v().size()));
+  return combine_hashes(hashes);
+}
+
+uint64_t Trainer::local_gradient_hash_of(int rank) {
+  const int64_t b = options_.micro_batch, t = model_config().block_size;
+  const int64_t first = rank * b * options_.grad_accum;
+  const float loss_scale = 1.0f / static_cast<float>(options_.global_batch() * t);
+  grads_.zero();
+  stage_->run([&](int64_t micro) { fill_batch(first + micro * b, b); }, inputs_.data(),
+              targets_.data(), b, t, loss_scale, {}, {});
+  return hash_floats(grads_.data(), grads_.size());
+}
+
+GradientReplay Trainer::replay_gradients() {
+  BRIGADE_CHECK(gradient_replay_supported());
+  const int n = dp_size(), me = dp_rank();
+  const auto before = [n](int r) { return (r + n - 1) % n; };  // r's replayer
+  GradientReplay g;
+  const uint64_t own = hash_floats(grads_.data(), grads_.size());
+  if (own_gradient_.size() != grads_.size()) own_gradient_ = FloatBuffer(grads_.size());
+  std::memcpy(own_gradient_.data(), grads_.data(), static_cast<size_t>(grads_.bytes()));
+  const uint64_t mine[2] = {own, local_gradient_hash_of((me + 1) % n)};
+  std::vector<uint64_t> all(2 * static_cast<size_t>(n));
+  dp_group_->all_gather(mine, all.data(), 2, DType::kI64)->wait();
+  std::vector<int> odd;
+  for (int r = 0; r < n; ++r) {
+    g.own.push_back(all[2 * static_cast<size_t>(r)]);
+    g.replayed.push_back(all[2 * static_cast<size_t>(r) + 1]);
+  }
+  for (int r = 0; r < n; ++r) {
+    if (g.own[static_cast<size_t>(r)] != g.replayed[static_cast<size_t>(before(r))]) {
+      odd.push_back(r);
+    }
+  }
+  if (!odd.empty()) {
+    // A third computation of each disputed gradient: a passing fault does
+    // not strike the same rank twice in the same place.
+    const uint64_t again = local_gradient_hash_of(me);
+    g.again.resize(static_cast<size_t>(n));
+    dp_group_->all_gather(&again, g.again.data(), 1, DType::kI64)->wait();
+    for (int r : odd) {
+      const auto i = static_cast<size_t>(r);
+      const int replayer = before(r);
+      const bool own_wrong = g.again[i] == g.replayed[static_cast<size_t>(replayer)];
+      const bool replay_wrong = g.again[i] == g.own[i];
+      if (own_wrong || !replay_wrong) g.suspects.push_back(r);
+      if (replay_wrong || !own_wrong) g.suspects.push_back(replayer);
+    }
+    std::sort(g.suspects.begin(), g.suspects.end());
+    g.suspects.erase(std::unique(g.suspects.begin(), g.suspects.end()), g.suspects.end());
+  }
+  std::memcpy(grads_.data(), own_gradient_.data(), static_cast<size_t>(grads_.bytes()));
+  return g;
+}
+
+std::string Trainer::flip_gradient_bit() {
+  for (const ParamInfo& p : layout().params()) {
+    for (int64_t i = 0; i < p.numel; ++i) {
+      float* value = grads_.data() + p.offset + i;
+      if (*value == 0.0f) continue;
+      uint32_t bits = 0;
+      std::memcpy(&bits, value, sizeof(bits));
+      bits ^= 1u << 22;
+      std::memcpy(value, &bits, sizeof(bits));
+      return fmt::format("the local gradient of {} element {} (flat offset {})", p.name, i,
+                         p.offset + i);
+    }
+  }
+  throw_error("rank {} has no non-zero local gradient element to corrupt", dp_rank());
 }
 
 void Trainer::discard_saves(int64_t step) {
