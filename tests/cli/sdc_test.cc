@@ -244,10 +244,11 @@ TEST_F(SilentCorruption, UnderZero3ARanksOwnSlicesAreCheckedAgainstThemselves) {
 // rank's sum, so the replicas agree on the wrong update. The check step's
 // replay (rank 0 recomputes rank 1's micro-batches, rank 1 rank 0's) finds
 // the gradient that differs, the recomputation names its rank, and the job
-// resumes from before the step: under every ZeRO stage, the final
-// parameters are a fault-free run's.
+// resumes from before the step: the final parameters are a fault-free
+// run's. ZeRO 0 (all-reduce) and 3 (reduce-scatter, the replay's forward
+// gathering again); sdc_slow_test.cc runs ZeRO 1 and 2.
 TEST_F(SilentCorruption, AFlipInALocalGradientIsFoundByTheReplayAndItsRankNamed) {
-  for (const char* zero : {"0", "1", "2", "3"}) {
+  for (const char* zero : {"0", "3"}) {
     SCOPED_TRACE(std::string("ZeRO ") + zero);
     const std::string run = std::string("zero") + zero;
     const std::vector<std::string> args = {
