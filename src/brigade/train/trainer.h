@@ -331,8 +331,6 @@ class Trainer {
   std::function<void()> after_update_;
   std::function<bool()> local_gradients_due_;
   std::function<void()> local_gradients_check_;
-  // replay_gradients' copy of this rank's own local gradient.
-  FloatBuffer own_gradient_;
   int64_t flip_grad_step_ = -1;
   // Forward and backward of dp rank `rank`'s micro-batches of this step into
   // grads_, zeroed first, without reducing; returns their hash.

@@ -52,8 +52,10 @@ GradientReplay Trainer::replay_gradients() {
   const auto before = [n](int r) { return (r + n - 1) % n; };  // r's replayer
   GradientReplay g;
   const uint64_t own = hash_floats(grads_.data(), grads_.size());
-  if (own_gradient_.size() != grads_.size()) own_gradient_ = FloatBuffer(grads_.size());
-  std::memcpy(own_gradient_.data(), grads_.data(), static_cast<size_t>(grads_.bytes()));
+  // Held for the check only: a second gradient buffer between checks would
+  // undo what ZeRO 2 and 3 save.
+  FloatBuffer own_gradient(grads_.size());
+  std::memcpy(own_gradient.data(), grads_.data(), static_cast<size_t>(grads_.bytes()));
   const uint64_t mine[2] = {own, local_gradient_hash_of((me + 1) % n)};
   std::vector<uint64_t> all(2 * static_cast<size_t>(n));
   dp_group_->all_gather(mine, all.data(), 2, DType::kI64)->wait();
@@ -84,7 +86,7 @@ GradientReplay Trainer::replay_gradients() {
     std::sort(g.suspects.begin(), g.suspects.end());
     g.suspects.erase(std::unique(g.suspects.begin(), g.suspects.end()), g.suspects.end());
   }
-  std::memcpy(grads_.data(), own_gradient_.data(), static_cast<size_t>(grads_.bytes()));
+  std::memcpy(grads_.data(), own_gradient.data(), static_cast<size_t>(grads_.bytes()));
   return g;
 }
 
