@@ -268,6 +268,17 @@ void run_train(const std::string& config_path, const std::vector<std::string>& o
   };
   const int64_t slow_factor = elastic::slow_factor(faults, world_rank, generation);
   Trainer trainer(model, options, groups.view());
+  for (const elastic::InjectedFault& f : faults) {
+    // Every rank refuses it, so none waits for another in a collective.
+    if (f.in_grad && trainer.dp_size() <= 1) {
+      throw_error(
+          "--inject sdc:rank={}:step={}:what=grad flips a bit of a rank's local gradient before "
+          "the data-parallel reduce, and this run has no data-parallel group (one replica of "
+          "the model): there is no reduce to corrupt and no replay to catch it; run it with "
+          "more data-parallel ranks (--nproc) or leave what=grad out",
+          f.rank, f.step);
+    }
+  }
   for (const elastic::InjectedFault& f : elastic::in_step_faults(faults, world_rank, generation)) {
     if (f.kind == elastic::InjectedFault::Kind::kNan) {
       trainer.poison_loss(f.step - 1, static_cast<int>(f.times));

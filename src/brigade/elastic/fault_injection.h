@@ -16,8 +16,9 @@
 //   sdc:rank=1:step=5:what=grad    the flip in rank 1's local gradient of
 //                               step 5, after its backward and before the
 //                               reduce spreads it into every rank's sum
-//                               (caught by the gradient replay of a check
-//                               step: train/silent_corruption.h)
+//                               (caught only in a check step, by its
+//                               gradient replay: train/silent_corruption.h;
+//                               refused without data parallelism)
 //   nan:rank=1:step=5[:times=2] rank 1's loss of step 5 is NaN, on its first
 //                               computation only (a passing fault: the step's
 //                               re-run is clean) or `times` of them (2: the re-run
@@ -167,8 +168,7 @@ const InjectedFault* fault_after_step(const std::vector<InjectedFault>& faults, 
 int64_t slow_factor(const std::vector<InjectedFault>& faults, int rank, int64_t generation);
 
 // The faults the trainer raises inside a step (nan, sdc with when=forward or
-// what=grad)
-// planned for `rank` in `generation`.
+// what=grad) planned for `rank` in `generation`.
 std::vector<InjectedFault> in_step_faults(const std::vector<InjectedFault>& faults, int rank,
                                           int64_t generation);
 

@@ -11,6 +11,7 @@
 #include "brigade/core/error.h"
 #include "brigade/core/files.h"
 #include "brigade/core/threads.h"
+#include "brigade/kernels/cpu/gemm.h"
 #include "brigade/kernels/cpu/isa.h"
 #include "brigade/train/trainer.h"
 
@@ -30,20 +31,23 @@ SilentCorruptionGuard::SilentCorruptionGuard(Trainer& trainer, Communicator* wor
   const bool speaks = trainer.world_rank() == 0;
   if (trainer.gradient_replay_supported()) {
     // Bit-identical recomputation needs the same reduction orders: the
-    // same thread count and the same kernels on every rank.
-    const int64_t mine[2] = {num_threads(), static_cast<int64_t>(cpu::active_isa())};
-    std::vector<int64_t> all(2 * static_cast<size_t>(trainer.dp_size()));
-    trainer.dp_group()->all_gather(mine, all.data(), 2, DType::kI64)->wait();
+    // same thread count and the same kernels on every rank: Brigade's own
+    // (BRIGADE_CPU_ISA) and oneDNN's GEMMs, which at the AVX-512 level pick
+    // their own code path by CPU generation.
+    constexpr size_t kFacts = 3;
+    const int64_t mine[kFacts] = {num_threads(), static_cast<int64_t>(cpu::active_isa()),
+                                  cpu::gemm_isa()};
+    std::vector<int64_t> all(kFacts * static_cast<size_t>(trainer.dp_size()));
+    trainer.dp_group()->all_gather(mine, all.data(), kFacts, DType::kI64)->wait();
     replay_ = true;
-    for (size_t i = 0; i < all.size(); i += 2) {
-      replay_ = replay_ && all[i] == mine[0] && all[i + 1] == mine[1];
-    }
+    for (size_t i = 0; i < all.size(); ++i) replay_ = replay_ && all[i] == mine[i % kFacts];
     if (!replay_ && speaks) {
       std::fprintf(stderr,
                    "brigade train: diag.sdc_every: no gradient replay: the data-parallel ranks "
-                   "run different thread counts or instruction sets, so their recomputations "
-                   "would not be bit-identical (give every node the same OMP_NUM_THREADS and "
-                   "BRIGADE_CPU_ISA); the parameters are still checked\n");
+                   "run different thread counts or instruction sets (Brigade's or oneDNN's "
+                   "GEMMs'), so their recomputations would not be bit-identical (give every node "
+                   "the same OMP_NUM_THREADS and BRIGADE_CPU_ISA, and nodes of one CPU "
+                   "generation); the parameters are still checked\n");
     }
   } else if (speaks) {
     std::fprintf(stderr,
@@ -94,12 +98,13 @@ void SilentCorruptionGuard::before_save() {
 }
 
 void SilentCorruptionGuard::check(int64_t done) {
-  if (at_rest_) {
-    conclude(done, check_at_rest(done));
-    return;
-  }
+  conclude(done, check_state(done));
+}
+
+SilentCorruptionGuard::Verdict SilentCorruptionGuard::check_state(int64_t done) {
+  if (at_rest_) return check_at_rest(done);
   ReplicaComparison c = trainer_.compare_replicas();
-  conclude(done, Verdict{std::move(c.compared), std::move(c.hashes), std::move(c.suspects), {}});
+  return Verdict{std::move(c.compared), std::move(c.hashes), std::move(c.suspects), {}};
 }
 
 SilentCorruptionGuard::Verdict SilentCorruptionGuard::check_at_rest(int64_t done) {
@@ -136,32 +141,60 @@ SilentCorruptionGuard::Verdict SilentCorruptionGuard::check_at_rest(int64_t done
 }
 
 void SilentCorruptionGuard::check_gradients(int64_t done) {
+  // The parameters first: a rank whose parameters differ computes its own
+  // gradient and its replay of its peer's both differently, which the
+  // replay alone would blame on its replayer and itself. The check before
+  // the update runs as well (it also covers what a snapshot read since).
+  const Verdict state = check_state(done);
+  if (!state.suspects.empty()) conclude(done, state);
   const GradientReplay g = trainer_.replay_gradients();
+  if (g.clean()) return;
+  const int n = trainer_.dp_size();
+  const auto describe = [g, done](const std::vector<int64_t>& members) {
+    const auto world = [&](int r) { return members[static_cast<size_t>(r)]; };
+    std::string out;
+    for (const GradientReplay::Dispute& d : g.disputes) {
+      const auto i = static_cast<size_t>(d.rank), j = static_cast<size_t>(d.replayer);
+      out += fmt::format(
+          "{}rank {}'s local gradient of step {} (before the reduce) is xxh3 {:016x}, rank {}'s "
+          "replay of its micro-batches {:016x}, rank {}'s recomputation {:016x}",
+          out.empty() ? "" : "; ", world(d.rank), done + 1, g.own[i], world(d.replayer),
+          g.replayed[j], world(d.settler), d.third);
+      out += !d.settled() ? std::string(": nothing settles which")
+             : d.own_off  ? fmt::format(": rank {}'s own computation was off", world(d.rank))
+                          : fmt::format(": rank {}'s replay was off", world(d.replayer));
+    }
+    return out;
+  };
+  if (g.suspects.empty()) {
+    // Nothing settles any dispute: the same micro-batches from the same
+    // parameters gave different gradients on devices that each agree with
+    // themselves, or on one device twice. That is the kernels'
+    // non-determinism (or faults that cannot be told from it); rolling back
+    // would replay the same step into the same verdict until max_restarts,
+    // having named healthy devices. So the replay stops for this run, the
+    // step goes on with each rank's own gradient, and the parameters stay
+    // checked.
+    replay_ = false;
+    trainer_.restore_local_gradient();
+    if (trainer_.world_rank() == 0) {
+      std::vector<int64_t> members(static_cast<size_t>(n));
+      for (int r = 0; r < n; ++r) members[static_cast<size_t>(r)] = r;
+      std::fprintf(stderr,
+                   "brigade train: diag.sdc_every: gradient replay off from step %lld: the "
+                   "data-parallel ranks' recomputations of the same micro-batches are not "
+                   "bit-identical and nothing settles which is right (%s): the kernels "
+                   "are not deterministic across these ranks, so the replay cannot tell "
+                   "corruption from that (the parameters are still checked)\n",
+                   static_cast<long long>(done + 1), describe(members).c_str());
+    }
+    return;
+  }
   Verdict v;
   v.compared = fmt::format("local gradients of step {} (before the reduce)", done + 1);
   v.hashes = g.own;
   v.suspects = g.suspects;
-  const int n = trainer_.dp_size();
-  v.finding = [g, n, done](const std::vector<int64_t>& members) {
-    const auto world = [&](int r) { return members[static_cast<size_t>(r)]; };
-    std::string out;
-    for (int r = 0; r < n; ++r) {
-      const int replayer = (r + n - 1) % n;
-      const auto i = static_cast<size_t>(r), j = static_cast<size_t>(replayer);
-      if (g.own[i] == g.replayed[j]) continue;
-      const bool own_wrong = g.again[i] == g.replayed[j];
-      const bool replay_wrong = g.again[i] == g.own[i];
-      const std::string what = fmt::format(
-          "rank {}'s local gradient of step {} (before the reduce) is xxh3 {:016x}, rank {}'s "
-          "replay of its micro-batches {:016x}, its recomputation {:016x}",
-          world(r), done + 1, g.own[i], world(replayer), g.replayed[j], g.again[i]);
-      out += (out.empty() ? "" : "; ") + what +
-             (own_wrong      ? fmt::format(": rank {}'s own computation was off", world(r))
-              : replay_wrong ? fmt::format(": rank {}'s replay was off", world(replayer))
-                             : std::string(": nothing settles which, both are named"));
-    }
-    return out;
-  };
+  v.finding = describe;
   // The saves of the state after `done` are not checked yet either.
   conclude(done, v);
 }

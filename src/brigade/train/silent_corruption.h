@@ -35,30 +35,47 @@
 // before the update that would write them (and so before the next step's
 // gathers could carry a flipped bit into a snapshot's successors). A rank
 // whose slices changed with no update in between holds corrupted memory
-// and is named: its own hash disagrees with itself. A flip in a rank's
-// gathered copy of a block lasts only as long as that block is resident,
-// so what it can corrupt is the rank's gradient, which the next guard
-// catches; comparing the gathered buckets' hashes on every gather would
-// cost a hash per block per micro-batch for what the replay sees anyway.
+// and is named: its own hash disagrees with itself. This sees memory
+// corruption only, not a wrong update computation: the hash is taken after
+// the update (the same holds for ZeRO 1/2's moment slices). A flip in a
+// rank's gathered copy of a block lasts only as long as that block is
+// resident, so what it can corrupt is the rank's gradient, which the replay
+// below sees in a check step; comparing the gathered buckets' hashes on
+// every gather would cost a hash per block per micro-batch.
 //
 // The gradients (data parallelism without tp or pp): a flipped bit in one
 // rank's local gradient enters every rank's reduced sum, after which all
-// replicas agree on the wrong update. So in a check step (the one after
-// every sdc_every-th; not the save-driven ones, since this costs a second
-// forward and backward) the step's reduce waits for the end of the
-// backward, and each rank recomputes the micro-batches of its next peer
-// (dp rank r + 1 mod dp) from the same parameters into its gradient
-// buffer, and the group compares each rank's own gradient's hash with its
-// replayer's, before any of it is reduced (Trainer::replay_gradients). The
-// kernels are deterministic for a given thread count and instruction set,
-// so the hashes are bit-identical; the ranks compare their OpenMP thread
-// counts and active ISA at start-up, and where they differ the replay is
-// off, with one line (the replicas' checks stay on). A disagreement is
-// settled by a third computation (each rank's own, once more): the rank
-// whose first gradient was off, or the replayer that was, is named; both
-// when nothing settles it. The failed check then goes as above: the saves
-// of the state after the last step are discarded (it was not checked),
-// and the job resumes from the one before.
+// replicas agree on the wrong update. So a check step (the one after every
+// sdc_every-th; not the save-driven ones, since it costs a second and
+// sometimes a third forward and backward) samples the gradients: before
+// its own backward each rank recomputes the micro-batches of its next peer
+// (dp rank r + 1 mod dp) from the same parameters into its gradient buffer
+// and keeps their hash; its own backward then does not overlap the reduce;
+// and between that backward and the reduce the group first compares the
+// parameters (as the check before the update does: a rank whose parameters
+// differ would compute both its own gradient and its replay differently,
+// and is named by that comparison instead), then each rank's own
+// gradient's hash with its replayer's (Trainer::replay_gradients). A flip
+// in a step that is not a check step is not seen: the detection of
+// gradient corruption is sampled, 1 step in sdc_every.
+//
+// The kernels are deterministic for a given thread count and code path, so
+// the hashes are bit-identical; the ranks compare their OpenMP thread
+// counts, Brigade's active ISA and oneDNN's effective one at start-up, and
+// where they differ the replay is off, with one line (the parameter checks
+// stay on). A disagreement is settled by a third computation of the
+// disputed micro-batches, by a rank on neither side where dp >= 3 (so a
+// device that computes wrong every time is outvoted: both its own gradient
+// and its replay are pinned on it), by the rank itself with two ranks: the
+// rank whose first gradient was off, or the replayer that was, is named,
+// and the check fails as above: the saves of the state after the last step
+// are discarded (it was not checked), and the job resumes from the one
+// before. When nothing settles any dispute (the third agrees with neither
+// side, or two ranks each dispute the other's), the ranks compute the same
+// thing differently: non-determinism the start-up comparison missed, or
+// faults that cannot be told from it. A rollback would only replay the same
+// verdict until max_restarts, so the replay turns itself off for the run
+// with one line, and the step goes on with each rank's own gradient.
 #pragma once
 
 #include <cstdint>
@@ -112,6 +129,8 @@ class SilentCorruptionGuard {
   // Compares the state after `done` steps; throws Error on a disagreement,
   // after writing this rank's report.
   void check(int64_t done);
+  // The replicas' comparison, or under ZeRO 3 check_at_rest.
+  Verdict check_state(int64_t done);
   // ZeRO 3: this rank's slices against their hash after the last update.
   Verdict check_at_rest(int64_t done);
   // In step done + 1, between its backward and its reduce.

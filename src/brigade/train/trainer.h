@@ -150,22 +150,29 @@ class Trainer {
   // ZeRO 3: a hash of what exists on this rank only between steps: its
   // slices of the parameters and of both Adam moments.
   uint64_t owned_state_hash() const;
-  // Collective over the data-parallel group, called between a step's
-  // backward and its reduce (on_local_gradients): hashes this rank's local
-  // gradient, recomputes dp rank (r + 1) % dp's micro-batches of the step
-  // from the same parameters into the same buffer, and compares each rank's
-  // own hash with its replayer's. On a disagreement every rank recomputes
-  // its own once more, which tells the rank whose first gradient was off
-  // (its recomputation agrees with the replay) from a replayer that was
-  // (it agrees with the first). Leaves this rank's local gradient as it was.
-  GradientReplay replay_gradients();
+  // Collective over the data-parallel group, called between a check step's
+  // backward and its reduce (on_local_gradients). Before that backward,
+  // forward_backward recomputed dp rank (r + 1) % dp's micro-batches of the
+  // step from the same parameters into the gradient buffer and kept their
+  // hash (replay_peer_gradient); this compares each rank's own gradient's
+  // hash with its replayer's. A disagreement is settled by a third
+  // computation (GradientReplay), which overwrites the local gradient: the
+  // caller then either stops the step (throws) or calls
+  // restore_local_gradient() before the reduce.
+  GradientReplay replay_gradients() { return replay_gradients(replayed_peer_); }
+  // Recomputes this rank's own local gradient after replay_gradients
+  // overwrote it (collective under ZeRO 3, like every forward); no-op when
+  // it did not.
+  void restore_local_gradient();
   // Whether the replay can run: data parallelism without tensor or
   // pipeline parallelism (their forward is collective over other groups).
   bool gradient_replay_supported() const {
     return dp_size() > 1 && tp_size() == 1 && pp_size() == 1;
   }
-  // The snapshots kept: 1, or 2 under replica checks, since a failed check
-  // discards the newest (discard_saves) and the rollback needs the one before.
+  // The snapshots kept: 1, or 2 while diag.sdc_every's checks run (ZeRO 3's
+  // own-slice check included, so ZeRO 3 with checks needs room for three
+  // copies in the snapshot area, not two), since a failed check discards
+  // the newest (discard_saves) and the rollback needs the one before.
   int64_t snapshots_kept() const { return replica_checks_on() ? 2 : 1; }
   // After a failed replica check of the state after `step` steps, on every
   // rank: gives up the saves in flight, and (world rank 0) removes that
@@ -178,9 +185,11 @@ class Trainer {
   void on_before_update(std::function<void()> check) { before_update_ = std::move(check); }
   // Runs `record` right after every update (ZeRO 1/2: after the gather).
   void on_after_update(std::function<void()> record) { after_update_ = std::move(record); }
-  // In every forward_backward where due() says so: the gradients are not
+  // In every forward_backward where due() says so: the peer's micro-batches
+  // are replayed first (replay_peer_gradient), the own gradients are not
   // reduced during the backward but after it, and `check` runs in between
-  // (replay_gradients). Empty: none.
+  // (replay_gradients; it throws or leaves the own gradient in place).
+  // Empty: none.
   void on_local_gradients(std::function<bool()> due, std::function<void()> check) {
     local_gradients_due_ = std::move(due);
     local_gradients_check_ = std::move(check);
@@ -335,6 +344,11 @@ class Trainer {
   // Forward and backward of dp rank `rank`'s micro-batches of this step into
   // grads_, zeroed first, without reducing; returns their hash.
   uint64_t local_gradient_hash_of(int rank);
+  uint64_t replay_peer_gradient();
+  GradientReplay replay_gradients(uint64_t replayed);
+  uint64_t replayed_peer_ = 0;  // this check step's replay_peer_gradient()
+  // replay_gradients' third computation overwrote this rank's own gradient.
+  bool local_gradient_spoiled_ = false;
   // Flips the top mantissa bit of the first non-zero local gradient element.
   std::string flip_gradient_bit();
   double local_loss_ = 0;  // this dp rank's loss sum of the last forward_backward

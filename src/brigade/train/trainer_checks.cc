@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "brigade/ckpt/checkpoint.h"
@@ -46,48 +47,40 @@ uint64_t Trainer::local_gradient_hash_of(int rank) {
   return hash_floats(grads_.data(), grads_.size());
 }
 
-GradientReplay Trainer::replay_gradients() {
+uint64_t Trainer::replay_peer_gradient() {
+  BRIGADE_CHECK(gradient_replay_supported());
+  return local_gradient_hash_of((dp_rank() + 1) % dp_size());
+}
+
+GradientReplay Trainer::replay_gradients(uint64_t replayed) {
   BRIGADE_CHECK(gradient_replay_supported());
   const int n = dp_size(), me = dp_rank();
-  const auto before = [n](int r) { return (r + n - 1) % n; };  // r's replayer
-  GradientReplay g;
-  const uint64_t own = hash_floats(grads_.data(), grads_.size());
-  // Held for the check only: a second gradient buffer between checks would
-  // undo what ZeRO 2 and 3 save.
-  FloatBuffer own_gradient(grads_.size());
-  std::memcpy(own_gradient.data(), grads_.data(), static_cast<size_t>(grads_.bytes()));
-  const uint64_t mine[2] = {own, local_gradient_hash_of((me + 1) % n)};
+  const uint64_t mine[2] = {hash_floats(grads_.data(), grads_.size()), replayed};
   std::vector<uint64_t> all(2 * static_cast<size_t>(n));
   dp_group_->all_gather(mine, all.data(), 2, DType::kI64)->wait();
-  std::vector<int> odd;
+  std::vector<uint64_t> own, replays;
   for (int r = 0; r < n; ++r) {
-    g.own.push_back(all[2 * static_cast<size_t>(r)]);
-    g.replayed.push_back(all[2 * static_cast<size_t>(r) + 1]);
+    own.push_back(all[2 * static_cast<size_t>(r)]);
+    replays.push_back(all[2 * static_cast<size_t>(r) + 1]);
   }
-  for (int r = 0; r < n; ++r) {
-    if (g.own[static_cast<size_t>(r)] != g.replayed[static_cast<size_t>(before(r))]) {
-      odd.push_back(r);
-    }
-  }
-  if (!odd.empty()) {
-    // A third computation of each disputed gradient: a passing fault does
-    // not strike the same rank twice in the same place.
-    const uint64_t again = local_gradient_hash_of(me);
-    g.again.resize(static_cast<size_t>(n));
-    dp_group_->all_gather(&again, g.again.data(), 1, DType::kI64)->wait();
-    for (int r : odd) {
-      const auto i = static_cast<size_t>(r);
-      const int replayer = before(r);
-      const bool own_wrong = g.again[i] == g.replayed[static_cast<size_t>(replayer)];
-      const bool replay_wrong = g.again[i] == g.own[i];
-      if (own_wrong || !replay_wrong) g.suspects.push_back(r);
-      if (replay_wrong || !own_wrong) g.suspects.push_back(replayer);
-    }
-    std::sort(g.suspects.begin(), g.suspects.end());
-    g.suspects.erase(std::unique(g.suspects.begin(), g.suspects.end()), g.suspects.end());
-  }
-  std::memcpy(grads_.data(), own_gradient.data(), static_cast<size_t>(grads_.bytes()));
+  GradientReplay g = gradient_disputes(std::move(own), std::move(replays));
+  if (g.clean()) return g;
+  // The third computation, into grads_: the step is given up on a settled
+  // dispute, and restore_local_gradient() recomputes this rank's own where
+  // it goes on. Every rank computes one, disputed or not (under ZeRO 3 each
+  // forward gathers over the group).
+  const uint64_t third = local_gradient_hash_of(gradient_settling_target(me, n));
+  local_gradient_spoiled_ = true;
+  std::vector<uint64_t> thirds(static_cast<size_t>(n));
+  dp_group_->all_gather(&third, thirds.data(), 1, DType::kI64)->wait();
+  settle_gradient_disputes(g, thirds);
   return g;
+}
+
+void Trainer::restore_local_gradient() {
+  if (!local_gradient_spoiled_) return;
+  local_gradient_hash_of(dp_rank());
+  local_gradient_spoiled_ = false;
 }
 
 std::string Trainer::flip_gradient_bit() {
