@@ -6,7 +6,14 @@
 //     the step, the evidence holds the ranks' reports, and the job rolls
 //     back to a snapshot taken before the flip: its final parameters are bit
 //     for bit a fault-free run's (`brigade ckpt hash`);
-//   - a clean run that checks after every step raises no alarm;
+//   - under ZeRO 3, a flip in a rank's own slices is caught by their hash
+//     against the one taken after its update;
+//   - a flip in one rank's local gradient before the reduce is caught by a
+//     check step's replay of its peer's micro-batches, and its rank named
+//     (settled by a third rank where there is one); a flip in a rank's
+//     parameters found in such a step names that rank only;
+//   - a clean run that checks after every step raises no alarm, and ends
+//     bit for bit where a run without checks does;
 //   - a NaN loss re-runs the step: once (a passing fault) training goes on
 //     with the same result as a clean run; twice (as bad data would) it
 //     stops, naming the data window and the fix.
@@ -18,6 +25,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -78,9 +86,11 @@ class SilentCorruption : public ::testing::Test {
 // line starts when it names several ranks ("ranks 1 (node 0) and 3").
 // `step`: the steps done when the check failed; `rollback`: the snapshot's
 // or checkpoint's step the job must resume from (-1: step - 1's snapshot).
+// `finding`: words the line must hold instead of a replicas' comparison's.
 std::string expect_sdc_incident(const testing::Output& r, const fs::path& run, int rank, int step,
                                 const std::string& named = "", int rollback = -1,
-                                const std::string& from = "the in-memory snapshot") {
+                                const std::string& from = "the in-memory snapshot",
+                                const std::string& finding = "") {
   EXPECT_EQ(r.status, 0) << r.err;
   const std::string head =
       "brigade launch: incident 1: " + (named.empty() ? "rank " + std::to_string(rank) : named) +
@@ -89,8 +99,10 @@ std::string expect_sdc_incident(const testing::Output& r, const fs::path& run, i
   EXPECT_NE(at, std::string::npos) << r.err;
   if (at == std::string::npos) return "";
   const std::string line = r.err.substr(at + 16, r.err.find('\n', at) - at - 16);
-  EXPECT_NE(line.find(named.empty() ? "differ from those of the" : "no majority"),
-            std::string::npos)
+  EXPECT_NE(
+      line.find(!finding.empty() ? finding
+                                 : (named.empty() ? "differ from those of the" : "no majority")),
+      std::string::npos)
       << line;
   EXPECT_EQ(r.err.find("brigade launch: incident", at + 1), std::string::npos) << r.err;
   std::ifstream in(run / "incidents.jsonl");
@@ -119,11 +131,15 @@ TEST_F(SilentCorruption, TheFlippedRankIsNamedAndTheRollbackEndsBitIdentical) {
   const auto clean = train("clean", {"--nproc", "4", "--set", "diag.sdc_every=1"});
   ASSERT_EQ(clean.status, 0) << clean.err;
   EXPECT_EQ(clean.err.find("silent data corruption"), std::string::npos) << clean.err;
-  for (const auto& [rank, step] : {std::pair{0, 3}, std::pair{3, 8}}) {
+  // And rank 1's flip found in a check step that replays the gradients
+  // (sdc_every 1): the parameters are compared before the replay, which
+  // alone would blame rank 1's replayer as well.
+  for (const auto& [rank, step, every] :
+       {std::tuple{0, 3, "1000"}, std::tuple{3, 8, "1000"}, std::tuple{1, 3, "1"}}) {
     SCOPED_TRACE("rank " + std::to_string(rank) + " step " + std::to_string(step));
     const std::string run = "run" + std::to_string(rank);
     const auto r =
-        train(run, {"--nproc", "4", "--inject",
+        train(run, {"--nproc", "4", "--set", std::string("diag.sdc_every=") + every, "--inject",
                     "sdc:rank=" + std::to_string(rank) + ":step=" + std::to_string(step)});
     expect_sdc_incident(r, dir_.path() / run, rank, step);
     EXPECT_EQ(hash(run), hash("clean"));
@@ -161,12 +177,18 @@ TEST_F(SilentCorruption, ACheckpointIsCheckedBeforeItCommits) {
 }
 
 // ZeRO 2 gathers the updated slices into every rank's whole buffer, which
-// is what the ranks compare; three replicas still have a majority.
+// is what the ranks compare; three replicas still have a majority. Step 4
+// replays the gradients (sdc_every 3): rank 1's flipped parameters make
+// both its own gradient and its replay of rank 2's differ, but the
+// parameters are compared first, and only rank 1 is named.
 TEST_F(SilentCorruption, UnderZero2TheGatheredBufferIsCompared) {
-  const auto clean = train("clean", {"--nproc", "3", "--set", "parallel.zero=2"});
+  const std::vector<std::string> args = {"--nproc",         "3",     "--set",
+                                         "parallel.zero=2", "--set", "diag.sdc_every=3"};
+  const auto clean = train("clean", args);
   ASSERT_EQ(clean.status, 0) << clean.err;
-  const auto r =
-      train("run", {"--nproc", "3", "--set", "parallel.zero=2", "--inject", "sdc:rank=1:step=3"});
+  std::vector<std::string> faulty = args;
+  faulty.insert(faulty.end(), {"--inject", "sdc:rank=1:step=3"});
+  const auto r = train("run", faulty);
   expect_sdc_incident(r, dir_.path() / "run", 1, 3);
   EXPECT_EQ(hash("run"), hash("clean"));
 }
@@ -176,6 +198,9 @@ TEST_F(SilentCorruption, UnderZero2TheGatheredBufferIsCompared) {
 TEST_F(SilentCorruption, UnderTensorParallelismBothReplicasAreNamedAndEveryGroupStops) {
   const auto clean = train("clean", {"--nproc", "4", "--set", "parallel.tp=2"});
   ASSERT_EQ(clean.status, 0) << clean.err;
+  EXPECT_NE(clean.err.find("no gradient replay with tensor or pipeline parallelism"),
+            std::string::npos)
+      << clean.err;
   const auto r =
       train("run", {"--nproc", "4", "--set", "parallel.tp=2", "--inject", "sdc:rank=1:step=3"});
   expect_sdc_incident(r, dir_.path() / "run", 1, 3, "ranks 1 (node 0) and 3");
@@ -185,22 +210,105 @@ TEST_F(SilentCorruption, UnderTensorParallelismBothReplicasAreNamedAndEveryGroup
   EXPECT_EQ(hash("run"), hash("clean"));
 }
 
-// Ten steps compared before every update, under each ZeRO stage that keeps
-// replicas (sdc_slow_test.cc runs 1,000); ZeRO 3 keeps none and says so.
+// Ten steps checked before every update, their gradients replayed in
+// every step, under each ZeRO stage, on three ranks (sdc_slow_test.cc runs
+// 1,000): the recomputations are bit-identical, the slices unchanged
+// between update and check. And the checks leave training as it was: the
+// final parameters are bit for bit those of a run without checks (three
+// ranks, so that a rank reducing its peer's gradient instead of its own
+// would sum the same gradients in another order).
 TEST_F(SilentCorruption, ACleanRunCheckedEveryStepRaisesNoAlarm) {
-  for (const char* zero : {"0", "1", "2", "3"}) {
-    SCOPED_TRACE(std::string("ZeRO ") + zero);
-    const std::string run = std::string("zero") + zero;
-    const auto r =
-        train(run, {"--nproc", "2", "--set", "train.steps=10", "--set", "train.snapshot_every=0",
-                    "--set", "diag.sdc_every=1", "--set", std::string("parallel.zero=") + zero});
+  for (const std::string zero : {"0", "1", "2", "3"}) {
+    SCOPED_TRACE("ZeRO " + zero);
+    const auto run_with = [&](const std::string& run, const std::string& every) {
+      return train(run,
+                   {"--nproc", "3", "--set", "train.steps=10", "--set", "train.snapshot_every=0",
+                    "--set", "diag.sdc_every=" + every, "--set", "parallel.zero=" + zero});
+    };
+    const auto r = run_with("zero" + zero, "1");
     EXPECT_EQ(r.status, 0) << r.err;
     EXPECT_NE(r.err.find("0 incidents"), std::string::npos) << r.err;
     EXPECT_EQ(r.err.find("silent data corruption"), std::string::npos) << r.err;
-    EXPECT_EQ(r.err.find("no replica check under ZeRO 3") != std::string::npos,
-              std::string(zero) == "3")
-        << r.err;
+    EXPECT_EQ(r.err.find("no gradient replay"), std::string::npos) << r.err;
+    EXPECT_EQ(r.err.find("gradient replay off"), std::string::npos) << r.err;
+    if (zero == "0" || zero == "3") {
+      const auto unchecked = run_with("unchecked" + zero, "0");
+      ASSERT_EQ(unchecked.status, 0) << unchecked.err;
+      EXPECT_EQ(hash("zero" + zero), hash("unchecked" + zero));
+    }
   }
+}
+
+// ZeRO 3 holds each slice once: a flip in one after its update (at rest),
+// or at the start of the next forward (which gathers it to every rank), is
+// caught by the rank's own hash of its slices, taken after the update, and
+// the rank is named; the job resumes from the snapshot before.
+TEST_F(SilentCorruption, UnderZero3ARanksOwnSlicesAreCheckedAgainstThemselves) {
+  const std::vector<std::string> zero3 = {"--nproc", "2", "--set", "parallel.zero=3"};
+  const auto clean = train("clean", zero3);
+  ASSERT_EQ(clean.status, 0) << clean.err;
+  const struct {
+    const char* fault;
+    int rank, step;
+  } cases[] = {{"sdc:rank=1:step=3", 1, 3},
+               {"sdc:rank=0:step=4:when=forward", 0, 3},
+               {"sdc:rank=1:step=5:what=moment", 1, 5}};
+  int n = 0;
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.fault);
+    const std::string run = "run" + std::to_string(n++);
+    std::vector<std::string> args = zero3;
+    args.insert(args.end(), {"--inject", c.fault});
+    const auto r = train(run, args);
+    expect_sdc_incident(r, dir_.path() / run, c.rank, c.step, "", -1, "the in-memory snapshot",
+                        "its own parameter and Adam moment slices (ZeRO 3: held by no other "
+                        "rank) changed after the update of step " +
+                            std::to_string(c.step));
+    EXPECT_EQ(hash(run), hash("clean"));
+  }
+}
+
+// A bit flipped in one rank's local gradient before the reduce enters every
+// rank's sum, so the replicas agree on the wrong update. The check step's
+// replay (rank r recomputes rank r + 1's micro-batches) finds the gradient
+// that differs, a third computation names its rank, and the job
+// resumes from before the step: the final parameters are a fault-free
+// run's. ZeRO 0 (all-reduce) and 3 (reduce-scatter, the replay's forward
+// gathering again); sdc_slow_test.cc runs ZeRO 1 and 2.
+TEST_F(SilentCorruption, AFlipInALocalGradientIsFoundByTheReplayAndItsRankNamed) {
+  // ZeRO 0 on three ranks: rank 2, on neither side, settles rank 1's
+  // dispute with rank 0; ZeRO 3 on two: rank 1 recomputes its own.
+  for (const auto& [zero, nproc] : {std::pair{"0", "3"}, std::pair{"3", "2"}}) {
+    SCOPED_TRACE(std::string("ZeRO ") + zero);
+    const std::string run = std::string("zero") + zero;
+    const std::vector<std::string> args = {"--nproc", nproc,
+                                           "--set",   std::string("parallel.zero=") + zero,
+                                           "--set",   "diag.sdc_every=3"};
+    const auto clean = train(run + "clean", args);
+    ASSERT_EQ(clean.status, 0) << clean.err;
+    std::vector<std::string> faulty = args;
+    // Step 4 is the check step after step 3, the 3rd.
+    faulty.insert(faulty.end(), {"--inject", "sdc:rank=1:step=4:what=grad"});
+    const auto r = train(run, faulty);
+    EXPECT_NE(r.err.find("before the reduce"), std::string::npos) << r.err;
+    const std::string line =
+        expect_sdc_incident(r, dir_.path() / run, 1, 3, "", -1, "the in-memory snapshot",
+                            "rank 1's local gradient of step 4 (before the reduce)");
+    EXPECT_NE(line.find("rank 1's own computation was off"), std::string::npos) << line;
+    const std::string settler = std::string(nproc) == "3" ? "2" : "1";
+    EXPECT_NE(line.find("rank " + settler + "'s recomputation"), std::string::npos) << line;
+    EXPECT_EQ(hash(run), hash(run + "clean"));
+  }
+}
+
+// Without data parallelism there is no reduce to corrupt nor a replay to
+// catch it: the fault is refused with the fix, not silently ignored.
+TEST_F(SilentCorruption, AGradientFlipWithoutDataParallelismIsRefused) {
+  const auto r = train("run", {"--inject", "sdc:rank=0:step=2:what=grad"});
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.err.find("this run has no data-parallel group"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("more data-parallel ranks (--nproc)"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(dir_.path() / "run" / "checkpoints" / "step_00000008")) << r.err;
 }
 
 // Under ZeRO 0 the Adam moments are replicas too: a flip in one, which

@@ -340,6 +340,22 @@ TEST(RootCause, WithTwoReplicasSilentCorruptionNamesBothAndSaysWhy) {
   EXPECT_NE(c.line.find("aa on rank 0, bb on rank 1"), std::string::npos) << c.line;
 }
 
+// ZeRO 3's own-slice check and the gradient replay compare no replicas:
+// their finding is the worker's, printed as is after the named rank.
+TEST(RootCause, ACheckThatComparesNoReplicasIsQuotedInItsOwnWords) {
+  IncidentEvidence e = healthy(4);
+  e.ranks.resize(2);
+  CorruptionReport r = corruption_report({"aa", "bb"}, {1}, 7);
+  r.finding = "rank 1's local gradient of step 8 (before the reduce) is off";
+  e.corruption.push_back(r);
+  const RootCause c = find_root_cause(e);
+  EXPECT_EQ(c.kind, "sdc");
+  EXPECT_EQ(c.rank, 1);
+  EXPECT_EQ(c.line,
+            "incident 3: rank 1 (node 0): silent data corruption after step 7: rank 1's local "
+            "gradient of step 8 (before the reduce) is off");
+}
+
 TEST(RootCause, TheCorruptionReportReadsBackFromTheIncidentsDirectory) {
   testing::TempDir run("brigade_root_cause");
   IncidentEvidence e = healthy(5);
@@ -354,11 +370,13 @@ TEST(RootCause, TheCorruptionReportReadsBackFromTheIncidentsDirectory) {
                         {"members", {0, 1, 2, 3}},
                         {"compared", "parameters (28032 floats)"},
                         {"hashes", {"aa", "cc", "aa", "aa"}},
-                        {"suspects", {1}}};
+                        {"suspects", {1}},
+                        {"finding", "its own slices changed"}};
   const RootCause c = find_root_cause(read_incident(dir));
   EXPECT_EQ(c.kind, "sdc");
   EXPECT_EQ(c.rank, 1);
   EXPECT_EQ(c.step, 5);
+  EXPECT_NE(c.line.find("after step 5: its own slices changed"), std::string::npos) << c.line;
   std::ofstream(dir / "sdc_rank2_step5.json") << R"({"world_rank": 2})";
   EXPECT_NE(error_of([&] { read_incident(dir); }).find("not a replica check's report"),
             std::string::npos);

@@ -260,7 +260,23 @@ TEST(FaultInjection, MalformedSpecsAreNamed) {
   EXPECT_NE(error_of("sdc:rank=1:step=2:when=later").find("when= is forward"), std::string::npos);
   EXPECT_NE(error_of("kill:rank=1:step=2:when=forward").find("unknown or repeated key 'when'"),
             std::string::npos);
-  EXPECT_NE(error_of("sdc:rank=1:step=2:what=grad").find("what= is moment"), std::string::npos);
+  EXPECT_NE(error_of("sdc:rank=1:step=2:what=param").find("what= is moment"), std::string::npos);
+  EXPECT_NE(error_of("sdc:rank=1:step=2:what=grad:when=forward").find("when= does not apply"),
+            std::string::npos);
+}
+
+// A flip in the local gradient happens inside its step, between backward
+// and reduce: the trainer's, not the loop's after the step.
+TEST(FaultInjection, AGradientFlipIsRaisedInsideItsStep) {
+  const auto faults = parse_faults("sdc:rank=1:step=4:what=grad");
+  ASSERT_EQ(faults.size(), 1u);
+  EXPECT_TRUE(faults[0].in_grad);
+  EXPECT_FALSE(faults[0].in_moment || faults[0].in_forward);
+  EXPECT_EQ(fault_after_step(faults, 1, 0, 4), nullptr);
+  const auto in_step = in_step_faults(faults, 1, 0);
+  ASSERT_EQ(in_step.size(), 1u);
+  EXPECT_EQ(in_step[0].step, 4);
+  EXPECT_TRUE(in_step_faults(faults, 1, 1).empty()) << "a restart must not re-inject";
 }
 
 // The agent's request for evidence is answered by the heartbeat thread

@@ -1,7 +1,8 @@
 // The replica check's parts (parallel/replica_check.h): one flipped bit
 // changes the hash, and the odd replica is found by majority, or, with no
 // majority, every replica is named. The check between live ranks, with the
-// rank and step in the incident line, runs in tests/cli/sdc_test.cc.
+// rank and step in the incident line, runs in tests/cli/sdc_test.cc. And
+// the gradient replay's verdict: who is named for which disagreement.
 #include "brigade/parallel/replica_check.h"
 
 #include <gtest/gtest.h>
@@ -10,6 +11,7 @@
 #include <bit>
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <vector>
 
 namespace brigade {
@@ -66,6 +68,101 @@ TEST(ReplicaCheck, WithoutAMajorityEveryReplicaIsNamed) {
   EXPECT_EQ(odd_replicas({7, 9}), (std::vector<int>{0, 1}));
   EXPECT_EQ(odd_replicas({7, 9, 9, 7}), (std::vector<int>{0, 1, 2, 3}));
   EXPECT_EQ(odd_replicas({1, 2, 3}), (std::vector<int>{0, 1, 2}));
+}
+
+// The gradient replay's verdict from the hashes a group of n ranks would
+// compute: `compute(device, data)` is what rank `device` gets for rank
+// `data`'s micro-batches (its own: device == data).
+template <typename Compute>
+GradientReplay replay_verdict(int n, Compute compute) {
+  std::vector<uint64_t> own, replayed, thirds;
+  for (int r = 0; r < n; ++r) {
+    own.push_back(compute(r, r));
+    replayed.push_back(compute(r, (r + 1) % n));
+  }
+  GradientReplay g = gradient_disputes(own, replayed);
+  if (g.clean()) return g;
+  for (int s = 0; s < n; ++s) thirds.push_back(compute(s, gradient_settling_target(s, n)));
+  settle_gradient_disputes(g, thirds);
+  return g;
+}
+
+TEST(GradientReplay, AgreeingComputationsRaiseNoDispute) {
+  for (int n : {2, 3, 5}) {
+    EXPECT_TRUE(replay_verdict(n, [](int, int data) { return uint64_t(100 + data); }).clean());
+  }
+}
+
+// A passing fault in one rank's own gradient: its replayer and the third
+// computation agree against it.
+TEST(GradientReplay, AFlippedOwnGradientNamesItsRank) {
+  for (int n : {2, 3, 4}) {
+    SCOPED_TRACE(n);
+    bool struck = false;
+    const GradientReplay g = replay_verdict(n, [&](int device, int data) {
+      if (device == 1 && data == 1 && !struck) {
+        struck = true;
+        return uint64_t{7};
+      }
+      return uint64_t(100 + data);
+    });
+    ASSERT_EQ(g.disputes.size(), 1u);
+    EXPECT_TRUE(g.disputes[0].own_off && !g.disputes[0].replay_off);
+    EXPECT_EQ(g.suspects, std::vector<int>{1});
+  }
+}
+
+// A passing fault in a replay: the third computation agrees with the
+// rank's own gradient, and the replayer is named.
+TEST(GradientReplay, AReplayThatWasOffNamesTheReplayer) {
+  for (int n : {2, 3, 4}) {
+    SCOPED_TRACE(n);
+    bool struck = false;
+    const GradientReplay g = replay_verdict(n, [&](int device, int data) {
+      if (device == 0 && data == 1 && !struck) {
+        struck = true;
+        return uint64_t{7};
+      }
+      return uint64_t(100 + data);
+    });
+    ASSERT_EQ(g.disputes.size(), 1u);
+    EXPECT_EQ(g.disputes[0].rank, 1);
+    EXPECT_TRUE(g.disputes[0].replay_off && !g.disputes[0].own_off);
+    EXPECT_EQ(g.suspects, std::vector<int>{0});
+  }
+}
+
+// A device that computes wrong every time disputes both its own gradient
+// and its replay of its peer's. With three ranks or more a rank on neither
+// side settles each, and only that device is named; with two nothing can,
+// and nobody is named (the caller turns the replay off).
+TEST(GradientReplay, ADeviceWrongEveryTimeIsOutvotedWhereAThirdRankExists) {
+  for (int n : {3, 4, 5}) {
+    for (int bad = 0; bad < n; ++bad) {
+      SCOPED_TRACE(std::to_string(n) + " ranks, bad " + std::to_string(bad));
+      const GradientReplay g = replay_verdict(n, [&](int device, int data) {
+        return uint64_t(100 + data + (device == bad ? 1000 : 0));
+      });
+      EXPECT_EQ(g.disputes.size(), 2u);
+      EXPECT_EQ(g.suspects, std::vector<int>{bad});
+    }
+  }
+  const GradientReplay two = replay_verdict(
+      2, [](int device, int data) { return uint64_t(100 + data + (device == 1 ? 1000 : 0)); });
+  EXPECT_EQ(two.disputes.size(), 2u);
+  EXPECT_TRUE(two.suspects.empty());
+}
+
+// Every computation different (non-deterministic kernels): nothing settles.
+TEST(GradientReplay, ComputationsThatNeverAgreeSettleNothing) {
+  for (int n : {2, 3, 4}) {
+    SCOPED_TRACE(n);
+    uint64_t counter = 0;
+    const GradientReplay g = replay_verdict(n, [&](int, int) { return ++counter; });
+    EXPECT_EQ(g.disputes.size(), static_cast<size_t>(n));
+    EXPECT_TRUE(g.suspects.empty());
+    for (const GradientReplay::Dispute& d : g.disputes) EXPECT_FALSE(d.settled());
+  }
 }
 
 }  // namespace BRIGADE_TEST_FILE

@@ -268,9 +268,22 @@ void run_train(const std::string& config_path, const std::vector<std::string>& o
   };
   const int64_t slow_factor = elastic::slow_factor(faults, world_rank, generation);
   Trainer trainer(model, options, groups.view());
+  for (const elastic::InjectedFault& f : faults) {
+    // Every rank refuses it, so none waits for another in a collective.
+    if (f.in_grad && trainer.dp_size() <= 1) {
+      throw_error(
+          "--inject sdc:rank={}:step={}:what=grad flips a bit of a rank's local gradient before "
+          "the data-parallel reduce, and this run has no data-parallel group (one replica of "
+          "the model): there is no reduce to corrupt and no replay to catch it; run it with "
+          "more data-parallel ranks (--nproc) or leave what=grad out",
+          f.rank, f.step);
+    }
+  }
   for (const elastic::InjectedFault& f : elastic::in_step_faults(faults, world_rank, generation)) {
     if (f.kind == elastic::InjectedFault::Kind::kNan) {
       trainer.poison_loss(f.step - 1, static_cast<int>(f.times));
+    } else if (f.in_grad) {
+      trainer.flip_gradient_before_reduce(f.step - 1);
     } else {
       trainer.flip_bit_before_forward(f.step - 1);
     }
@@ -473,12 +486,13 @@ void add_train_command(CLI::App& app) {
                   "With --nproc: after a worker crashes or hangs, restart the workers from the "
                   "newest checkpoint up to N times (sets elastic.max_restarts, default 3)")
       ->check(CLI::Range(0, 1000));
-  cmd->add_option("--inject", *inject,
-                  "Faults to raise, for tests: kill:rank=R:step=S[:gen=G], stop:..., skip:..., "
-                  "mismatch:..., sdc:...[:when=forward], nan:rank=R:step=S[:times=N] or "
-                  "slow:rank=R:factor=F, and with --nproc random ones, "
-                  "chaos:mtbf=SECONDS[:kinds=kill+stop][:seed=N]; comma separated (sets "
-                  "elastic.inject)");
+  cmd->add_option(
+      "--inject", *inject,
+      "Faults to raise, for tests: kill:rank=R:step=S[:gen=G], stop:..., skip:..., "
+      "mismatch:..., sdc:...[:when=forward][:what=moment|grad], nan:rank=R:step=S[:times=N] or "
+      "slow:rank=R:factor=F, and with --nproc random ones, "
+      "chaos:mtbf=SECONDS[:kinds=kill+stop][:seed=N]; comma separated (sets "
+      "elastic.inject)");
   cmd->add_option("--metrics", *metrics,
                   "With --nproc: where the launcher serves /metrics for Prometheus, HOST:PORT "
                   "(port 0 picks a free one and prints it) or off (sets diag.metrics, default "

@@ -347,6 +347,11 @@ std::optional<RootCause> corruption(const IncidentEvidence& evidence) {
   };
   const std::string head =
       fmt::format("incident {}: {}", evidence.number, ranks_with_nodes(evidence, report.suspects));
+  if (!report.finding.empty()) {
+    c.line = fmt::format("{}: silent data corruption after step {}: {}", head, report.step,
+                         report.finding);
+    return c;
+  }
   if (report.suspects.size() == report.members.size()) {
     std::string seen;
     for (int rank : report.members) {
@@ -538,6 +543,7 @@ IncidentEvidence read_incident(const fs::path& dir) {
       r.members = j.at("members").get<std::vector<int>>();
       r.hashes = j.at("hashes").get<std::vector<std::string>>();
       r.suspects = j.at("suspects").get<std::vector<int>>();
+      r.finding = j.value("finding", std::string());
       e.corruption.push_back(std::move(r));
     } catch (const nlohmann::json::exception& ex) {
       throw_error("{} is not a replica check's report ({}): the evidence is damaged", path.string(),

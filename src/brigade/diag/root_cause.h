@@ -80,6 +80,9 @@ struct CorruptionReport {
   std::vector<int> members;         // world ranks, by group rank
   std::vector<std::string> hashes;  // by group rank
   std::vector<int> suspects;        // world ranks
+  // The check's own words, for the checks that are not a comparison of
+  // replicas (ZeRO 3's slices against themselves, the gradient replay).
+  std::string finding;
 };
 
 struct IncidentEvidence {

@@ -18,7 +18,7 @@ namespace {
 
 constexpr const char* kForm =
     "KIND:rank=R:step=S[:gen=G] with KIND kill, stop, skip, mismatch or sdc, "
-    "sdc:rank=R:step=S[:when=forward][:what=moment], nan:rank=R:step=S[:times=N][:gen=G], "
+    "sdc:rank=R:step=S[:when=forward][:what=moment|grad], nan:rank=R:step=S[:times=N][:gen=G], "
     "slow:rank=R:factor=F[:gen=G], or "
     "chaos:mtbf=SECONDS[:kinds=kill+stop+partition+kill-agent][:seed=N], several "
     "separated by commas (for example "
@@ -96,14 +96,16 @@ InjectedFault parse_one(std::string_view text) {
       has_when = true;
       continue;
     }
-    if (key == "what" && sdc && !fault.in_moment) {
-      if (fields[i].substr(eq + 1) != "moment") {
+    if (key == "what" && sdc && !fault.in_moment && !fault.in_grad) {
+      const std::string_view what = fields[i].substr(eq + 1);
+      if (what != "moment" && what != "grad") {
         throw_error(
-            "fault '{}': what= is moment (a bit of an Adam moment, not a parameter), not "
-            "'{}'; the form is {}",
-            text, fields[i].substr(eq + 1), kForm);
+            "fault '{}': what= is moment (a bit of an Adam moment, not a parameter) or grad (a "
+            "bit of the rank's local gradient, before the reduce), not '{}'; the form is {}",
+            text, what, kForm);
       }
-      fault.in_moment = true;
+      fault.in_moment = what == "moment";
+      fault.in_grad = what == "grad";
       continue;
     }
     if (key == "when" || key == "what") {
@@ -133,6 +135,12 @@ InjectedFault parse_one(std::string_view text) {
       throw_error("fault '{}' needs rank= and factor= (1 or more); the form is {}", text, kForm);
     }
     return fault;
+  }
+  if (fault.in_grad && fault.in_forward) {
+    throw_error(
+        "fault '{}': what=grad flips the local gradient after the step's backward; when= does not "
+        "apply to it (leave it out); the form is {}",
+        text, kForm);
   }
   if (nan && fault.times < 1) {
     throw_error("fault '{}': times= wants 1 or more NaN losses; the form is {}", text, kForm);
@@ -330,7 +338,8 @@ const InjectedFault* fault_after_step(const std::vector<InjectedFault>& faults, 
                                       int64_t generation, int64_t step) {
   for (const InjectedFault& f : faults) {
     if (f.kind != InjectedFault::Kind::kSlow && f.kind != InjectedFault::Kind::kNan &&
-        !f.in_forward && f.rank == rank && f.generation == generation && f.step == step) {
+        !f.in_forward && !f.in_grad && f.rank == rank && f.generation == generation &&
+        f.step == step) {
       return &f;
     }
   }
@@ -341,7 +350,7 @@ std::vector<InjectedFault> in_step_faults(const std::vector<InjectedFault>& faul
                                           int64_t generation) {
   std::vector<InjectedFault> out;
   for (const InjectedFault& f : faults) {
-    if ((f.kind == InjectedFault::Kind::kNan || f.in_forward) && f.rank == rank &&
+    if ((f.kind == InjectedFault::Kind::kNan || f.in_forward || f.in_grad) && f.rank == rank &&
         f.generation == generation) {
       out.push_back(f);
     }

@@ -13,6 +13,12 @@
 //                               forward, while the snapshot of step 4 may be
 //                               reading the parameters
 //   sdc:rank=1:step=5:what=moment  the flip in an Adam moment instead
+//   sdc:rank=1:step=5:what=grad    the flip in rank 1's local gradient of
+//                               step 5, after its backward and before the
+//                               reduce spreads it into every rank's sum
+//                               (caught only in a check step, by its
+//                               gradient replay: train/silent_corruption.h;
+//                               refused without data parallelism)
 //   nan:rank=1:step=5[:times=2] rank 1's loss of step 5 is NaN, on its first
 //                               computation only (a passing fault: the step's
 //                               re-run is clean) or `times` of them (2: the re-run
@@ -101,6 +107,7 @@ struct InjectedFault {
   int64_t times = 1;        // nan: how many of the step's loss computations are NaN
   bool in_forward = false;  // sdc: during step's forward, not after its update
   bool in_moment = false;   // sdc: in an Adam moment, not a parameter
+  bool in_grad = false;     // sdc: in the step's local gradient, before the reduce
 };
 
 // Throws Error naming the malformed part and the expected form. A chaos
@@ -179,7 +186,7 @@ struct NodeFault {
 // malformed part, or a worker's fault (kill, stop, ...: brigade train's).
 std::vector<NodeFault> parse_node_faults(std::string_view spec);
 
-// The kill, stop, skip, mismatch or sdc (not when=forward) planned for
+// The kill, stop, skip, mismatch or sdc (not when=forward nor what=grad) planned for
 // `rank` right after `step` in `generation`, or null.
 const InjectedFault* fault_after_step(const std::vector<InjectedFault>& faults, int rank,
                                       int64_t generation, int64_t step);
@@ -187,8 +194,8 @@ const InjectedFault* fault_after_step(const std::vector<InjectedFault>& faults, 
 // The slow fault's factor for `rank` in `generation`: 1 when none.
 int64_t slow_factor(const std::vector<InjectedFault>& faults, int rank, int64_t generation);
 
-// The faults the trainer raises inside a step (nan, sdc with when=forward)
-// planned for `rank` in `generation`.
+// The faults the trainer raises inside a step (nan, sdc with when=forward or
+// what=grad) planned for `rank` in `generation`.
 std::vector<InjectedFault> in_step_faults(const std::vector<InjectedFault>& faults, int rank,
                                           int64_t generation);
 

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <map>
+#include <utility>
 #include <vector>
 
 #include "brigade/comm/communicator.h"
@@ -49,6 +50,43 @@ std::vector<int> odd_replicas(const std::vector<uint64_t>& hashes) {
     if (holders > 1 || hashes[static_cast<size_t>(r)] != majority) odd.push_back(r);
   }
   return odd;
+}
+
+GradientReplay gradient_disputes(std::vector<uint64_t> own, std::vector<uint64_t> replayed) {
+  GradientReplay g;
+  g.own = std::move(own);
+  g.replayed = std::move(replayed);
+  const int n = static_cast<int>(g.own.size());
+  for (int r = 0; r < n; ++r) {
+    const int replayer = (r + n - 1) % n;
+    if (g.own[static_cast<size_t>(r)] == g.replayed[static_cast<size_t>(replayer)]) continue;
+    g.disputes.push_back({r, replayer, n >= 3 ? (r + 1) % n : r, 0, false, false});
+  }
+  return g;
+}
+
+int gradient_settling_target(int me, int n) {
+  return n >= 3 ? (me + n - 1) % n : me;
+}
+
+void settle_gradient_disputes(GradientReplay& g, const std::vector<uint64_t>& thirds) {
+  for (GradientReplay::Dispute& d : g.disputes) {
+    d.third = thirds[static_cast<size_t>(d.settler)];
+    d.own_off = d.third == g.replayed[static_cast<size_t>(d.replayer)];
+    d.replay_off = d.third == g.own[static_cast<size_t>(d.rank)];
+  }
+  // With two ranks, each disputing the other's: each rank's computations
+  // agree with themselves and not with the other's, and no third rank says
+  // which device is off (or whether they merely compute differently).
+  if (g.own.size() == 2 && g.disputes.size() == 2) {
+    for (GradientReplay::Dispute& d : g.disputes) d.own_off = d.replay_off = false;
+  }
+  g.suspects.clear();
+  for (const GradientReplay::Dispute& d : g.disputes) {
+    if (d.settled()) g.suspects.push_back(d.own_off ? d.rank : d.replayer);
+  }
+  std::sort(g.suspects.begin(), g.suspects.end());
+  g.suspects.erase(std::unique(g.suspects.begin(), g.suspects.end()), g.suspects.end());
 }
 
 ReplicaComparison compare_replicas(Communicator& group, uint64_t mine) {

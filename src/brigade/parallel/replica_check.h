@@ -43,6 +43,45 @@ struct ReplicaComparison {
   bool clean() const { return suspects.empty(); }
 };
 
+// Trainer::replay_gradients' verdict, by rank of the data-parallel group.
+// Rank r's gradient is disputed when its own hash differs from its
+// replayer's (rank (r - 1) % n recomputed r's micro-batches). A third
+// computation settles it: by rank (r + 1) % n when n >= 3 (neither side of
+// the dispute, so a device that computes wrong every time is outvoted, not
+// believed), by r itself when n is 2 (the only other rank is the replayer).
+struct GradientReplay {
+  struct Dispute {
+    int rank = 0;      // whose gradient
+    int replayer = 0;  // (rank - 1) % n
+    int settler = 0;   // who computed `third`
+    uint64_t third = 0;
+    // Which side the third computation agrees with; neither: unsettled.
+    bool own_off = false;
+    bool replay_off = false;
+    bool settled() const { return own_off != replay_off; }
+  };
+  std::vector<uint64_t> own;       // each rank's local gradient of the step
+  std::vector<uint64_t> replayed;  // rank r's recomputation of rank (r + 1) % n's
+  std::vector<Dispute> disputes;
+  // Group ranks named by the settled disputes. Empty with disputes left:
+  // nothing settles which side was off (kernel non-determinism across or
+  // within ranks, or faults that cannot be told from it).
+  std::vector<int> suspects;
+  bool clean() const { return disputes.empty(); }
+};
+
+// The disputes of a replay (`own` and `replayed` by group rank), their
+// settlers chosen, nothing settled yet.
+GradientReplay gradient_disputes(std::vector<uint64_t> own, std::vector<uint64_t> replayed);
+// Whose micro-batches group rank `me` of `n` recomputes for the third
+// computation: rank me - 1's (it settles that rank's dispute) with n >= 3,
+// its own with 2. Every rank computes one when there is any dispute.
+int gradient_settling_target(int me, int n);
+// Settles g's disputes from every rank's third computation (`thirds`, by
+// group rank, of gradient_settling_target's micro-batches) and names the
+// suspects. With two ranks disputing each other's, nothing is settled.
+void settle_gradient_disputes(GradientReplay& g, const std::vector<uint64_t>& thirds);
+
 // Collective over `group`: every rank passes its hash and gets every rank's
 // (one all-gather of 8 bytes each) and the same verdict.
 ReplicaComparison compare_replicas(Communicator& group, uint64_t mine);

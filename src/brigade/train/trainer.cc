@@ -348,7 +348,16 @@ double Trainer::global_grad_norm() {
 StepMetrics Trainer::forward_backward() {
   const int64_t b = options_.micro_batch, t = model_config().block_size;
   const int64_t accum = options_.grad_accum;
-  if (zero_ >= 2) {
+  // A check step's gradient replay (or a gradient flip to inject) needs
+  // the local gradients whole before any of them is reduced: the reduce
+  // then follows the backward instead of overlapping it. The replay of the
+  // peer's micro-batches goes first, in the same buffer, so that no second
+  // gradient buffer is held for it.
+  const bool flip_gradient = grad_sync_ && flip_grad_step_ == step_;
+  const bool local_check = grad_sync_ && local_gradients_due_ && local_gradients_due_();
+  const bool reduce_after = flip_gradient || local_check;
+  if (local_check) replayed_peer_ = replay_peer_gradient();
+  if (zero_ >= 2 && !local_check) {
     // Only the owned slices hold values; the rest was released as zeros.
     for (const Slice& slice : optimizer_->slices()) {
       std::fill(grads_.data() + slice.begin, grads_.data() + slice.end, 0.0f);
@@ -366,11 +375,11 @@ StepMetrics Trainer::forward_backward() {
     const StepClock::Section data(clock_, StepPart::kData);
     fill_batch(first_sample + micro * b, b);
   };
-  const auto arm = [sync = grad_sync_.get()] {
+  const auto arm = [sync = reduce_after ? nullptr : grad_sync_.get()] {
     if (sync) sync->arm();
   };
   Gpt::GradReadyHook hook;
-  if (grad_sync_) {
+  if (grad_sync_ && !reduce_after) {
     hook = [sync = grad_sync_.get(), hold = tied_end_](int64_t from) {
       sync->on_ready(std::max(from, hold));
     };
@@ -388,6 +397,22 @@ StepMetrics Trainer::forward_backward() {
     const StepClock::Section comm(clock_, StepPart::kComm);
     const int64_t wte = layout().wte();
     stage_->sum_tied_gradients(grads_.data() + wte, tied_numel(layout()));
+  }
+  if (reduce_after) {
+    if (flip_gradient) {
+      flip_grad_step_ = -1;
+      std::fprintf(stderr, "brigade train: flipped a bit of %s before the reduce\n",
+                   flip_gradient_bit().c_str());
+    }
+    if (local_check) {
+      local_gradients_check_();
+      // A check that found a disagreement throws; one that let the step go
+      // on must have given this rank's own gradient back.
+      BRIGADE_CHECK(!local_gradient_spoiled_,
+                    "the gradient replay left the step's gradient "
+                    "overwritten");
+    }
+    grad_sync_->arm();  // finish() below reduces every bucket
   }
   StepMetrics m;
   m.step = step_;
@@ -485,6 +510,7 @@ StepMetrics Trainer::train_step() {
     m.exposed_comm_ms += static_cast<double>(now_ns() - gather_start) * 1e-6;
   }
   ++step_;
+  if (after_update_) after_update_();
   m.step_ms = sw.elapsed_ms();
   m.compute_ms = m.step_ms - m.exposed_comm_ms;
   m.tokens_per_s = static_cast<double>(tokens_per_step()) / (m.step_ms * 1e-3);

@@ -143,11 +143,36 @@ class Trainer {
   // both Adam moments too (ZeRO 1/2 shard them: each slice exists once).
   // ZeRO 3 holds no replica at all, so there is nothing to compare.
   ReplicaComparison compare_replicas();
-  // Whether diag.sdc_every's replica check runs (train/silent_corruption.h):
-  // dp > 1 under ZeRO 0-2 (ZeRO 3 holds no replica) and sdc_every > 0.
+  // Whether diag.sdc_every's checks run (train/silent_corruption.h): dp > 1
+  // and sdc_every > 0 (replicas compared under ZeRO 0-2; under ZeRO 3,
+  // which holds no replica, each rank's own slices against themselves).
   bool replica_checks_on() const;
-  // The snapshots kept: 1, or 2 under replica checks, since a failed check
-  // discards the newest (discard_saves) and the rollback needs the one before.
+  // ZeRO 3: a hash of what exists on this rank only between steps: its
+  // slices of the parameters and of both Adam moments.
+  uint64_t owned_state_hash() const;
+  // Collective over the data-parallel group, called between a check step's
+  // backward and its reduce (on_local_gradients). Before that backward,
+  // forward_backward recomputed dp rank (r + 1) % dp's micro-batches of the
+  // step from the same parameters into the gradient buffer and kept their
+  // hash (replay_peer_gradient); this compares each rank's own gradient's
+  // hash with its replayer's. A disagreement is settled by a third
+  // computation (GradientReplay), which overwrites the local gradient: the
+  // caller then either stops the step (throws) or calls
+  // restore_local_gradient() before the reduce.
+  GradientReplay replay_gradients() { return replay_gradients(replayed_peer_); }
+  // Recomputes this rank's own local gradient after replay_gradients
+  // overwrote it (collective under ZeRO 3, like every forward); no-op when
+  // it did not.
+  void restore_local_gradient();
+  // Whether the replay can run: data parallelism without tensor or
+  // pipeline parallelism (their forward is collective over other groups).
+  bool gradient_replay_supported() const {
+    return dp_size() > 1 && tp_size() == 1 && pp_size() == 1;
+  }
+  // The snapshots kept: 1, or 2 while diag.sdc_every's checks run (ZeRO 3's
+  // own-slice check included, so ZeRO 3 with checks needs room for three
+  // copies in the snapshot area, not two), since a failed check discards
+  // the newest (discard_saves) and the rollback needs the one before.
   int64_t snapshots_kept() const { return replica_checks_on() ? 2 : 1; }
   // After a failed replica check of the state after `step` steps, on every
   // rank: gives up the saves in flight, and (world rank 0) removes that
@@ -158,6 +183,17 @@ class Trainer {
   // Runs `check` in every train_step right before the update, once an
   // unstaged snapshot has been read (train/silent_corruption.h). Empty: none.
   void on_before_update(std::function<void()> check) { before_update_ = std::move(check); }
+  // Runs `record` right after every update (ZeRO 1/2: after the gather).
+  void on_after_update(std::function<void()> record) { after_update_ = std::move(record); }
+  // In every forward_backward where due() says so: the peer's micro-batches
+  // are replayed first (replay_peer_gradient), the own gradients are not
+  // reduced during the backward but after it, and `check` runs in between
+  // (replay_gradients; it throws or leaves the own gradient in place).
+  // Empty: none.
+  void on_local_gradients(std::function<bool()> due, std::function<void()> check) {
+    local_gradients_due_ = std::move(due);
+    local_gradients_check_ = std::move(check);
+  }
   // Fault injection (elastic/fault_injection.h): flips a bit of one
   // parameter this rank owns, or of its first Adam moment (returns its name
   // and offset), now or at the
@@ -165,6 +201,9 @@ class Trainer {
   // losses of step `step` on this rank NaN.
   std::string flip_parameter_bit(bool in_moment = false);
   void flip_bit_before_forward(int64_t step) { flip_step_ = step; }
+  // ... or of this rank's local gradient of step `step` (0-based) before
+  // the reduce (that step's backward then reduces after it ends).
+  void flip_gradient_before_reduce(int64_t step) { flip_grad_step_ = step; }
   void poison_loss(int64_t step, int times);
   // Mean validation loss over options.eval_windows windows (all if 0).
   double evaluate();
@@ -298,6 +337,20 @@ class Trainer {
   int64_t step_ = 0;
   StepClock clock_;
   std::function<void()> before_update_;
+  std::function<void()> after_update_;
+  std::function<bool()> local_gradients_due_;
+  std::function<void()> local_gradients_check_;
+  int64_t flip_grad_step_ = -1;
+  // Forward and backward of dp rank `rank`'s micro-batches of this step into
+  // grads_, zeroed first, without reducing; returns their hash.
+  uint64_t local_gradient_hash_of(int rank);
+  uint64_t replay_peer_gradient();
+  GradientReplay replay_gradients(uint64_t replayed);
+  uint64_t replayed_peer_ = 0;  // this check step's replay_peer_gradient()
+  // replay_gradients' third computation overwrote this rank's own gradient.
+  bool local_gradient_spoiled_ = false;
+  // Flips the top mantissa bit of the first non-zero local gradient element.
+  std::string flip_gradient_bit();
   double local_loss_ = 0;  // this dp rank's loss sum of the last forward_backward
   int64_t flip_step_ = -1;
   int64_t poisoned_step_ = -1;

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "brigade/ckpt/checkpoint.h"
@@ -23,7 +24,79 @@ namespace brigade {
 namespace fs = std::filesystem;
 
 bool Trainer::replica_checks_on() const {
-  return options_.sdc_every > 0 && dp_size() > 1 && zero_ < 3;
+  return options_.sdc_every > 0 && dp_size() > 1;
+}
+
+uint64_t Trainer::owned_state_hash() const {
+  std::vector<uint64_t> hashes;
+  for (const FlatRange& slice : plan_->owned(dp_rank())) {
+    hashes.push_back(hash_floats(params_.data() + slice.begin, slice.size()));
+  }
+  hashes.push_back(hash_floats(optimizer_->m().data(), optimizer_->m().size()));
+  hashes.push_back(hash_floats(optimizer_->v().data(), optimizer_->v().size()));
+  return combine_hashes(hashes);
+}
+
+uint64_t Trainer::local_gradient_hash_of(int rank) {
+  const int64_t b = options_.micro_batch, t = model_config().block_size;
+  const int64_t first = rank * b * options_.grad_accum;
+  const float loss_scale = 1.0f / static_cast<float>(options_.global_batch() * t);
+  grads_.zero();
+  stage_->run([&](int64_t micro) { fill_batch(first + micro * b, b); }, inputs_.data(),
+              targets_.data(), b, t, loss_scale, {}, {});
+  return hash_floats(grads_.data(), grads_.size());
+}
+
+uint64_t Trainer::replay_peer_gradient() {
+  BRIGADE_CHECK(gradient_replay_supported());
+  return local_gradient_hash_of((dp_rank() + 1) % dp_size());
+}
+
+GradientReplay Trainer::replay_gradients(uint64_t replayed) {
+  BRIGADE_CHECK(gradient_replay_supported());
+  const int n = dp_size(), me = dp_rank();
+  const uint64_t mine[2] = {hash_floats(grads_.data(), grads_.size()), replayed};
+  std::vector<uint64_t> all(2 * static_cast<size_t>(n));
+  dp_group_->all_gather(mine, all.data(), 2, DType::kI64)->wait();
+  std::vector<uint64_t> own, replays;
+  for (int r = 0; r < n; ++r) {
+    own.push_back(all[2 * static_cast<size_t>(r)]);
+    replays.push_back(all[2 * static_cast<size_t>(r) + 1]);
+  }
+  GradientReplay g = gradient_disputes(std::move(own), std::move(replays));
+  if (g.clean()) return g;
+  // The third computation, into grads_: the step is given up on a settled
+  // dispute, and restore_local_gradient() recomputes this rank's own where
+  // it goes on. Every rank computes one, disputed or not (under ZeRO 3 each
+  // forward gathers over the group).
+  const uint64_t third = local_gradient_hash_of(gradient_settling_target(me, n));
+  local_gradient_spoiled_ = true;
+  std::vector<uint64_t> thirds(static_cast<size_t>(n));
+  dp_group_->all_gather(&third, thirds.data(), 1, DType::kI64)->wait();
+  settle_gradient_disputes(g, thirds);
+  return g;
+}
+
+void Trainer::restore_local_gradient() {
+  if (!local_gradient_spoiled_) return;
+  local_gradient_hash_of(dp_rank());
+  local_gradient_spoiled_ = false;
+}
+
+std::string Trainer::flip_gradient_bit() {
+  for (const ParamInfo& p : layout().params()) {
+    for (int64_t i = 0; i < p.numel; ++i) {
+      float* value = grads_.data() + p.offset + i;
+      if (*value == 0.0f) continue;
+      uint32_t bits = 0;
+      std::memcpy(&bits, value, sizeof(bits));
+      bits ^= 1u << 22;
+      std::memcpy(value, &bits, sizeof(bits));
+      return fmt::format("the local gradient of {} element {} (flat offset {})", p.name, i,
+                         p.offset + i);
+    }
+  }
+  throw_error("rank {} has no non-zero local gradient element to corrupt", dp_rank());
 }
 
 void Trainer::discard_saves(int64_t step) {

@@ -62,4 +62,9 @@ std::string gemm_backend() {
                      dnnl_isa_name(dnnl_get_effective_cpu_isa()));
 }
 
+int64_t gemm_isa() {
+  ensure_limited();
+  return static_cast<int64_t>(dnnl_get_effective_cpu_isa());
+}
+
 }  // namespace brigade::cpu

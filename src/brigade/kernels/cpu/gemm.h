@@ -25,5 +25,9 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alp
 
 // "oneDNN 2.6.3, avx512_core" (the library and the ISA it generates code for).
 std::string gemm_backend();
+// oneDNN's effective ISA (a dnnl_cpu_isa_t): which code its GEMMs run, and
+// so their reduction order. Ranks that recompute each other's gradients
+// bit for bit must agree on it (train/silent_corruption.h).
+int64_t gemm_isa();
 
 }  // namespace brigade::cpu
