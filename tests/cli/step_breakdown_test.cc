@@ -3,8 +3,9 @@
 // part) to metrics.jsonl. The steps' windows add up to the loop's own
 // time, measured apart (loop_ms), "other" (what no section claims) stays
 // small on every rank, every rank updates its parameters, only the
-// pipeline has a bubble, and data parallelism waits on communication; the
-// progress line shows the shares.
+// pipeline has a bubble (1F1B's on each stage about equal, the last
+// stage's wait for the first's drain counted), and data parallelism waits
+// on communication; the progress line shows the shares.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -157,6 +158,52 @@ TEST(StepBreakdown, PipelinePartsAddUpWithABubbleOnEveryStage) {
       EXPECT_GT(bubble.get<double>(), 0) << line;
     }
   }
+}
+
+// 1F1B over 2 stages, m = grad_accum = 2, the first stage 3 blocks and the
+// last 1: with the first's forward F and backward B = 2F per micro-batch,
+// and the last's a third of those, the last stage idles for 4F of the
+// first's 6F of work per step (its fill, F, then waiting for the second
+// activation, and the drain, the first's last backward, B, which it waits
+// out at the step's end in the losses' sum). Were the drain counted as
+// communication it would be about F of 6F. The last stage's bubble over
+// the first's compute, per step (the first's compute is what the last
+// waits on, so a loaded machine slowing the first lengthens both):
+// 0.58-0.68 measured on a machine loaded 7x, 0.23-0.40 with the drain
+// counted as comm; the median over the steps, against a bound between.
+TEST(StepBreakdown, PipelineLastStageWaitsOutTheFirstsDrainAsBubble) {
+  testing::TempDir dir("brigade_breakdown");
+  const fs::path run = dir.path() / "run";
+  const fs::path config = dir.path() / "config.toml";
+  std::ofstream(config) << kConfig;
+  const auto result =
+      run_brigade({"train", "--nproc", "2", config.string(), "--set", "parallel.pp=2", "--set",
+                   "model.n_layer=4", "--set", "parallel.stage_layers=[3,1]", "--set",
+                   "train.run_dir=\"" + run.string() + "\""});
+  ASSERT_EQ(result.status, 0) << result.err;
+  const Totals t = check_breakdowns(run, 2);
+  EXPECT_EQ(t.steps, 12);
+  expect_accounted(t);
+  // In the breakdown (bubble_ms_per_rank), and in bubble_ms_per_stage
+  // (what compare_pipeline.py reads), after the first two steps.
+  std::vector<double> breakdown_ratio, stage_ratio;
+  std::ifstream metrics(run / "metrics.jsonl");
+  for (std::string line; std::getline(metrics, line);) {
+    const auto row = nlohmann::json::parse(line);
+    if (!row.contains("loss") || row.at("step").get<int64_t>() <= 2) continue;
+    const double first_compute = row.at("compute_ms_per_rank").at(0).get<double>();
+    breakdown_ratio.push_back(row.at("bubble_ms_per_rank").at(1).get<double>() / first_compute);
+    stage_ratio.push_back(row.at("bubble_ms_per_stage").at(1).get<double>() / first_compute);
+  }
+  ASSERT_EQ(breakdown_ratio.size(), 10u);
+  const auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+  };
+  EXPECT_GT(median(breakdown_ratio), 0.48)
+      << "the last stage's bubble over the first stage's compute, in the breakdown: the "
+         "drain it waits out at the step's end is bubble";
+  EXPECT_GT(median(stage_ratio), 0.48) << "the same in bubble_ms_per_stage";
 }
 
 }  // namespace BRIGADE_TEST_FILE
