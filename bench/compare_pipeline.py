@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Pipeline schedules' measured bubbles against their theory, in one run.
 
-  compare_pipeline.py [--build build] [--repeat 1] [--shapes tiny wide]
+  compare_pipeline.py [--build build] [--repeats 1] [--shapes tiny wide]
                       [--microbatches 4 8] [--steps 6]
 
 For each shape and each micro-batch count m, trains on synthetic tokens,
@@ -15,8 +15,10 @@ work per micro-batch and the LM head (the last stage's extra work) is
 small beside a block: the theory assumes equal stages.
 
 Per run it prints the measured bubble: each stage's time waiting for a
-peer's activation or gradient (metrics.jsonl's bubble_ms_per_stage, one
-rank per stage) over the step time, the median over the timed steps
+peer's activation or gradient, for its sends to leave, and at the
+step's end for its peers' drain (the losses' sum over the stages, where
+a stage that finished its list early waits; metrics.jsonl's
+bubble_ms_per_stage, one rank per stage) over the step time, the median over the timed steps
 (all after the first two), for stage 0 and averaged over the stages; next
 to it the schedule's theoretical bubble, which `brigade train` prints at
 start (its instruction lists simulated with equal stages, backward twice
@@ -26,8 +28,14 @@ bubble share for the same job (`brigade plan --hardware this-machine
 costs; the first call calibrates and caches them); tokens/s (median) and
 its ratio to the one-process run. Then, per shape and m, the ZB-H1 /
 1F1B ratio of the stage-averaged measured bubbles: issue 13's floor is at
-most 0.5, its goal at most 0.3. Timing numbers mean something only on a
-quiet machine. The exit status is non-zero only if a run fails.
+most 0.5, its goal at most 0.3.
+
+With --repeats N every run is repeated N times, the whole sequence over
+(so the schedules alternate in time and a slow minute hits them all); each
+figure is the median over the repeats, with its spread (min-max) after it
+where N > 1, and the ratio is each repeat's ZB-H1 / 1F1B, its median and
+spread. Timing numbers mean something only on a quiet machine. The exit
+status is non-zero only if a run fails.
 """
 
 import argparse
@@ -82,7 +90,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--build", default=os.path.join(REPO_ROOT, "build"))
-    parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument("--repeats", "--repeat", dest="repeats", type=int, default=1)
     parser.add_argument("--shapes", nargs="+", choices=sorted(SHAPES), default=["tiny", "wide"])
     parser.add_argument("--microbatches", type=int, nargs="+", default=[4, 8])
     parser.add_argument("--steps", type=int, default=6)
@@ -93,7 +101,7 @@ def main():
     results = {}
     try:
         with tempfile.TemporaryDirectory(prefix="brigade_compare_pipeline_") as tmp:
-            for repeat in range(args.repeat):
+            for repeat in range(args.repeats):
                 for shape in args.shapes:
                     config, overrides = SHAPES[shape]
                     config = os.path.join(REPO_ROOT, config)
@@ -130,32 +138,49 @@ def main():
         print(f"compare_pipeline: {e}", file=sys.stderr)
         return 1
 
-    def mean(key, runs):
-        return statistics.mean(r[key] for r in runs)
+    def med(key, runs):
+        return statistics.median(r[key] for r in runs)
 
+    def spread(values, scale=1.0, fmt="{:.1f}"):
+        """The spread over the repeats, " (lo-hi)", or nothing for one."""
+        if len(values) < 2:
+            return ""
+        return " (" + fmt.format(scale * min(values)) + "-" + fmt.format(scale * max(values)) + ")"
+
+    def cell(key, runs, width):
+        values = [r[key] for r in runs]
+        text = f"{100 * statistics.median(values):.1f}%" + spread(values, 100)
+        return f"{text:>{width}}"
+
+    wide = 14 if args.repeats > 1 else 0
     verdicts = []
     for shape in args.shapes:
         for m in args.microbatches:
-            peer = mean("tokens_per_s", results[(shape, m, None)])
-            print(f"\n{shape}, pp 2, m = {m}: medians over the timed steps, means over "
-                  f"{args.repeat} repeat(s)")
-            print(f"{'run':<22} {'bubble st0':>11} {'bubble mean':>12} {'theory':>8} "
-                  f"{'planner':>8} {'tokens/s':>10} {'vs 1x2thr':>10}")
-            print(f"{'1 process, 2 threads':<22} {'':>11} {'':>12} {'':>8} {'':>8} "
-                  f"{peer:>10.0f} {1:>9.2f}x")
+            peers = [r["tokens_per_s"] for r in results[(shape, m, None)]]
+            peer = statistics.median(peers)
+            print(f"\n{shape}, pp 2, m = {m}: medians over the timed steps, then over "
+                  f"{args.repeats} repeat(s)" + (" (spread: min-max)" if args.repeats > 1 else ""))
+            print(f"{'run':<22} {'bubble st0':>{11 + wide}} {'bubble mean':>{12 + wide}} "
+                  f"{'theory':>8} {'planner':>8} {'tokens/s':>{10 + wide}} {'vs 1x2thr':>10}")
+            peer_text = f"{peer:.0f}" + spread(peers, fmt="{:.0f}")
+            print(f"{'1 process, 2 threads':<22} {'':>{11 + wide}} {'':>{12 + wide}} {'':>8} "
+                  f"{'':>8} {peer_text:>{10 + wide}} {1:>9.2f}x")
             for schedule, _ in SCHEDULES:
                 runs = results[(shape, m, schedule)]
-                tps = mean("tokens_per_s", runs)
-                print(f"{schedule:<22} {100 * mean('stage0', runs):>10.1f}% "
-                      f"{100 * mean('mean', runs):>11.1f}% {100 * mean('theory', runs):>7.1f}% "
-                      f"{100 * mean('planned', runs):>7.1f}% {tps:>10.0f} {tps / peer:>9.2f}x")
-            one_f_one_b = mean("mean", results[(shape, m, "1f1b")])
-            zb = mean("mean", results[(shape, m, "zb-h1")])
-            verdicts.append((shape, m, zb / one_f_one_b if one_f_one_b > 0 else float("inf")))
+                tps_values = [r["tokens_per_s"] for r in runs]
+                tps = statistics.median(tps_values)
+                tps_text = f"{tps:.0f}" + spread(tps_values, fmt="{:.0f}")
+                print(f"{schedule:<22} {cell('stage0', runs, 11 + wide)} "
+                      f"{cell('mean', runs, 12 + wide)} {100 * med('theory', runs):>7.1f}% "
+                      f"{100 * med('planned', runs):>7.1f}% {tps_text:>{10 + wide}} "
+                      f"{tps / peer:>9.2f}x")
+            ratios = [zb["mean"] / one["mean"] if one["mean"] > 0 else float("inf")
+                      for one, zb in zip(results[(shape, m, "1f1b")], results[(shape, m, "zb-h1")])]
+            verdicts.append((shape, m, statistics.median(ratios), spread(ratios, fmt="{:.2f}")))
     print()
-    for shape, m, ratio in verdicts:
-        print(f"{shape}, m = {m}: ZB-H1 / 1F1B measured bubble {ratio:.2f}; floor <= {FLOOR}: "
-              f"{'met' if ratio <= FLOOR else 'not met'}, goal <= {GOAL}: "
+    for shape, m, ratio, ratio_spread in verdicts:
+        print(f"{shape}, m = {m}: ZB-H1 / 1F1B measured bubble {ratio:.2f}{ratio_spread}; "
+              f"floor <= {FLOOR}: {'met' if ratio <= FLOOR else 'not met'}, goal <= {GOAL}: "
               f"{'met' if ratio <= GOAL else 'not met'}")
     return 0
 

@@ -423,6 +423,14 @@ double PipelineStage::forward_loss(const int32_t* inputs, const int32_t* targets
   return loss;
 }
 
+double PipelineStage::sum_losses_at_drain(double* loss) {
+  if (stages() == 1) return 0.0;
+  const trace::Scope span("bubble", "wait drain");
+  const int64_t start = now_ns();
+  group_->all_reduce(loss, 1, DType::kF64, ReduceOp::kSum)->wait();
+  return static_cast<double>(now_ns() - start) * 1e-6;
+}
+
 void PipelineStage::sum_tied_gradients(float* grad, int64_t count) {
   if (stages() == 1 || !(first() || last())) return;
   const int partner = first() ? stages() - 1 : 0;

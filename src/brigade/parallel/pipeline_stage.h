@@ -65,9 +65,11 @@ struct PipelineStepStats {
   double loss_sum = 0;  // the micro-batches' mean losses, summed (last stage only; else 0)
   // Milliseconds this stage waited for a peer's activation or gradient.
   double bubble_ms = 0;
-  // Milliseconds it waited at the step's end for its sends to leave (a
-  // peer slow to take them; not in bubble_ms, which the schedule's
-  // simulated bubble is compared with).
+  // Milliseconds it waited at the step's end for its sends to leave: a
+  // peer slow to take them, mostly one still computing before the receive
+  // (a large message is read from this stage's buffer only once its
+  // receive is posted). Idle time as much as bubble_ms is, and counted
+  // with it by the trainer; apart here for the trace.
   double send_wait_ms = 0;
   // Most (micro-batch, chunk) passes whose forward had run and whose
   // backward had not: the activations this stage kept at once (GPipe m;
@@ -111,6 +113,18 @@ class PipelineStage {
   // Forward only, one micro-batch through every stage (evaluation): every
   // stage calls it with the same tokens; returns the mean loss on every stage.
   double forward_loss(const int32_t* inputs, const int32_t* targets, int64_t b, int64_t t);
+
+  // The step's losses (`loss`: run()'s loss_sum, with whatever the caller
+  // did to it) summed over the stages, on every stage. It is the step's
+  // first collective over the pipeline group after the instruction lists,
+  // so it is where a stage that finished its list early waits for a peer
+  // still draining (under 1F1B the last stage waits for the first's last
+  // backward): returns the milliseconds waited, which are bubble, not
+  // communication (the schedule's idle time at the drain; the transfer of
+  // one double inside it is microseconds). Collectives after it (the tied
+  // wte's sum) then find their peers ready and measure transfer alone.
+  // A no-op returning 0 with one stage.
+  double sum_losses_at_drain(double* loss);
 
   // The tied wte: the first and last stages each hold a copy, and each
   // adds the other's gradient to its own (count floats at `grad`), so both

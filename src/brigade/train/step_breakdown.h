@@ -11,7 +11,10 @@
 //              tp's all-reduces, the small agreements (loss, norm, stop
 //              signal) and the per-step metrics gather
 //   bubble     a pipeline stage waiting on a peer's activation or gradient
-//              (its receives and, at the step's end, its sends)
+//              (its receives and, at the step's end, its sends), and then
+//              for its peers to drain (the loss's sum over the stages, the
+//              first collective after the lists, where a stage that
+//              finished early waits; the tied wte's sum after it is comm)
 //   data       filling the micro-batches' tokens (the sampler's reads)
 //   ckpt       checkpoint or snapshot stalls: a save's copy, its agreement
 //              poll, the update waiting for an unstaged snapshot's read

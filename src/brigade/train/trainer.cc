@@ -393,6 +393,14 @@ StepMetrics Trainer::forward_backward() {
     loss = std::numeric_limits<double>::quiet_NaN();
     --poisoned_losses_;
   }
+  // The last stage computed the losses. Their sum is the first collective
+  // after the lists, where a stage that finished early waits for a peer's
+  // drain: bubble, so that the tied wte's sum below is its transfer alone.
+  double drain_ms = 0.0;
+  if (pp_size() > 1) {
+    const StepClock::Section bubble(clock_, StepPart::kBubble);
+    drain_ms = stage_->sum_losses_at_drain(&loss);
+  }
   if (tied_end_ > 0) {
     const StepClock::Section comm(clock_, StepPart::kComm);
     const int64_t wte = layout().wte();
@@ -416,7 +424,9 @@ StepMetrics Trainer::forward_backward() {
   }
   StepMetrics m;
   m.step = step_;
-  m.bubble_ms = pipeline.bubble_ms;
+  // All of the stage's idle time in the step, as the schedule's simulated
+  // bubble (the step less the stage's busy time) counts it.
+  m.bubble_ms = pipeline.bubble_ms + pipeline.send_wait_ms + drain_ms;
   m.live_microbatches = pipeline.peak_live;
   if (grad_sync_) {
     const StepClock::Section comm(clock_, StepPart::kComm);
@@ -433,11 +443,6 @@ StepMetrics Trainer::forward_backward() {
     m.tp_comm_ms = tp_->take_comm_ms();
     clock_.move(m.tp_comm_ms, StepPart::kComm);
     m.exposed_comm_ms += m.tp_comm_ms;
-  }
-  // The last stage computed the losses.
-  if (pp_size() > 1) {
-    const StepClock::Section comm(clock_, StepPart::kComm);
-    pp_group_->all_reduce(&loss, 1, DType::kF64, ReduceOp::kSum)->wait();
   }
   local_loss_ = loss;
   m.loss = sum_over_ranks(loss) / static_cast<double>(accum * dp_size());

@@ -85,8 +85,9 @@ struct StepMetrics {
   // the clock of bucket_timings() (GradSync::backward_end_ms).
   double backward_end_ms = 0.0;
   // With pipeline parallelism: the time this stage waited for a peer's
-  // activation or gradient (its bubble; part of compute_ms, not of the
-  // exposed communication).
+  // activation or gradient, for its sends to leave, and at the step's end
+  // for the peers' drain (PipelineStage::sum_losses_at_drain): its bubble,
+  // not part of the exposed communication.
   double bubble_ms = 0.0;
   // The most micro-batches whose activations this rank kept at once.
   int64_t live_microbatches = 0;
