@@ -378,7 +378,7 @@ JobView Coordinator::read_state() {
       next_members_ = members_;
       const std::string members = members_key(generation_ + 1);
       if (const auto nodes = store_.try_get(members)) {
-        next_members_ = parse_members(members, *nodes, options_.nnodes);
+        next_members_ = parse_members(members, *nodes, options_.nnodes, store_.elects_leader());
       }
       next_layout_ = read_layout(generation_ + 1);
       next_worker_store_ = read_worker_store(generation_ + 1);
@@ -542,7 +542,9 @@ JobView Coordinator::ended_view(const std::string& value) {
     if (j.contains("lost_nodes")) {
       if (!j.at("lost_nodes").is_array()) throw MalformedValue(key, value, expected);
       for (const nlohmann::json& n : j.at("lost_nodes")) {
-        if (!n.is_number_integer() || n.get<int>() < 0 || n.get<int>() >= options_.nnodes) {
+        // Over TCP node 0 holds the store: a lost node 0 writes no end.
+        const int lowest = store_.elects_leader() ? 0 : 1;
+        if (!n.is_number_integer() || n.get<int>() < lowest || n.get<int>() >= options_.nnodes) {
           throw MalformedValue(key, value, expected);
         }
         if (n.get<int>() != node) v.lost_nodes.push_back(n.get<int>());
