@@ -192,6 +192,10 @@ TEST_F(EtcdElectionTest, WhenTheLeadersNodeIsLostAnotherLeadsAndTheJobGoesOnWith
   EXPECT_EQ(back.state, State::kEnded);
   EXPECT_TRUE(back.lost_coordinator);
   EXPECT_NE(back.why.find("another node leads now"), std::string::npos) << back.why;
+  // and leads no more: its agent writes nothing into the run directory.
+  EXPECT_FALSE(n0.coordinator->leader());
+  EXPECT_EQ(n0.poll(t).state, State::kEnded);
+  EXPECT_FALSE(n0.coordinator->leader());
   // Generation 1 succeeds on node 1 alone.
   n1.coordinator->report_stopped(true);
   EXPECT_EQ(n1.poll(t += 100 * kMs).state, State::kSucceeded);

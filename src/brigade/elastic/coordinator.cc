@@ -352,7 +352,10 @@ bool Coordinator::keep_alive(int64_t now_ns) {
     if (now_ns >= next_beat_ns_) {
       store_.add(beat_key_, 1);
       next_beat_ns_ = now_ns + options_.beat_interval_ms * kNsPerMs;
-      if (store_.elects_leader() && leader() && !store_.renew_lease()) return false;
+      if (store_.elects_leader() && leader() && !store_.renew_lease()) {
+        deposed_view();
+        return false;
+      }
     }
     const auto end = store_.try_get(end_key());
     return !end || end_from_lost_node(*end);

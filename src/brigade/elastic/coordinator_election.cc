@@ -103,7 +103,8 @@ void Coordinator::take_over(int old, int64_t now_ns) {
   settle_until_ns_ = now_ns + 3 * options_.beat_interval_ms * kNsPerMs;
 }
 
-JobView Coordinator::deposed_view() const {
+JobView Coordinator::deposed_view() {
+  deposed_ = true;
   JobView v;
   v.state = JobView::State::kEnded;
   v.lost_coordinator = true;  // another node leads: nobody waits for this one
