@@ -429,6 +429,9 @@ class Coordinator {
   void take_over(int old, int64_t now_ns);
   // Another node leads now: its beat is watched from now_ns.
   void follow(int node, int64_t now_ns);
+  // Which standby holds node n (the key its agent beats under): the latest
+  // gen/<g>/node/<n> up to this generation; none leaves the node's own.
+  void read_holder(int n);
   bool beat_moved(int node, int64_t now_ns);
   std::optional<Incident> choose_cause();
   // Every node's failure report in this generation (a node's own report
