@@ -39,6 +39,15 @@ void check_rdzv_backend(const LaunchOptions& o) {
   if (o.nnodes < 2) {
     throw_error("--rdzv-backend etcd coordinates several nodes: it needs --nnodes 2 or more");
   }
+  // A standby waits for node 0's beat in node 0's store, which with etcd
+  // is only in etcd, and after node 0's loss no launcher hosts the
+  // rendezvous a joiner would meet in.
+  if (o.standby) {
+    throw_error(
+        "--standby does not work with --rdzv-backend etcd yet: launch the standby with the "
+        "default --rdzv-backend tcp job, or restart the etcd job with the replacement machine as "
+        "a node");
+  }
   elastic::parse_etcd_endpoints(o.rdzv_endpoints);
 }
 
