@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <thread>
 
@@ -109,6 +110,17 @@ void CoordinatorBackend::finish(int node, int exit_status, bool led, const std::
                      "brigade launch: node {} did not report its workers done within {} ms; "
                      "closing this node's store anyway\n",
                      n, options_.rdzv_timeout_ms);
+          return;
+        }
+        // The launcher blocks SIGINT and SIGTERM: one pending is the
+        // user's stop, which this wait must not outlast.
+        sigset_t pending;
+        if (sigpending(&pending) == 0 &&
+            (sigismember(&pending, SIGINT) == 1 || sigismember(&pending, SIGTERM) == 1)) {
+          fmt::print(stderr,
+                     "brigade launch: signalled while waiting for node {} to report its workers "
+                     "done; closing this node's store now\n",
+                     n);
           return;
         }
         std::this_thread::sleep_for(std::chrono::milliseconds(100));

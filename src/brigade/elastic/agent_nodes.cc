@@ -229,7 +229,7 @@ Agent::Outcome Agent::settle_generation(Outcome outcome) {
     return failure_ ? Outcome::kFailed : Outcome::kRemoteFailure;
   } catch (const Error& e) {
     remote_failure_ = fmt::format("lost contact with the coordinator: {}", e.what());
-    lost_coordinator_ = !coordinator_->leader();
+    lost_coordinator_ = !coordinator_->leader() || coordinator_->elects_leader();
     return failure_ ? Outcome::kFailed : Outcome::kRemoteFailure;
   }
   if (outcome == Outcome::kSignalled) return outcome;

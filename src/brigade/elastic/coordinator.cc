@@ -336,7 +336,9 @@ JobView Coordinator::poll(int64_t now_ns) {
   } catch (const Error& e) {
     JobView v;
     v.state = JobView::State::kEnded;
-    v.lost_coordinator = !leader();
+    // With an electing store the job may go on under another leader: this
+    // node's workers stop at once, as a follower's do.
+    v.lost_coordinator = !leader() || store_.elects_leader();
     v.why = fmt::format("lost contact with the coordinator's store at {}: {}", store_.address(),
                         e.what());
     // A standby's loss of the store concerns nobody else.
