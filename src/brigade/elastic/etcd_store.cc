@@ -11,7 +11,6 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <random>
-#include <string_view>
 #include <thread>
 
 #include "brigade/core/clock.h"
@@ -288,35 +287,6 @@ EtcdCoordinatorStore::~EtcdCoordinatorStore() {
          now_ns() + call_timeout_ms_ * kNsPerMs);
   } catch (const Error&) {
   }
-}
-
-std::optional<std::string> EtcdCoordinatorStore::live_leader_key(const std::string& end,
-                                                                 int64_t deadline_ns) {
-  const std::string where =
-      fmt::format("etcd ({}) looking for a running job under {}", address(), prefix_);
-  const std::string text = call(
-      "/v3/kv/range",
-      json{{"key", to_base64(prefix_)}, {"range_end", to_base64(end)}, {"keys_only", true}}.dump(),
-      deadline_ns);
-  const json j = etcd_reply(text, where);
-  const auto kvs = j.find("kvs");
-  if (kvs == j.end()) return std::nullopt;
-  if (!kvs->is_array())
-    throw_error("{}: the reply's kvs is not a list: {}", where, shown_reply(text));
-  constexpr std::string_view kLeader = "/leader";
-  for (const json& kv : *kvs) {
-    const auto k = kv.is_object() ? kv.find("key") : kv.end();
-    const std::optional<std::string> key =
-        k != kv.end() && k->is_string() ? from_base64(k->get<std::string>()) : std::nullopt;
-    if (!key) throw_error("{}: a key in the reply is not base64: {}", where, shown_reply(text));
-    // brigade/<id>/<run>/leader: a run's, as run_key("leader") names it.
-    const std::string_view rest = std::string_view(*key).substr(prefix_.size());
-    if (rest.size() > kLeader.size() && rest.ends_with(kLeader) &&
-        rest.find('/') == rest.size() - kLeader.size()) {
-      return key;
-    }
-  }
-  return std::nullopt;
 }
 
 std::string EtcdCoordinatorStore::own() {
