@@ -171,6 +171,15 @@ TEST(EtcdLaunchFlags, BadBackendFlagsAreRefusedNamingTheFix) {
     EXPECT_NE(r.status, 0);
     EXPECT_NE(r.err.find(message), std::string::npos) << r.err;
   }
+  // A standby would wait for node 0's beat in node 0's store: with etcd it
+  // is only in etcd (README: a standby does not work with etcd yet).
+  const Output r = run_brigade({"launch", "--nproc-per-node", "1", "--nnodes", "2", "--standby",
+                                "--rdzv", "127.0.0.1:1", "--rdzv-token", "t", "--rdzv-backend",
+                                "etcd", "--rdzv-endpoints", "http://a:2379", "--", "true"},
+                               std::chrono::seconds(60));
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.err.find("--standby does not work with --rdzv-backend etcd yet"), std::string::npos)
+      << r.err;
 }
 
 }  // namespace BRIGADE_TEST_FILE

@@ -192,6 +192,10 @@ TEST_F(EtcdElectionTest, WhenTheLeadersNodeIsLostAnotherLeadsAndTheJobGoesOnWith
   EXPECT_EQ(back.state, State::kEnded);
   EXPECT_TRUE(back.lost_coordinator);
   EXPECT_NE(back.why.find("another node leads now"), std::string::npos) << back.why;
+  // and leads no more: its agent writes nothing into the run directory.
+  EXPECT_FALSE(n0.coordinator->leader());
+  EXPECT_EQ(n0.poll(t).state, State::kEnded);
+  EXPECT_FALSE(n0.coordinator->leader());
   // Generation 1 succeeds on node 1 alone.
   n1.coordinator->report_stopped(true);
   EXPECT_EQ(n1.poll(t += 100 * kMs).state, State::kSucceeded);
@@ -250,6 +254,72 @@ TEST_F(EtcdElectionTest, AStandbyTakesTheLostLeadersNodeUnderTheNewLeader) {
   n1.coordinator->report_stopped(true);
   EXPECT_EQ(n1.poll(t += 100 * kMs).state, State::kSucceeded);
   EXPECT_EQ(standby.poll(t).state, State::kSucceeded);
+}
+
+// 3 nodes, 2 standbys: standby 0 takes node 2; then node 0 (the leader) is
+// lost. Whoever of node 1 and standby 0 (as node 2) wins, the other follows
+// the winner's beat (a standby's beats under its own key) and the job goes
+// on; standby 1, not standby 0 (busy as node 2), takes node 0.
+TEST_F(EtcdElectionTest, AfterAStandbyTookANodeTheNewLeaderGivesTheLostLeadersNodeToAFreeOne) {
+  EtcdAgent n0(etcd_->url(), 3, 0, 0), n1(etcd_->url(), 3, 0, 1), n2(etcd_->url(), 3, 0, 2);
+  EtcdAgent s0(etcd_->url(), 3, 0, 0, /*standby=*/true);
+  EtcdAgent s1(etcd_->url(), 3, 0, 0, /*standby=*/true);
+  int64_t t = 0;
+  for (; t <= 1'000 * kMs; t += 100 * kMs) {
+    for (EtcdAgent* a : {&n0, &n1, &n2, &s0, &s1}) ASSERT_EQ(a->poll(t).state, State::kRunning);
+  }
+  // Node 2 is lost: standby 0 takes it.
+  ASSERT_TRUE(poll_until({&n1, &s0, &s1}, t, [&] { return n0.poll(t).state == State::kFailing; }));
+  n0.coordinator->report_stopped(false);
+  n1.coordinator->report_stopped(false);
+  JobView taken;
+  ASSERT_TRUE(poll_until({&n0, &n1, &s1}, t, [&] {
+    taken = s0.poll(t);
+    return taken.state != State::kRunning;
+  }));
+  ASSERT_EQ(taken.state, State::kRestart) << taken.why;
+  ASSERT_EQ(s0.coordinator->node_rank(), 2);
+  for (EtcdAgent* a : {&n0, &n1}) {
+    ASSERT_EQ(a->poll(t += 100 * kMs).state, State::kRestart);
+    a->coordinator->enter_next_generation();
+  }
+  for (int i = 0; i < 10; ++i) {
+    t += 100 * kMs;
+    for (EtcdAgent* a : {&n0, &n1, &s0, &s1}) ASSERT_EQ(a->poll(t).state, State::kRunning);
+  }
+  // Node 0, the leader, is lost: one of node 1 and node 2 (standby 0) leads.
+  bool ended = false;
+  std::string why;
+  const auto poll_live = [&] {
+    for (EtcdAgent* a : {&n1, &s0}) {
+      const JobView v = a->poll(t);
+      if (v.state == State::kEnded) ended = true, why = v.why;
+    }
+  };
+  ASSERT_TRUE(poll_until({&s1}, t, [&] {
+    poll_live();
+    return ended || n1.poll(t).state == State::kFailing;
+  }));
+  ASSERT_FALSE(ended) << why;
+  EtcdAgent& leader = n1.coordinator->leader() ? n1 : s0;
+  EtcdAgent& other = n1.coordinator->leader() ? s0 : n1;
+  ASSERT_TRUE(leader.coordinator->leader());
+  EXPECT_EQ(other.coordinator->leader_node(), leader.coordinator->node_rank());
+  n1.coordinator->report_stopped(false);
+  s0.coordinator->report_stopped(false);
+  JobView given;
+  ASSERT_TRUE(poll_until({&n1, &s0}, t, [&] {
+    given = s1.poll(t);
+    return given.state != State::kRunning;
+  }));
+  ASSERT_EQ(given.state, State::kRestart) << given.why;
+  EXPECT_EQ(s1.coordinator->node_rank(), 0);
+  EXPECT_EQ(s0.coordinator->node_rank(), 2);
+  const JobView v = leader.poll(t += 100 * kMs);
+  ASSERT_EQ(v.state, State::kRestart) << v.why;
+  ASSERT_TRUE(v.cause);
+  EXPECT_NE(v.cause->what.find("standby 1 takes its place as node 0"), std::string::npos)
+      << v.cause->what;
 }
 
 }  // namespace BRIGADE_TEST_FILE

@@ -292,6 +292,32 @@ TEST_F(EtcdStoreTest, ASecondJobUnderTheTokenIsRefusedAndAnOlderRunNeverReachesT
   EXPECT_THROW(store(kToken, 5'000, "")->use_run("../other"), Error);
 }
 
+// Node 0 gone (its owner key with it) while node 1 leads the run: a
+// relaunch under the token is refused, naming the leader key, and deletes
+// none of the running job's keys; once that leader is gone too, it starts.
+TEST_F(EtcdStoreTest, ARelaunchIsRefusedWhileAnotherNodeLeadsTheRunAfterNodeZeroIsGone) {
+  auto node0 = store(kToken, 5'000, "");
+  const std::string run = node0->own();
+  auto node1 = store(kToken, 5'000, run);
+  node1->grant_lease(30);
+  ASSERT_TRUE(node1->campaign("1").ours);
+  node1->set("brigade/coord/gen/1/open", "1");
+  node0.reset();  // node 0's owner key is gone
+  try {
+    store(kToken, 5'000, "")->own();
+    ADD_FAILURE() << "a relaunch took the token's prefix while node 1 leads its job";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("another job with this token is running"), std::string::npos) << what;
+    EXPECT_NE(what.find(etcd_prefix(kToken) + run + "/leader"), std::string::npos) << what;
+    EXPECT_NE(what.find("stop that job first"), std::string::npos) << what;
+  }
+  EXPECT_EQ(node1->try_get("brigade/coord/gen/1/open"), "1");  // the refusal wiped nothing
+  ASSERT_TRUE(node1->leader().has_value());
+  node1->revoke_lease();  // the leader ends: its key goes with its lease
+  EXPECT_NO_THROW(store(kToken, 5'000, "")->own());
+}
+
 TEST_F(EtcdStoreTest, AnEtcdWithoutAuthenticationIsRefused) {
   EtcdServer open(/*auth=*/false);
   ASSERT_TRUE(open.ok());

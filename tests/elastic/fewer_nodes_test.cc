@@ -189,6 +189,32 @@ TEST_F(FewerNodesTest, AMalformedMembersListEndsTheJobNamingTheKey) {
   EXPECT_NE(v.why.find("brigade/coord/gen/1/members"), std::string::npos) << v.why;
 }
 
+// Over TCP node 0 holds the store, so a generation without it is one no
+// agent wrote (only an electing store, etcd, may leave node 0 out).
+TEST_F(FewerNodesTest, OverTcpAMembersListWithoutNode0EndsTheJobNamingTheKey) {
+  auto n0 = node(0, 2, 1), n1 = node(1, 2, 1);
+  report_in_generation_0(R"({"kind":"crash","rank":0,"node":0,"pid":1,"what":"x",)"
+                         R"("injected":false,"detected_after_ms":1,"last_step":1,)"
+                         R"("mean_step_ms":1})");
+  raw_.set(coordinator_key("gen/1/members"), "1");
+  raw_.set(coordinator_key("gen/1/open"), "1");
+  const JobView v = n1->poll(0);
+  EXPECT_EQ(v.state, State::kEnded);
+  EXPECT_NE(v.why.find("brigade/coord/gen/1/members"), std::string::npos) << v.why;
+  EXPECT_NE(v.why.find("node 0 first"), std::string::npos) << v.why;
+}
+
+// Over TCP node 0 is never declared lost: an end naming it among the lost
+// nodes is refused.
+TEST_F(FewerNodesTest, OverTcpAnEndNamingNode0LostIsRefusedNamingTheKey) {
+  auto n0 = node(0, 2, 1), n1 = node(1, 2, 1);
+  raw_.set(coordinator_key("end"),
+           R"({"kind":"node_lost","what":"x","node":1,"lost_nodes":[1,0]})");
+  const JobView v = n1->poll(0);
+  EXPECT_EQ(v.state, State::kEnded);
+  EXPECT_NE(v.why.find("brigade/coord/end"), std::string::npos) << v.why;
+}
+
 // 3 nodes, --nnodes 2:3, one standby: nodes 1 and 2 fall silent together.
 // The standby takes node 1's place and node 2 is left out, in one decision:
 // the job goes on with 2 nodes (needing every lost node replaced, or every

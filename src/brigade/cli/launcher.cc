@@ -465,7 +465,7 @@ std::string validate(const LaunchOptions& o) {
   }
   if (o.standby && o.nnodes < 2) {
     throw_error(
-        "--standby waits to replace a lost node other than node 0 (whose loss ends the job): it "
+        "--standby waits to replace a lost node other than node 0 (whose loss ends a tcp job): it "
         "needs --nnodes 2 or more (the job's nodes, standbys not counted) and --rdzv");
   }
   if (o.rdzv_timeout_ms <= 0) throw_error("--rdzv-timeout-s must be positive");

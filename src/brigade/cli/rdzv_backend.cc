@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <thread>
 
@@ -38,6 +39,15 @@ void check_rdzv_backend(const LaunchOptions& o) {
   }
   if (o.nnodes < 2) {
     throw_error("--rdzv-backend etcd coordinates several nodes: it needs --nnodes 2 or more");
+  }
+  // A standby waits for node 0's beat in node 0's store, which with etcd
+  // is only in etcd, and after node 0's loss no launcher hosts the
+  // rendezvous a joiner would meet in.
+  if (o.standby) {
+    throw_error(
+        "--standby does not work with --rdzv-backend etcd yet: launch the standby with the "
+        "default --rdzv-backend tcp job, or restart the etcd job with the replacement machine as "
+        "a node");
   }
   elastic::parse_etcd_endpoints(o.rdzv_endpoints);
 }
@@ -100,6 +110,17 @@ void CoordinatorBackend::finish(int node, int exit_status, bool led, const std::
                      "brigade launch: node {} did not report its workers done within {} ms; "
                      "closing this node's store anyway\n",
                      n, options_.rdzv_timeout_ms);
+          return;
+        }
+        // The launcher blocks SIGINT and SIGTERM: one pending is the
+        // user's stop, which this wait must not outlast.
+        sigset_t pending;
+        if (sigpending(&pending) == 0 &&
+            (sigismember(&pending, SIGINT) == 1 || sigismember(&pending, SIGTERM) == 1)) {
+          fmt::print(stderr,
+                     "brigade launch: signalled while waiting for node {} to report its workers "
+                     "done; closing this node's store now\n",
+                     n);
           return;
         }
         std::this_thread::sleep_for(std::chrono::milliseconds(100));

@@ -496,7 +496,7 @@ void Agent::write_incidents(bool final) {
   // Across nodes the leader's agent writes them all: it hears of every
   // node's (node 0's, or with etcd the one that took over).
   if (run_dir_.empty()) return;
-  if (coordinator_ ? !coordinator_->leader() : options_.node_rank != 0) {
+  if (coordinator_ ? !coordinator_->leader() || cut_off_from_job() : options_.node_rank != 0) {
     // The leader writes a recovered incident as this agent sees it
     // recovered: a follower that takes over later (etcd) does not write it
     // again.
@@ -538,6 +538,10 @@ void Agent::keep_newest_snapshot() const {
                static_cast<long long>(point->step), kept.c_str(), run_dir_.c_str());
 }
 
+bool Agent::cut_off_from_job() const {
+  return lost_coordinator_ && coordinator_ && coordinator_->elects_leader();
+}
+
 int Agent::finish(Outcome outcome, int stopped) {
   write_incidents(/*final=*/true);
   if (coordinator_ && coordinator_->leader()) {
@@ -548,9 +552,9 @@ int Agent::finish(Outcome outcome, int stopped) {
     }
   }
   // The snapshots go with the agent; the newest state must not.
-  if (outcome != Outcome::kSucceeded) keep_newest_snapshot();
+  if (outcome != Outcome::kSucceeded && !cut_off_from_job()) keep_newest_snapshot();
   if (options_.brigade_train && !run_dir_.empty() &&
-      (coordinator_ ? coordinator_->leader() : options_.node_rank == 0)) {
+      (coordinator_ ? coordinator_->leader() && !cut_off_from_job() : options_.node_rank == 0)) {
     const RunSummary summary = summarize(incidents_, generations_, restarts_, start_ns_, now_ns());
     std::fprintf(stderr, "brigade launch: %s\n", summary.line().c_str());
     nlohmann::json line = summary.to_json();

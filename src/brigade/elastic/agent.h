@@ -239,6 +239,10 @@ class Agent {
   // On the way out after a failure: a snapshot newer than every checkpoint
   // becomes a checkpoint, so the user can resume from it.
   void keep_newest_snapshot() const;
+  // Lost the coordinator where the job may go on without this node (an
+  // electing store: deposed, or declared lost): its run directory is the
+  // new leader's, so this node writes nothing there.
+  bool cut_off_from_job() const;
   // Multi-node: acts on where the job stands (stops `group`, if any, for a
   // failure anywhere or the job's end), and after a generation waits for
   // the coordinator's decision: kFailed with will_restart_ to restart.

@@ -227,9 +227,14 @@ Agent::Outcome Agent::settle_generation(Outcome outcome) {
   using State = JobView::State;
   try {
     coordinator_->report_stopped(outcome == Outcome::kSucceeded);
+  } catch (const NotLeader&) {
+    // Another node leads now: it decides this generation, not this node.
+    remote_failure_ = coordinator_->deposed_view().why;
+    lost_coordinator_ = true;
+    return failure_ ? Outcome::kFailed : Outcome::kRemoteFailure;
   } catch (const Error& e) {
     remote_failure_ = fmt::format("lost contact with the coordinator: {}", e.what());
-    lost_coordinator_ = !coordinator_->leader();
+    lost_coordinator_ = !coordinator_->leader() || coordinator_->elects_leader();
     return failure_ ? Outcome::kFailed : Outcome::kRemoteFailure;
   }
   if (outcome == Outcome::kSignalled) return outcome;

@@ -336,7 +336,9 @@ JobView Coordinator::poll(int64_t now_ns) {
   } catch (const Error& e) {
     JobView v;
     v.state = JobView::State::kEnded;
-    v.lost_coordinator = !leader();
+    // With an electing store the job may go on under another leader: this
+    // node's workers stop at once, as a follower's do.
+    v.lost_coordinator = !leader() || store_.elects_leader();
     v.why = fmt::format("lost contact with the coordinator's store at {}: {}", store_.address(),
                         e.what());
     // This node leaves, and ends no one else: a store that is only slow
@@ -352,7 +354,10 @@ bool Coordinator::keep_alive(int64_t now_ns) {
     if (now_ns >= next_beat_ns_) {
       store_.add(beat_key_, 1);
       next_beat_ns_ = now_ns + options_.beat_interval_ms * kNsPerMs;
-      if (store_.elects_leader() && leader() && !store_.renew_lease()) return false;
+      if (store_.elects_leader() && leader() && !store_.renew_lease()) {
+        deposed_view();
+        return false;
+      }
     }
     const auto end = store_.try_get(end_key());
     return !end || end_from_lost_node(*end);
@@ -378,7 +383,7 @@ JobView Coordinator::read_state() {
       next_members_ = members_;
       const std::string members = members_key(generation_ + 1);
       if (const auto nodes = store_.try_get(members)) {
-        next_members_ = parse_members(members, *nodes, options_.nnodes);
+        next_members_ = parse_members(members, *nodes, options_.nnodes, store_.elects_leader());
       }
       next_layout_ = read_layout(generation_ + 1);
       next_worker_store_ = read_worker_store(generation_ + 1);
@@ -542,7 +547,9 @@ JobView Coordinator::ended_view(const std::string& value) {
     if (j.contains("lost_nodes")) {
       if (!j.at("lost_nodes").is_array()) throw MalformedValue(key, value, expected);
       for (const nlohmann::json& n : j.at("lost_nodes")) {
-        if (!n.is_number_integer() || n.get<int>() < 0 || n.get<int>() >= options_.nnodes) {
+        // Over TCP node 0 holds the store: a lost node 0 writes no end.
+        const int lowest = store_.elects_leader() ? 0 : 1;
+        if (!n.is_number_integer() || n.get<int>() < lowest || n.get<int>() >= options_.nnodes) {
           throw MalformedValue(key, value, expected);
         }
         if (n.get<int>() != node) v.lost_nodes.push_back(n.get<int>());

@@ -288,7 +288,16 @@ class Coordinator {
   int64_t restarts_used() const { return restarts_used_; }
   // This agent leads: node 0's, or with an electing store the one that
   // took over from a lost leader.
-  bool leader() const { return !options_.standby && options_.node_rank == leader_node_; }
+  // A deposed leader (its lease ran out, deposed_view()) leads no more.
+  bool leader() const {
+    return !options_.standby && !deposed_ && options_.node_rank == leader_node_;
+  }
+  // With an electing store the job may go on without this node once it
+  // lost the coordinator, so it writes nothing into the shared run directory.
+  bool elects_leader() const { return store_.elects_leader(); }
+  // This agent led, but its lease ran out (or the store refused a write as
+  // not the leader's): from now it is not the leader, and it leaves.
+  JobView deposed_view();
   // The node whose agent leads (node 0 until another took over).
   int leader_node() const { return leader_node_; }
   // A standby still waiting for a node.
@@ -424,8 +433,9 @@ class Coordinator {
   void take_over(int old, int64_t now_ns);
   // Another node leads now: its beat is watched from now_ns.
   void follow(int node, int64_t now_ns);
-  // This agent led, but its lease ran out: it leaves.
-  JobView deposed_view() const;
+  // Which standby holds node n (the key its agent beats under): the latest
+  // gen/<g>/node/<n> up to this generation; none leaves the node's own.
+  void read_holder(int n);
   bool beat_moved(int node, int64_t now_ns);
   std::optional<Incident> choose_cause();
   // Every node's failure report in this generation (a node's own report
@@ -488,6 +498,7 @@ class Coordinator {
   // standbys' beats before it decides on a silent node: a standby it has
   // not yet seen beating would not be free.
   int leader_node_ = 0;
+  bool deposed_ = false;
   int64_t settle_until_ns_ = 0;
 };
 

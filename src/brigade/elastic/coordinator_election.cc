@@ -62,8 +62,26 @@ std::optional<JobView> Coordinator::watch_leader(int64_t now_ns) {
 
 void Coordinator::follow(int node, int64_t now_ns) {
   leader_node_ = node;
+  // A standby that took the node beats under its own key: only the leader
+  // that gave it the node learnt so, the store holds it for the others.
+  read_holder(node);
   last_beat_[node] = -1;
   beat_changed_ns_[node] = now_ns;
+}
+
+void Coordinator::read_holder(int n) {
+  for (int64_t h = generation_; h >= 1; --h) {
+    const std::string key = replaced_key(h, n);
+    const auto text = store_.try_get(key);
+    if (!text) continue;
+    int standby = -1;
+    if (std::sscanf(text->c_str(), "standby %d", &standby) != 1 || standby < 0) {
+      throw MalformedValue(key, *text, "'standby <id>'");
+    }
+    holder_[static_cast<size_t>(n)] = standby;
+    beat_keys_[n] = standby_beat_key(standby);
+    return;
+  }
 }
 
 void Coordinator::take_over(int old, int64_t now_ns) {
@@ -72,19 +90,11 @@ void Coordinator::take_over(int old, int64_t now_ns) {
   // The old leader's memory is gone; the store holds what it decided.
   // Which standby holds each node (the key its agent beats under): the
   // latest gen/<g>/node/<n> up to this generation.
+  // A standby the old leader gave a node (standby/<s>/node) is not free,
+  // though it still beats under its standby key.
+  standbys_->take_assigned(now_ns);
   for (int n = 0; n < options_.nnodes; ++n) {
-    for (int64_t h = g; h >= 1; --h) {
-      const std::string key = replaced_key(h, n);
-      const auto text = store_.try_get(key);
-      if (!text) continue;
-      int standby = -1;
-      if (std::sscanf(text->c_str(), "standby %d", &standby) != 1 || standby < 0) {
-        throw MalformedValue(key, *text, "'standby <id>'");
-      }
-      holder_[static_cast<size_t>(n)] = standby;
-      beat_keys_[n] = standby_beat_key(standby);
-      break;
-    }
+    read_holder(n);
     // Every node's beat is watched from now (a follower watched the
     // leader's only); the old leader's silence stands as it was seen.
     if (n != old) {
@@ -103,7 +113,8 @@ void Coordinator::take_over(int old, int64_t now_ns) {
   settle_until_ns_ = now_ns + 3 * options_.beat_interval_ms * kNsPerMs;
 }
 
-JobView Coordinator::deposed_view() const {
+JobView Coordinator::deposed_view() {
+  deposed_ = true;
   JobView v;
   v.state = JobView::State::kEnded;
   v.lost_coordinator = true;  // another node leads: nobody waits for this one

@@ -35,9 +35,11 @@ std::string members_text(const std::vector<int>& members) {
   return text;
 }
 
-std::vector<int> parse_members(const std::string& key, const std::string& value, int nnodes) {
-  const std::string expected = fmt::format(
-      "the nodes of a generation (increasing node ranks 0..{}, separated by spaces)", nnodes - 1);
+std::vector<int> parse_members(const std::string& key, const std::string& value, int nnodes,
+                               bool node0_optional) {
+  const std::string expected =
+      fmt::format("the nodes of a generation (increasing node ranks 0..{}{}, separated by spaces)",
+                  nnodes - 1, node0_optional ? "" : ", node 0 first");
   std::vector<int> members;
   std::istringstream in(value);
   for (std::string word; in >> word;) {
@@ -50,8 +52,9 @@ std::vector<int> parse_members(const std::string& key, const std::string& value,
     }
     members.push_back(static_cast<int>(n));
   }
-  // Node 0 may be left out: with an electing store another node leads.
-  if (members.empty()) throw MalformedValue(key, value, expected);
+  if (members.empty() || (!node0_optional && members.front() != 0)) {
+    throw MalformedValue(key, value, expected);
+  }
   return members;
 }
 

@@ -39,8 +39,11 @@ std::string rejoined_key(int node);
 // order, space-separated ("0 2"); a node's rank in g is its position.
 std::string members_text(const std::vector<int>& members);
 // Throws MalformedValue unless the nodes are increasing, within
-// 0..nnodes-1 (node 0 may be left out: with etcd another node can lead).
-std::vector<int> parse_members(const std::string& key, const std::string& value, int nnodes);
+// 0..nnodes-1, node 0 first. node0_optional (an electing store,
+// CoordinatorStore::elects_leader()): node 0 may be left out, as another
+// node can lead; over TCP node 0 holds the store, so it is always there.
+std::vector<int> parse_members(const std::string& key, const std::string& value, int nnodes,
+                               bool node0_optional);
 
 // Throw MalformedValue for a value no agent of the job would write.
 int64_t parse_count(const std::string& key, const std::string& value);

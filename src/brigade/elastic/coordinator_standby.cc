@@ -100,7 +100,7 @@ JobView Coordinator::standby_poll(int64_t now_ns) {
       // workers are numbered among the generation's nodes.
       const std::string members = members_key(generation_);
       if (const auto text = store_.try_get(members)) {
-        members_ = parse_members(members, *text, options_.nnodes);
+        members_ = parse_members(members, *text, options_.nnodes, store_.elects_leader());
       }
       layout_ = read_layout(generation_);
       // The latest generation that moved the workers' store, if any did.

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <charconv>
 #include <nlohmann/json.hpp>
+#include <string_view>
 
 #include "brigade/core/clock.h"
 #include "brigade/core/error.h"
@@ -140,6 +141,35 @@ void EtcdCoordinatorStore::refuse_unfenced(const std::string& key) {
       "etcd ({}): refused to write {}: this agent no longer leads the job (its leader key of "
       "revision {} expired or was taken over: it was silent for longer than its lease)",
       address(), key, fence_revision_));
+}
+
+std::optional<std::string> EtcdCoordinatorStore::live_leader_key(const std::string& end,
+                                                                 int64_t deadline_ns) {
+  const std::string where =
+      fmt::format("etcd ({}) looking for a running job under {}", address(), prefix_);
+  const std::string text = call(
+      "/v3/kv/range",
+      json{{"key", to_base64(prefix_)}, {"range_end", to_base64(end)}, {"keys_only", true}}.dump(),
+      deadline_ns);
+  const json j = etcd_reply(text, where);
+  const auto kvs = j.find("kvs");
+  if (kvs == j.end()) return std::nullopt;
+  if (!kvs->is_array())
+    throw_error("{}: the reply's kvs is not a list: {}", where, shown_reply(text));
+  constexpr std::string_view kLeader = "/leader";
+  for (const json& kv : *kvs) {
+    const auto k = kv.is_object() ? kv.find("key") : kv.end();
+    const std::optional<std::string> key =
+        k != kv.end() && k->is_string() ? from_base64(k->get<std::string>()) : std::nullopt;
+    if (!key) throw_error("{}: a key in the reply is not base64: {}", where, shown_reply(text));
+    // brigade/<id>/<run>/leader: a run's, as run_key("leader") names it.
+    const std::string_view rest = std::string_view(*key).substr(prefix_.size());
+    if (rest.size() > kLeader.size() && rest.ends_with(kLeader) &&
+        rest.find('/') == rest.size() - kLeader.size()) {
+      return key;
+    }
+  }
+  return std::nullopt;
 }
 
 }  // namespace brigade::elastic

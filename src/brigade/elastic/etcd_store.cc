@@ -301,6 +301,15 @@ std::string EtcdCoordinatorStore::own() {
   const std::string owner = prefix_ + "owner";
   std::string end = prefix_;
   ++end.back();  // "brigade/<id>/" -> "brigade/<id>0": every key with the prefix
+  // The owner key lives on node 0's lease only: once node 0 is gone another
+  // node may lead the run (etcd_election.cc), whose leader key lives while
+  // that leader beats. Taking the prefix would delete that run's keys.
+  if (const std::optional<std::string> live = live_leader_key(end, deadline_ns)) {
+    throw_error(
+        "another job with this token is running on etcd {} (its leader holds {}; its node 0 is "
+        "gone and another node leads it): use another token, or stop that job first",
+        address().substr(5), *live);
+  }
   // The owner, if there is none, and every key but it deleted: older runs'.
   const json request = {
       {"compare", json::array({json{{"target", "CREATE"},

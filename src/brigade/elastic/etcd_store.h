@@ -21,7 +21,8 @@
 // through brigade/<id>/owner, created only if absent and attached to a lease
 // it keeps alive (own()); a second job under the same token is refused
 // until the first ends (its lease is revoked) or its node 0 dies (the lease
-// runs out, kOwnerLeaseTtlS). Each run keeps its keys under
+// runs out, kOwnerLeaseTtlS) and no other node leads it (no run's leader
+// key is left, etcd_election.cc). Each run keeps its keys under
 // brigade/<id>/<run id>/, a run id node 0 draws and the other launchers get
 // through the rendezvous (use_run()), so a dead run's straggling agent
 // (its `end`, its beats) never writes into a later run's keys; node 0
@@ -158,6 +159,9 @@ class EtcdCoordinatorStore : public CoordinatorStore {
   nlohmann::json fence() const;
   [[noreturn]] void refuse_unfenced(const std::string& key);
   std::optional<Value> range(const std::string& key, int64_t deadline_ns);
+  // The leader key of a run under the prefix (keys before end), if any: a
+  // job that still runs after its node 0 (and owner key) is gone.
+  std::optional<std::string> live_leader_key(const std::string& end, int64_t deadline_ns);
   // POSTs `body` to `path` at the endpoints in turn (the one that answered
   // last first), authenticating where needed, within the deadline; returns
   // the reply's JSON text. Throws Error if none answered.

@@ -112,7 +112,7 @@ std::vector<int> members_of(CoordinatorStore& store, int64_t generation, int nno
   for (int64_t g = generation; g >= 1; --g) {
     const std::string key = detail::members_key(g);
     if (const std::optional<std::string> text = store.try_get(key)) {
-      return detail::parse_members(key, *text, nnodes);
+      return detail::parse_members(key, *text, nnodes, store.elects_leader());
     }
   }
   std::vector<int> all;

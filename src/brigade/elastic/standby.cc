@@ -60,6 +60,13 @@ std::optional<StandbyAssignment> read_assignment(CoordinatorStore& store, int st
   return a;
 }
 
+void StandbyPool::take_assigned(int64_t now_ns) {
+  watch(now_ns);
+  for (size_t s = 0; s < standbys_.size(); ++s) {
+    if (store_.try_get(standby_node_key(static_cast<int>(s)))) standbys_[s].taken = true;
+  }
+}
+
 void StandbyPool::watch(int64_t now_ns) {
   const int64_t count = read_standby_count(store_);
   while (static_cast<int64_t>(standbys_.size()) < count) {

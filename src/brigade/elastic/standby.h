@@ -65,6 +65,9 @@ class StandbyPool {
   std::vector<int> pick(int64_t now_ns, size_t count, int64_t settled_ns = 0) const;
   // A standby that must never be given a node (its machine is quarantined).
   void refuse(int standby) { standbys_.at(static_cast<size_t>(standby)).taken = true; }
+  // A leader that took over: every standby an earlier leader gave a node
+  // (standby/<s>/node written) is taken.
+  void take_assigned(int64_t now_ns);
   // Gives `node` to `standby` from `generation` on. The standby is taken
   // for good, whether or not it ever starts.
   void assign(int standby, int node, int64_t generation);
