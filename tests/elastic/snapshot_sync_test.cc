@@ -13,8 +13,10 @@
 #include <algorithm>
 #include <chrono>
 #include <future>
+#include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "brigade/ckpt/node_part.h"
@@ -154,6 +156,24 @@ class SnapshotRestoreTest : public SnapshotSyncTest {
     };
     return std::make_unique<SnapshotSync>(std::move(o));
   }
+  // Both nodes of the job enter generation `generation` and fail there.
+  static void fail_generation(SnapshotSync& n0, SnapshotSync& n1, int64_t generation) {
+    n0.enter_generation(generation, 0, {0, 1});
+    n1.enter_generation(generation, 1, {0, 1});
+    n0.freeze();
+    n1.freeze();
+  }
+  // Both nodes restore generation `generation` at once (node 1 on a thread of
+  // its own: each waits for the other's agreement); their steps, node 0's
+  // first.
+  static std::pair<std::optional<int64_t>, std::optional<int64_t>> restore_both(
+      SnapshotSync& n0, SnapshotSync& n1, int64_t generation, int64_t disk_step = -1) {
+    auto other = std::async(std::launch::async, [&] {
+      return n1.restore(generation, 1, {0, 1}, {}, disk_step);
+    });
+    const std::optional<int64_t> first = n0.restore(generation, 0, {0, 1}, {}, disk_step);
+    return {first, other.get()};
+  }
   // Node `node`'s workers commit their part of `step` in `dir`.
   static void write_part(const std::filesystem::path& dir, int node, int64_t step) {
     const int64_t size = ParamLayout(config()).size();
@@ -253,9 +273,9 @@ TEST_F(SnapshotRestoreTest, AGenerationThatFailedBeforeItsFirstSnapshotResumesFr
   replicate({a0.get(), a1.get()}, 7);
   a0->freeze();
   a1->freeze();
-  auto other = std::async(std::launch::async, [&] { return a1->restore(1, 1, {0, 1}); });
-  ASSERT_EQ(a0->restore(1, 0, {0, 1}), 7) << log_;
-  ASSERT_EQ(other.get(), 7) << log_;
+  const auto [first0, first1] = restore_both(*a0, *a1, 1);
+  ASSERT_EQ(first0, 7) << log_;
+  ASSERT_EQ(first1, 7) << log_;
   // Generation 1 fails before any part is written.
   a0->enter_generation(1, 0, {0, 1});
   a1->enter_generation(1, 1, {0, 1});
@@ -263,9 +283,9 @@ TEST_F(SnapshotRestoreTest, AGenerationThatFailedBeforeItsFirstSnapshotResumesFr
   a1->tick();
   a0->freeze();
   a1->freeze();
-  other = std::async(std::launch::async, [&] { return a1->restore(2, 1, {0, 1}, {}, 2); });
-  EXPECT_EQ(a0->restore(2, 0, {0, 1}, {}, 2), 7) << log_;
-  EXPECT_EQ(other.get(), 7) << log_;
+  const auto [second0, second1] = restore_both(*a0, *a1, 2, 2);
+  EXPECT_EQ(second0, 7) << log_;
+  EXPECT_EQ(second1, 7) << log_;
   expect_state(area(0), 7);
   expect_state(area(1), 7);
   EXPECT_NE(log_.find("node 0: generation 1 left no snapshot to resume from (node 0 recorded no "
@@ -273,22 +293,16 @@ TEST_F(SnapshotRestoreTest, AGenerationThatFailedBeforeItsFirstSnapshotResumesFr
             std::string::npos)
       << log_;
   // Generation 2 fails before its first snapshot too: step 7 again.
-  a0->enter_generation(2, 0, {0, 1});
-  a1->enter_generation(2, 1, {0, 1});
-  a0->freeze();
-  a1->freeze();
-  other = std::async(std::launch::async, [&] { return a1->restore(3, 1, {0, 1}, {}, 2); });
-  EXPECT_EQ(a0->restore(3, 0, {0, 1}, {}, 2), 7) << log_;
-  EXPECT_EQ(other.get(), 7) << log_;
+  fail_generation(*a0, *a1, 2);
+  const auto [third0, third1] = restore_both(*a0, *a1, 3, 2);
+  EXPECT_EQ(third0, 7) << log_;
+  EXPECT_EQ(third1, 7) << log_;
   // And generation 3, with a checkpoint of step 7 on disk by then: nothing
   // newer in memory, so disk.
-  a0->enter_generation(3, 0, {0, 1});
-  a1->enter_generation(3, 1, {0, 1});
-  a0->freeze();
-  a1->freeze();
-  other = std::async(std::launch::async, [&] { return a1->restore(4, 1, {0, 1}, {}, 7); });
-  EXPECT_FALSE(a0->restore(4, 0, {0, 1}, {}, 7)) << log_;
-  EXPECT_FALSE(other.get()) << log_;
+  fail_generation(*a0, *a1, 3);
+  const auto [fourth0, fourth1] = restore_both(*a0, *a1, 4, 7);
+  EXPECT_FALSE(fourth0) << log_;
+  EXPECT_FALSE(fourth1) << log_;
   EXPECT_FALSE(latest_checkpoint(area(0)));
 }
 
@@ -303,17 +317,17 @@ TEST_F(SnapshotRestoreTest, WithoutEveryNodesCopyOfTheResumedStepEveryNodeGoesTo
   replicate({a0.get(), a1.get()}, 4);
   a0->freeze();
   a1->freeze();
-  auto other = std::async(std::launch::async, [&] { return a1->restore(1, 1, {0, 1}); });
-  ASSERT_EQ(a0->restore(1, 0, {0, 1}), 4) << log_;
-  ASSERT_EQ(other.get(), 4) << log_;
+  const auto [first0, first1] = restore_both(*a0, *a1, 1);
+  ASSERT_EQ(first0, 4) << log_;
+  ASSERT_EQ(first1, 4) << log_;
   a0->enter_generation(1, 0, {0, 1});
   a0->freeze();
   a1.reset();  // node 1 is lost with its copy; a standby takes its place
   std::filesystem::remove_all(area(1));
   auto standby = agent(2);
-  other = std::async(std::launch::async, [&] { return standby->restore(2, 1, {0, 1}); });
-  EXPECT_FALSE(a0->restore(2, 0, {0, 1})) << log_;
-  EXPECT_FALSE(other.get()) << log_;
+  const auto [second0, second1] = restore_both(*a0, *standby, 2);
+  EXPECT_FALSE(second0) << log_;
+  EXPECT_FALSE(second1) << log_;
   EXPECT_NE(log_.find("node 1 holds no copy of step 4, which generation 1 resumed from"),
             std::string::npos)
       << log_;
