@@ -32,9 +32,11 @@
 #include "brigade/model/gpt_config.h"
 #include "brigade/train/train_options.h"
 #include "brigade/train/trainer.h"
+#include "testing/run_records.h"
 
 namespace BRIGADE_TEST_FILE {
 namespace fs = std::filesystem;
+using brigade::testing::read_jsonl;
 
 const char* const kBrigade = BRIGADE_BINARY_DIR "/brigade";
 
@@ -107,17 +109,6 @@ void expect_same_tree(const TreeSnapshot& before, const TreeSnapshot& after) {
   for (const auto& [path, state] : before) {
     if (after.count(path) == 0) ADD_FAILURE() << "deleted " << path;
   }
-}
-
-std::vector<nlohmann::json> read_jsonl(const fs::path& path) {
-  std::vector<nlohmann::json> lines;
-  std::ifstream in(path);
-  std::string line;
-  while (std::getline(in, line)) {
-    EXPECT_FALSE(line.empty()) << path << " has an empty line";
-    lines.push_back(nlohmann::json::parse(line));  // throws (fails the test) if not JSON
-  }
-  return lines;
 }
 
 // The metrics lines of training steps (not the validation lines).

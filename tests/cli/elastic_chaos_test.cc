@@ -31,11 +31,14 @@
 #include "brigade/sim/failure_model.h"
 #include "testing/processes.h"
 #include "testing/run_brigade.h"
+#include "testing/run_records.h"
 #include "testing/temp_dir.h"
 
 namespace brigade {
 namespace BRIGADE_TEST_FILE {
 namespace fs = std::filesystem;
+using testing::read_failures;
+using testing::read_jsonl;
 using testing::run_brigade;
 
 // Short steps (a few ms), a snapshot every step and a disk checkpoint every
@@ -61,13 +64,6 @@ constexpr double kMtbfS = 2.0;
 int trials() {
   const char* value = std::getenv("BRIGADE_ETTR_CHAOS_TRIALS");
   return value != nullptr ? std::max(1, std::atoi(value)) : 1;
-}
-
-std::vector<nlohmann::json> read_jsonl(const fs::path& path) {
-  std::vector<nlohmann::json> lines;
-  std::ifstream in(path);
-  for (std::string line; std::getline(in, line);) lines.push_back(nlohmann::json::parse(line));
-  return lines;
 }
 
 std::string trimmed(const std::string& text) {
@@ -125,7 +121,7 @@ void expect_ettr_plumbing(const fs::path& run, const nlohmann::json& summary) {
   ASSERT_GT(steps, 0);
   double recovery_s = 0;
   int recoveries = 0;
-  for (const nlohmann::json& j : read_jsonl(run / "incidents.jsonl")) {
+  for (const nlohmann::json& j : read_failures(run / "incidents.jsonl")) {
     if (j.contains("recovered_after_ms") && j.at("recovered_after_ms").is_number()) {
       recovery_s +=
           (j.at("detected_after_ms").get<double>() + j.at("recovered_after_ms").get<double>()) *
@@ -189,7 +185,7 @@ TEST_F(ElasticChaos, RandomKillsAndStopsEndBitIdenticalWithEttrReported) {
     }
     EXPECT_GT(committed, 0);
 
-    const auto lines = read_jsonl(run / "incidents.jsonl");
+    const auto lines = read_failures(run / "incidents.jsonl");
     ASSERT_GE(lines.size(), 2u) << r.err;
     const nlohmann::json& summary = lines.back();
     ASSERT_EQ(summary.at("kind"), "summary") << summary;
@@ -279,7 +275,7 @@ TEST_F(ElasticChaos, AStoppedWorkerIsNotStruckAgainAndKeepsItsFaultsTime) {
   EXPECT_NE(r.err.find("sent no heartbeat"), std::string::npos) << r.err;
   EXPECT_EQ(r.err.find("chaos fault 3:"), std::string::npos)
       << "two workers, each struck once: " << r.err;
-  const auto lines = read_jsonl(run / "incidents.jsonl");
+  const auto lines = read_failures(run / "incidents.jsonl");
   ASSERT_EQ(lines.size(), 2u) << r.err;
   EXPECT_EQ(lines[0].at("kind"), "hang") << lines[0];
   EXPECT_GE(lines[0].at("detected_after_ms").get<double>(), 1500.0) << lines[0];

@@ -20,12 +20,14 @@
 #include "testing/free_port.h"
 #include "testing/processes.h"
 #include "testing/run_brigade.h"
+#include "testing/run_records.h"
 #include "testing/temp_dir.h"
 
 namespace brigade {
 namespace BRIGADE_TEST_FILE {
 namespace fs = std::filesystem;
 using testing::Output;
+using testing::read_failures;
 using testing::run_brigade;
 
 constexpr char kTraining[] = R"(
@@ -137,9 +139,7 @@ TEST_F(ElasticFewer, NodeZeroGoesOnAloneOnTheSameGlobalBatch) {
                           "nodes)"),
             std::string::npos)
       << r[0].err;
-  std::ifstream in(dir_.path() / "fewer" / "incidents.jsonl");
-  std::vector<nlohmann::json> lines;
-  for (std::string line; std::getline(in, line);) lines.push_back(nlohmann::json::parse(line));
+  const auto lines = read_failures(dir_.path() / "fewer" / "incidents.jsonl");
   ASSERT_GE(lines.size(), 2u) << r[0].err;
   const nlohmann::json& incident = lines.front();
   ASSERT_TRUE(incident.at("resumed_from_step").is_number_integer()) << incident.dump();

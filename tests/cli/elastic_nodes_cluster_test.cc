@@ -23,6 +23,7 @@
 
 #include "testing/fake_cluster.h"
 #include "testing/run_brigade.h"
+#include "testing/run_records.h"
 #include "testing/temp_dir.h"
 
 namespace brigade {
@@ -30,6 +31,7 @@ namespace BRIGADE_TEST_FILE {
 namespace fs = std::filesystem;
 using testing::Cluster;
 using testing::ClusterResult;
+using testing::read_failures;
 using testing::Started;
 using namespace std::chrono_literals;
 
@@ -52,13 +54,6 @@ timeout_s = 30
 )";
 
 constexpr int kStandby = -1;
-
-std::vector<nlohmann::json> read_jsonl(const fs::path& path) {
-  std::vector<nlohmann::json> lines;
-  std::ifstream in(path);
-  for (std::string line; std::getline(in, line);) lines.push_back(nlohmann::json::parse(line));
-  return lines;
-}
 
 class ElasticNodesCluster : public ::testing::Test {
  protected:
@@ -159,7 +154,7 @@ class ElasticNodesCluster : public ::testing::Test {
         << r1.output;
     EXPECT_EQ(hash("faulty"), reference);
     // Node 0 writes the job's incidents: node 1's, with its detection time.
-    const auto lines = read_jsonl(dir_.path() / "faulty" / "incidents.jsonl");
+    const auto lines = read_failures(dir_.path() / "faulty" / "incidents.jsonl");
     ASSERT_EQ(lines.size(), 2u);
     const nlohmann::json& incident = lines[0];
     EXPECT_EQ(incident.at("kind"), kind) << incident;
@@ -211,7 +206,7 @@ class ElasticNodesCluster : public ::testing::Test {
               std::string::npos)
         << r2.output;
     EXPECT_EQ(hash("standby"), reference);
-    const auto lines = read_jsonl(dir_.path() / "standby" / "incidents.jsonl");
+    const auto lines = read_failures(dir_.path() / "standby" / "incidents.jsonl");
     EXPECT_EQ(lines.size(), 2u);
     if (lines.size() == 2) {
       const nlohmann::json& incident = lines[0];
@@ -288,7 +283,7 @@ TEST_F(ElasticNodesCluster, ANodeCutOffTheNetworkIsNamedAndEndsTheJob) {
   EXPECT_LT(node0_ended_s, 20.0) << r0.output;
   EXPECT_NE(r1.status, 0) << r1.output;
   EXPECT_NE(r1.output.find("lost contact with the coordinator"), std::string::npos) << r1.output;
-  const auto lines = read_jsonl(dir_.path() / "cut" / "incidents.jsonl");
+  const auto lines = read_failures(dir_.path() / "cut" / "incidents.jsonl");
   ASSERT_EQ(lines.size(), 2u);
   EXPECT_EQ(lines[0].at("kind"), "node_lost") << lines[0];
   EXPECT_EQ(lines[0].at("node"), 1) << lines[0];

@@ -24,6 +24,7 @@
 
 #include "testing/fake_cluster.h"
 #include "testing/run_brigade.h"
+#include "testing/run_records.h"
 #include "testing/temp_dir.h"
 
 namespace brigade {
@@ -31,6 +32,7 @@ namespace BRIGADE_TEST_FILE {
 namespace fs = std::filesystem;
 using testing::Cluster;
 using testing::ClusterResult;
+using testing::read_failures;
 using testing::Started;
 using namespace std::chrono_literals;
 
@@ -52,13 +54,6 @@ timeout_s = 30
 )";
 
 constexpr int kStandby = -1;
-
-std::vector<nlohmann::json> read_incidents(const fs::path& path) {
-  std::vector<nlohmann::json> lines;
-  std::ifstream in(path);
-  for (std::string line; std::getline(in, line);) lines.push_back(nlohmann::json::parse(line));
-  return lines;
-}
 
 class ElasticSnapshotsCluster : public ::testing::Test {
  protected:
@@ -153,7 +148,7 @@ class ElasticSnapshotsCluster : public ::testing::Test {
     for (const ClusterResult& c : r) all += c.output + "\n----\n";
     EXPECT_EQ(r[0].status, 0) << all;
     EXPECT_EQ(hash(run), reference_hash());
-    const auto lines = read_incidents(dir_.path() / run / "incidents.jsonl");
+    const auto lines = read_failures(dir_.path() / run / "incidents.jsonl");
     EXPECT_EQ(lines.size(), 2u) << all;
     return lines.empty() ? nlohmann::json::object() : lines[0];
   }

@@ -23,12 +23,15 @@
 
 #include "testing/processes.h"
 #include "testing/run_brigade.h"
+#include "testing/run_records.h"
 #include "testing/scoped_env.h"
 #include "testing/temp_dir.h"
 
 namespace brigade {
 namespace BRIGADE_TEST_FILE {
 namespace fs = std::filesystem;
+using testing::read_failures;
+using testing::read_jsonl;
 using testing::run_brigade;
 
 // No disk checkpoint but the last: a restart resumes from the in-memory
@@ -53,13 +56,6 @@ timeout_s = 20
 
 std::string trimmed(const std::string& text) {
   return text.substr(0, text.find_last_not_of("\n") + 1);
-}
-
-std::vector<nlohmann::json> read_jsonl(const fs::path& path) {
-  std::vector<nlohmann::json> lines;
-  std::ifstream in(path);
-  for (std::string line; std::getline(in, line);) lines.push_back(nlohmann::json::parse(line));
-  return lines;
 }
 
 class Elastic : public ::testing::Test {
@@ -159,7 +155,7 @@ TEST_F(Elastic, KilledWorkerIsDetectedAtOnceAndTheRunEndsBitIdentical) {
                        "step "),
             std::string::npos)
       << r.err;
-  const auto lines = read_jsonl(dir_.path() / "run" / "incidents.jsonl");
+  const auto lines = read_failures(dir_.path() / "run" / "incidents.jsonl");
   ASSERT_EQ(lines.size(), 2u);
   expect_recovered(lines[0], "crash", 1, 1000);
   EXPECT_EQ(lines[0].at("signal"), SIGKILL);
@@ -220,7 +216,7 @@ TEST_F(Elastic, WithoutSnapshotsARestartResumesFromTheNewestCheckpoint) {
             std::string::npos)
       << r.err;
   EXPECT_EQ(r.err.find("in-memory snapshot"), std::string::npos) << r.err;
-  const auto lines = read_jsonl(dir_.path() / "run" / "incidents.jsonl");
+  const auto lines = read_failures(dir_.path() / "run" / "incidents.jsonl");
   ASSERT_EQ(lines.size(), 2u);
   expect_recovered(lines[0], "crash", 0, 1000);
   EXPECT_EQ(hash("run"), reference);
@@ -231,7 +227,7 @@ TEST_F(Elastic, StoppedWorkerIsDetectedWithinThreeSecondsKilledAndTheRunEndsBitI
   const auto r = train("run", 4, {"--inject", "stop:rank=2:step=5"});
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_NE(r.err.find("sent no heartbeat"), std::string::npos) << r.err;
-  const auto lines = read_jsonl(dir_.path() / "run" / "incidents.jsonl");
+  const auto lines = read_failures(dir_.path() / "run" / "incidents.jsonl");
   ASSERT_EQ(lines.size(), 2u);
   expect_recovered(lines[0], "hang", 2, 3000);
   // The stopped process itself was killed, not left stopped.
@@ -250,7 +246,7 @@ TEST_F(Elastic, RestartsAreBoundedAndTheLastFailureIsNamed) {
                        "(after 1 restart); stopped the other 3 workers"),
             std::string::npos)
       << r.err;
-  const auto lines = read_jsonl(dir_.path() / "run" / "incidents.jsonl");
+  const auto lines = read_failures(dir_.path() / "run" / "incidents.jsonl");
   ASSERT_EQ(lines.size(), 3u);
   EXPECT_EQ(lines[0].at("rank"), 1);
   EXPECT_EQ(lines[0].at("generation"), 0);
@@ -281,7 +277,7 @@ TEST_F(Elastic, GlooGroupRestartsUnderANewGeneration) {
   const auto r =
       train("run", 2, {"--set", "parallel.backend=\"gloo\"", "--inject", "kill:rank=0:step=5"});
   ASSERT_EQ(r.status, 0) << r.err;
-  const auto lines = read_jsonl(dir_.path() / "run" / "incidents.jsonl");
+  const auto lines = read_failures(dir_.path() / "run" / "incidents.jsonl");
   ASSERT_EQ(lines.size(), 2u);
   expect_recovered(lines[0], "crash", 0, 1000);
   EXPECT_EQ(hash("run"), reference);

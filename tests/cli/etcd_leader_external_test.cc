@@ -23,12 +23,14 @@
 #include "testing/free_port.h"
 #include "testing/processes.h"
 #include "testing/run_brigade.h"
+#include "testing/run_records.h"
 #include "testing/temp_dir.h"
 
 namespace brigade {
 namespace BRIGADE_TEST_FILE {
 namespace fs = std::filesystem;
 using testing::Output;
+using testing::read_failures;
 using testing::run_brigade;
 constexpr char kToken[] = "etcd-leader-test-token";
 
@@ -112,9 +114,7 @@ TEST_F(EtcdLeader, NodeZerosLossLeavesTheJobToNodeOneThroughEtcd) {
   EXPECT_NE(r[2].err.find("node 2 runs as node 1 of 2 in generation 1"), std::string::npos)
       << r[2].err;
   // Node 1, the leader now, wrote the job's incidents: node 0 lost.
-  std::ifstream in(run / "incidents.jsonl");
-  std::vector<nlohmann::json> lines;
-  for (std::string line; std::getline(in, line);) lines.push_back(nlohmann::json::parse(line));
+  const auto lines = read_failures(run / "incidents.jsonl");
   ASSERT_GE(lines.size(), 2u) << r[1].err;
   const nlohmann::json& incident = lines.front();
   EXPECT_EQ(incident.at("kind"), "node_lost") << incident.dump();

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "testing/run_brigade.h"
+#include "testing/run_records.h"
 
 namespace brigade::testing {
 
@@ -75,10 +76,10 @@ inline std::string root_cause_trial(const std::filesystem::path& config,
   }
   // One incident line, not a wall of them.
   EXPECT_EQ(r.err.find("brigade launch: incident", at + 1), std::string::npos) << r.err;
-  std::ifstream in(run_dir / "incidents.jsonl");
-  std::string first;
-  std::getline(in, first);
-  const nlohmann::json incident = nlohmann::json::parse(first);
+  const auto failures = read_failures(run_dir / "incidents.jsonl");
+  EXPECT_FALSE(failures.empty()) << "no incident in incidents.jsonl";
+  if (failures.empty()) return line;
+  const nlohmann::json& incident = failures.front();
   EXPECT_EQ(incident.at("cause"), line) << incident;
   // The evidence wait is bounded (1 s, then the write); the margin is for a
   // loaded machine, the bound for a wait that would hold the restart up.

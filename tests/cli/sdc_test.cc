@@ -31,11 +31,13 @@
 
 #include "testing/processes.h"
 #include "testing/run_brigade.h"
+#include "testing/run_records.h"
 #include "testing/temp_dir.h"
 
 namespace brigade {
 namespace BRIGADE_TEST_FILE {
 namespace fs = std::filesystem;
+using testing::read_failures;
 using testing::run_brigade;
 
 // A snapshot every step, and a replica check only every 1000: the flip is
@@ -105,10 +107,11 @@ std::string expect_sdc_incident(const testing::Output& r, const fs::path& run, i
       std::string::npos)
       << line;
   EXPECT_EQ(r.err.find("brigade launch: incident", at + 1), std::string::npos) << r.err;
-  std::ifstream in(run / "incidents.jsonl");
-  std::string first;
-  std::getline(in, first);
-  EXPECT_EQ(nlohmann::json::parse(first).at("cause"), line) << first;
+  const auto failures = read_failures(run / "incidents.jsonl");
+  EXPECT_FALSE(failures.empty());
+  if (!failures.empty()) {
+    EXPECT_EQ(failures.front().at("cause"), line) << failures.front();
+  }
   EXPECT_TRUE(
       fs::exists(run / "incidents" / "1" /
                  ("sdc_rank" + std::to_string(rank) + "_step" + std::to_string(step) + ".json")));

@@ -28,6 +28,7 @@
 
 #include "testing/free_port.h"
 #include "testing/run_brigade.h"
+#include "testing/run_records.h"
 #include "testing/temp_dir.h"
 
 namespace brigade {
@@ -432,11 +433,9 @@ TEST(Slurm, KilledWorkerUnderSrunIsRecoveredByTheNodeAgent) {
              {config.string(), "--set", run_dir_flag(run_dir), "--inject", "kill:rank=1:step=5"});
   ASSERT_EQ(r.status, 0) << r.output << slurm.logs();
   EXPECT_NE(r.output.find("1 incident, 1 restart"), std::string::npos) << r.output;
-  std::ifstream incidents(run_dir / "incidents.jsonl");
-  std::string first;
-  ASSERT_TRUE(std::getline(incidents, first)) << "no incidents.jsonl";
-  const auto incident = nlohmann::json::parse(first);
-  EXPECT_EQ(incident.at("rank"), 1) << first;
+  const auto failures = testing::read_failures(run_dir / "incidents.jsonl");
+  ASSERT_FALSE(failures.empty()) << "no incident in incidents.jsonl";
+  EXPECT_EQ(failures.front().at("rank"), 1) << failures.front();
   expect_same_run(run_dir, reference, "sbatch (agents) with a killed worker");
 }
 

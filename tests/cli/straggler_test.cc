@@ -8,6 +8,7 @@
 // threshold (straggler.h); the 2x case is the detector's unit test.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -15,11 +16,14 @@
 #include <vector>
 
 #include "testing/run_brigade.h"
+#include "testing/run_records.h"
 #include "testing/temp_dir.h"
 
 namespace brigade {
 namespace BRIGADE_TEST_FILE {
 namespace fs = std::filesystem;
+using testing::read_failures;
+using testing::read_jsonl;
 using testing::run_brigade;
 
 // Steps of about 10 ms, for the injected run.
@@ -51,13 +55,6 @@ grad_accum = 2
 synthetic = true
 )";
 
-std::vector<nlohmann::json> read_lines(const fs::path& path) {
-  std::vector<nlohmann::json> lines;
-  std::ifstream in(path);
-  for (std::string line; std::getline(in, line);) lines.push_back(nlohmann::json::parse(line));
-  return lines;
-}
-
 TEST(Straggler, ASlowRankIsNamedWithin20StepsOnce) {
   testing::TempDir dir("brigade_straggler");
   const fs::path run = dir.path() / "run";
@@ -76,7 +73,7 @@ TEST(Straggler, ASlowRankIsNamedWithin20StepsOnce) {
   // The record beside the step that named it, and the incident-like one.
   nlohmann::json record;
   int64_t named_at = 0;
-  for (const auto& row : read_lines(run / "metrics.jsonl")) {
+  for (const auto& row : read_jsonl(run / "metrics.jsonl")) {
     if (!row.contains("stragglers") || !record.is_null()) continue;
     ASSERT_EQ(row.at("stragglers").size(), 1u);
     record = row.at("stragglers").at(0);
@@ -94,7 +91,7 @@ TEST(Straggler, ASlowRankIsNamedWithin20StepsOnce) {
   EXPECT_LE(named_at, 20);
   EXPECT_EQ(record.at("last_step").get<int64_t>(), named_at);
   int incidents = 0;
-  for (const auto& line : read_lines(run / "incidents.jsonl")) {
+  for (const auto& line : read_jsonl(run / "incidents.jsonl")) {
     if (line.value("kind", "") != "straggler") continue;
     ++incidents;
     EXPECT_EQ(line.at("restart"), false);
@@ -102,6 +99,32 @@ TEST(Straggler, ASlowRankIsNamedWithin20StepsOnce) {
     EXPECT_EQ(line.at("what").get<std::string>().rfind("straggler: rank 1 (node 0)", 0), 0u);
   }
   EXPECT_GE(incidents, 1);
+}
+
+// A straggler episode is written to incidents.jsonl beside the failures but
+// is not one: the run's summary counts the crash alone, as does every test
+// that reads a run's failures through read_failures.
+TEST(Straggler, AnEpisodeBesideACrashIsNotCountedAsAnIncident) {
+  testing::TempDir dir("brigade_straggler");
+  const fs::path run = dir.path() / "run";
+  const fs::path config = dir.path() / "config.toml";
+  std::ofstream(config) << kConfig;
+  const auto result =
+      run_brigade({"train", "--nproc", "2", config.string(), "--set", "train.steps=40", "--inject",
+                   "slow:rank=1:factor=4,kill:rank=0:step=30", "--set",
+                   "train.run_dir=\"" + run.string() + "\""});
+  ASSERT_EQ(result.status, 0) << result.err;
+  const auto all = read_jsonl(run / "incidents.jsonl");
+  const auto episodes = std::count_if(all.begin(), all.end(), [](const nlohmann::json& line) {
+    return line.value("kind", "").starts_with("straggler");
+  });
+  EXPECT_GE(episodes, 1) << result.err;
+  const auto failures = read_failures(run / "incidents.jsonl");
+  ASSERT_EQ(failures.size(), 2u) << result.err;
+  EXPECT_EQ(failures[0].at("kind"), "crash") << failures[0];
+  EXPECT_EQ(failures[0].at("rank"), 0) << failures[0];
+  EXPECT_EQ(failures[1].at("kind"), "summary") << failures[1];
+  EXPECT_EQ(failures[1].at("incidents"), 1) << failures[1];
 }
 
 TEST(Straggler, ACleanRunOf100StepsNamesNone) {
@@ -116,7 +139,7 @@ TEST(Straggler, ACleanRunOf100StepsNamesNone) {
   EXPECT_EQ(result.err.find("straggler: "), std::string::npos) << result.err;
   // The detector saw every rank's compute: the per-rank series is there.
   int steps = 0;
-  for (const auto& row : read_lines(run / "metrics.jsonl")) {
+  for (const auto& row : read_jsonl(run / "metrics.jsonl")) {
     if (!row.contains("loss")) continue;
     ++steps;
     EXPECT_EQ(row.at("compute_ms_per_rank").size(), 2u);
