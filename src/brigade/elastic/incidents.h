@@ -108,7 +108,10 @@ struct JobProgress {
 };
 
 struct RunSummary {
-  int incidents = 0;
+  int incidents = 0;  // failures
+  // Times the job grew back (a node rejoined): each stopped the job, so its
+  // time counts in lost_s, but nothing failed and no restart was used.
+  int rejoins = 0;
   int restarts = 0;
   double wall_s = 0;
   double productive_s = 0;
