@@ -62,7 +62,7 @@ nlohmann::json Incident::to_json() const {
   // A rejoin (the job grew back) stopped the job but is no failure and
   // used no restart: not one of the failures `brigade ettr`, report and
   // the model count, as a straggler's record is not.
-  if (kind == "rejoin") j["restart"] = false;
+  if (!failure()) j["restart"] = false;
   const auto recovered = recovered_after_ms();
   j["recovered_after_ms"] = recovered ? nlohmann::json(*recovered) : nlohmann::json(nullptr);
   j["resumed_from_step"] =
@@ -125,7 +125,7 @@ RunSummary summarize(const std::vector<Incident>& incidents,
                      const std::vector<GenerationRecord>& generations, int restarts,
                      int64_t start_ns, int64_t end_ns) {
   RunSummary s;
-  for (const Incident& i : incidents) ++(i.kind == "rejoin" ? s.rejoins : s.incidents);
+  for (const Incident& i : incidents) ++(i.failure() ? s.incidents : s.rejoins);
   s.restarts = restarts;
   s.wall_s = std::max<int64_t>(0, end_ns - start_ns) * 1e-9;
   for (size_t g = 0; g < generations.size(); ++g) {

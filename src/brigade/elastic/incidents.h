@@ -34,7 +34,10 @@
 namespace brigade::elastic {
 
 struct Incident {
-  std::string kind;  // "crash", "hang", "node_lost" or "partition", as the agents saw it
+  // "crash", "hang", "node_lost" or "partition", as the agents saw it; or
+  // "rejoin": the job stopped to grow back, which is no failure.
+  std::string kind;
+  bool failure() const { return kind != "rejoin"; }
   int rank = 0;
   int node = 0;  // the node of the worker (or the node that was lost)
   int64_t pid = 0;
