@@ -73,7 +73,25 @@ struct Hardware {
   double node_bytes_per_s = 0;     // the staged shm all-reduce's bus bandwidth
   double node_latency_s = 0;       // one of its hops
   double tcp_cpu_bytes_per_s = 0;  // Gloo's all-reduce bus bandwidth over loopback
+  // this-machine: the workers the planned job runs on the calibrated
+  // machine's cores (with namespace nodes, every node's), and how many ran
+  // the calibration's comm figures side by side. A collective's CPU work
+  // (shm's copies and sums, TCP's copies) is the cores' work: when more
+  // workers do it at once than there are cores, they share them, and the
+  // calibrated rates, each taken with a worker per core, are too fast. 0:
+  // not modelled (GPUs). node_bytes_per_s and intra_bytes_per_s already
+  // carry the share of every machine worker (all of them run those steps at
+  // once); tcp_cpu_bytes_per_s is as calibrated, since how many workers run
+  // TCP at once depends on the group (cpu_comm_share).
+  int64_t machine_workers = 0;
+  int64_t comm_calibration_workers = 0;
 };
+
+// What a CPU-bound collective phase that `active` of the machine's workers
+// run at once achieves, as a fraction of its calibrated rate: each of them
+// gets min(1, cores / active) of a core, where each calibrating worker got
+// min(1, cores / comm_calibration_workers). 1 where not modelled.
+double cpu_comm_share(const Hardware& hw, int64_t active);
 
 // The catalogue: a100-80g, h100-80g, h200. Throws Error naming the known
 // devices when `name` is none of them. "this-machine" is not here: it comes

@@ -125,7 +125,9 @@ void add_links(Hardware& h, const nlohmann::json& calibration, const ThisMachine
   h.inter_efficiency = 1.0;
   h.inter_latency_s = gloo.hop_latency_s;
   h.tcp_cpu_bytes_per_s = gloo.bus_bytes_per_s;
-  h.node_bytes_per_s = staged.bus_bytes_per_s;
+  // Every node's members run their node step at once: on namespace nodes,
+  // all the machine's workers (hardware.h: cpu_comm_share).
+  h.node_bytes_per_s = staged.bus_bytes_per_s * cpu_comm_share(h, h.machine_workers);
   h.node_latency_s = staged.hop_latency_s;
   h.hierarchical_nodes = true;
 }
@@ -234,9 +236,16 @@ Hardware this_machine_hardware(const nlohmann::json& calibration, int64_t device
   h.reserved_bytes = 0.2e9;
   h.host_copy_bytes_per_s = h.memory_bytes_per_s;
 
-  // The shm all-reduce between two workers (the intra-node links).
-  const RingFigures shm = all_reduce_figures(field(calibration, "comm", "the file"), "all_reduce");
-  const double bus = shm.bus_bytes_per_s;
+  // The comm figures were each taken by comm.nproc workers side by side;
+  // the job puts machine_devices on these cores, and a collective's copies
+  // and sums are CPU work that shares them as the compute does.
+  const nlohmann::json& comm = field(calibration, "comm", "the file");
+  h.machine_workers = machine_devices;
+  h.comm_calibration_workers = static_cast<int64_t>(positive(comm, "nproc", "comm"));
+  // The shm all-reduce between two workers (the intra-node links), every
+  // worker of the machine running its group's at once.
+  const RingFigures shm = all_reduce_figures(comm, "all_reduce");
+  const double bus = shm.bus_bytes_per_s * cpu_comm_share(h, h.machine_workers);
   h.intra_bytes_per_s = h.inter_bytes_per_s = bus;
   h.intra_efficiency = h.inter_efficiency = 1.0;
   h.intra_latency_s = h.inter_latency_s = shm.hop_latency_s;
@@ -247,6 +256,12 @@ Hardware this_machine_hardware(const nlohmann::json& calibration, int64_t device
       "+ {:.0f} us",
       cores, threads, h.peak_flops * 1e-9, gemm_gflops, 100.0 * h.gemm_efficiency,
       h.memory_bytes_per_s * 1e-9, bus * 1e-9, h.intra_latency_s * 1e6);
+  if (const double share = cpu_comm_share(h, h.machine_workers); share < 1.0) {
+    h.description += fmt::format(
+        "; {} workers on {} cores: shm steps at {:.2f} of their calibrated rate ({} workers side "
+        "by side)",
+        h.machine_workers, cores, share, h.comm_calibration_workers);
+  }
   if (h.hierarchical_nodes) {
     h.description += fmt::format(
         "; {} {}nodes of {} worker(s): links {:.2f} GB/s of payload, TCP (Gloo) {:.2f} GB/s + "
