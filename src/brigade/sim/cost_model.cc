@@ -254,8 +254,11 @@ CpuNodesDp cpu_nodes_dp(const Hardware& hw, const Layout& l, double grads, doubl
   if (l.tp > 1 || l.pp > 1) {
     // Only the world is hierarchical (cli/cmd_train.cc); a smaller group
     // spanning nodes is one flat Gloo ring, its in-node edges over loopback
-    // TCP as well, and every group's ring runs at once: each of the
-    // machine's workers does TCP.
+    // TCP as well. With tp > 1 every group's ring runs at once, so each of
+    // the machine's workers does TCP. With pp > 1 that is an approximation
+    // which leans slow: the schedule (1F1B) ends the stages' backwards one
+    // after the other, last stage first, so their groups' all-reduces start
+    // staggered and overlap only in part.
     c.reduce_grads = tcp(grads, l.dp, (l.zero == 0 ? 2.0 : 1.0) * (d - 1.0) / d, hw.machine_workers,
                          c.reduce_grads_wire);
     c.gather_weights = tcp(weights, l.dp, (d - 1.0) / d, hw.machine_workers, c.gather_weights_wire);
@@ -273,15 +276,20 @@ CpuNodesDp cpu_nodes_dp(const Hardware& hw, const Layout& l, double grads, doubl
   };
   // Only the leaders run TCP (one per node; on namespace nodes every node's
   // leader shares this machine), while the other members wait for their
-  // broadcast: a wait that yields the core (comm/shm_communicator.cc), so
-  // it takes none of the leaders' CPU.
+  // broadcast. That wait (comm/shm_communicator.cc: wait_for) takes little
+  // of the leaders' CPU, not none: 4000 pause instructions (microseconds),
+  // then sched_yield for up to 1 ms (a busy loop, but one that hands the
+  // core to a runnable leader that shares it), then 50 us naps, each a
+  // wake-up of a few microseconds. Against a TCP phase of tens of
+  // milliseconds that is a few percent of a core, left out here.
   const int64_t leaders_here = std::max<int64_t>(1, hw.machine_workers / k);
   c.reduce_grads = node(grads, 2.0 * (kk - 1.0) / kk) +
                    tcp(grads, n, 2.0 * (nn - 1.0) / nn, leaders_here, c.reduce_grads_wire) +
                    node(grads, 1.0);
   if (l.zero >= 1) {
     // Its reduce-scatter is an all-reduce of a fresh copy of the bucket:
-    // pages to fault in, then read and write.
+    // pages to fault in, then read and write, by every worker at once (both
+    // rates carry the worker's share of the cores: this_machine.cc).
     c.reduce_grads += 2.0 * grads / hw.memory_bytes_per_s +
                       (hw.refault_bytes_per_s > 0 ? grads / hw.refault_bytes_per_s : 0.0);
   }
