@@ -192,12 +192,19 @@ Workload small_job(int64_t n_layer, int64_t n_embd) {
   return job;
 }
 
-TEST(ThisMachineNodes, TheWorldAllReduceRunsInsideNodesThenBetweenLeadersThenBroadcasts) {
-  const Hardware h = namespace_nodes("1gbit");
-  const Workload job = small_job(2, 256);
+// The data-parallel layout of the 2 x 2 namespace-node runs: dp 4,
+// micro-batch 2.
+Layout dp4() {
   Layout l;
   l.dp = 4;
   l.micro = 2;
+  return l;
+}
+
+TEST(ThisMachineNodes, TheWorldAllReduceRunsInsideNodesThenBetweenLeadersThenBroadcasts) {
+  const Hardware h = namespace_nodes("1gbit");
+  const Workload job = small_job(2, 256);
+  Layout l = dp4();
   const Estimate e = estimate(job, l, h);
   ASSERT_TRUE(e.valid) << e.invalid;
   // Gradients of S bytes: a 2-rank staged all-reduce inside each node (4
@@ -248,9 +255,7 @@ TEST(ThisMachineNodes, BackwardHidesOnlyTheSlowLinksWaitingNotTheCoresWork) {
   // backward (part of the compute) overlaps; at 10 Gbit the cores' TCP is
   // the limit and all of it shows.
   const Workload job = small_job(12, 768);
-  Layout l;
-  l.dp = 4;
-  l.micro = 2;
+  const Layout l = dp4();
   const Estimate slow = estimate(job, l, namespace_nodes("1gbit"));
   const Estimate fast = estimate(job, l, namespace_nodes("10gbit"));
   ASSERT_TRUE(slow.valid && fast.valid);
@@ -293,9 +298,7 @@ TEST(ThisMachineNodes, WorkersBeyondTheCoresShareTheCollectivesCpuWork) {
   EXPECT_DOUBLE_EQ(cpu_comm_share(shared, 4), 1.0);
   EXPECT_DOUBLE_EQ(shared.node_bytes_per_s, 1e9);
   const Workload job = small_job(2, 256);
-  Layout l;
-  l.dp = 4;
-  l.micro = 2;
+  const Layout l = dp4();
   const Estimate over = estimate(job, l, two);
   const Estimate fits = estimate(job, l, four);
   ASSERT_TRUE(over.valid && fits.valid);
@@ -352,9 +355,7 @@ TEST(ThisMachineNodes, CalibratedOnSharedCoresAWorkerWithACoreOfItsOwnIsFaster) 
   // The 4 leaders' ring: each leader's TCP at 1 GB/s, twice the 0.5
   // measured; the link (100 Gbit) is faster still.
   const Workload job = small_job(2, 256);
-  Layout l;
-  l.dp = 4;
-  l.micro = 2;
+  const Layout l = dp4();
   const Estimate e = estimate(job, l, h);
   ASSERT_TRUE(e.valid) << e.invalid;
   const double s = 4.0 * stage_params_per_gpu(job.model, job.seq_len, l, true, true);
