@@ -6,7 +6,8 @@
 #
 #   chaos_nodes.sh --out DIR [--steps N] [--mtbf S] [--seed N] [--bound-s S]
 #                  [--name NAME --net A.B.C] [--port P] [--brigade PATH]
-#                  [--min-ettr F] [--require-kinds kill+stop+...]
+#                  [--min-ettr F] [--model-tolerance F]
+#                  [--require-kinds kill+stop+...]
 #
 # The cluster manager: when a machine's launcher exits while the job runs
 # (its agent killed, or it gave up once cut off the network), the machine
@@ -47,6 +48,7 @@ bound_s=
 max_replacements=12
 kinds=kill+stop+partition+kill-agent
 min_ettr=0.95
+model_tolerance=0.03
 require_kinds=
 
 die() {
@@ -69,6 +71,7 @@ while [[ $# -gt 0 ]]; do
     --kinds) kinds=$2 ;;
     --max-replacements) max_replacements=$2 ;;
     --min-ettr) min_ettr=$2 ;;
+    --model-tolerance) model_tolerance=$2 ;;
     --require-kinds) require_kinds=$2 ;;
     *) die "unknown option $1 (see the top of $0)" ;;
   esac
@@ -227,4 +230,4 @@ trap - EXIT TERM INT
 python3 "$here/chaos_nodes_check.py" --brigade "$brigade" --out "$out" --run "$run" \
   --node0-status "$node0_status" --hang "$hang" --wall-s $((end - start)) \
   --replacements "$replacements" --leftover "$leftover" --min-ettr "$min_ettr" \
-  --require-kinds "$require_kinds"
+  --model-tolerance "$model_tolerance" --require-kinds "$require_kinds"

@@ -15,13 +15,20 @@
 #      10 s each (`scripts/fuzz.sh 600` is the long form)
 # The Release run includes the chaos label at its reduced size (10 trials);
 # BRIGADE_CHAOS_TRIALS=50 ctest --test-dir build -L chaos is the long form.
+# It also runs the chaos run across nodes (issue 14: 3 namespace nodes and a
+# standby, a fault a minute) in its 2-minute form, about 80-150 s as root:
+# no hang, no corrupted checkpoint, an incident of the right kind per fault,
+# the ETTR above 0.70 and within 6 points of the failure model (two faults
+# in its minute of steps, on a machine other tests load; the long form,
+# 600 s, asks 0.95 and 3 points: docs/PERFORMANCE.md, "Chaos across nodes").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install_deps.sh --test
 jobs=$(nproc)
 
 scripts/build.sh
-ctest --test-dir build --output-on-failure -j "$jobs" --timeout 600
+BRIGADE_CHAOS_NODES_S=120 BRIGADE_CHAOS_NODES_MIN_ETTR=0.70 BRIGADE_CHAOS_NODES_MODEL_TOLERANCE=0.06 \
+  ctest --test-dir build --output-on-failure -j "$jobs" --timeout 600
 
 # The sanitizer trees build at -O1 with line tables only (-g1): what a
 # sanitizer report needs, at about two thirds of RelWithDebInfo's compile

@@ -12,10 +12,11 @@
 // drawn, but a 2-minute run at 60 s raises about 2 faults, so only the
 // long form sees each kind strike, and must (seed 1: all four). The checks
 // include the ETTR of at least 95% (BRIGADE_CHAOS_NODES_MIN_ETTR
-// changes it). It is left out of CI: the suite is at 23.5 of its 25
-// minutes, and the 2-minute form (about 2 minutes more with the cluster,
-// the restarts and the checks) has not been paid for (docs/PERFORMANCE.md,
-// "Chaos across nodes"). Needs root.
+// changes it) and the failure model within 3 points (..._MODEL_TOLERANCE).
+// CI (scripts/test.sh) runs the 2-minute form with the ETTR floor at 0.70
+// and the model within 6 points: the model assumes a fault a minute, and
+// two faults in a minute of steps on a machine other tests load is not
+// that; every other check is the long form's. Needs root.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -85,6 +86,8 @@ TEST(ElasticChaosNodes, ThreeNodesAndAStandbyRideOutChaosOfEveryKind) {
                                     "29562",
                                     "--min-ettr",
                                     env_or("BRIGADE_CHAOS_NODES_MIN_ETTR", "0.95"),
+                                    "--model-tolerance",
+                                    env_or("BRIGADE_CHAOS_NODES_MODEL_TOLERANCE", "0.03"),
                                     "--require-kinds",
                                     long_form ? "kill+stop+partition+kill-agent" : ""},
                                    log);
