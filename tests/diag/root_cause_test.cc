@@ -96,6 +96,20 @@ TEST(RootCause, ASilentRankStoppedRespondingAndTheSlowOneIsNotBlamed) {
             "of group world; 2 ranks were waiting for it there");
 }
 
+TEST(RootCause, ARankTheKernelHoldsStoppedStoppedRespondingThoughItsBeatIsYoung) {
+  IncidentEvidence e = healthy(5);
+  // Found stopped (state T) 300 ms after its last beat, before a silence
+  // of kSilentBeatMs would prove it; its peers wait in its next collective.
+  e.ranks[1].beat_age_ms = 300;
+  e.ranks[1].stopped = true;
+  e.ranks[1].groups.clear();
+  for (int r : {0, 2, 3}) waits_in(e, r, kStop);
+  const RootCause c = find_root_cause(e);
+  EXPECT_EQ(c.kind, "hang");
+  EXPECT_EQ(c.rank, 1);
+  EXPECT_NE(c.line.find("rank 1 (node 0) stopped responding"), std::string::npos) << c.line;
+}
+
 TEST(RootCause, ASlowRankIsNotBlamedForACrashElsewhere) {
   IncidentEvidence e = healthy(5);
   e.ranks[0].running = false;

@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -48,6 +49,44 @@ TEST(Watchdog, SilenceBeyondTheHeartbeatTimeoutIsAHang) {
   EXPECT_EQ(stall->kind, Stall::Kind::kSilent);
   EXPECT_EQ(stall->since_ns, p.beat_ns);
   EXPECT_NE(stall->what.find("no heartbeat for 2.0 s"), std::string::npos) << stall->what;
+}
+
+TEST(Watchdog, AWorkerTheKernelHoldsStoppedIsAHangOnceItsBeatIsLate) {
+  const WatchdogOptions options;  // stopped_after_ms 250
+  WorkerProgress p;
+  p.beat_ns = 10'000 * kMs;
+  EXPECT_FALSE(beat_is_late(p, p.beat_ns + 250 * kMs, options));
+  EXPECT_TRUE(beat_is_late(p, p.beat_ns + 251 * kMs, options));
+  // Stopped, but its last beat is recent: not yet.
+  EXPECT_FALSE(check_progress(p, p.beat_ns + 250 * kMs, options, /*stopped=*/true));
+  // Late and not stopped: the 2 s silence still decides.
+  EXPECT_FALSE(check_progress(p, p.beat_ns + 251 * kMs, options, /*stopped=*/false));
+  const auto stall = check_progress(p, p.beat_ns + 251 * kMs, options, /*stopped=*/true);
+  ASSERT_TRUE(stall);
+  EXPECT_EQ(stall->kind, Stall::Kind::kSilent);
+  EXPECT_EQ(stall->since_ns, p.beat_ns);
+  EXPECT_NE(stall->what.find("stopped by a signal"), std::string::npos) << stall->what;
+}
+
+TEST(Watchdog, TheKernelSaysWhetherAWorkerIsStoppedByASignal) {
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    for (;;) ::pause();
+  }
+  int status = 0;
+  EXPECT_FALSE(stopped_by_signal(child));
+  ASSERT_EQ(::kill(child, SIGSTOP), 0);
+  ASSERT_EQ(::waitpid(child, &status, WUNTRACED), child);
+  ASSERT_TRUE(WIFSTOPPED(status));
+  EXPECT_TRUE(stopped_by_signal(child));
+  ASSERT_EQ(::kill(child, SIGCONT), 0);
+  ASSERT_EQ(::waitpid(child, &status, WCONTINUED), child);
+  EXPECT_FALSE(stopped_by_signal(child));
+  ::kill(child, SIGKILL);
+  ::waitpid(child, &status, 0);
+  EXPECT_FALSE(stopped_by_signal(child));  // gone
+  EXPECT_FALSE(stopped_by_signal(-1));
 }
 
 TEST(Watchdog, AWorkerThatNeverBeatIsWatchedForItsExitOnly) {

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string_view>
+#include <utility>
 
 #include "brigade/core/error.h"
 #include "brigade/core/files.h"
@@ -245,7 +246,7 @@ std::optional<RootCause> disagreement(const IncidentEvidence& evidence,
 }
 
 bool silent(const RankEvidence& r) {
-  return r.running && r.beat_age_ms && *r.beat_age_ms > kSilentBeatMs;
+  return r.running && (r.stopped || (r.beat_age_ms && *r.beat_age_ms > kSilentBeatMs));
 }
 
 // Among `candidates`, the agent's own first failure if it is one, else the lowest rank.
@@ -403,8 +404,10 @@ RootCause find_root_cause(const IncidentEvidence& evidence) {
     return c;
   }
   if (!quiet.empty()) {
+    // One the kernel holds stopped first, then the longest silent.
     const RankEvidence* r = *std::max_element(quiet.begin(), quiet.end(), [](auto* a, auto* b) {
-      return *a->beat_age_ms < *b->beat_age_ms;
+      return std::pair(a->stopped, a->beat_age_ms.value_or(0)) <
+             std::pair(b->stopped, b->beat_age_ms.value_or(0));
     });
     RootCause c = blame(*r, "hang");
     c.line = fmt::format("{} stopped responding", who(evidence, c));
@@ -513,6 +516,7 @@ IncidentEvidence read_incident(const fs::path& dir) {
         r.exit_code = optional_field<int>(w, "exit_code");
         r.signal = optional_field<int>(w, "signal");
         r.beat_age_ms = optional_field<double>(w, "beat_age_ms");
+        r.stopped = w.value("stopped", false);
         r.step = w.at("step").get<int64_t>();
         const bool seen = std::any_of(e.ranks.begin(), e.ranks.end(),
                                       [&](const RankEvidence& o) { return o.rank == r.rank; });

@@ -67,6 +67,7 @@ struct RankEvidence {
   std::optional<int> exit_code;  // how an ended worker ended
   std::optional<int> signal;
   std::optional<double> beat_age_ms;  // at the incident; none: never beat
+  bool stopped = false;               // held stopped by a signal (state T)
   int64_t step = 0;                   // steps completed
   std::vector<GroupDump> groups;      // empty: no flight recorder
 };
@@ -109,7 +110,9 @@ struct RootCause {
 };
 
 // A heartbeat older than this means the process is not running at all (it
-// beats every 100 ms from its own thread, whatever training does).
+// beats every 100 ms from its own thread, whatever training does). A rank
+// the kernel holds stopped is not running whatever its beat's age: the
+// agent sees that state within a few beats (elastic/watchdog.h).
 inline constexpr double kSilentBeatMs = 1'000;
 
 RootCause find_root_cause(const IncidentEvidence& evidence);

@@ -286,7 +286,8 @@ void Agent::check_watchdog(WorkerGroup& group, const HeartbeatTable& table) {
   for (const Worker& w : group.workers()) {
     if (!w.running) continue;
     const WorkerProgress p = table.read(w.local_rank);
-    const std::optional<Stall> stall = check_progress(p, now, options_.watchdog);
+    const bool stopped = beat_is_late(p, now, options_.watchdog) && stopped_by_signal(w.pid);
+    const std::optional<Stall> stall = check_progress(p, now, options_.watchdog, stopped);
     if (!stall) continue;
     Incident incident;
     incident.kind = "hang";

@@ -11,6 +11,7 @@
 
 #include "brigade/core/clock.h"
 #include "brigade/core/files.h"
+#include "brigade/elastic/watchdog.h"
 
 namespace brigade::elastic {
 namespace fs = std::filesystem;
@@ -35,6 +36,7 @@ nlohmann::json agent_view(const Incident& incident, int64_t number, int node, in
                     {"exit_code", w.exit_code ? nlohmann::json(*w.exit_code) : nullptr},
                     {"signal", w.signal ? nlohmann::json(*w.signal) : nullptr},
                     {"dumped", w.dumped},
+                    {"stopped", w.stopped},
                     {"beat_age_ms", age_ms(p.beat_ns)},
                     {"step", p.step},
                     {"start_step", p.start_step},
@@ -132,6 +134,7 @@ fs::path keep_evidence(const WorkerGroup& group, const HeartbeatTable& table,
     v.local_rank = w.local_rank;
     v.pid = w.pid;
     v.running = w.running;
+    v.stopped = w.running && stopped_by_signal(w.pid);
     v.progress = table.read(w.local_rank);
     views.push_back(std::move(v));
   }
@@ -139,7 +142,7 @@ fs::path keep_evidence(const WorkerGroup& group, const HeartbeatTable& table,
   // whole wait.
   std::vector<const WorkerView*> asked;
   for (const WorkerView& v : views) {
-    if (v.running && v.progress.beat_ns > 0 &&
+    if (v.running && !v.stopped && v.progress.beat_ns > 0 &&
         began - v.progress.beat_ns < kAnswerableBeatMs * kNsPerMs) {
       table.request_dump(v.local_rank, number);
       asked.push_back(&v);

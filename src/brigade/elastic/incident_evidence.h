@@ -53,6 +53,9 @@ struct WorkerView {
   std::optional<int> exit_code;  // ended: its status, or the signal that ended it
   std::optional<int> signal;
   bool dumped = false;  // its flight recorder is in the incident's directory
+  // The kernel holds it stopped by a signal (elastic/watchdog.h): it cannot
+  // answer, and its beat may be younger than a silence proves.
+  bool stopped = false;
   WorkerProgress progress;
 };
 

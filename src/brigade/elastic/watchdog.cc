@@ -2,14 +2,23 @@
 
 #include <fmt/format.h>
 
+#include <fstream>
+#include <sstream>
+#include <string>
+
 #include "brigade/core/clock.h"
 
 namespace brigade::elastic {
 
 std::optional<Stall> check_progress(const WorkerProgress& p, int64_t now_ns,
-                                    const WatchdogOptions& options) {
+                                    const WatchdogOptions& options, bool stopped) {
   if (p.beat_ns == 0) return std::nullopt;
   const int64_t silent_ns = now_ns - p.beat_ns;
+  if (stopped && silent_ns > options.stopped_after_ms * kNsPerMs) {
+    return Stall{Stall::Kind::kSilent, p.beat_ns,
+                 fmt::format("is stopped by a signal (state T; no heartbeat for {:.1f} s)",
+                             silent_ns * 1e-9)};
+  }
   if (silent_ns > options.heartbeat_timeout_ms * kNsPerMs) {
     return Stall{
         Stall::Kind::kSilent, p.beat_ns,
@@ -27,6 +36,21 @@ std::optional<Stall> check_progress(const WorkerProgress& p, int64_t now_ns,
                              stuck_ns * 1e-9, p.step, options.step_timeout_ms / 1000.0)};
   }
   return std::nullopt;
+}
+
+bool beat_is_late(const WorkerProgress& p, int64_t now_ns, const WatchdogOptions& options) {
+  return p.beat_ns != 0 && now_ns - p.beat_ns > options.stopped_after_ms * kNsPerMs;
+}
+
+bool stopped_by_signal(int pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::stringstream text;
+  text << in.rdbuf();
+  // "PID (COMM) STATE ...": COMM may hold spaces and parentheses, so the
+  // state follows the last ')'.
+  const std::string stat = text.str();
+  const size_t close = stat.rfind(')');
+  return close != std::string::npos && close + 2 < stat.size() && stat[close + 2] == 'T';
 }
 
 }  // namespace brigade::elastic
