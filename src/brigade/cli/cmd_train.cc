@@ -361,17 +361,19 @@ void run_train(const std::string& config_path, const std::vector<std::string>& o
       const RankStepStats ranks = [&] {
         const StepClock::Section comm(clock, StepPart::kComm);
         return rank_stats.gather(trainer.step(), breakdown, static_cast<double>(peak_rss_bytes()),
-                                 m.bubble_ms);
+                                 m.bubble_ms, trainer.save_states());
       }();
       for (const StragglerEvent& e : ranks.stragglers) {
         if (e.started && report) trace::instant("alarm", "straggler named: rank", e.rank);
       }
       std::optional<AsyncCheckpointWriter::Stats> checkpoint, snapshot;
       {
-        // Collective: a save in flight completes, or fails, on every rank at once.
+        // From the states gathered with the ranks' stats: a save in flight
+        // completes, or fails, on every rank at once, with no collective of
+        // its own.
         const StepClock::Section stall(clock, StepPart::kCheckpoint);
-        checkpoint = trainer.poll_checkpoint();
-        snapshot = trainer.poll_snapshot();
+        checkpoint = trainer.poll_checkpoint(ranks.checkpoint_states);
+        snapshot = trainer.poll_snapshot(ranks.snapshot_states);
       }
       const int64_t end_ns = now_ns();
       const double loop_ms = previous_end_ns > 0 ? (end_ns - previous_end_ns) / 1e6 : 0.0;

@@ -154,6 +154,16 @@ std::optional<AsyncCheckpointWriter::Stats> CheckpointSaver::poll() {
   return std::exchange(completed_, std::nullopt);
 }
 
+std::optional<AsyncCheckpointWriter::Stats> CheckpointSaver::poll(
+    const std::vector<int32_t>& states) {
+  BRIGADE_CHECK(states.size() == static_cast<size_t>(size_));
+  if (in_flight_ && settle(states)) {
+    in_flight_ = false;
+    completed_ = writer_.take_finished();
+  }
+  return std::exchange(completed_, std::nullopt);
+}
+
 void CheckpointSaver::wait() {
   if (!in_flight_) return;
   for (;;) {

@@ -5,13 +5,16 @@
 // alone (its disk is full, EIO); rank 0 would then wait for a shard that
 // never comes. So while a save is in flight the ranks exchange, with one
 // tiny all-gather per training step, where each stands (writing, written,
-// committed, failed): a failure reaches every rank at its next step, the
+// committed, failed; the training loop folds this into its per-step
+// gather of rank stats, train/rank_stats.h, and calls poll(states)):
+// a failure reaches every rank at its next step, the
 // step's .partial directory is removed, the previous checkpoint stays the
 // newest, and every rank throws an Error naming the ranks and files that
 // failed. A save is complete once every rank reports its part done (rank
 // 0: committed).
 //
-// Every method but abandon() is collective: all ranks call it at the same
+// Every method but abandon(), state() and poll(states) is collective (and
+// those are called by every rank at the same points too): all ranks call it at the same
 // points (the training loop's steps do).
 #pragma once
 
@@ -55,6 +58,12 @@ class CheckpointSaver {
   // save that completed (on every rank) since the last call. Throws an
   // Error if any rank's part failed, after dropping the step.
   std::optional<AsyncCheckpointWriter::Stats> poll();
+  // The same, not collective, from every rank's state() gathered by the
+  // caller in one collective with others (train/rank_stats.h), by group
+  // rank. Every rank must pass the states of one gather.
+  std::optional<AsyncCheckpointWriter::Stats> poll(const std::vector<int32_t>& states);
+  // This rank's writer state, for the caller's gather.
+  int32_t state() const { return static_cast<int32_t>(writer_.state()); }
   // Blocks until the save in flight is committed, or throws as poll() does.
   void wait();
   // Not collective: blocks until this rank's part of the save in flight has

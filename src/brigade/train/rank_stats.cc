@@ -14,7 +14,9 @@ namespace {
 // A rank's numbers in the gathered vector: the breakdown, then these.
 constexpr int kRss = StepBreakdown::kVectorSize;
 constexpr int kBubble = kRss + 1;
-constexpr int kPerRank = kBubble + 1;
+constexpr int kCheckpointState = kBubble + 1;
+constexpr int kSnapshotState = kCheckpointState + 1;
+constexpr int kPerRank = kSnapshotState + 1;
 
 // Each rank's node, pipeline stage and whether its clock counts the wait
 // for a core, in world rank order.
@@ -98,10 +100,12 @@ RankStats::RankStats(Communicator* world, const std::vector<double>& ranks,
 }
 
 RankStepStats RankStats::gather(int64_t step, const StepBreakdown& mine, double peak_rss_bytes,
-                                double bubble_ms) {
+                                double bubble_ms, SaveStates saves) {
   std::vector<double> local = mine.to_vector();
   local.push_back(peak_rss_bytes);
   local.push_back(bubble_ms);
+  local.push_back(saves.checkpoint);
+  local.push_back(saves.snapshot);
   const size_t ranks = nodes_.size();
   std::vector<double> all(ranks * kPerRank);
   if (world_ != nullptr && world_->size() > 1) {
@@ -116,6 +120,8 @@ RankStepStats RankStats::gather(int64_t step, const StepBreakdown& mine, double 
     out.breakdown.push_back(StepBreakdown::from_vector(v));
     out.peak_rss_bytes.push_back(v[kRss]);
     out.bubble_ms.push_back(v[kBubble]);
+    out.checkpoint_states.push_back(static_cast<int32_t>(v[kCheckpointState]));
+    out.snapshot_states.push_back(static_cast<int32_t>(v[kSnapshotState]));
     compute.push_back(out.breakdown.back()[StepPart::kCompute]);
     runqueue.push_back(out.breakdown.back().compute_runqueue_ms);
   }

@@ -9,6 +9,10 @@
 // Why every step and every rank: the detector needs each step's compute
 // times (a straggler named within 20 steps), and the vector is 12 doubles a
 // rank, the cost of the two 1-double gathers (RSS, bubble) it replaces.
+// It also carries where each rank's background saves stand (the states
+// train/checkpoint_saver.h exchanges to agree on a save's outcome): a
+// collective less between two steps for each save in flight, which across
+// nodes is a network round trip each (docs/PERFORMANCE.md, issue 14).
 #pragma once
 
 #include <cstdint>
@@ -29,6 +33,16 @@ struct RankStepStats {
   // Episodes that started or ended with this step (world rank 0 only: the
   // detector's medians cost about 1 us a rank a step).
   std::vector<StragglerEvent> stragglers;
+  // Every rank's SaveStates, by world rank (CheckpointSaver::poll's input).
+  std::vector<int32_t> checkpoint_states;
+  std::vector<int32_t> snapshot_states;
+};
+
+// This rank's writer states (AsyncCheckpointWriter::State) of its disk
+// checkpoint's and its snapshot's saves, read just before the gather.
+struct SaveStates {
+  int32_t checkpoint = 0;
+  int32_t snapshot = 0;
 };
 
 class RankStats {
@@ -42,7 +56,7 @@ class RankStats {
 
   // Collective: every rank's numbers of 1-based step `step`.
   RankStepStats gather(int64_t step, const StepBreakdown& mine, double peak_rss_bytes,
-                       double bubble_ms);
+                       double bubble_ms, SaveStates saves = {});
 
   const std::vector<int>& nodes() const { return nodes_; }
   // What people should know once, at the start, about the straggler check:

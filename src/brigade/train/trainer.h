@@ -58,6 +58,7 @@
 #include "brigade/parallel/sharded_params.h"
 #include "brigade/parallel/tensor_parallel_group.h"
 #include "brigade/train/checkpoint_saver.h"
+#include "brigade/train/rank_stats.h"
 #include "brigade/train/step_breakdown.h"
 #include "brigade/train/train_options.h"
 
@@ -242,6 +243,12 @@ class Trainer {
   bool snapshots_enabled() const { return snapshot_saver_ != nullptr; }
   void start_snapshot();
   std::optional<AsyncCheckpointWriter::Stats> poll_snapshot();
+  // The polls above without a collective of their own: from every rank's
+  // save_states(), which the training loop gathers with its per-step rank
+  // stats (train/rank_stats.h), by world rank.
+  SaveStates save_states() const;
+  std::optional<AsyncCheckpointWriter::Stats> poll_checkpoint(const std::vector<int32_t>& states);
+  std::optional<AsyncCheckpointWriter::Stats> poll_snapshot(const std::vector<int32_t>& states);
   // Loads a checkpoint or the newest one in a run directory.
   void load_checkpoint(const std::filesystem::path& path);
   void load_checkpoint(const ResolvedCheckpoint& checkpoint);
