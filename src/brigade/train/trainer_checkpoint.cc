@@ -218,10 +218,6 @@ void Trainer::start_save(CheckpointSaver& saver, const fs::path& root, int64_t k
   saver.start(std::move(save), pieces);
 }
 
-std::optional<AsyncCheckpointWriter::Stats> Trainer::poll_checkpoint() {
-  return saver_->poll();
-}
-
 void Trainer::wait_for_checkpoint() {
   saver_->wait();
 }
