@@ -373,8 +373,9 @@ void run_train(const std::string& config_path, const std::vector<std::string>& o
                                  gather_fault);
       }();
       // Every rank stops after this step's saves and evaluation if any rank
-      // was sent a signal.
-      stop_signal = ranks.stop_signal;
+      // was sent a signal; after the last step the run ends as it would
+      // have anyway (its final save and evaluation, exit status 0).
+      if (trainer.step() < options.steps) stop_signal = ranks.stop_signal;
       for (const StragglerEvent& e : ranks.stragglers) {
         if (e.started && report) trace::instant("alarm", "straggler named: rank", e.rank);
       }
