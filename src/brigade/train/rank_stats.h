@@ -7,8 +7,9 @@
 // section.
 //
 // Why every step and every rank: the detector needs each step's compute
-// times (a straggler named within 20 steps), and the vector is 12 doubles a
-// rank, the cost of the two 1-double gathers (RSS, bubble) it replaces.
+// times (a straggler named within 20 steps), and the vector is 15 doubles a
+// rank, the cost of any one of the small collectives it replaces (the RSS
+// and bubble gathers, the saves' polls, the stop agreement).
 //
 // It is also the training loop's only collective between two steps: it
 // carries where each rank's background saves stand (the states
