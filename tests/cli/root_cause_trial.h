@@ -42,7 +42,9 @@ timeout_s = 20
 inline std::string expected_phrase(const std::string& kind) {
   if (kind == "kill") return "crashed (killed by SIGKILL)";
   if (kind == "stop") return "stopped responding";
-  if (kind == "skip") return "skipped all_reduce";
+  // The collective a skip or mismatch acts on is the loop's per-step
+  // gather of rank stats (elastic/fault_injection.h).
+  if (kind == "skip") return "skipped all_gather";
   return "with another shape";  // mismatch; "(a mismatch)" follows
 }
 

@@ -5,12 +5,14 @@
 // .partial directory is gone and the previous checkpoint is still the
 // newest good one. A failed write is made by giving rank 1 a checkpoint
 // root it cannot create (under /proc), the way a full or broken disk fails.
+// The same holds when the caller gathers the states (the training loop).
 #include "brigade/train/checkpoint_saver.h"
 
 #include <gtest/gtest.h>
 
 #include <chrono>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -47,13 +49,27 @@ std::vector<CheckpointPiece> half(const std::vector<float>& data, int rank) {
   return pieces;
 }
 
-enum class Waiting { kPoll, kWait };
+// kGathered: the training loop's way, the ranks' states gathered by the
+// caller with its other per-step numbers (train/rank_stats.h) and passed
+// to poll(states).
+enum class Waiting { kPoll, kWait, kGathered };
+
+const char* name_of(Waiting how) {
+  switch (how) {
+    case Waiting::kPoll:
+      return "poll";
+    case Waiting::kWait:
+      return "wait";
+    case Waiting::kGathered:
+      return "gathered";
+  }
+  return "";
+}
 
 void run_failing_save(Waiting how, const fs::path& dir) {
   const GptConfig model = tiny_model();
   const fs::path root = dir / "checkpoints";
-  const std::string segment =
-      fmt::format("/brigade-saver-test-{}-{}", ::getpid(), how == Waiting::kPoll ? "poll" : "wait");
+  const std::string segment = fmt::format("/brigade-saver-test-{}-{}", ::getpid(), name_of(how));
   const auto pids = testing::fork_ranks(2, [&](int rank) {
     ShmCommunicatorOptions shm;
     shm.segment_name = segment;
@@ -74,8 +90,25 @@ void run_failing_save(Waiting how, const fs::path& dir) {
       save.header = {{{"dp", 2}}, {{"step", step}}, "byte"};
       return save;
     };
+    const auto gathered_poll = [&] {
+      const int32_t mine = saver.state();
+      std::vector<int32_t> states(2, -1);
+      comm.all_gather(&mine, states.data(), 1, DType::kI32)->wait();
+      return saver.poll(states);
+    };
     saver.start(save_of(1, root), half(state, rank));
-    saver.wait();
+    if (how == Waiting::kGathered) {
+      // A save that succeeds completes on every rank, with its stats.
+      std::optional<AsyncCheckpointWriter::Stats> done;
+      for (int step = 0; step < 100'000 && !done; ++step) {
+        done = gathered_poll();
+        if (!done) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+      require(done && done->step == 1, "rank {}: the save of step 1 never completed", rank);
+      require(!saver.in_flight(), "rank {}: step 1 is still in flight", rank);
+    } else {
+      saver.wait();
+    }
     // Step 2: rank 1 cannot write its shard.
     const fs::path unwritable = "/proc/brigade-no-such-dir/checkpoints";
     saver.start(save_of(2, rank == 1 ? unwritable : root), half(state, rank));
@@ -86,7 +119,11 @@ void run_failing_save(Waiting how, const fs::path& dir) {
         saver.wait();
       } else {
         for (int step = 0; step < 100'000; ++step) {
-          saver.poll();  // what each training step does
+          if (how == Waiting::kGathered) {
+            gathered_poll();
+          } else {
+            saver.poll();  // what each training step does
+          }
           std::this_thread::sleep_for(std::chrono::milliseconds(1));
         }
       }
@@ -119,6 +156,11 @@ void run_failing_save(Waiting how, const fs::path& dir) {
 TEST(CheckpointSaver, AFailedShardReachesEveryRankAtTheNextStep) {
   testing::TempDir dir("brigade_saver_poll");
   run_failing_save(Waiting::kPoll, dir.path());
+}
+
+TEST(CheckpointSaver, StatesGatheredByTheCallerCompleteASaveAndReportAFailedShard) {
+  testing::TempDir dir("brigade_saver_gathered");
+  run_failing_save(Waiting::kGathered, dir.path());
 }
 
 TEST(CheckpointSaver, AFailedShardEndsABlockingSaveOnEveryRank) {

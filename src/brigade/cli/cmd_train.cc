@@ -251,20 +251,14 @@ void run_train(const std::string& config_path, const std::vector<std::string>& o
   if (heartbeat) heartbeat->mesh_formed();
   Communicator* const group = groups.world.get();
   // Ranks agree on when to stop, or one would wait for the others forever,
-  // and on the signal that stops them (the exit status), whichever rank got it.
-  // An injected skip or mismatch (elastic/fault_injection.h) acts on the
-  // next agreement: left out, or called with a count of 2.
-  const elastic::InjectedFault* collective_fault = nullptr;
+  // and on the signal that stops them (the exit status), whichever rank got
+  // it: once before the first step with a collective of its own, then with
+  // every step's gather of rank stats (train/rank_stats.h), the loop's one
+  // collective between steps.
   auto agreed_stop_signal = [&] {
-    double value[2] = {static_cast<double>(g_stop_signal.load()), 0.0};
-    const elastic::InjectedFault* fault = std::exchange(collective_fault, nullptr);
-    const bool skip = fault != nullptr && fault->kind == elastic::InjectedFault::Kind::kSkip;
-    const bool mismatch =
-        fault != nullptr && fault->kind == elastic::InjectedFault::Kind::kMismatch;
-    if (group && !skip) {
-      group->all_reduce(value, mismatch ? 2 : 1, DType::kF64, ReduceOp::kMax)->wait();
-    }
-    return static_cast<int>(value[0]);
+    double value = static_cast<double>(g_stop_signal.load());
+    if (group) group->all_reduce(&value, 1, DType::kF64, ReduceOp::kMax)->wait();
+    return static_cast<int>(value);
   };
   const int64_t slow_factor = elastic::slow_factor(faults, world_rank, generation);
   Trainer trainer(model, options, groups.view());
@@ -318,10 +312,6 @@ void run_train(const std::string& config_path, const std::vector<std::string>& o
   StepClock& clock = trainer.step_clock();
   RankStats rank_stats(group, node_from_environment(), trainer.pp_stage(), clock.counts_runqueue());
   for (const std::string& line : rank_stats.notes()) note(line);
-  const auto agreed_stop = [&] {
-    const StepClock::Section comm(clock, StepPart::kComm);
-    return agreed_stop_signal();
-  };
   std::optional<diag::TraceWindow> trace_window;
   if (!options.trace.empty()) {
     const diag::TraceSteps steps = diag::parse_trace_steps(options.trace, trainer.step());
@@ -345,7 +335,11 @@ void run_train(const std::string& config_path, const std::vector<std::string>& o
   };
   clock.restart();
   try {
-    while (trainer.step() < options.steps && (stop_signal = agreed_stop()) == 0) {
+    if (trainer.step() < options.steps) {
+      const StepClock::Section comm(clock, StepPart::kComm);
+      stop_signal = agreed_stop_signal();
+    }
+    while (trainer.step() < options.steps && stop_signal == 0) {
       if (trace_window) trace_window->before_step(trainer.step() + 1);
       const StepMetrics m = trainer.train_step();
       if (slow_factor > 1) {
@@ -355,23 +349,44 @@ void run_train(const std::string& config_path, const std::vector<std::string>& o
             m.compute_ms * static_cast<double>(slow_factor - 1)));
       }
       const StepBreakdown breakdown = clock.end_step();
+      // An injected skip or mismatch (elastic/fault_injection.h) acts on the
+      // collective right after the step, this gather: left out, or called
+      // with one number more.
+      const elastic::InjectedFault* fault =
+          elastic::fault_after_step(faults, world_rank, generation, trainer.step());
+      GatherFault gather_fault = GatherFault::kNone;
+      if (fault != nullptr && fault->kind == elastic::InjectedFault::Kind::kSkip) {
+        gather_fault = GatherFault::kSkip;
+      }
+      if (fault != nullptr && fault->kind == elastic::InjectedFault::Kind::kMismatch) {
+        gather_fault = GatherFault::kMismatch;
+      }
+      if (gather_fault != GatherFault::kNone) elastic::raise_fault(*fault, heartbeat.get());
       // Every rank's breakdown and peak RSS, for rank 0's metrics (ZeRO's
       // saving shows per rank), every stage's bubble (one rank per stage is
-      // reported), and the straggler check.
+      // reported), the straggler check, the saves' states and the stop
+      // signals: the one collective between this step and the next.
       const RankStepStats ranks = [&] {
         const StepClock::Section comm(clock, StepPart::kComm);
         return rank_stats.gather(trainer.step(), breakdown, static_cast<double>(peak_rss_bytes()),
-                                 m.bubble_ms);
+                                 m.bubble_ms, trainer.save_states(), g_stop_signal.load(),
+                                 gather_fault);
       }();
+      // Every rank stops after this step's saves and evaluation if any rank
+      // was sent a signal; after the last step the run ends as it would
+      // have anyway (its final save and evaluation, exit status 0).
+      if (trainer.step() < options.steps) stop_signal = ranks.stop_signal;
       for (const StragglerEvent& e : ranks.stragglers) {
         if (e.started && report) trace::instant("alarm", "straggler named: rank", e.rank);
       }
       std::optional<AsyncCheckpointWriter::Stats> checkpoint, snapshot;
       {
-        // Collective: a save in flight completes, or fails, on every rank at once.
+        // From the states gathered with the ranks' stats: a save in flight
+        // completes, or fails, on every rank at once, with no collective of
+        // its own.
         const StepClock::Section stall(clock, StepPart::kCheckpoint);
-        checkpoint = trainer.poll_checkpoint();
-        snapshot = trainer.poll_snapshot();
+        checkpoint = trainer.poll_checkpoint(ranks.checkpoint_states);
+        snapshot = trainer.poll_snapshot(ranks.snapshot_states);
       }
       const int64_t end_ns = now_ns();
       const double loop_ms = previous_end_ns > 0 ? (end_ns - previous_end_ns) / 1e6 : 0.0;
@@ -391,12 +406,8 @@ void run_train(const std::string& config_path, const std::vector<std::string>& o
         heartbeat->step_done(done, static_cast<int64_t>(m.step_ms * 1e6));
       }
       // After the step and the previous save's commit, before the next save.
-      if (const auto* fault = elastic::fault_after_step(faults, world_rank, generation, done)) {
+      if (fault != nullptr && gather_fault == GatherFault::kNone) {
         elastic::raise_fault(*fault, heartbeat.get());
-        if (fault->kind == elastic::InjectedFault::Kind::kSkip ||
-            fault->kind == elastic::InjectedFault::Kind::kMismatch) {
-          collective_fault = fault;
-        }
         if (fault->kind == elastic::InjectedFault::Kind::kSdc) {
           std::fprintf(stderr, "brigade train: flipped a bit of %s\n",
                        trainer.flip_parameter_bit(fault->in_moment).c_str());

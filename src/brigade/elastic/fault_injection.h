@@ -3,7 +3,8 @@
 //   kill:rank=1:step=5          rank 1 SIGKILLs itself right after step 5
 //   stop:rank=2:step=8:gen=1    rank 2 SIGSTOPs itself after step 8, in generation 1
 //   skip:rank=1:step=5          rank 1 leaves out the next collective after step 5
-//                               (the loop's stop agreement on the world group)
+//                               (the loop's per-step gather on the world group,
+//                               train/rank_stats.h)
 //   mismatch:rank=1:step=5      rank 1 calls that collective with another count
 //   slow:rank=2:factor=3        rank 2 takes 3x its compute time in every step
 //   sdc:rank=1:step=5           rank 1 flips a bit of one of its parameters after

@@ -147,7 +147,22 @@ bool CheckpointSaver::settle(const std::vector<int32_t>& states) {
 }
 
 std::optional<AsyncCheckpointWriter::Stats> CheckpointSaver::poll() {
+  // A save that start()'s wait() completed is reported first; the one in
+  // flight is settled from the next call's states, so that no save's stats
+  // are overwritten unreported (every rank has the same completed_).
+  if (completed_) return std::exchange(completed_, std::nullopt);
   if (in_flight_ && settle(gather_states())) {
+    in_flight_ = false;
+    completed_ = writer_.take_finished();
+  }
+  return std::exchange(completed_, std::nullopt);
+}
+
+std::optional<AsyncCheckpointWriter::Stats> CheckpointSaver::poll(
+    const std::vector<int32_t>& states) {
+  BRIGADE_CHECK(states.size() == static_cast<size_t>(size_));
+  if (completed_) return std::exchange(completed_, std::nullopt);  // as in poll()
+  if (in_flight_ && settle(states)) {
     in_flight_ = false;
     completed_ = writer_.take_finished();
   }

@@ -3,16 +3,28 @@
 // Each rank writes its shard in the background (ckpt/async_writer.h) and
 // rank 0 commits once every shard is on disk. A write can fail on one rank
 // alone (its disk is full, EIO); rank 0 would then wait for a shard that
-// never comes. So while a save is in flight the ranks exchange, with one
-// tiny all-gather per training step, where each stands (writing, written,
-// committed, failed): a failure reaches every rank at its next step, the
-// step's .partial directory is removed, the previous checkpoint stays the
-// newest, and every rank throws an Error naming the ranks and files that
-// failed. A save is complete once every rank reports its part done (rank
-// 0: committed).
+// never comes. So while a save is in flight the ranks exchange, once per
+// training step, where each stands (writing, written, committed, failed):
+// the training loop carries this rank's state() in its per-step gather of
+// rank stats (train/rank_stats.h) and passes every rank's to poll(states);
+// poll() gathers them itself. A failure reaches every rank at the same
+// step, the step's .partial directory is removed, the previous checkpoint
+// stays the newest, and every rank throws an Error naming the ranks and
+// files that failed. A save is complete once every rank reports its part
+// done (rank 0: committed).
 //
-// Every method but abandon() is collective: all ranks call it at the same
-// points (the training loop's steps do).
+// A state is read before the gather and acted on after it, so a part that
+// finishes or fails during the gather is seen at the next step's, or by the
+// next start()'s wait(), which gathers until the save settles: every rank
+// acts on the same gathered states, so they still agree on the step at
+// which a save completes or fails, and no rank starts the next save before
+// the previous one has settled.
+//
+// Every method but state(), wait_until_written() and abandon() is
+// collective: all ranks call it at the same points (the training loop's
+// steps do). poll(states) runs a collective only when a rank failed (a
+// barrier before the step is removed), which every rank sees in the same
+// states.
 #pragma once
 
 #include <cstdint>
@@ -55,6 +67,12 @@ class CheckpointSaver {
   // save that completed (on every rank) since the last call. Throws an
   // Error if any rank's part failed, after dropping the step.
   std::optional<AsyncCheckpointWriter::Stats> poll();
+  // The same from every rank's state() gathered by the caller in one
+  // collective with others (train/rank_stats.h), by group rank. Every rank
+  // must pass the states of one gather.
+  std::optional<AsyncCheckpointWriter::Stats> poll(const std::vector<int32_t>& states);
+  // This rank's writer state, for the caller's gather.
+  int32_t state() const { return static_cast<int32_t>(writer_.state()); }
   // Blocks until the save in flight is committed, or throws as poll() does.
   void wait();
   // Not collective: blocks until this rank's part of the save in flight has

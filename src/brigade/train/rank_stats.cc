@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <string>
 
@@ -14,7 +15,10 @@ namespace {
 // A rank's numbers in the gathered vector: the breakdown, then these.
 constexpr int kRss = StepBreakdown::kVectorSize;
 constexpr int kBubble = kRss + 1;
-constexpr int kPerRank = kBubble + 1;
+constexpr int kCheckpointState = kBubble + 1;
+constexpr int kSnapshotState = kCheckpointState + 1;
+constexpr int kStopSignal = kSnapshotState + 1;
+constexpr int kPerRank = kStopSignal + 1;
 
 // Each rank's node, pipeline stage and whether its clock counts the wait
 // for a core, in world rank order.
@@ -98,16 +102,27 @@ RankStats::RankStats(Communicator* world, const std::vector<double>& ranks,
 }
 
 RankStepStats RankStats::gather(int64_t step, const StepBreakdown& mine, double peak_rss_bytes,
-                                double bubble_ms) {
+                                double bubble_ms, SaveStates saves, int stop_signal,
+                                GatherFault fault) {
   std::vector<double> local = mine.to_vector();
   local.push_back(peak_rss_bytes);
   local.push_back(bubble_ms);
+  local.push_back(saves.checkpoint);
+  local.push_back(saves.snapshot);
+  local.push_back(stop_signal);
   const size_t ranks = nodes_.size();
   std::vector<double> all(ranks * kPerRank);
-  if (world_ != nullptr && world_->size() > 1) {
-    world_->all_gather(local.data(), all.data(), kPerRank, DType::kF64)->wait();
+  if (world_ != nullptr && world_->size() > 1 && fault != GatherFault::kSkip) {
+    if (fault == GatherFault::kMismatch) {
+      // Room for what a backend that does not check the count would write.
+      local.push_back(0.0);
+      all.resize(ranks * (kPerRank + 1));
+    }
+    world_->all_gather(local.data(), all.data(), static_cast<int64_t>(local.size()), DType::kF64)
+        ->wait();
   } else {
-    all = local;
+    all.clear();
+    for (size_t r = 0; r < ranks; ++r) all.insert(all.end(), local.begin(), local.end());
   }
   RankStepStats out;
   std::vector<double> compute, runqueue;
@@ -116,6 +131,9 @@ RankStepStats RankStats::gather(int64_t step, const StepBreakdown& mine, double 
     out.breakdown.push_back(StepBreakdown::from_vector(v));
     out.peak_rss_bytes.push_back(v[kRss]);
     out.bubble_ms.push_back(v[kBubble]);
+    out.checkpoint_states.push_back(static_cast<int32_t>(v[kCheckpointState]));
+    out.snapshot_states.push_back(static_cast<int32_t>(v[kSnapshotState]));
+    out.stop_signal = std::max(out.stop_signal, static_cast<int>(v[kStopSignal]));
     compute.push_back(out.breakdown.back()[StepPart::kCompute]);
     runqueue.push_back(out.breakdown.back().compute_runqueue_ms);
   }

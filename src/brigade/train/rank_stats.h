@@ -7,8 +7,17 @@
 // section.
 //
 // Why every step and every rank: the detector needs each step's compute
-// times (a straggler named within 20 steps), and the vector is 12 doubles a
-// rank, the cost of the two 1-double gathers (RSS, bubble) it replaces.
+// times (a straggler named within 20 steps), and the vector is 15 doubles a
+// rank, the cost of any one of the small collectives it replaces (the RSS
+// and bubble gathers, the saves' polls, the stop agreement).
+//
+// It is also the training loop's only collective between two steps: it
+// carries where each rank's background saves stand (the states
+// train/checkpoint_saver.h exchanges to agree on a save's outcome) and the
+// stop signal each rank was sent, so the ranks agree on both without a
+// collective of their own. Across nodes each collective is a network round
+// trip and a point where the ranks' drift on shared cores is absorbed
+// (docs/PERFORMANCE.md, issue 14).
 #pragma once
 
 #include <cstdint>
@@ -29,7 +38,26 @@ struct RankStepStats {
   // Episodes that started or ended with this step (world rank 0 only: the
   // detector's medians cost about 1 us a rank a step).
   std::vector<StragglerEvent> stragglers;
+  // Every rank's SaveStates, by world rank (CheckpointSaver::poll's input).
+  std::vector<int32_t> checkpoint_states;
+  std::vector<int32_t> snapshot_states;
+  // The highest stop signal any rank was sent (0: none). Every rank gets
+  // the same value from the same gather, so all stop after the same step.
+  int stop_signal = 0;
 };
+
+// This rank's writer states (AsyncCheckpointWriter::State) of its disk
+// checkpoint's and its snapshot's saves, read just before the gather.
+struct SaveStates {
+  int32_t checkpoint = 0;
+  int32_t snapshot = 0;
+};
+
+// An injected bug on this rank's next gather (elastic/fault_injection.h,
+// skip and mismatch, which diag/root_cause.h must tell apart): left out
+// (the rank goes on as if every rank had sent its own numbers), or called
+// with one number more than the others.
+enum class GatherFault { kNone, kSkip, kMismatch };
 
 class RankStats {
  public:
@@ -40,9 +68,11 @@ class RankStats {
   RankStats(Communicator* world, int node, int stage, bool counts_runqueue,
             StragglerOptions options = {});
 
-  // Collective: every rank's numbers of 1-based step `step`.
+  // Collective: every rank's numbers of 1-based step `step`. stop_signal:
+  // the signal this rank was sent (0: none).
   RankStepStats gather(int64_t step, const StepBreakdown& mine, double peak_rss_bytes,
-                       double bubble_ms);
+                       double bubble_ms, SaveStates saves = {}, int stop_signal = 0,
+                       GatherFault fault = GatherFault::kNone);
 
   const std::vector<int>& nodes() const { return nodes_; }
   // What people should know once, at the start, about the straggler check:

@@ -58,6 +58,7 @@
 #include "brigade/parallel/sharded_params.h"
 #include "brigade/parallel/tensor_parallel_group.h"
 #include "brigade/train/checkpoint_saver.h"
+#include "brigade/train/rank_stats.h"
 #include "brigade/train/step_breakdown.h"
 #include "brigade/train/train_options.h"
 
@@ -215,14 +216,14 @@ class Trainer {
   // the manifest, and the ranks agree on the outcome (train/checkpoint_saver.h).
   // start_checkpoint returns once this rank's state is copied to memory and
   // writes in the background (it first waits for the previous save);
-  // poll_checkpoint, once per step, returns what a save that has completed
-  // on every rank cost this rank, and throws if a rank's part failed (the
-  // step is then dropped and the previous checkpoint stays the newest);
+  // poll_checkpoint(states), once per step with every rank's save_states()
+  // (below), returns what a save that has completed on every rank cost
+  // this rank, and throws if a rank's part failed (the step is then dropped
+  // and the previous checkpoint stays the newest);
   // wait_for_checkpoint blocks until the save is committed or throws;
   // save_checkpoint is start and wait. They return the step directory on
   // rank 0, an empty path on the others.
   std::filesystem::path start_checkpoint();
-  std::optional<AsyncCheckpointWriter::Stats> poll_checkpoint();
   void wait_for_checkpoint();
   std::filesystem::path save_checkpoint();
   // Not collective: gives up a save in flight when the group is broken (a
@@ -241,7 +242,15 @@ class Trainer {
   // run: the step's update waits for it.
   bool snapshots_enabled() const { return snapshot_saver_ != nullptr; }
   void start_snapshot();
+  // With a collective of its own (tests; the loop uses the one below).
   std::optional<AsyncCheckpointWriter::Stats> poll_snapshot();
+  // The polls without a collective of their own: from every rank's
+  // save_states(), which the training loop gathers with its per-step rank
+  // stats (train/rank_stats.h), by world rank (the savers' group is the
+  // world, in every layout).
+  SaveStates save_states() const;
+  std::optional<AsyncCheckpointWriter::Stats> poll_checkpoint(const std::vector<int32_t>& states);
+  std::optional<AsyncCheckpointWriter::Stats> poll_snapshot(const std::vector<int32_t>& states);
   // Loads a checkpoint or the newest one in a run directory.
   void load_checkpoint(const std::filesystem::path& path);
   void load_checkpoint(const ResolvedCheckpoint& checkpoint);

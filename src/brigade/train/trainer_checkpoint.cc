@@ -141,6 +141,28 @@ std::optional<AsyncCheckpointWriter::Stats> Trainer::poll_snapshot() {
   }
 }
 
+SaveStates Trainer::save_states() const {
+  return {saver_->state(), snapshot_saver_ ? snapshot_saver_->state() : 0};
+}
+
+std::optional<AsyncCheckpointWriter::Stats> Trainer::poll_checkpoint(
+    const std::vector<int32_t>& states) {
+  return saver_->poll(states);
+}
+
+std::optional<AsyncCheckpointWriter::Stats> Trainer::poll_snapshot(
+    const std::vector<int32_t>& states) {
+  if (!snapshot_saver_) return std::nullopt;
+  try {
+    return snapshot_saver_->poll(states);
+  } catch (const CommError&) {
+    throw;
+  } catch (const Error& e) {
+    stop_snapshots(e.what());
+    return std::nullopt;
+  }
+}
+
 void Trainer::start_save(CheckpointSaver& saver, const fs::path& root, int64_t keep,
                          bool snapshot) {
   // Every rank writes its slices of every bucket, whatever the ZeRO stage:
@@ -194,10 +216,6 @@ void Trainer::start_save(CheckpointSaver& saver, const fs::path& root, int64_t k
                    dataset_ ? dataset_->tokenizer_spec() : ""};
   }
   saver.start(std::move(save), pieces);
-}
-
-std::optional<AsyncCheckpointWriter::Stats> Trainer::poll_checkpoint() {
-  return saver_->poll();
 }
 
 void Trainer::wait_for_checkpoint() {
