@@ -103,15 +103,17 @@ TEST(Safetensors, ASpareOfTheSameTensorsIsOverwrittenInPlace) {
 TEST(Safetensors, AWriteGivesEveryByteItCopiesToReadOnceInOrder) {
   TempDir dir;
   std::vector<float> a((size_t{300} << 10) + 3), b(7);  // over one 256 KB block; odd sizes
-  for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<float>(i) * 0.5f;
-  for (size_t i = 0; i < b.size(); ++i) b[i] = -static_cast<float>(i);
   SafetensorsWriter w;
   w.add_f32("b", {7}, b.data());
   w.add_f32("a", {static_cast<int64_t>(a.size())}, a.data());
-  std::string want(reinterpret_cast<const char*>(b.data()), b.size() * sizeof(float));
-  want.append(reinterpret_cast<const char*>(a.data()), a.size() * sizeof(float));
   const fs::path spare = dir.path() / "spare.safetensors";
   for (const bool into_spare : {false, true}) {
+    // Other values the second time, so a byte the copy missed shows.
+    const float scale = into_spare ? -0.25f : 0.5f;
+    for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<float>(i) * scale;
+    for (size_t i = 0; i < b.size(); ++i) b[i] = static_cast<float>(i) * scale - 1.0f;
+    std::string want(reinterpret_cast<const char*>(b.data()), b.size() * sizeof(float));
+    want.append(reinterpret_cast<const char*>(a.data()), a.size() * sizeof(float));
     std::string seen;
     const fs::path file = dir.path() / "x.safetensors";
     const fs::path from = into_spare ? spare : fs::path();
