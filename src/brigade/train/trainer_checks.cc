@@ -152,9 +152,9 @@ std::optional<uint64_t> Trainer::take_snapshot_hash() {
   // only). A bit the hardware flips in that window, after the copy read
   // it, is not in the snapshot either, so every save still passes a check
   // of what it holds; the replicas then differ after this update, which the
-  // next check catches (as a flip right after the old pass would have been)
-  // before any save of that state commits. Otherwise the check makes its
-  // own pass.
+  // next check catches (as a flip right after a pass of the check's own
+  // would have been), discarding the saves of the state it fails on.
+  // Otherwise the check makes its own pass.
   std::shared_ptr<SnapshotHash> h = std::move(snapshot_hash_);
   if (!h || !snapshot_saver_ || h->step != step_ || h->state_version != state_version_ ||
       !h->hash.finished()) {
