@@ -173,7 +173,7 @@ TEST_F(CheckpointTest, SnapshotsRecycleTheirShardsAndACopyToDiskGainsChecksums) 
   const int64_t size = ParamLayout(config()).size();
   auto params = state(0);
   const auto m = state(1), v = state(2);
-  const ShardWriting snapshot{.recycle = true, .checksum = false};
+  const ShardWriting snapshot{.recycle = true, .checksum = false, .read = {}};
   auto save = [&](int64_t step) {
     begin_checkpoint(root(), step);
     write_checkpoint_shard(root(), step, 0, ParamLayout(config()),

@@ -51,7 +51,7 @@ class NodePartTest : public ::testing::Test {
         pieces.push_back({StateKind::kExpAvgSq, s.begin, end, v.data() + s.begin});
       }
       write_checkpoint_shard(area(node), step, r, ParamLayout(config()), pieces,
-                             {.recycle = true, .checksum = false});
+                             {.recycle = true, .checksum = false, .read = {}});
     }
     NodePart part;
     part.step = step;

@@ -6,6 +6,8 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
 
 #include "brigade/ckpt/manifest.h"
 #include "brigade/ckpt/model_weights.h"
@@ -75,7 +77,7 @@ TEST(Safetensors, ASpareOfTheSameTensorsIsOverwrittenInPlace) {
   const ino_t spare_inode = inode(spare);
   a = {-1, -2, -3, -4, -5, -6};
   const fs::path file = dir.path() / "x.safetensors";
-  const uint64_t second = w.write(file, {.spare = spare, .checksum = true});
+  const uint64_t second = w.write(file, {.spare = spare, .checksum = true, .read = {}});
   EXPECT_EQ(second, file_xxh64(file));
   EXPECT_NE(file_xxh64(file), first);
   EXPECT_FALSE(fs::exists(spare));
@@ -87,11 +89,46 @@ TEST(Safetensors, ASpareOfTheSameTensorsIsOverwrittenInPlace) {
   // Without a checksum: 0, and the file is the same.
   fs::rename(file, spare);
   a[0] = 42;
-  EXPECT_EQ(w.write(file, {.spare = spare, .checksum = false}), 0u);
+  EXPECT_EQ(w.write(file, {.spare = spare, .checksum = false, .read = {}}), 0u);
   EXPECT_EQ(inode(file), spare_inode);
   SafetensorsFile g(file);
   g.read_f32("a", {2, 3}, back.data());
   EXPECT_EQ(back[0], 42);
+}
+
+// The replica check's hash rides on a snapshot's copy (Reuse::read): it
+// must be given every byte of the data once, in file order, whether the
+// data goes into a spare (in blocks, with streaming stores, at unaligned
+// places) or into a fresh file; and the copy must be exact.
+TEST(Safetensors, AWriteGivesEveryByteItCopiesToReadOnceInOrder) {
+  TempDir dir;
+  std::vector<float> a((size_t{300} << 10) + 3), b(7);  // over one 256 KB block; odd sizes
+  SafetensorsWriter w;
+  w.add_f32("b", {7}, b.data());
+  w.add_f32("a", {static_cast<int64_t>(a.size())}, a.data());
+  const fs::path spare = dir.path() / "spare.safetensors";
+  for (const bool into_spare : {false, true}) {
+    // Other values the second time, so a byte the copy missed shows.
+    const float scale = into_spare ? -0.25f : 0.5f;
+    for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<float>(i) * scale;
+    for (size_t i = 0; i < b.size(); ++i) b[i] = static_cast<float>(i) * scale - 1.0f;
+    std::string want(reinterpret_cast<const char*>(b.data()), b.size() * sizeof(float));
+    want.append(reinterpret_cast<const char*>(a.data()), a.size() * sizeof(float));
+    std::string seen;
+    const fs::path file = dir.path() / "x.safetensors";
+    const fs::path from = into_spare ? spare : fs::path();
+    w.write(into_spare ? file : spare,
+            {.spare = from, .checksum = false, .read = [&](const void* data, size_t bytes) {
+               seen.append(static_cast<const char*>(data), bytes);
+             }});
+    EXPECT_EQ(seen, want) << (into_spare ? "into a spare" : "a fresh file");
+    SafetensorsFile f(into_spare ? file : spare);
+    std::vector<float> back_a(a.size()), back_b(b.size());
+    f.read_f32("a", {static_cast<int64_t>(a.size())}, back_a.data());
+    f.read_f32("b", {7}, back_b.data());
+    EXPECT_EQ(back_a, a);
+    EXPECT_EQ(back_b, b);
+  }
 }
 
 TEST(Safetensors, ASpareOfOtherTensorsIsReplacedNotReused) {
@@ -106,13 +143,14 @@ TEST(Safetensors, ASpareOfOtherTensorsIsReplacedNotReused) {
   SafetensorsWriter w;
   w.add_f32("a", {2, 3}, a.data());
   const fs::path file = dir.path() / "x.safetensors";
-  const uint64_t hash = w.write(file, {.spare = spare, .checksum = true});
+  const uint64_t hash = w.write(file, {.spare = spare, .checksum = true, .read = {}});
   EXPECT_EQ(hash, file_xxh64(file)) << "the checksum is the file's";
   EXPECT_FALSE(fs::exists(spare)) << "a spare that cannot be reused is not kept";
   SafetensorsFile f(file);
   EXPECT_EQ(f.find("a")->shape, (std::vector<int64_t>{2, 3}));
   // No spare at all: a fresh file.
-  EXPECT_EQ(w.write(dir.path() / "y.safetensors", {.spare = dir.path() / "none", .checksum = true}),
+  EXPECT_EQ(w.write(dir.path() / "y.safetensors",
+                    {.spare = dir.path() / "none", .checksum = true, .read = {}}),
             hash);
 }
 

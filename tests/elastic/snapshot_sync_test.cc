@@ -194,7 +194,7 @@ class SnapshotRestoreTest : public SnapshotSyncTest {
         pieces.push_back({StateKind::kExpAvgSq, s.begin, end, v.data() + s.begin});
       }
       write_checkpoint_shard(dir, step, r, ParamLayout(config()), pieces,
-                             {.recycle = true, .checksum = false});
+                             {.recycle = true, .checksum = false, .read = {}});
     }
     NodePart part;
     part.step = step;

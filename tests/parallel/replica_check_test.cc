@@ -8,10 +8,12 @@
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <bit>
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace brigade {
@@ -53,6 +55,79 @@ TEST(ReplicaCheck, AChunkedHashCoversEveryChunkWhateverTheThreads) {
     EXPECT_NE(hash_floats(copy.data(), n), one) << "element " << at;
   }
   EXPECT_NE(combine_hashes({1, 2}), combine_hashes({2, 1}));
+}
+
+// What a snapshot's copy feeds the chunked hash (Trainer::compare_replicas'
+// fused hash): each rank's pieces of the buffers, in blocks, with chunks
+// cut by the pieces' ends and gaps between them that finish() reads. The
+// hashes must be hash_floats' of each buffer, or the replicas' comparison
+// would differ from a rank that made its own pass.
+TEST(ReplicaCheck, AHashFedByACopysBlocksEqualsTheBuffersOwn) {
+  const int64_t n = (int64_t{5} << 20) / 2 + 3;  // 2.5 chunks and a bit
+  std::vector<float> params(static_cast<size_t>(n)), moment(4099);
+  for (size_t i = 0; i < params.size(); ++i) params[i] = static_cast<float>(i % 1009) * 0.5f;
+  for (size_t i = 0; i < moment.size(); ++i) moment[i] = static_cast<float>(i) * 0.25f;
+  const uint64_t want_params = hash_floats(params.data(), n);
+  const uint64_t want_moment = hash_floats(moment.data(), 4099);
+  const auto feed = [](ChunkedHash& h, const float* data, int64_t begin, int64_t end,
+                       int64_t block) {
+    for (int64_t at = begin; at < end; at += block) {
+      h.feed(data + at, static_cast<size_t>(std::min(block, end - at)) * sizeof(float));
+    }
+  };
+  struct Case {
+    std::string name;
+    std::vector<std::pair<int64_t, int64_t>> pieces;  // of params, fed in this order
+  };
+  const int64_t chunk = int64_t{1} << 20;
+  const std::vector<Case> cases = {
+      {"nothing fed", {}},
+      {"everything", {{0, n}}},
+      {"the second half (a piece starting mid-chunk)", {{n / 2, n}}},
+      {"the first half (a chunk left part-fed)", {{0, n / 2}}},
+      {"two pieces with a gap", {{0, chunk / 3}, {chunk + 5, 2 * chunk + 9}}},
+      {"out of order", {{chunk, n}, {0, chunk}}},
+      {"the same bytes twice", {{0, chunk / 2}, {0, chunk}}},
+  };
+  for (const Case& c : cases) {
+    ChunkedHash h;
+    h.add(params.data(), n);
+    h.add(moment.data(), 4099);
+    int64_t fed = 0;
+    for (const auto& [begin, end] : c.pieces) {
+      feed(h, params.data(), begin, end, 65536 + 3);
+      fed += end - begin;
+    }
+    feed(h, moment.data(), 0, 4099, 1000);
+    // Bytes outside every buffer are not hashed.
+    const std::vector<float> elsewhere(64, 1.0f);
+    h.feed(elsewhere.data(), elsewhere.size() * sizeof(float));
+    EXPECT_FALSE(h.finished()) << c.name;
+    h.finish();
+    ASSERT_TRUE(h.finished()) << c.name;
+    ASSERT_EQ(h.hashes().size(), 2u) << c.name;
+    EXPECT_EQ(h.hashes()[0], want_params) << c.name;
+    EXPECT_EQ(h.hashes()[1], want_moment) << c.name;
+    // Something was hashed from the feed, not all left to finish().
+    if (c.name == "everything") {
+      EXPECT_EQ(h.fed_bytes(), static_cast<int64_t>((n + 4099) * sizeof(float)));
+    }
+    EXPECT_GT(h.fed_bytes(), 0) << c.name;
+    EXPECT_LE(h.fed_bytes(), static_cast<int64_t>((fed + 4099) * sizeof(float))) << c.name;
+  }
+  // A flip made after a chunk was fed is not seen (the caller must rule that
+  // out: Trainer::take_snapshot_hash); one made before is.
+  ChunkedHash after, before;
+  after.add(params.data(), n);
+  before.add(params.data(), n);
+  feed(after, params.data(), 0, n, chunk);
+  params[7] += 1.0f;
+  feed(before, params.data(), 0, n, chunk);
+  after.finish();
+  before.finish();
+  EXPECT_EQ(after.hashes()[0], want_params);
+  EXPECT_EQ(before.hashes()[0], hash_floats(params.data(), n));
+  EXPECT_NE(before.hashes()[0], want_params);
 }
 
 TEST(ReplicaCheck, TheOddReplicaIsFoundByMajority) {

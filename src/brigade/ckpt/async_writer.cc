@@ -131,6 +131,7 @@ void AsyncCheckpointWriter::run(const Save& save) {
   stats_.bytes = write_checkpoint_shard(
       save.root, save.step, save.rank,
       ParamLayout(save.config, save.tp_rank, save.tp_size, save.layers), pieces_, save.writing);
+  if (save.written) save.written();
   if (!save.commits()) return;
   set_state(State::kWaiting);
   const int64_t deadline = now_ns() + commit_timeout_ms_ * 1'000'000;

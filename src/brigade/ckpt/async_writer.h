@@ -18,6 +18,7 @@
 #include <cstdlib>
 #include <exception>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -64,6 +65,10 @@ class AsyncCheckpointWriter {
     // whole step by rank 0 (each node's area is its own memory). Its
     // node, first_rank and ranks are read; the rest comes from this Save.
     std::optional<NodePart> part;
+    // Called on the background thread once this rank's shard is written,
+    // before the save reports it so (wait_until_written returns after it);
+    // not when the write failed.
+    std::function<void()> written;
     // The rank that clears the step's directory (phase 1) and commits.
     bool commits() const { return part ? rank == part->first_rank : rank == 0; }
   };

@@ -202,6 +202,7 @@ int64_t write_checkpoint_shard(const fs::path& root, int64_t step, int rank,
   SafetensorsWriter::Reuse reuse;
   if (how.recycle) reuse.spare = spare_directory(root) / shard_file(rank);
   reuse.checksum = how.checksum;
+  reuse.read = how.read;
   const uint64_t hash = writer.write(file, reuse);
   const nlohmann::json index = {
       {"file", shard_file(rank)},

@@ -22,8 +22,10 @@
 // ranks wrote its parts.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -68,9 +70,14 @@ void begin_checkpoint(const std::filesystem::path& root, int64_t step);
 // shard checksums too, which cost more than the copy itself: a snapshot is
 // checked by sizes and the manifest's own checksum, and copy_checkpoint
 // adds shard checksums when one is kept on disk.
+//
+// `read` is given every block of the pieces' data as the write reads it
+// (SafetensorsWriter::Reuse::read): how the replica check's hash of a
+// snapshot's state rides on the snapshot's copy (train/trainer.h).
 struct ShardWriting {
   bool recycle = false;
   bool checksum = true;
+  std::function<void(const void* data, size_t bytes)> read;
 };
 
 // Returns the shard's size in bytes. The pieces are flat ranges of `layout`'s

@@ -6,7 +6,13 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+#include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -130,6 +136,36 @@ struct SpareMapping {
   }
 };
 
+// memcpy with streaming stores where the destination allows: the data is
+// not read back, so it bypasses the caches (and no cache line of it is read
+// for ownership first). store_fence() orders them before what follows.
+void copy_nontemporal(char* dst, const char* src, size_t n) {
+#if defined(__x86_64__)
+  const size_t head = std::min(n, (16 - reinterpret_cast<uintptr_t>(dst) % 16) % 16);
+  std::memcpy(dst, src, head);
+  size_t i = head;
+  for (; i + 64 <= n; i += 64) {
+    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 16));
+    const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 32));
+    const __m128i d = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 48));
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i), a);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 16), b);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 32), c);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 48), d);
+  }
+  std::memcpy(dst + i, src + i, n - i);
+#else
+  std::memcpy(dst, src, n);
+#endif
+}
+
+void store_fence() {
+#if defined(__x86_64__)
+  _mm_sfence();
+#endif
+}
+
 bool map_matching_spare(const std::filesystem::path& spare, const std::string& start,
                         int64_t data_bytes, SpareMapping* out) {
   out->fd = ::open(spare.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW);
@@ -168,10 +204,16 @@ uint64_t SafetensorsWriter::write(const std::filesystem::path& path, const Reuse
     if (map_matching_spare(reuse.spare, start, data_bytes, &spare)) {
       size_t at = start.size();
       for_each_run([&](const char* run, size_t bytes) {
-        std::memcpy(spare.map + at, run, bytes);
-        digest(run, bytes);
+        constexpr size_t kBlock = size_t{256} << 10;
+        for (size_t done = 0; done < bytes; done += kBlock) {
+          const size_t n = std::min(kBlock, bytes - done);
+          copy_nontemporal(spare.map + at + done, run + done, n);
+          digest(run + done, n);
+          if (reuse.read) reuse.read(run + done, n);
+        }
         at += bytes;
       });
+      store_fence();
       if (::rename(reuse.spare.c_str(), path.c_str()) != 0) {
         throw_error("cannot rename {} to {}: {}", reuse.spare.string(), path.string(),
                     std::strerror(errno));
@@ -186,6 +228,7 @@ uint64_t SafetensorsWriter::write(const std::filesystem::path& path, const Reuse
   for_each_run([&](const char* run, size_t bytes) {
     out.write_direct(run, bytes);
     digest(run, bytes);
+    if (reuse.read) reuse.read(run, bytes);
   });
   out.commit();
   return reuse.checksum ? XXH64_digest(hash) : 0;

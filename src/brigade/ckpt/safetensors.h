@@ -5,8 +5,10 @@
 // it and it cannot execute code on load.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -42,9 +44,17 @@ class SafetensorsWriter {
   // Without a spare that matches, a fresh file is written as write() does.
   // checksum = false skips the xxHash64 (which costs more than the copy)
   // and returns 0.
+  //
+  // Into a spare, the data goes in blocks of 256 KB with non-temporal
+  // stores (the copy is never read back by this process, so it need not
+  // evict the training's working set from the caches), and `read`, if set,
+  // is called on each block's source right after it is copied, while it is
+  // still in cache; when a fresh file is written, on each run of tensors
+  // adjacent in memory. Every byte of data is passed once, in file order.
   struct Reuse {
     std::filesystem::path spare;
     bool checksum = true;
+    std::function<void(const void* data, size_t bytes)> read;
   };
   uint64_t write(const std::filesystem::path& path, const Reuse& reuse) const;
 

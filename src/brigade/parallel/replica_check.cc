@@ -3,17 +3,23 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <map>
+#include <new>
 #include <utility>
 #include <vector>
 
 #include "brigade/comm/communicator.h"
+#include "brigade/core/error.h"
 
 namespace brigade {
 
+namespace {
+// Chunks of a fixed size, so the hash is the same whatever the thread count.
+constexpr int64_t kChunk = int64_t{1} << 20;
+}  // namespace
+
 uint64_t hash_floats(const float* data, int64_t n) {
-  // Chunks of a fixed size, so the hash is the same whatever the thread count.
-  constexpr int64_t kChunk = int64_t{1} << 20;
   const int64_t chunks = (n + kChunk - 1) / kChunk;
   if (chunks <= 1) return XXH3_64bits(data, static_cast<size_t>(n) * sizeof(float));
   std::vector<uint64_t> hashes(static_cast<size_t>(chunks));
@@ -28,6 +34,101 @@ uint64_t hash_floats(const float* data, int64_t n) {
 
 uint64_t combine_hashes(const std::vector<uint64_t>& hashes) {
   return XXH3_64bits(hashes.data(), hashes.size() * sizeof(uint64_t));
+}
+
+struct ChunkedHash::Chunk {
+  XXH3_state_t* state = nullptr;  // while partly fed
+  size_t fed = 0;                 // bytes from the chunk's start
+  bool done = false;
+  uint64_t hash = 0;
+};
+
+struct ChunkedHash::Buffer {
+  const char* begin = nullptr;
+  size_t bytes = 0;
+  std::vector<Chunk> chunks;
+};
+
+ChunkedHash::ChunkedHash() = default;
+
+ChunkedHash::~ChunkedHash() {
+  for (Buffer& b : buffers_) {
+    for (Chunk& c : b.chunks) XXH3_freeState(c.state);
+  }
+}
+
+void ChunkedHash::add(const float* data, int64_t n) {
+  Buffer b;
+  b.begin = reinterpret_cast<const char*>(data);
+  b.bytes = static_cast<size_t>(n) * sizeof(float);
+  b.chunks.resize(static_cast<size_t>(std::max<int64_t>(1, (n + kChunk - 1) / kChunk)));
+  buffers_.push_back(std::move(b));
+}
+
+void ChunkedHash::feed(const void* bytes, size_t count) {
+  BRIGADE_CHECK(!finished_);  // what comes after finish() would not count
+  const auto* at = static_cast<const char*>(bytes);
+  constexpr size_t kChunkBytes = static_cast<size_t>(kChunk) * sizeof(float);
+  for (Buffer& b : buffers_) {
+    // Pointers into different objects are compared as addresses.
+    const auto lo = std::max(reinterpret_cast<uintptr_t>(at), reinterpret_cast<uintptr_t>(b.begin));
+    const auto hi = std::min(reinterpret_cast<uintptr_t>(at) + count,
+                             reinterpret_cast<uintptr_t>(b.begin) + b.bytes);
+    for (uintptr_t from = lo; from < hi;) {
+      const size_t offset = from - reinterpret_cast<uintptr_t>(b.begin);
+      Chunk& c = b.chunks[offset / kChunkBytes];
+      const size_t chunk_start = offset / kChunkBytes * kChunkBytes;
+      const size_t chunk_end = std::min(chunk_start + kChunkBytes, b.bytes);
+      const size_t n = std::min<size_t>(hi - from, chunk_end - offset);
+      if (!c.done && offset == chunk_start + c.fed) {
+        if (c.state == nullptr) {
+          c.state = XXH3_createState();
+          if (c.state == nullptr) throw std::bad_alloc();
+          XXH3_64bits_reset(c.state);
+        }
+        XXH3_64bits_update(c.state, b.begin + offset, n);
+        c.fed += n;
+        fed_bytes_ += static_cast<int64_t>(n);
+        if (chunk_start + c.fed == chunk_end) {
+          c.hash = XXH3_64bits_digest(c.state);
+          XXH3_freeState(c.state);
+          c.state = nullptr;
+          c.done = true;
+        }
+      }
+      from += n;
+    }
+  }
+}
+
+void ChunkedHash::finish() {
+  constexpr size_t kChunkBytes = static_cast<size_t>(kChunk) * sizeof(float);
+  hashes_.clear();
+  for (Buffer& b : buffers_) {
+    for (size_t i = 0; i < b.chunks.size(); ++i) {
+      Chunk& c = b.chunks[i];
+      if (c.done) continue;
+      const size_t start = i * kChunkBytes, end = std::min(start + kChunkBytes, b.bytes);
+      if (c.state == nullptr) {
+        c.hash = XXH3_64bits(b.begin + start, end - start);
+      } else {
+        XXH3_64bits_update(c.state, b.begin + start + c.fed, end - start - c.fed);
+        c.hash = XXH3_64bits_digest(c.state);
+        XXH3_freeState(c.state);
+        c.state = nullptr;
+      }
+      c.done = true;
+    }
+    // hash_floats' form: one chunk's own hash, or the hash of the chunks'.
+    if (b.chunks.size() == 1) {
+      hashes_.push_back(b.chunks[0].hash);
+    } else {
+      std::vector<uint64_t> chunk_hashes;
+      for (const Chunk& c : b.chunks) chunk_hashes.push_back(c.hash);
+      hashes_.push_back(combine_hashes(chunk_hashes));
+    }
+  }
+  finished_ = true;
 }
 
 std::vector<int> odd_replicas(const std::vector<uint64_t>& hashes) {

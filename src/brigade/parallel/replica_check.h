@@ -14,7 +14,9 @@
 // slices, ZeRO 1/2's moment slices): only replicas are compared.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -30,6 +32,43 @@ uint64_t hash_floats(const float* data, int64_t n);
 // One hash of several (XXH3 of their bytes, in order).
 uint64_t combine_hashes(const std::vector<uint64_t>& hashes);
 
+// hash_floats of several buffers, taken from bytes another pass reads
+// anyway: an in-memory snapshot's copy feeds what it copies, while it is
+// in cache, and finish() reads only what the copy did not see. The values
+// equal hash_floats' of the buffers as they were when fed (XXH3's streaming
+// form gives its one-shot value), provided they did not change between the
+// first feed and finish(): the caller's to guarantee (train/trainer.h,
+// fused_replica_hash).
+class ChunkedHash {
+ public:
+  ChunkedHash();
+  ~ChunkedHash();
+  ChunkedHash(const ChunkedHash&) = delete;
+  ChunkedHash& operator=(const ChunkedHash&) = delete;
+
+  // A buffer to hash, whole; buffers do not overlap. Before any feed().
+  void add(const float* data, int64_t n);
+  // Bytes just read: those inside an added buffer go into the hash of the
+  // chunk they lie in where they continue what it was fed so far (bytes
+  // out of order, or outside every buffer, are left to finish()).
+  void feed(const void* bytes, size_t count);
+  // Hashes what feed() left out, from the buffers themselves; then
+  // hashes() gives each buffer's hash_floats, in the order added.
+  void finish();
+  bool finished() const { return finished_; }
+  const std::vector<uint64_t>& hashes() const { return hashes_; }
+  // Bytes that feed() hashed, for tests and benchmarks.
+  int64_t fed_bytes() const { return fed_bytes_; }
+
+ private:
+  struct Chunk;
+  struct Buffer;
+  std::vector<Buffer> buffers_;
+  std::vector<uint64_t> hashes_;
+  int64_t fed_bytes_ = 0;
+  bool finished_ = false;
+};
+
 // The ranks whose hash is not the majority's: with one hash held by more
 // ranks than any other, everyone else; with no such hash (two replicas
 // that differ, or a tie), every rank, since nothing says which copy is
@@ -40,6 +79,9 @@ struct ReplicaComparison {
   std::vector<uint64_t> hashes;  // by rank of the group
   std::vector<int> suspects;     // odd_replicas(hashes)
   std::string compared;          // what was hashed, for people: "parameters (1234 floats)"
+  // This rank's hash came from the copy of an in-memory snapshot of the
+  // same state (Trainer::compare_replicas) instead of a pass of its own.
+  bool fused = false;
   bool clean() const { return suspects.empty(); }
 };
 

@@ -19,6 +19,12 @@
 // keep train.keep_checkpoints; with 1, a failed check right after a
 // checkpoint leaves none to resume from.
 //
+// With a snapshot every step the check runs every step, so its hash rides
+// on the snapshot's copy instead of a pass of its own over the parameters
+// and moments (Trainer::compare_replicas: the copy's writer hashes them on
+// its way, and the check takes that hash only where it is provably of the
+// state before the update; otherwise it makes its own pass).
+//
 // On a disagreement each rank of the group writes what it saw to
 // RUN_DIR/sdc_rank<R>_step<S>.json (S: the steps completed when the check
 // ran; its pid ties it to this process: the agent copies it into the

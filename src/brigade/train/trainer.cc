@@ -490,8 +490,12 @@ StepMetrics Trainer::train_step() {
     snapshot_saver_->wait_until_written();
   }
   // Before the update: every replica still holds the last update's result,
-  // and whatever the snapshot read has been read.
+  // and whatever the snapshot read has been read (and hashed, for the
+  // replica check: compare_replicas).
+  fused_hash_ = take_snapshot_hash();
   if (before_update_) before_update_();
+  fused_hash_.reset();
+  ++state_version_;  // the update (and ZeRO 1/2's gather) writes the state
   {
     const StepClock::Section update(clock_, StepPart::kOptimizer);
     const int64_t update_start = now_ns();

@@ -144,6 +144,13 @@ class Trainer {
   // every rank between updates (after ZeRO 1/2's gather), and under ZeRO 0
   // both Adam moments too (ZeRO 1/2 shard them: each slice exists once).
   // ZeRO 3 holds no replica at all, so there is nothing to compare.
+  //
+  // Right before an update that follows an in-memory snapshot of the same
+  // state, the hash is the one the snapshot's copy took on its way
+  // (start_save: the copy reads half of each replica's state anyway, while
+  // it is in cache, and hashes the rest behind the step's forward and
+  // backward), not a second pass over the buffers: `fused` says so. See
+  // take_snapshot_hash for why it is the hash of the state at the check.
   ReplicaComparison compare_replicas();
   // Whether diag.sdc_every's checks run (train/silent_corruption.h): dp > 1
   // and sdc_every > 0 (replicas compared under ZeRO 0-2; under ZeRO 3,
@@ -264,6 +271,7 @@ class Trainer {
   const GptConfig& model_config() const { return model_->config(); }
   const TrainOptions& options() const { return options_; }
   const FloatBuffer& params() const { return params_; }
+  const AdamW& optimizer() const { return *optimizer_; }
   // Under ZeRO 2 and 3 only this rank's slices hold values between steps,
   // and the rest of the buffer is released (see resident_bytes()).
   const FloatBuffer& grads() const { return grads_; }
@@ -363,6 +371,30 @@ class Trainer {
   std::string flip_gradient_bit();
   double local_loss_ = 0;  // this dp rank's loss sum of the last forward_backward
   int64_t flip_step_ = -1;
+  // What the replica check's hash of a snapshot's state needs (start_save,
+  // take_snapshot_hash): the hash fed by the snapshot's copy and finished
+  // on the writer's thread, of which state.
+  struct SnapshotHash {
+    ChunkedHash hash;
+    int64_t step = 0;
+    uint64_t state_version = 0;
+  };
+  std::shared_ptr<SnapshotHash> snapshot_hash_;
+  // Counts the writes of the parameters and moments: each update (and ZeRO
+  // 1/2's gather after it), each load, each injected flip. Equal counts
+  // mean the same state.
+  uint64_t state_version_ = 0;
+  // Between the snapshot's wait and the update only: the snapshot's hash
+  // of this very state, for compare_replicas.
+  std::optional<uint64_t> fused_hash_;
+  // The snapshot's hash once its copy is complete, if it is of the state
+  // the check is about to compare; consumed.
+  std::optional<uint64_t> take_snapshot_hash();
+  // The buffers compare_replicas hashes, in order.
+  std::vector<std::pair<const float*, int64_t>> replicated_state() const;
+  // Makes a snapshot's save (start_save) hash them as it copies, under the
+  // replica checks (ZeRO 0-2).
+  void hash_while_snapshotting(AsyncCheckpointWriter::Save& save);
   int64_t poisoned_step_ = -1;
   int poisoned_losses_ = 0;
 };

@@ -196,8 +196,9 @@ void Trainer::start_save(CheckpointSaver& saver, const fs::path& root, int64_t k
     // One copy, straight from the live state into last-but-one snapshot's
     // memory, while the next step's forward and backward run (train_step
     // waits for it before the update): ckpt/checkpoint.h, ShardWriting.
-    save.writing = {.recycle = true, .checksum = false};
+    save.writing = {.recycle = true, .checksum = false, .read = {}};
     save.staged = false;
+    hash_while_snapshotting(save);
     if (options_.snapshot_part.ranks > 0) {
       NodePart part;
       part.node = options_.snapshot_part.node;
@@ -287,6 +288,7 @@ void Trainer::load_checkpoint(const ResolvedCheckpoint& checkpoint) {
     compact += slice.end - slice.begin;
   }
   step_ = step;
+  ++state_version_;
   optimizer_->set_step_count(optimizer_step);
 }
 

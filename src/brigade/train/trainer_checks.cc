@@ -8,6 +8,8 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -112,17 +114,72 @@ void Trainer::discard_saves(int64_t step) {
   fs::remove_all(step_directory(fs::path(options_.run_dir) / "checkpoints", step), ec);
 }
 
+// Which buffers the replica check hashes (compare_replicas), in its order:
+// the parameters, and under ZeRO 0 both moments.
+std::vector<std::pair<const float*, int64_t>> Trainer::replicated_state() const {
+  std::vector<std::pair<const float*, int64_t>> buffers = {{params_.data(), params_.size()}};
+  if (zero_ == 0) {
+    buffers.emplace_back(optimizer_->m().data(), optimizer_->m().size());
+    buffers.emplace_back(optimizer_->v().data(), optimizer_->v().size());
+  }
+  return buffers;
+}
+
+void Trainer::hash_while_snapshotting(AsyncCheckpointWriter::Save& save) {
+  snapshot_hash_.reset();
+  if (!replica_checks_on() || zero_ >= 3) return;
+  auto h = std::make_shared<SnapshotHash>();
+  for (const auto& [data, n] : replicated_state()) h->hash.add(data, n);
+  h->step = step_;
+  h->state_version = state_version_;
+  save.writing.read = [h](const void* data, size_t bytes) { h->hash.feed(data, bytes); };
+  save.written = [h] { h->hash.finish(); };
+  snapshot_hash_ = std::move(h);
+}
+
+std::optional<uint64_t> Trainer::take_snapshot_hash() {
+  // Called once the snapshot's writer reported its shard written
+  // (train_step's wait): its thread finished the hash before that, or the
+  // write failed and it never will. The hash is of the state right before
+  // this update when (1) it is of this step's state, (2) the copy
+  // completed (finished: set after the whole shard was written, the rest
+  // of each buffer hashed from memory then), and (3) nothing wrote the
+  // buffers since the snapshot started: everything that does (the update
+  // and ZeRO 1/2's gather, a load, an injected flip such as
+  // sdc:...:when=forward at the start of this step's forward) counts in
+  // state_version_, and no other code writes them while a step runs (the
+  // forward and backward read them; the gradient replay writes gradients
+  // only). A bit the hardware flips in that window, after the copy read
+  // it, is not in the snapshot either, so every save still passes a check
+  // of what it holds; the replicas then differ after this update, which the
+  // next check catches (as a flip right after a pass of the check's own
+  // would have been), discarding the saves of the state it fails on.
+  // Otherwise the check makes its own pass.
+  std::shared_ptr<SnapshotHash> h = std::move(snapshot_hash_);
+  if (!h || !snapshot_saver_ || h->step != step_ || h->state_version != state_version_ ||
+      !h->hash.finished()) {
+    return std::nullopt;
+  }
+  const std::vector<uint64_t>& hashes = h->hash.hashes();
+  return hashes.size() == 1 ? hashes[0] : combine_hashes(hashes);
+}
+
 ReplicaComparison Trainer::compare_replicas() {
   BRIGADE_CHECK(dp_group_ != nullptr && dp_size() > 1 && zero_ < 3);
-  uint64_t mine = hash_floats(params_.data(), params_.size());
-  std::string compared = fmt::format("parameters ({} floats)", params_.size());
-  if (zero_ == 0) {
-    mine = combine_hashes({mine, hash_floats(optimizer_->m().data(), optimizer_->m().size()),
-                           hash_floats(optimizer_->v().data(), optimizer_->v().size())});
-    compared = fmt::format("parameters and Adam moments (3 x {} floats)", params_.size());
+  uint64_t mine = 0;
+  const bool fused = fused_hash_.has_value();
+  if (fused) {
+    mine = *fused_hash_;
+  } else {
+    std::vector<uint64_t> hashes;
+    for (const auto& [data, n] : replicated_state()) hashes.push_back(hash_floats(data, n));
+    mine = hashes.size() == 1 ? hashes[0] : combine_hashes(hashes);
   }
   ReplicaComparison c = brigade::compare_replicas(*dp_group_, mine);
-  c.compared = std::move(compared);
+  c.compared = zero_ == 0
+                   ? fmt::format("parameters and Adam moments (3 x {} floats)", params_.size())
+                   : fmt::format("parameters ({} floats)", params_.size());
+  c.fused = fused;
   return c;
 }
 
@@ -144,6 +201,7 @@ std::string Trainer::flip_parameter_bit(bool in_moment) {
       std::memcpy(&bits, value, sizeof(bits));
       bits ^= 1u << 22;
       std::memcpy(value, &bits, sizeof(bits));
+      ++state_version_;
       return fmt::format("{}{} element {} (flat offset {})",
                          in_moment ? "the first moment of " : "", p.name, at - p.offset, at);
     }
