@@ -20,7 +20,7 @@ stage's, transfers free. Printed per step and stage:
             replay is what the executor and the transfers add (a receive
             posted late, a send that waits, the time data takes to move)
   median    the replay with every pass taking the median duration of its
-            stage and kind over all traced steps: the schedule under this
+            stage, kind and chunk over all traced steps: the schedule under this
             run's typical costs, one slow pass (a core taken by another
             process) no longer in it
 
@@ -78,7 +78,7 @@ def steps_of(events):
 
 
 def replay(passes, durations=None):
-    """passes[s]: [(kind, mb, chunk, ms)]; durations[(s, kind)] overrides ms.
+    """passes[s]: [(kind, mb, chunk, ms)]; durations[(s, kind, chunk)] overrides ms.
     Returns (step ms, [busy ms per stage]), or None if the order deadlocks."""
     p = len(passes)
     chunks = 1 + max(c for ps in passes for (_, _, c, _) in ps)
@@ -99,13 +99,13 @@ def replay(passes, durations=None):
                 if dep is not None and dep not in done:
                     break
                 start = max(clock[s], done[dep] if dep else 0.0)
-                clock[s] = start + (durations[(s, kind)] if durations else ms)
+                clock[s] = start + (durations[(s, kind, chunk)] if durations else ms)
                 done[("B" if kind == "BW" else kind, mb, vs)] = clock[s]
                 pc[s] += 1
                 progress = True
     if any(pc[s] < len(passes[s]) for s in range(p)):
         return None
-    busy = [sum(durations[(s, k)] if durations else ms for (k, _, _, ms) in passes[s])
+    busy = [sum(durations[(s, k, c)] if durations else ms for (k, _, c, ms) in passes[s])
             for s in range(p)]
     return max(clock), busy
 
@@ -121,7 +121,13 @@ def main():
     args = parser.parse_args()
     status = 0
     for path in args.traces:
-        steps = steps_of(load(path))
+        try:
+            steps = steps_of(load(path))
+        except (OSError, ValueError, KeyError) as e:
+            print(f"{path}: not a readable trace.json ({e}); write one with "
+                  "`brigade train ... --trace A:B`", file=sys.stderr)
+            status = 1
+            continue
         if not steps:
             print(f"{path}: no traced step with more than one stage", file=sys.stderr)
             status = 1
@@ -129,11 +135,13 @@ def main():
         costs = {}
         for stages in steps.values():
             for s, (_, _, passes) in stages.items():
-                for kind, _, _, ms in passes:
-                    costs.setdefault((s, kind), []).append(ms)
+                for kind, _, chunk, ms in passes:
+                    costs.setdefault((s, kind, chunk), []).append(ms)
         medians = {k: statistics.median(v) for k, v in costs.items()}
+        chunked = any(c > 0 for (_, _, c) in medians)
         print(f"\n{path}: median pass (ms) " + ", ".join(
-            f"stage {s} {k} {medians[(s, k)]:.1f}" for (s, k) in sorted(medians)))
+            f"stage {s} {k}{f' chunk {c}' if chunked else ''} {medians[(s, k, c)]:.1f}"
+            for (s, k, c) in sorted(medians)))
         print(f"{'step':<8} {'stage':>5} {'compute ms':>10} {'measured idle':>15} "
               f"{'replay idle':>15} {'median idle':>15}")
         totals = [[], [], []]
