@@ -354,14 +354,15 @@ void Gpt::block_backward(int64_t layer, const Stash& s, const float* resid_in, f
   const int64_t n = b * t, c = config_.n_embd, cl = c / tp_size(), nr = rows_here(n);
   const int64_t hl = config_.n_head / tp_size();
   Workspace& ws = *ws_;
-  // Input gradient only when the weight half comes later: dout is kept.
+  // Input gradient only when the weight half comes later: dout is kept
+  // (copied, unless the kernel before already wrote it where it is kept).
   const auto linear_bwd = [&](float* din, float* dw, float* db, const float* dout, const float* in,
                               const float* w, int64_t k, int64_t o, float* kept) {
     if (kept == nullptr) {
       cpu::linear_backward(din, dw, db, dout, in, w, n, k, o, /*accumulate_din=*/false);
       return;
     }
-    std::memcpy(kept, dout, sizeof(float) * n * o);
+    if (kept != dout) std::memcpy(kept, dout, sizeof(float) * n * o);
     cpu::gemm(false, true, n, k, o, 1.0f, dout, o, w, o, 0.0f, din, k);
   };
   // Under sequence parallelism each rank's LayerNorm gradients cover its
@@ -389,9 +390,12 @@ void Gpt::block_backward(int64_t layer, const Stash& s, const float* resid_in, f
   } else {
     linear_bwd(ws.c4_b, g + o.mlp_proj_w, g + o.mlp_proj_b, dmlp, ws.c4_a, p + o.mlp_proj_w, 4 * cl,
                c, keep->mlp_proj);
-    cpu::gelu_backward(ws.c4_b, ws.c4_b, s.fc_pre, n * 4 * cl);
+    // dL/d(fc_pre) straight into the weight half's keep: the split
+    // backward's input half (the pipeline's critical path) copies less.
+    cpu::gelu_backward(keep->c_fc, ws.c4_b, s.fc_pre, n * 4 * cl);
   }
-  linear_bwd(ws.c_a, g + o.c_fc_w, g + o.c_fc_b, ws.c4_b, keep ? nullptr : gather_rows(s.ln2, n),
+  const float* dfc = keep ? keep->c_fc : ws.c4_b;
+  linear_bwd(ws.c_a, g + o.c_fc_w, g + o.c_fc_b, dfc, keep ? nullptr : gather_rows(s.ln2, n),
              p + o.c_fc_w, c, 4 * cl, keep ? keep->c_fc : nullptr);
   // dL/d(ln2): each rank had its columns' share; summed (or reduce-scattered).
   const float* dln2 = sum_rows(ws.c_a, n);
@@ -405,8 +409,9 @@ void Gpt::block_backward(int64_t layer, const Stash& s, const float* resid_in, f
   }
   linear_bwd(ws.c_a, g + o.attn_proj_w, g + o.attn_proj_b, gather_rows(dresid, n), s.attn,
              p + o.attn_proj_w, cl, c, keep ? keep->attn_proj : nullptr);
-  cpu::attention_backward(ws.c3, ws.c_a, s.qkv, s.attn, s.lse, b, t, cl, hl, ws.attention_scratch);
-  linear_bwd(ws.c_a, g + o.c_attn_w, g + o.c_attn_b, ws.c3, keep ? nullptr : gather_rows(s.ln1, n),
+  float* dqkv = keep ? keep->c_attn : ws.c3;  // kept in place, as dL/d(fc_pre)
+  cpu::attention_backward(dqkv, ws.c_a, s.qkv, s.attn, s.lse, b, t, cl, hl, ws.attention_scratch);
+  linear_bwd(ws.c_a, g + o.c_attn_w, g + o.c_attn_b, dqkv, keep ? nullptr : gather_rows(s.ln1, n),
              p + o.c_attn_w, c, 3 * cl, keep ? keep->c_attn : nullptr);
   const float* dln1 = sum_rows(ws.c_a, n);  // dL/d(ln1)
   // dresid += ln_1 backward: now dL/d(block input).
