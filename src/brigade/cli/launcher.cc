@@ -33,6 +33,7 @@
 #include "brigade/diag/metrics_server.h"
 #include "brigade/diag/prometheus.h"
 #include "brigade/diag/root_cause.h"
+#include "brigade/diag/trace_incidents.h"
 #include "brigade/elastic/agent.h"
 #include "brigade/elastic/snapshot_sync.h"
 #include "brigade/elastic/worker_group.h"
@@ -607,6 +608,13 @@ int run_launch(const LaunchOptions& o) {
       std::fflush(stderr);
     }
     exit_status = supervisor.run(blocked.child_mask());
+    // The agent that wrote incidents.jsonl marks them in the run's traces,
+    // which the workers wrote without knowing of them.
+    if (!supervisor.run_dir().empty() && (o.nnodes > 1 ? supervisor.led() : o.node_rank == 0)) {
+      for (const std::string& line : diag::mark_run_traces(supervisor.run_dir())) {
+        fmt::print(stderr, "brigade launch: {}\n", line);
+      }
+    }
     // An agent that lost the coordinator would wait out the store's
     // timeout to say it is done, to nobody.
     if (o.nnodes > 1 && !supervisor.lost_coordinator() && coordination.etcd()) {

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <charconv>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -304,7 +305,10 @@ void TraceWindow::write() {
          {{"steps", fmt::format("{}-{}", steps_.first, steps_.last)},
           {"clock", shared_clock ? "one monotonic clock (every rank on one kernel): exact"
                                  : "offsets from rank 0 by barrier exchange (median of 8 rounds)"},
-          {"ranks", std::move(ranks)}}}};
+          {"ranks", std::move(ranks)},
+          // Zero on the wall clock: where diag/trace_incidents.h places the
+          // run's incidents (join runs on rank 0, whose clock the times are).
+          {kOriginKey, steady_to_unix_us(origin + std::llround(first_us * 1e3))}}}};
     write_file_atomic(run_dir_ / file_name_, file.dump() + "\n");
     written_ = run_dir_ / file_name_;
   };

@@ -507,10 +507,12 @@ void Agent::write_incidents(bool final) {
   try {
     for (Incident& i : incidents_) {
       if (i.written || (!final && !i.recovered_ns)) continue;
-      append_json_line(path, i.to_json());
+      const int64_t number = incident_base_.value_or(0) + i.generation + 1;
+      nlohmann::json line = i.to_json();
+      line["number"] = number;  // its evidence: incidents/<number>/
+      append_json_line(path, line);
       i.written = true;
-      const fs::path evidence =
-          incident_dir(run_dir_, incident_base_.value_or(0) + i.generation + 1);
+      const fs::path evidence = incident_dir(run_dir_, number);
       if (options_.resolved && fs::is_directory(evidence)) options_.resolved(evidence);
     }
   } catch (const Error& e) {

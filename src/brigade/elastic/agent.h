@@ -222,6 +222,8 @@ class Agent {
   // Multi-node: this agent led the job at its end (node 0's, or with etcd
   // the one elected in its place).
   bool led() const { return coordinator_ && coordinator_->leader(); }
+  // The run directory the workers named (empty: not brigade train, or none).
+  const std::string& run_dir() const { return run_dir_; }
 
  private:
   enum class Outcome { kSucceeded, kFailed, kSignalled, kRemoteFailure };

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <fstream>
 
+#include "brigade/core/clock.h"
 #include "brigade/core/error.h"
 #include "brigade/core/files.h"
 
@@ -71,6 +72,15 @@ nlohmann::json Incident::to_json() const {
   j["steps_lost"] = lost ? nlohmann::json(*lost) : nlohmann::json(nullptr);
   j["cause"] = cause.empty() ? nlohmann::json(nullptr) : nlohmann::json(cause);
   j["evidence_ms"] = evidence_ms;
+  // On the wall clock, for the run's trace (diag/trace_incidents.h), whose
+  // zero is converted the same way on the same machine: this agent's
+  // monotonic stamps through the two clocks' offset read now.
+  const auto unix_us = [](int64_t ns) {
+    return ns > 0 ? nlohmann::json(steady_to_unix_us(ns)) : nlohmann::json(nullptr);
+  };
+  j["fault_unix_us"] = unix_us(fault_ns);
+  j["detected_unix_us"] = unix_us(detected_ns);
+  j["recovered_unix_us"] = unix_us(recovered_ns.value_or(0));
   const RecoverySplit split = recovery_split();
   auto value = [](const std::optional<double>& v) {
     return v ? nlohmann::json(*v) : nlohmann::json(nullptr);
