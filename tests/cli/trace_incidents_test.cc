@@ -51,11 +51,13 @@ double origin_us(const json& trace) {
   return trace.at("otherData").at("origin_unix_us").get<double>();
 }
 
-// Rank `rank`'s "step" spans, by time.
+// Rank `rank`'s steps ("step N"; the step clock's sections share the
+// category), by time.
 std::vector<json> steps_of(const json& trace, int rank) {
   std::vector<json> out;
   for (const json& e : trace.at("traceEvents")) {
-    if (e.at("ph") == "X" && e.value("cat", "") == "step" && e.at("pid") == rank + 1) {
+    if (e.at("ph") == "X" && e.value("cat", "") == "step" && e.at("pid") == rank + 1 &&
+        e.at("name").get<std::string>().starts_with("step ")) {
       out.push_back(e);
     }
   }
