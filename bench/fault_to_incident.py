@@ -62,7 +62,9 @@ def trial(brigade, work, kind, rank, step):
               file=sys.stderr)
         return None
     lines = [json.loads(l) for l in (run / "incidents.jsonl").read_text().splitlines()]
-    incident = next(l for l in lines if l.get("kind") != "summary")
+    # The first failure: not the summary, nor a straggler episode (restart
+    # false) a loaded machine may have written before it.
+    incident = next(l for l in lines if l.get("kind") != "summary" and l.get("restart", True))
     cause = incident.get("cause") or incident.get("what") or ""
     return (incident["kind"], f"rank {rank} " in cause, incident["detected_after_ms"],
             incident.get("evidence_ms") or 0.0)

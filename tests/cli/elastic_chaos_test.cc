@@ -40,6 +40,7 @@ namespace fs = std::filesystem;
 using testing::read_failures;
 using testing::read_jsonl;
 using testing::run_brigade;
+using testing::trimmed;
 
 // Short steps (a few ms), a snapshot every step and a disk checkpoint every
 // 100, so faults land mid-snapshot and mid-save as well as mid-step.
@@ -64,10 +65,6 @@ constexpr double kMtbfS = 2.0;
 int trials() {
   const char* value = std::getenv("BRIGADE_ETTR_CHAOS_TRIALS");
   return value != nullptr ? std::max(1, std::atoi(value)) : 1;
-}
-
-std::string trimmed(const std::string& text) {
-  return text.substr(0, text.find_last_not_of("\n") + 1);
 }
 
 // The first seed from `from` whose first fault comes within 1.5 s of the

@@ -25,6 +25,7 @@
 #include "testing/run_brigade.h"
 #include "testing/run_records.h"
 #include "testing/temp_dir.h"
+#include "testing/two_node_job.h"
 
 namespace brigade {
 namespace BRIGADE_TEST_FILE {
@@ -53,94 +54,18 @@ dp = 4
 timeout_s = 30
 )";
 
-constexpr int kStandby = -1;
-
-class ElasticNodesCluster : public ::testing::Test {
+class ElasticNodesCluster : public testing::TwoNodeJob {
  protected:
-  // Brings up a cluster of `nodes` of its own name and subnet.
-  void up(const std::string& name, const std::string& net, int nodes = 2) {
-    cluster_.emplace(name, net, dir_.path());
-    const ClusterResult r = cluster_->script({"up", std::to_string(nodes)});
-    ASSERT_EQ(r.status, 0) << r.output;
-    config_ = dir_.path() / "config.toml";
-    std::ofstream(config_) << testing::kTinyModelToml << kTraining;
-  }
+  ElasticNodesCluster() : TwoNodeJob("elastic_nodes", kTraining) {}
 
-  // Node `node`'s launcher; kStandby: a standby's. `flags`: more of launch's.
-  std::vector<std::string> launch(int node, const std::string& run, std::vector<std::string> train,
-                                  int port, const std::vector<std::string>& flags = {}) {
-    std::vector<std::string> args = {
-        testing::kBrigade,  "launch",
-        "--nproc-per-node", "2",
-        "--nnodes",         "2",
-        "--rdzv",           cluster_->address(0) + ":" + std::to_string(port),
-        "--rdzv-token",     "elastic-nodes-test",
-        "--rdzv-timeout-s", "60",
-        "--max-restarts",   "2"};
-    if (node == kStandby) {
-      args.push_back("--standby");
-    } else {
-      args.insert(args.end(), {"--node-rank", std::to_string(node)});
-    }
-    args.insert(args.end(), flags.begin(), flags.end());
-    args.insert(args.end(), {"--", "train", config_.string(), "--set",
-                             "train.run_dir=\"" + (dir_.path() / run).string() + "\""});
-    args.insert(args.end(), train.begin(), train.end());
-    return args;
-  }
-
-  // Runs both nodes' launchers to the end; node 0's output first.
-  std::pair<ClusterResult, ClusterResult> run_job(const std::string& run,
-                                                  const std::vector<std::string>& train, int port) {
-    const fs::path log0 = dir_.path() / (run + ".node0.log");
-    const fs::path log1 = dir_.path() / (run + ".node1.log");
-    Started started;
-    const pid_t node1 = started.add(cluster_->start_on(1, launch(1, run, train, port), log1));
-    const pid_t node0 = started.add(cluster_->start_on(0, launch(0, run, train, port), log0));
-    ClusterResult r0 = started.finish(node0, log0, 180s);
-    ClusterResult r1 = started.finish(node1, log1, 180s);
-    return {r0, r1};
-  }
-
-  std::string hash(const std::string& run) {
-    const auto r = testing::run_brigade({"ckpt", "hash", (dir_.path() / run).string()});
-    EXPECT_EQ(r.status, 0) << r.err;
-    return r.out;
-  }
-
-  // The final parameters of the same job without faults. ctest runs every
-  // TEST in a process of its own, so the hash is kept in a file of a fixed
-  // temporary directory, named by the job's config and the brigade binary
-  // (its size and time: a rebuilt trainer computes it again).
-  std::string reference_hash() {
-    const fs::path cache_dir = fs::temp_directory_path() / "brigade_elastic_nodes_reference";
-    const std::string config = testing::read_all(config_);
-    const auto binary_time = fs::last_write_time(testing::kBrigade).time_since_epoch().count();
-    const std::string key = std::to_string(
-        std::hash<std::string>{}(config + "|" + std::to_string(fs::file_size(testing::kBrigade)) +
-                                 "|" + std::to_string(binary_time)));
-    const fs::path cached = cache_dir / key;
-    if (std::string reference = testing::read_all(cached); !reference.empty()) return reference;
-    const auto [r0, r1] = run_job("reference", {}, 29531);
-    EXPECT_EQ(r0.status, 0) << r0.output << "\nnode 1:\n" << r1.output;
-    EXPECT_EQ(r1.status, 0) << r1.output;
-    const std::string reference = hash("reference");
-    if (r0.status == 0 && r1.status == 0 && !reference.empty()) {
-      // Renamed into place: a test reading it at the same time never sees
-      // half of it.
-      fs::create_directories(cache_dir);
-      const fs::path partial = cache_dir / (key + "." + std::to_string(::getpid()));
-      std::ofstream(partial) << reference;
-      fs::rename(partial, cached);
-    }
-    return reference;
-  }
+  std::string reference_hash() { return TwoNodeJob::reference_hash(29531); }
 
   // A fault injected on rank 3 (node 1) after step 4: recovered on both
   // nodes by themselves, and bit-identical to the run without faults.
   void expect_recovers(const std::string& fault, const char* kind, double detect_bound_ms) {
     const std::string reference = reference_hash();
-    const auto [r0, r1] = run_job("faulty", {"--inject", fault}, 29532);
+    const auto r = run_job("faulty", 29532, {}, false, {"--inject", fault});
+    const ClusterResult &r0 = r[0], &r1 = r[1];
     ASSERT_EQ(r0.status, 0) << r0.output << "\nnode 1:\n" << r1.output;
     ASSERT_EQ(r1.status, 0) << r1.output << "\nnode 0:\n" << r0.output;
     EXPECT_NE(r0.output.find("brigade launch: node 1: worker rank 3 (local 1, node 1"),
@@ -176,19 +101,8 @@ class ElasticNodesCluster : public ::testing::Test {
   int expect_standby_takes_over(const std::string& fault, const char* kind) {
     const std::string reference = reference_hash();
     const std::vector<std::string> flags = {"--inject", fault};
-    const fs::path log0 = dir_.path() / "standby.node0.log";
-    const fs::path log1 = dir_.path() / "standby.node1.log";
-    const fs::path log2 = dir_.path() / "standby.node2.log";
-    Started started;
-    const pid_t standby =
-        started.add(cluster_->start_on(2, launch(kStandby, "standby", {}, 29534, flags), log2));
-    const pid_t node1 =
-        started.add(cluster_->start_on(1, launch(1, "standby", {}, 29534, flags), log1));
-    const pid_t node0 =
-        started.add(cluster_->start_on(0, launch(0, "standby", {}, 29534, flags), log0));
-    const ClusterResult r0 = started.finish(node0, log0, 180s);
-    const ClusterResult r1 = started.finish(node1, log1, 60s);
-    const ClusterResult r2 = started.finish(standby, log2, 60s);
+    const auto r = run_job("standby", 29534, {"--inject", fault}, true);
+    const ClusterResult &r0 = r[0], &r1 = r[1], &r2 = r[2];
     EXPECT_EQ(r0.status, 0) << r0.output << "\nnode 1:\n"
                             << r1.output << "\nstandby:\n"
                             << r2.output;
@@ -229,10 +143,6 @@ class ElasticNodesCluster : public ::testing::Test {
     }
     return r1.status;
   }
-
-  testing::TempDir dir_{"brigade_elastic_nodes"};
-  std::optional<Cluster> cluster_;  // destroyed (brought down) before dir_
-  fs::path config_;
 };
 
 TEST_F(ElasticNodesCluster, AWorkerKilledOnNodeOneRestartsBothNodesBitIdentical) {
@@ -255,10 +165,10 @@ TEST_F(ElasticNodesCluster, ANodeCutOffTheNetworkIsNamedAndEndsTheJob) {
   SKIP_WITHOUT_FAKE_CLUSTER();
   up("brgec", "10.88.13");
   const std::vector<std::string> train = {"--set", "train.steps=100000"};
-  const fs::path log0 = dir_.path() / "cut.node0.log", log1 = dir_.path() / "cut.node1.log";
+  const fs::path log0 = log_of("cut", 0), log1 = log_of("cut", 1);
   Started started;  // the ASSERTs below return early
-  const pid_t node1 = started.add(cluster_->start_on(1, launch(1, "cut", train, 29533), log1));
-  const pid_t node0 = started.add(cluster_->start_on(0, launch(0, "cut", train, 29533), log0));
+  const pid_t node1 = started.add(cluster_->start_on(1, launch(1, "cut", 29533, {}, train), log1));
+  const pid_t node0 = started.add(cluster_->start_on(0, launch(0, "cut", 29533, {}, train), log0));
   // Training, with checkpoints: both nodes' workers are in collectives.
   const fs::path second = dir_.path() / "cut" / "checkpoints" / "step_00000002";
   const auto deadline = std::chrono::steady_clock::now() + 120s;

@@ -26,6 +26,7 @@
 #include "testing/run_brigade.h"
 #include "testing/run_records.h"
 #include "testing/temp_dir.h"
+#include "testing/two_node_job.h"
 
 namespace brigade {
 namespace BRIGADE_TEST_FILE {
@@ -53,93 +54,9 @@ dp = 4
 timeout_s = 30
 )";
 
-constexpr int kStandby = -1;
-
-class ElasticSnapshotsCluster : public ::testing::Test {
+class ElasticSnapshotsCluster : public testing::TwoNodeJob {
  protected:
-  void up(const std::string& name, const std::string& net, int nodes) {
-    cluster_.emplace(name, net, dir_.path());
-    const ClusterResult r = cluster_->script({"up", std::to_string(nodes)});
-    ASSERT_EQ(r.status, 0) << r.output;
-    config_ = dir_.path() / "config.toml";
-    std::ofstream(config_) << testing::kTinyModelToml << kTraining;
-  }
-
-  std::vector<std::string> launch(int node, const std::string& run, int port,
-                                  const std::vector<std::string>& flags,
-                                  const std::vector<std::string>& train) {
-    std::vector<std::string> args = {
-        testing::kBrigade,  "launch",
-        "--nproc-per-node", "2",
-        "--nnodes",         "2",
-        "--rdzv",           cluster_->address(0) + ":" + std::to_string(port),
-        "--rdzv-token",     "elastic-snapshots-test",
-        "--rdzv-timeout-s", "60",
-        "--max-restarts",   "2"};
-    if (node == kStandby) {
-      args.push_back("--standby");
-    } else {
-      args.insert(args.end(), {"--node-rank", std::to_string(node)});
-    }
-    args.insert(args.end(), flags.begin(), flags.end());
-    args.insert(args.end(), {"--", "train", config_.string(), "--set",
-                             "train.run_dir=\"" + (dir_.path() / run).string() + "\""});
-    args.insert(args.end(), train.begin(), train.end());
-    return args;
-  }
-
-  // Runs the job's launchers to the end (a standby's too when `standby`);
-  // their outputs, node 0's first.
-  std::vector<ClusterResult> run_job(const std::string& run, int port,
-                                     const std::vector<std::string>& flags, bool standby,
-                                     const std::vector<std::string>& train = {}) {
-    std::vector<ClusterResult> results;
-    Started started;
-    std::vector<std::pair<pid_t, fs::path>> launchers;
-    for (const int node : {0, 1, kStandby}) {
-      if (node == kStandby && !standby) continue;
-      const fs::path log = dir_.path() / (run + ".node" + std::to_string(node) + ".log");
-      const int on = node == kStandby ? 2 : node;
-      launchers.emplace_back(
-          started.add(cluster_->start_on(on, launch(node, run, port, flags, train), log)), log);
-    }
-    for (const auto& [pid, log] : launchers) results.push_back(started.finish(pid, log, 120s));
-    return results;
-  }
-
-  std::string hash(const std::string& run) {
-    const auto r = testing::run_brigade({"ckpt", "hash", (dir_.path() / run).string()});
-    EXPECT_EQ(r.status, 0) << r.err;
-    return r.out;
-  }
-
-  // The final parameters of the same job without faults. ctest runs every
-  // TEST in a process of its own, so the hash is kept in a file of a fixed
-  // temporary directory, named by the job's config and the brigade binary
-  // (its size and time: a rebuilt trainer computes it again).
-  std::string reference_hash() {
-    const fs::path cache_dir = fs::temp_directory_path() / "brigade_elastic_snapshots_reference";
-    const std::string config = testing::read_all(config_);
-    const auto binary_time = fs::last_write_time(testing::kBrigade).time_since_epoch().count();
-    const std::string key = std::to_string(
-        std::hash<std::string>{}(config + "|" + std::to_string(fs::file_size(testing::kBrigade)) +
-                                 "|" + std::to_string(binary_time)));
-    const fs::path cached = cache_dir / key;
-    if (std::string reference = testing::read_all(cached); !reference.empty()) return reference;
-    const auto r = run_job("reference", 29561, {}, false);
-    EXPECT_EQ(r[0].status, 0) << r[0].output;
-    EXPECT_EQ(r[1].status, 0) << r[1].output;
-    const std::string reference = hash("reference");
-    if (r[0].status == 0 && r[1].status == 0 && !reference.empty()) {
-      // Renamed into place: a test reading it at the same time never sees
-      // half of it.
-      fs::create_directories(cache_dir);
-      const fs::path partial = cache_dir / (key + "." + std::to_string(::getpid()));
-      std::ofstream(partial) << reference;
-      fs::rename(partial, cached);
-    }
-    return reference;
-  }
+  ElasticSnapshotsCluster() : TwoNodeJob("elastic_snapshots", kTraining) {}
 
   // The incident of the job's one restart, after checking the job ended
   // well and bit-identical to the same job without faults.
@@ -147,15 +64,11 @@ class ElasticSnapshotsCluster : public ::testing::Test {
     std::string all;
     for (const ClusterResult& c : r) all += c.output + "\n----\n";
     EXPECT_EQ(r[0].status, 0) << all;
-    EXPECT_EQ(hash(run), reference_hash());
+    EXPECT_EQ(hash(run), reference_hash(29561));
     const auto lines = read_failures(dir_.path() / run / "incidents.jsonl");
     EXPECT_EQ(lines.size(), 2u) << all;
     return lines.empty() ? nlohmann::json::object() : lines[0];
   }
-
-  testing::TempDir dir_{"brigade_elastic_snapshots"};
-  std::optional<Cluster> cluster_;  // destroyed (brought down) before dir_
-  fs::path config_;
 };
 
 // Node 1's agent and workers SIGKILLed after step 4: the standby takes node

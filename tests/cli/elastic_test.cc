@@ -33,6 +33,7 @@ namespace fs = std::filesystem;
 using testing::read_failures;
 using testing::read_jsonl;
 using testing::run_brigade;
+using testing::trimmed;
 
 // No disk checkpoint but the last: a restart resumes from the in-memory
 // snapshot taken after every step, so it loses a step (two if the last
@@ -53,10 +54,6 @@ synthetic = true
 [parallel]
 timeout_s = 20
 )";
-
-std::string trimmed(const std::string& text) {
-  return text.substr(0, text.find_last_not_of("\n") + 1);
-}
 
 class Elastic : public ::testing::Test {
  protected:

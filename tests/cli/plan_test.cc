@@ -257,11 +257,21 @@ TEST(PlanCommand, ThisMachineReadsItsCalibration) {
     return nlohmann::json::parse(r.out).at("time_s").at("dp_exposed").get<double>();
   };
   const double slow = across("100mbit"), fast = across("10gbit");
-  // 100 Mbit carries ~12 MB/s of payload: about a second for 13 MB; at
-  // 10 Gbit the cores' TCP at 0.5 GB/s is the limit (~26 ms), plus the two
-  // node steps at 1 GB/s (~13 ms each).
-  EXPECT_NEAR(slow, 13.2e6 / (12.5e6 * 1448.0 / 1514.0), 0.1 * slow);
-  EXPECT_NEAR(fast, 13.2e6 / 0.5e9 + 2 * 13.2e6 / 1e9, 0.1 * fast);
+  // The gradients: tiny's 4 blocks of 12 h^2 + 13 h (h = 256), embeddings
+  // of 256 + 128 positions, the final LayerNorm: 3,257,856 fp32 values.
+  // One bucket, one micro-batch: all of the exchange shows. Both rates
+  // give the two node steps (the members' all-reduce and the leader's
+  // broadcast), which all 4 workers run at once on the 2 cores: S at half
+  // of 1 GB/s and 2 hops of 10 us each. Between them the 2 leaders' ring
+  // (2 hops of 50 us): 100 Mbit carries ~12 MB/s of payload, about a
+  // second for S; at 10 Gbit the cores' TCP at 0.5 GB/s is the limit (2
+  // leaders on 2 cores, as calibrated).
+  const double grads = 4.0 * 3257856;
+  const double node_steps = 2 * (grads / 0.5e9 + 2 * 1e-5);
+  const double slow_expected = node_steps + grads / (12.5e6 * 1448.0 / 1514.0) + 2 * 5e-5;
+  const double fast_expected = node_steps + grads / 0.5e9 + 2 * 5e-5;
+  EXPECT_NEAR(slow, slow_expected, 1e-6 * slow_expected);
+  EXPECT_NEAR(fast, fast_expected, 1e-6 * fast_expected);
   nlohmann::json broken = cal;
   broken.erase("comm");
   std::ofstream(path) << broken.dump();

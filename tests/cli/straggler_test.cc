@@ -55,14 +55,26 @@ grad_accum = 2
 synthetic = true
 )";
 
-TEST(Straggler, ASlowRankIsNamedWithin20StepsOnce) {
-  testing::TempDir dir("brigade_straggler");
-  const fs::path run = dir.path() / "run";
-  const fs::path config = dir.path() / "config.toml";
-  std::ofstream(config) << kConfig;
+// Two workers train CONFIG in a fresh run directory (run_) with the extra
+// command-line arguments.
+class Straggler : public ::testing::Test {
+ protected:
+  testing::Output train(const std::string& config, std::vector<std::string> extra) {
+    const fs::path path = dir_.path() / "config.toml";
+    std::ofstream(path) << config;
+    std::vector<std::string> args{
+        "train", "--nproc", "2", path.string(), "--set", "train.run_dir=\"" + run_.string() + "\""};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return run_brigade(args);
+  }
+
+  testing::TempDir dir_{"brigade_straggler"};
+  const fs::path run_ = dir_.path() / "run";
+};
+
+TEST_F(Straggler, ASlowRankIsNamedWithin20StepsOnce) {
   const auto result =
-      run_brigade({"train", "--nproc", "2", config.string(), "--set", "train.steps=40", "--inject",
-                   "slow:rank=1:factor=4", "--set", "train.run_dir=\"" + run.string() + "\""});
+      train(kConfig, {"--set", "train.steps=40", "--inject", "slow:rank=1:factor=4"});
   ASSERT_EQ(result.status, 0) << result.err;
   const size_t at = result.err.find("straggler: ");
   ASSERT_NE(at, std::string::npos) << result.err;
@@ -73,7 +85,7 @@ TEST(Straggler, ASlowRankIsNamedWithin20StepsOnce) {
   // The record beside the step that named it, and the incident-like one.
   nlohmann::json record;
   int64_t named_at = 0;
-  for (const auto& row : read_jsonl(run / "metrics.jsonl")) {
+  for (const auto& row : read_jsonl(run_ / "metrics.jsonl")) {
     if (!row.contains("stragglers") || !record.is_null()) continue;
     ASSERT_EQ(row.at("stragglers").size(), 1u);
     record = row.at("stragglers").at(0);
@@ -91,7 +103,7 @@ TEST(Straggler, ASlowRankIsNamedWithin20StepsOnce) {
   EXPECT_LE(named_at, 20);
   EXPECT_EQ(record.at("last_step").get<int64_t>(), named_at);
   int incidents = 0;
-  for (const auto& line : read_jsonl(run / "incidents.jsonl")) {
+  for (const auto& line : read_jsonl(run_ / "incidents.jsonl")) {
     if (line.value("kind", "") != "straggler") continue;
     ++incidents;
     EXPECT_EQ(line.at("restart"), false);
@@ -104,22 +116,16 @@ TEST(Straggler, ASlowRankIsNamedWithin20StepsOnce) {
 // A straggler episode is written to incidents.jsonl beside the failures but
 // is not one: the run's summary counts the crash alone, as does every test
 // that reads a run's failures through read_failures.
-TEST(Straggler, AnEpisodeBesideACrashIsNotCountedAsAnIncident) {
-  testing::TempDir dir("brigade_straggler");
-  const fs::path run = dir.path() / "run";
-  const fs::path config = dir.path() / "config.toml";
-  std::ofstream(config) << kConfig;
-  const auto result =
-      run_brigade({"train", "--nproc", "2", config.string(), "--set", "train.steps=40", "--inject",
-                   "slow:rank=1:factor=4,kill:rank=0:step=30", "--set",
-                   "train.run_dir=\"" + run.string() + "\""});
+TEST_F(Straggler, AnEpisodeBesideACrashIsNotCountedAsAnIncident) {
+  const auto result = train(
+      kConfig, {"--set", "train.steps=40", "--inject", "slow:rank=1:factor=4,kill:rank=0:step=30"});
   ASSERT_EQ(result.status, 0) << result.err;
-  const auto all = read_jsonl(run / "incidents.jsonl");
+  const auto all = read_jsonl(run_ / "incidents.jsonl");
   const auto episodes = std::count_if(all.begin(), all.end(), [](const nlohmann::json& line) {
     return line.value("kind", "").starts_with("straggler");
   });
   EXPECT_GE(episodes, 1) << result.err;
-  const auto failures = read_failures(run / "incidents.jsonl");
+  const auto failures = read_failures(run_ / "incidents.jsonl");
   ASSERT_EQ(failures.size(), 2u) << result.err;
   EXPECT_EQ(failures[0].at("kind"), "crash") << failures[0];
   EXPECT_EQ(failures[0].at("rank"), 0) << failures[0];
@@ -127,19 +133,13 @@ TEST(Straggler, AnEpisodeBesideACrashIsNotCountedAsAnIncident) {
   EXPECT_EQ(failures[1].at("incidents"), 1) << failures[1];
 }
 
-TEST(Straggler, ACleanRunOf100StepsNamesNone) {
-  testing::TempDir dir("brigade_straggler");
-  const fs::path run = dir.path() / "run";
-  const fs::path config = dir.path() / "config.toml";
-  std::ofstream(config) << kCleanConfig;
-  const auto result =
-      run_brigade({"train", "--nproc", "2", config.string(), "--set", "train.steps=100", "--set",
-                   "train.run_dir=\"" + run.string() + "\""});
+TEST_F(Straggler, ACleanRunOf100StepsNamesNone) {
+  const auto result = train(kCleanConfig, {"--set", "train.steps=100"});
   ASSERT_EQ(result.status, 0) << result.err;
   EXPECT_EQ(result.err.find("straggler: "), std::string::npos) << result.err;
   // The detector saw every rank's compute: the per-rank series is there.
   int steps = 0;
-  for (const auto& row : read_jsonl(run / "metrics.jsonl")) {
+  for (const auto& row : read_jsonl(run_ / "metrics.jsonl")) {
     if (!row.contains("loss")) continue;
     ++steps;
     EXPECT_EQ(row.at("compute_ms_per_rank").size(), 2u);
@@ -151,11 +151,8 @@ TEST(Straggler, ACleanRunOf100StepsNamesNone) {
 // Stage 1 has three blocks and the LM head, stage 0 one block: against each
 // other stage 1 computes several times as long every step. Each is alone
 // in its stage, so neither is checked, and the run says so once.
-TEST(Straggler, APipelineOfUnequalStagesNamesNone) {
-  testing::TempDir dir("brigade_straggler");
-  const fs::path run = dir.path() / "run";
-  const fs::path config = dir.path() / "config.toml";
-  std::ofstream(config) << R"([model]
+TEST_F(Straggler, APipelineOfUnequalStagesNamesNone) {
+  const auto result = train(R"([model]
 n_layer = 4
 n_head = 2
 n_embd = 64
@@ -166,11 +163,9 @@ micro_batch = 4
 grad_accum = 2
 [data]
 synthetic = true
-)";
-  const auto result =
-      run_brigade({"train", "--nproc", "2", config.string(), "--set", "train.steps=40", "--set",
-                   "parallel.pp=2", "--set", "parallel.stage_layers=[1, 3]", "--set",
-                   "train.run_dir=\"" + run.string() + "\""});
+)",
+                            {"--set", "train.steps=40", "--set", "parallel.pp=2", "--set",
+                             "parallel.stage_layers=[1, 3]"});
   ASSERT_EQ(result.status, 0) << result.err;
   EXPECT_EQ(result.err.find("straggler: "), std::string::npos) << result.err;
   const std::string note = "no straggler check for ranks 0, 1 (pipeline stages 0, 1)";

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "testing/layout_checks.h"
 #include "testing/run_brigade.h"
 #include "testing/temp_dir.h"
 
@@ -31,26 +32,10 @@ steps = 4
 synthetic = true
 )";
 
-fs::path write_config(const fs::path& dir) {
-  const fs::path path = dir / "config.toml";
-  std::ofstream(path) << testing::kTinyModelToml << kTraining;
-  return path;
-}
-
-int count(const std::string& text, const std::string& what) {
-  int n = 0;
-  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
-  return n;
-}
-
-std::string trimmed(const std::string& s) {
-  return s.substr(0, s.find_last_not_of(" \n") + 1);
-}
-
 TEST(TrainPipelineParallel, Tp2Pp2TrainsReportsAndSavesAGlobalCheckpoint) {
   testing::TempDir dir("brigade_train_pp");
   const fs::path run = dir.path() / "run";
-  const fs::path config = write_config(dir.path());
+  const fs::path config = testing::write_tiny_config(dir.path(), kTraining);
   const auto result = run_brigade(
       {"train", "--nproc", "4", config.string(), "--set", "parallel.tp=2", "--set", "parallel.pp=2",
        "--set", "parallel.schedule=\"gpipe\"", "--set", "train.run_dir=\"" + run.string() + "\""});
@@ -72,19 +57,9 @@ TEST(TrainPipelineParallel, Tp2Pp2TrainsReportsAndSavesAGlobalCheckpoint) {
     for (const double b : bubbles) EXPECT_GT(b, 0.0) << line;
   }
   EXPECT_EQ(steps, 4);
-  const auto hash = run_brigade({"ckpt", "hash", run.string()});
-  ASSERT_EQ(hash.status, 0) << hash.err;
-
   // One process resumes the checkpoint the four wrote and saves it at once:
   // the same tensors, the same hash.
-  const fs::path again = dir.path() / "again";
-  const auto resumed =
-      run_brigade({"train", config.string(), "--resume", run.string(), "--set", "train.steps=4",
-                   "--set", "train.run_dir=\"" + again.string() + "\""});
-  ASSERT_EQ(resumed.status, 0) << resumed.err;
-  const auto rehash = run_brigade({"ckpt", "hash", again.string()});
-  EXPECT_EQ(trimmed(rehash.out), trimmed(hash.out));
-  EXPECT_EQ(trimmed(hash.out).size(), 16u) << hash.out;
+  testing::expect_one_process_saves_the_same(config, run, dir.path() / "again", {"train.steps=4"});
 }
 
 // Interleaved 1F1B (4 blocks, 2 stages x 2 chunks): the start line names
@@ -94,7 +69,7 @@ TEST(TrainPipelineParallel, Tp2Pp2TrainsReportsAndSavesAGlobalCheckpoint) {
 TEST(TrainPipelineParallel, InterleavedTrainsReportsAndSavesAGlobalCheckpoint) {
   testing::TempDir dir("brigade_train_pp");
   const fs::path run = dir.path() / "run";
-  const fs::path config = write_config(dir.path());
+  const fs::path config = testing::write_tiny_config(dir.path(), kTraining);
   const std::vector<std::string> four_blocks = {"--set", "model.n_layer=4"};
   std::vector<std::string> args = {"train", "--nproc",
                                    "2",     config.string(),
@@ -123,18 +98,8 @@ TEST(TrainPipelineParallel, InterleavedTrainsReportsAndSavesAGlobalCheckpoint) {
     for (const double b : bubbles) EXPECT_GT(b, 0.0) << line;
   }
   EXPECT_EQ(steps, 4);
-  const auto hash = run_brigade({"ckpt", "hash", run.string()});
-  ASSERT_EQ(hash.status, 0) << hash.err;
-  const fs::path again = dir.path() / "again";
-  std::vector<std::string> resume = {
-      "train", config.string(), "--resume", run.string(),
-      "--set", "train.steps=4", "--set",    "train.run_dir=\"" + again.string() + "\""};
-  resume.insert(resume.end(), four_blocks.begin(), four_blocks.end());
-  const auto resumed = run_brigade(resume);
-  ASSERT_EQ(resumed.status, 0) << resumed.err;
-  const auto rehash = run_brigade({"ckpt", "hash", again.string()});
-  EXPECT_EQ(trimmed(rehash.out), trimmed(hash.out));
-  EXPECT_EQ(trimmed(hash.out).size(), 16u) << hash.out;
+  testing::expect_one_process_saves_the_same(config, run, dir.path() / "again",
+                                             {"train.steps=4", "model.n_layer=4"});
 }
 
 // Refused by the launcher itself: one line, and no worker ever ran.
@@ -144,18 +109,14 @@ void expect_refused(const std::vector<std::string>& sets, int nproc, const std::
   std::vector<std::string> args = {"train",
                                    "--nproc",
                                    std::to_string(nproc),
-                                   write_config(dir.path()).string(),
+                                   testing::write_tiny_config(dir.path(), kTraining).string(),
                                    "--set",
                                    "train.run_dir=\"" + run.string() + "\""};
   for (const std::string& s : sets) {
     args.push_back("--set");
     args.push_back(s);
   }
-  const auto result = run_brigade(args);
-  EXPECT_NE(result.status, 0);
-  EXPECT_EQ(count(result.err, message), 1) << result.err;
-  EXPECT_EQ(result.err.find("brigade launch"), std::string::npos) << result.err;
-  EXPECT_FALSE(fs::exists(run)) << "a worker started";
+  testing::expect_refused_before_starting(run_brigade(args), message, run);
 }
 
 TEST(TrainPipelineParallel, ShapesThatCannotRunAreRefusedBeforeStarting) {

@@ -55,6 +55,17 @@ class FewerNodesTest : public ::testing::Test {
     raw_.add(coordinator_key("gen/0/reports"), 1);
     raw_.set(coordinator_key("gen/0/cause"), cause);
   }
+  // Generation 0 failed (rank 0 crashed) and generation 1 is open with
+  // `members` (and `train_layout`, when given) as the store holds them:
+  // what the agents' next poll reads, a leader's or a forger's.
+  void open_generation_1(const std::string& members, const std::string& train_layout = "") {
+    report_in_generation_0(R"({"kind":"crash","rank":0,"node":0,"pid":1,"what":"x",)"
+                           R"("injected":false,"detected_after_ms":1,"last_step":1,)"
+                           R"("mean_step_ms":1})");
+    raw_.set(coordinator_key("gen/1/members"), members);
+    if (!train_layout.empty()) raw_.set(coordinator_key("gen/1/train_layout"), train_layout);
+    raw_.set(coordinator_key("gen/1/open"), "1");
+  }
   // The nodes in `live` (all of them polled from t on) stop their workers
   // for a failure and enter the generation the leader opens; returns each
   // one's view of it.
@@ -179,11 +190,7 @@ TEST_F(FewerNodesTest, WithoutMinMaxALostNodeWithNoStandbyEndsTheJob) {
 // A members list no agent would write is refused, never acted on.
 TEST_F(FewerNodesTest, AMalformedMembersListEndsTheJobNamingTheKey) {
   auto n0 = node(0, 2, 1), n1 = node(1, 2, 1);
-  report_in_generation_0(R"({"kind":"crash","rank":0,"node":0,"pid":1,"what":"x",)"
-                         R"("injected":false,"detected_after_ms":1,"last_step":1,)"
-                         R"("mean_step_ms":1})");
-  raw_.set(coordinator_key("gen/1/members"), "1 0");
-  raw_.set(coordinator_key("gen/1/open"), "1");
+  open_generation_1("1 0");
   const JobView v = n1->poll(0);
   EXPECT_EQ(v.state, State::kEnded);
   EXPECT_NE(v.why.find("brigade/coord/gen/1/members"), std::string::npos) << v.why;
@@ -193,11 +200,7 @@ TEST_F(FewerNodesTest, AMalformedMembersListEndsTheJobNamingTheKey) {
 // agent wrote (only an electing store, etcd, may leave node 0 out).
 TEST_F(FewerNodesTest, OverTcpAMembersListWithoutNode0EndsTheJobNamingTheKey) {
   auto n0 = node(0, 2, 1), n1 = node(1, 2, 1);
-  report_in_generation_0(R"({"kind":"crash","rank":0,"node":0,"pid":1,"what":"x",)"
-                         R"("injected":false,"detected_after_ms":1,"last_step":1,)"
-                         R"("mean_step_ms":1})");
-  raw_.set(coordinator_key("gen/1/members"), "1");
-  raw_.set(coordinator_key("gen/1/open"), "1");
+  open_generation_1("1");
   const JobView v = n1->poll(0);
   EXPECT_EQ(v.state, State::kEnded);
   EXPECT_NE(v.why.find("brigade/coord/gen/1/members"), std::string::npos) << v.why;
@@ -306,12 +309,7 @@ TEST_F(FewerNodesTest, TwoLossesInTurnLeaveNodeZeroAlone) {
 // A train layout no leader would write is refused, never passed on.
 TEST_F(FewerNodesTest, AMalformedTrainLayoutEndsTheJobNamingTheKey) {
   auto n0 = node(0, 2, 1), n1 = node(1, 2, 1);
-  report_in_generation_0(R"({"kind":"crash","rank":0,"node":0,"pid":1,"what":"x",)"
-                         R"("injected":false,"detected_after_ms":1,"last_step":1,)"
-                         R"("mean_step_ms":1})");
-  raw_.set(coordinator_key("gen/1/members"), "0");
-  raw_.set(coordinator_key("gen/1/train_layout"), "0 2");
-  raw_.set(coordinator_key("gen/1/open"), "1");
+  open_generation_1("0", "0 2");
   const JobView v = n1->poll(0);
   EXPECT_EQ(v.state, State::kEnded);
   EXPECT_NE(v.why.find("brigade/coord/gen/1/train_layout"), std::string::npos) << v.why;

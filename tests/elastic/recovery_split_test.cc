@@ -304,6 +304,28 @@ TEST(RecoverySplit, TheSummarysWindowAndLostTimeStopAtTheNextFault) {
   EXPECT_EQ(summarize({}, {{-1, 0, 0, 0, 0}}, 0, 0, kMs).training_s, 0.0);
 }
 
+// A node that rejoins stops the job (its time is lost) but nothing failed:
+// the summary counts it apart from the incidents, which the run's readers
+// (chaos checks, report) hold against the failures they raised.
+TEST(RecoverySplit, ARejoinIsNoIncidentButItsStopIsLostTime) {
+  Incident crash = recovered_incident();
+  crash.kind = "crash";
+  Incident rejoin = recovered_incident();
+  rejoin.kind = "rejoin";
+  rejoin.fault_ns += 1'000 * kMs;
+  rejoin.recovered_ns = *rejoin.recovered_ns + 1'000 * kMs;
+  rejoin.resumed_from_step = rejoin.last_step;
+  const RunSummary s =
+      summarize({crash, rejoin}, {{0, 20, 0, 100 * kMs, 3'000 * kMs}}, 1, 0, 3'000 * kMs);
+  EXPECT_EQ(s.incidents, 1);
+  EXPECT_EQ(s.rejoins, 1);
+  EXPECT_EQ(s.to_json().at("rejoins"), 1);
+  EXPECT_NE(s.line().find("1 incident, 1 rejoin, 1 restart,"), std::string::npos) << s.line();
+  // Each stopped the job from its fault to its first step after: 0.48 s,
+  // and the crash's one step redone.
+  EXPECT_NEAR(s.lost_s, 0.48 + 0.48 + crash.mean_step_ms * 1e-3, 1e-9);
+}
+
 // A chaos fault must not land on a worker that already exited (its
 // incident would blame the fault), nor take its exit from reap().
 TEST(Chaos, AnExitedWorkerNotReapedYetIsSeenAndStaysReapable) {

@@ -156,10 +156,14 @@ class SnapshotRestoreTest : public SnapshotSyncTest {
     };
     return std::make_unique<SnapshotSync>(std::move(o));
   }
-  // Both nodes of the job enter generation `generation` and fail there.
-  static void fail_generation(SnapshotSync& n0, SnapshotSync& n1, int64_t generation) {
+  // Both nodes of the job enter generation `generation`.
+  static void enter_both(SnapshotSync& n0, SnapshotSync& n1, int64_t generation) {
     n0.enter_generation(generation, 0, {0, 1});
     n1.enter_generation(generation, 1, {0, 1});
+  }
+  // Both nodes of the job enter generation `generation` and fail there.
+  static void fail_generation(SnapshotSync& n0, SnapshotSync& n1, int64_t generation) {
+    enter_both(n0, n1, generation);
     n0.freeze();
     n1.freeze();
   }
@@ -202,6 +206,12 @@ class SnapshotRestoreTest : public SnapshotSyncTest {
     if (node == 0) part.header = CheckpointHeader{{{"dp", kRanks}}, {{"step", step}}, "byte"};
     commit_node_part(dir, part, 2, true);
   }
+  // Both nodes commit their parts of `step` and replicate them to each other.
+  void save_both(SnapshotSync& n0, SnapshotSync& n1, int64_t step) {
+    write_part(area(0), 0, step);
+    write_part(area(1), 1, step);
+    replicate({&n0, &n1}, step);
+  }
   // Ticks the agents until each recorded `step` (its peer keeps it).
   static void replicate(const std::vector<SnapshotSync*>& agents, int64_t step) {
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
@@ -237,11 +247,8 @@ class SnapshotRestoreTest : public SnapshotSyncTest {
 
 TEST_F(SnapshotRestoreTest, EveryNodeRestartsInPlaceFromTheNewestStepCompleteEverywhere) {
   auto a0 = agent(0), a1 = agent(1);
-  a0->enter_generation(0, 0, {0, 1});
-  a1->enter_generation(0, 1, {0, 1});
-  write_part(area(0), 0, 3);
-  write_part(area(1), 1, 3);
-  replicate({a0.get(), a1.get()}, 3);
+  enter_both(*a0, *a1, 0);
+  save_both(*a0, *a1, 3);
   write_part(area(0), 0, 4);
   replicate({a0.get()}, 4);
   // Node 1's part of 4 is written but not replicated when the job fails.
@@ -249,9 +256,9 @@ TEST_F(SnapshotRestoreTest, EveryNodeRestartsInPlaceFromTheNewestStepCompleteEve
   a0->freeze();
   a1->freeze();
   EXPECT_EQ(newest_complete_step(store_, 0, {0, 1}), 3);
-  auto other = std::async(std::launch::async, [&] { return a1->restore(1, 1, {0, 1}); });
-  EXPECT_EQ(a0->restore(1, 0, {0, 1}), 4) << log_;
-  EXPECT_EQ(other.get(), 4) << log_;
+  const auto [first, second] = restore_both(*a0, *a1, 1);
+  EXPECT_EQ(first, 4) << log_;
+  EXPECT_EQ(second, 4) << log_;
   expect_state(area(0), 4);
   expect_state(area(1), 4);
   // The parts are the old branch's (node 1's of step 4 was never
@@ -266,19 +273,15 @@ TEST_F(SnapshotRestoreTest, EveryNodeRestartsInPlaceFromTheNewestStepCompleteEve
 // from the (older) disk checkpoint; not when the disk checkpoint is as new.
 TEST_F(SnapshotRestoreTest, AGenerationThatFailedBeforeItsFirstSnapshotResumesFromItsOwnStart) {
   auto a0 = agent(0), a1 = agent(1);
-  a0->enter_generation(0, 0, {0, 1});
-  a1->enter_generation(0, 1, {0, 1});
-  write_part(area(0), 0, 7);
-  write_part(area(1), 1, 7);
-  replicate({a0.get(), a1.get()}, 7);
+  enter_both(*a0, *a1, 0);
+  save_both(*a0, *a1, 7);
   a0->freeze();
   a1->freeze();
   const auto [first0, first1] = restore_both(*a0, *a1, 1);
   ASSERT_EQ(first0, 7) << log_;
   ASSERT_EQ(first1, 7) << log_;
   // Generation 1 fails before any part is written.
-  a0->enter_generation(1, 0, {0, 1});
-  a1->enter_generation(1, 1, {0, 1});
+  enter_both(*a0, *a1, 1);
   a0->tick();
   a1->tick();
   a0->freeze();
@@ -310,11 +313,8 @@ TEST_F(SnapshotRestoreTest, AGenerationThatFailedBeforeItsFirstSnapshotResumesFr
 // keeps every node off it.
 TEST_F(SnapshotRestoreTest, WithoutEveryNodesCopyOfTheResumedStepEveryNodeGoesToDisk) {
   auto a0 = agent(0), a1 = agent(1);
-  a0->enter_generation(0, 0, {0, 1});
-  a1->enter_generation(0, 1, {0, 1});
-  write_part(area(0), 0, 4);
-  write_part(area(1), 1, 4);
-  replicate({a0.get(), a1.get()}, 4);
+  enter_both(*a0, *a1, 0);
+  save_both(*a0, *a1, 4);
   a0->freeze();
   a1->freeze();
   const auto [first0, first1] = restore_both(*a0, *a1, 1);
@@ -335,11 +335,8 @@ TEST_F(SnapshotRestoreTest, WithoutEveryNodesCopyOfTheResumedStepEveryNodeGoesTo
 
 TEST_F(SnapshotRestoreTest, AStandbyGetsTheLostNodesPartFromItsPeersReplica) {
   auto a0 = agent(0), a1 = agent(1);
-  a0->enter_generation(0, 0, {0, 1});
-  a1->enter_generation(0, 1, {0, 1});
-  write_part(area(0), 0, 5);
-  write_part(area(1), 1, 5);
-  replicate({a0.get(), a1.get()}, 5);
+  enter_both(*a0, *a1, 0);
+  save_both(*a0, *a1, 5);
   a0->freeze();
   a1.reset();  // node 1 is lost, its area with it
   std::filesystem::remove_all(area(1));
@@ -353,11 +350,8 @@ TEST_F(SnapshotRestoreTest, AStandbyGetsTheLostNodesPartFromItsPeersReplica) {
 
 TEST_F(SnapshotRestoreTest, AfterAShrinkTheSurvivorAssemblesTheLostNodesReplica) {
   auto a0 = agent(0), a1 = agent(1);
-  a0->enter_generation(0, 0, {0, 1});
-  a1->enter_generation(0, 1, {0, 1});
-  write_part(area(0), 0, 2);
-  write_part(area(1), 1, 2);
-  replicate({a0.get(), a1.get()}, 2);
+  enter_both(*a0, *a1, 0);
+  save_both(*a0, *a1, 2);
   a0->freeze();
   a1.reset();
   // Generation 1 runs node 0 alone: it needs node 1's part for every bucket.
@@ -376,11 +370,8 @@ TEST_F(SnapshotRestoreTest, AfterAShrinkTheSurvivorAssemblesTheLostNodesReplica)
 
 TEST_F(SnapshotRestoreTest, WithoutEveryNodesPartNobodyResumesFromASnapshot) {
   auto a0 = agent(0), a1 = agent(1);
-  a0->enter_generation(0, 0, {0, 1});
-  a1->enter_generation(0, 1, {0, 1});
-  write_part(area(0), 0, 6);
-  write_part(area(1), 1, 6);
-  replicate({a0.get(), a1.get()}, 6);
+  enter_both(*a0, *a1, 0);
+  save_both(*a0, *a1, 6);
   // A restart assembled step 6 here before; this one must not leave it.
   assemble_checkpoint({node_part_directory(area(0), 6), node_part_directory(area(1), 6)}, area(0));
   a0->freeze();
@@ -400,11 +391,8 @@ TEST_F(SnapshotRestoreTest, WithoutEveryNodesPartNobodyResumesFromASnapshot) {
 
 TEST_F(SnapshotRestoreTest, ANodeThatCouldNotAssembleKeepsEveryNodeOffTheSnapshot) {
   auto a0 = agent(0), a1 = agent(1);
-  a0->enter_generation(0, 0, {0, 1});
-  a1->enter_generation(0, 1, {0, 1});
-  write_part(area(0), 0, 7);
-  write_part(area(1), 1, 7);
-  replicate({a0.get(), a1.get()}, 7);
+  enter_both(*a0, *a1, 0);
+  save_both(*a0, *a1, 7);
   a0->freeze();
   a1->freeze();
   // Node 1 (its own restore, say, cut short) could not: node 0 assembles
@@ -453,33 +441,25 @@ TEST_F(SnapshotRestoreTest, AJobThatEndsCutsTheRestoreShort) {
 
 TEST_F(SnapshotRestoreTest, APartItsOwnerDiscardedIsNotTakenFromThePeersReplica) {
   auto a0 = agent(0), a1 = agent(1);
-  a0->enter_generation(0, 0, {0, 1});
-  a1->enter_generation(0, 1, {0, 1});
-  write_part(area(0), 0, 3);
-  write_part(area(1), 1, 3);
-  replicate({a0.get(), a1.get()}, 3);
-  write_part(area(0), 0, 4);
-  write_part(area(1), 1, 4);
-  replicate({a0.get(), a1.get()}, 4);
+  enter_both(*a0, *a1, 0);
+  save_both(*a0, *a1, 3);
+  save_both(*a0, *a1, 4);
   // Node 1's workers found a silent corruption in step 4 after its part
   // was replicated, and discarded it (Trainer::discard_saves).
   std::filesystem::remove_all(node_part_directory(area(1), 4));
   a0->freeze();
   a1->freeze();
-  auto other = std::async(std::launch::async, [&] { return a1->restore(1, 1, {0, 1}); });
-  EXPECT_EQ(a0->restore(1, 0, {0, 1}), 3) << log_;
-  EXPECT_EQ(other.get(), 3) << log_;
+  const auto [first, second] = restore_both(*a0, *a1, 1);
+  EXPECT_EQ(first, 3) << log_;
+  EXPECT_EQ(second, 3) << log_;
   expect_state(area(0), 3);
   expect_state(area(1), 3);
 }
 
 TEST_F(SnapshotRestoreTest, NodesThatAssembledDifferentStepsResumeFromNoSnapshot) {
   auto a0 = agent(0), a1 = agent(1);
-  a0->enter_generation(0, 0, {0, 1});
-  a1->enter_generation(0, 1, {0, 1});
-  write_part(area(0), 0, 4);
-  write_part(area(1), 1, 4);
-  replicate({a0.get(), a1.get()}, 4);
+  enter_both(*a0, *a1, 0);
+  save_both(*a0, *a1, 4);
   a0->freeze();
   a1->freeze();
   // Node 1 assembled step 3 (another view of the records): node 0 has 4.
@@ -500,11 +480,8 @@ TEST_F(SnapshotRestoreTest, ANodeThatTimedOutDecidesForEveryNode) {
   // the decision.
   a0 = agent(0);
   auto a1 = agent(1);
-  a0->enter_generation(1, 0, {0, 1});
-  a1->enter_generation(1, 1, {0, 1});
-  write_part(area(0), 0, 5);
-  write_part(area(1), 1, 5);
-  replicate({a0.get(), a1.get()}, 5);
+  enter_both(*a0, *a1, 1);
+  save_both(*a0, *a1, 5);
   a0->freeze();
   a1->freeze();
   store_.set(restore_key(2, 0), "5");
@@ -552,11 +529,8 @@ TEST_F(SnapshotRestoreTest, APartOnItsWayToASlowPeerIsNotPrunedMeanwhile) {
 
 TEST_F(SnapshotRestoreTest, NoRestoreWhenTheDiskCheckpointIsAsNew) {
   auto a0 = agent(0), a1 = agent(1);
-  a0->enter_generation(0, 0, {0, 1});
-  a1->enter_generation(0, 1, {0, 1});
-  write_part(area(0), 0, 4);
-  write_part(area(1), 1, 4);
-  replicate({a0.get(), a1.get()}, 4);
+  enter_both(*a0, *a1, 0);
+  save_both(*a0, *a1, 4);
   a0->freeze();
   a1->freeze();
   // A checkpoint of step 4 is on disk (a rejoin's interrupt checkpoint):

@@ -47,6 +47,26 @@ class StandbyTest : public ::testing::Test {
   std::unique_ptr<Agent> standby(int nnodes = 2) {
     return std::make_unique<Agent>(server_.port(), nnodes, 0, true, 0);
   }
+  // Polls `agents` in this order every 100 ms from `t` to `until` (the
+  // leader last: it reads what the others wrote); the time after.
+  static int64_t poll_each(const std::vector<Agent*>& agents, int64_t t, int64_t until) {
+    for (; t <= until; t += 100 * kMs) {
+      for (Agent* a : agents) a->poll(t);
+    }
+    return t;
+  }
+  // Polls `others`, then the leader, every 100 ms from `t` while the
+  // leader's view is `state`, up to `until`; the leader's last view (`t`
+  // is the time after it).
+  static JobView poll_while(const std::vector<Agent*>& others, Agent& leader, int64_t& t,
+                            int64_t until, State state) {
+    JobView v;
+    for (; v.state == state && t <= until; t += 100 * kMs) {
+      for (Agent* a : others) a->poll(t);
+      v = leader.poll(t);
+    }
+    return v;
+  }
   TcpStoreServer server_{"127.0.0.1", 0, kToken};
   TcpStore raw_{"127.0.0.1", server_.port(), kToken, 1'000};
   TcpCoordinatorStore raw_store_{raw_};
@@ -169,15 +189,8 @@ TEST_F(StandbyTest, ALostNodesRankGoesToALiveStandbyInTheNextGeneration) {
 TEST_F(StandbyTest, ALostNodesAgentThatComesBackCannotDisturbTheNextGeneration) {
   auto n0 = node(0), n1 = node(1), s = standby();
   int64_t t = 0;
-  for (; t <= 1'000 * kMs; t += 100 * kMs) {
-    n1->poll(t);
-    s->poll(t);
-    n0->poll(t);
-  }
-  for (; t <= 3'100 * kMs; t += 100 * kMs) {
-    s->poll(t);
-    n0->poll(t);
-  }
+  t = poll_each({n1.get(), s.get(), n0.get()}, t, 1'000 * kMs);
+  t = poll_each({s.get(), n0.get()}, t, 3'100 * kMs);
   ASSERT_EQ(n0->poll(t).state, State::kFailing);
   // Before it learns it is lost, node 1's agent ended the job for everyone
   // (it had lost the leader, from its side).
@@ -224,10 +237,7 @@ TEST_F(StandbyTest, ALostNodesAgentThatComesBackCannotDisturbTheNextGeneration) 
 TEST_F(StandbyTest, AStandbyThatStoppedBeatingIsNeverGivenANode) {
   auto n0 = node(0), n1 = node(1), s = standby();
   int64_t t = 0;
-  for (; t <= 1'000 * kMs; t += 100 * kMs) {
-    n1->poll(t);
-    n0->poll(t);
-  }
+  t = poll_each({n1.get(), n0.get()}, t, 1'000 * kMs);
   JobView v;
   for (; t <= 3'200 * kMs && v.state != State::kEnded; t += 100 * kMs) v = n0->poll(t);
   ASSERT_EQ(v.state, State::kEnded);
@@ -246,16 +256,9 @@ TEST_F(StandbyTest, AStandbyThatStoppedBeatingIsNeverGivenANode) {
 TEST_F(StandbyTest, AnInjectedPartitionIsTheIncidentsKind) {
   auto n0 = node(0), n1 = node(1), s = standby();
   int64_t t = 0;
-  for (; t <= 1'000 * kMs; t += 100 * kMs) {
-    n1->poll(t);
-    s->poll(t);
-    n0->poll(t);
-  }
+  t = poll_each({n1.get(), s.get(), n0.get()}, t, 1'000 * kMs);
   n1->coordinator->mark_node_fault("partition");
-  for (; t <= 3'200 * kMs; t += 100 * kMs) {
-    s->poll(t);
-    n0->poll(t);
-  }
+  t = poll_each({s.get(), n0.get()}, t, 3'200 * kMs);
   n0->coordinator->report_stopped(false);
   n0->poll(t += 100 * kMs);
   const JobView v = n0->poll(t += 100 * kMs);
@@ -271,18 +274,8 @@ TEST_F(StandbyTest, AnInjectedPartitionIsTheIncidentsKind) {
 TEST_F(StandbyTest, AStandbyThatDiesBeforeTheDecisionEndsTheJobForEveryNode) {
   auto n0 = node(0, 3), n1 = node(1, 3), n2 = node(2, 3), s = standby(3);
   int64_t t = 0;
-  for (; t <= 1'000 * kMs; t += 100 * kMs) {
-    n1->poll(t);
-    n2->poll(t);
-    s->poll(t);
-    n0->poll(t);
-  }
-  JobView v;
-  for (; v.state == State::kRunning && t <= 4'000 * kMs; t += 100 * kMs) {
-    n2->poll(t);
-    s->poll(t);
-    v = n0->poll(t);
-  }
+  t = poll_each({n1.get(), n2.get(), s.get(), n0.get()}, t, 1'000 * kMs);
+  JobView v = poll_while({n2.get(), s.get()}, *n0, t, 4'000 * kMs, State::kRunning);
   ASSERT_EQ(n0->poll(t).state, State::kFailing) << "node 1 is lost and the standby free";
   ASSERT_EQ(raw_store_.try_get(coordinator_key("node/1/lost")), "0");
   // The standby beats no more; node 2 stops its workers.
@@ -311,17 +304,8 @@ TEST_F(StandbyTest, AStandbyThatDiesBeforeTheDecisionEndsTheJobForEveryNode) {
 TEST_F(StandbyTest, TwoNodesLostWithOneStandbyEndTheJobNamingBoth) {
   auto n0 = node(0, 3), n1 = node(1, 3), n2 = node(2, 3), s = standby(3);
   int64_t t = 0;
-  for (; t <= 1'000 * kMs; t += 100 * kMs) {
-    n1->poll(t);
-    n2->poll(t);
-    s->poll(t);
-    n0->poll(t);
-  }
-  JobView v;
-  for (; v.state == State::kRunning && t <= 4'000 * kMs; t += 100 * kMs) {
-    s->poll(t);
-    v = n0->poll(t);
-  }
+  t = poll_each({n1.get(), n2.get(), s.get(), n0.get()}, t, 1'000 * kMs);
+  JobView v = poll_while({s.get()}, *n0, t, 4'000 * kMs, State::kRunning);
   ASSERT_EQ(v.state, State::kEnded) << "ended as both are found silent";
   EXPECT_EQ(v.lost_node, 2);
   EXPECT_EQ(v.lost_nodes, (std::vector<int>{2, 1}));
@@ -335,19 +319,8 @@ TEST_F(StandbyTest, TwoNodesLostWithOneStandbyEndTheJobNamingBoth) {
 TEST_F(StandbyTest, NoStandbyIsGivenANodeUnlessEveryLostNodeHasOne) {
   auto n0 = node(0, 3), n1 = node(1, 3), n2 = node(2, 3), s0 = standby(3), s1 = standby(3);
   int64_t t = 0;
-  for (; t <= 1'000 * kMs; t += 100 * kMs) {
-    n1->poll(t);
-    n2->poll(t);
-    s0->poll(t);
-    s1->poll(t);
-    n0->poll(t);
-  }
-  JobView v;
-  for (; v.state == State::kRunning && t <= 4'000 * kMs; t += 100 * kMs) {
-    s0->poll(t);
-    s1->poll(t);
-    v = n0->poll(t);
-  }
+  t = poll_each({n1.get(), n2.get(), s0.get(), s1.get(), n0.get()}, t, 1'000 * kMs);
+  JobView v = poll_while({s0.get(), s1.get()}, *n0, t, 4'000 * kMs, State::kRunning);
   ASSERT_EQ(n0->poll(t).state, State::kFailing);
   EXPECT_TRUE(raw_store_.try_get(coordinator_key("node/2/lost")));
   // Standby 1 stops beating; node 0's workers are reaped 2.2 s later.
@@ -371,15 +344,8 @@ TEST_F(StandbyTest, NoStandbyIsGivenANodeUnlessEveryLostNodeHasOne) {
 TEST_F(StandbyTest, AnEndAfterALostNodesStaleEndReplacesIt) {
   auto n0 = node(0), n1 = node(1), s = standby();
   int64_t t = 0;
-  for (; t <= 1'000 * kMs; t += 100 * kMs) {
-    n1->poll(t);
-    s->poll(t);
-    n0->poll(t);
-  }
-  for (; t <= 3'100 * kMs; t += 100 * kMs) {
-    s->poll(t);
-    n0->poll(t);
-  }
+  t = poll_each({n1.get(), s.get(), n0.get()}, t, 1'000 * kMs);
+  t = poll_each({s.get(), n0.get()}, t, 3'100 * kMs);
   ASSERT_EQ(n0->poll(t).state, State::kFailing);
   raw_store_.add(coordinator_key("end/claims"), 1);
   raw_store_.set(coordinator_key("end"), nlohmann::json{{"kind", "coordinator_lost"},
@@ -401,12 +367,7 @@ TEST_F(StandbyTest, AnEndAfterALostNodesStaleEndReplacesIt) {
 TEST_F(StandbyTest, AStandbyGivenANodeTooLateLeaves) {
   auto n0 = node(0), n1 = node(1), s0 = standby(), s1 = standby();
   int64_t t = 0;
-  for (; t <= 1'000 * kMs; t += 100 * kMs) {
-    n1->poll(t);
-    s0->poll(t);
-    s1->poll(t);
-    n0->poll(t);
-  }
+  t = poll_each({n1.get(), s0.get(), s1.get(), n0.get()}, t, 1'000 * kMs);
   JobView v;
   for (; v.state != State::kFailing && t <= 4'000 * kMs; t += 100 * kMs) {
     s0->poll(t);

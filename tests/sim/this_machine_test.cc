@@ -162,13 +162,21 @@ TEST(ThisMachineNodes, NamespaceNodesShareTheCoresTheLinksCarryPayload) {
   EXPECT_DOUBLE_EQ(h.inter_bytes_per_s, 1.25e9 * kPayload);
   EXPECT_DOUBLE_EQ(h.tcp_cpu_bytes_per_s, 0.5e9);
   EXPECT_DOUBLE_EQ(h.inter_latency_s, 60e-6);
-  EXPECT_DOUBLE_EQ(h.node_bytes_per_s, 1e9);
+  // 4 workers on 2 cores run the shm steps at once, each on half a core,
+  // where each of the 2 calibrating workers had a core of its own.
+  EXPECT_DOUBLE_EQ(h.node_bytes_per_s, 0.5e9);
   EXPECT_DOUBLE_EQ(h.node_latency_s, 15e-6);
+  // So do their page faults, which the calibration's one writer took at
+  // 1 GB/s with a core to itself.
+  EXPECT_DOUBLE_EQ(h.refault_bytes_per_s, 0.5e9);
   // Separate machines: every node has the cores to itself.
   ThisMachineNodes apart;
   apart.nodes = 2;
   apart.link_bytes_per_s = 1e9;
-  EXPECT_DOUBLE_EQ(this_machine_hardware(with_links(), 2, 0, apart).peak_flops, 150e9);
+  const Hardware own = this_machine_hardware(with_links(), 2, 0, apart);
+  EXPECT_DOUBLE_EQ(own.peak_flops, 150e9);
+  EXPECT_DOUBLE_EQ(own.node_bytes_per_s, 1e9);
+  EXPECT_DOUBLE_EQ(own.refault_bytes_per_s, 1e9);
 }
 
 Workload small_job(int64_t n_layer, int64_t n_embd) {
@@ -184,31 +192,40 @@ Workload small_job(int64_t n_layer, int64_t n_embd) {
   return job;
 }
 
-TEST(ThisMachineNodes, TheWorldAllReduceRunsInsideNodesThenBetweenLeadersThenBroadcasts) {
-  const Hardware h = namespace_nodes("1gbit");
-  const Workload job = small_job(2, 256);
+// The data-parallel layout of the 2 x 2 namespace-node runs: dp 4,
+// micro-batch 2.
+Layout dp4() {
   Layout l;
   l.dp = 4;
   l.micro = 2;
+  return l;
+}
+
+TEST(ThisMachineNodes, TheWorldAllReduceRunsInsideNodesThenBetweenLeadersThenBroadcasts) {
+  const Hardware h = namespace_nodes("1gbit");
+  const Workload job = small_job(2, 256);
+  Layout l = dp4();
   const Estimate e = estimate(job, l, h);
   ASSERT_TRUE(e.valid) << e.invalid;
-  // Gradients of S bytes: a 2-rank staged all-reduce inside each node, S
-  // over the 2 leaders' ring at the 1 Gbit link's payload rate (slower
-  // than the cores' TCP), the leader's result read by the other member.
+  // Gradients of S bytes: a 2-rank staged all-reduce inside each node (4
+  // workers on 2 cores: at half the calibrated 1 GB/s), S over the 2
+  // leaders' ring at the 1 Gbit link's payload rate (slower than the cores'
+  // TCP), the leader's result read by the other member.
   const double s = 4.0 * stage_params_per_gpu(job.model, job.seq_len, l, true, true);
-  const double node = s / 1e9 + 2 * 15e-6;
+  const double node = s / 0.5e9 + 2 * 15e-6;
   const double expected = node + (s / (125e6 * kPayload) + 2 * 60e-6) + node;
   EXPECT_NEAR(e.dp_comm_s, expected, 1e-9 * expected);
   // One bucket (the whole 4 MB): nothing overlaps it, all of it shows.
   EXPECT_NEAR(e.time.dp_exposed_s, expected, 1e-9 * expected);
   // ZeRO 1: the reduce-scatter is an all-reduce of a fresh copy (faulted
   // in, read and written); the all-gather gathers a node's 2 shards (S/2)
-  // inside it, S among the leaders, then S is read inside the node.
+  // inside it, S among the leaders, then S is read inside the node. All 4
+  // workers fault their copies in at once, at half the calibrated 1 GB/s.
   l.zero = 1;
   const Estimate z = estimate(job, l, h);
   ASSERT_TRUE(z.valid) << z.invalid;
-  const double copy = 2.0 * s / h.memory_bytes_per_s + s / h.refault_bytes_per_s;
-  const double gather = (0.5 * (s / 2) / 1e9 + 0.5 * 2 * 15e-6) +
+  const double copy = 2.0 * s / h.memory_bytes_per_s + s / 0.5e9;
+  const double gather = (0.5 * (s / 2) / 0.5e9 + 0.5 * 2 * 15e-6) +
                         (0.5 * s / (125e6 * kPayload) + 0.5 * 2 * 60e-6) + node;
   EXPECT_NEAR(z.dp_comm_s, expected + copy + gather, 1e-9 * z.dp_comm_s);
 }
@@ -216,7 +233,9 @@ TEST(ThisMachineNodes, TheWorldAllReduceRunsInsideNodesThenBetweenLeadersThenBro
 TEST(ThisMachineNodes, ASmallerGroupSpanningNodesIsOneFlatGlooRing) {
   // tp 2 x dp 2 on 2 nodes of 2: the dp groups pair ranks of different
   // nodes, and only the world is hierarchical, so each is a 2-rank Gloo
-  // ring at the slower of the cores' TCP (0.5 GB/s) and the 10 Gbit link.
+  // ring at the slower of the cores' TCP and the 10 Gbit link. Both rings
+  // run at once: 4 workers do TCP on 2 cores, each at half the 0.5 GB/s
+  // that 2 workers, a core each, were calibrated at.
   const Hardware h = namespace_nodes("10gbit");
   const Workload job = small_job(2, 256);
   Layout l;
@@ -226,7 +245,7 @@ TEST(ThisMachineNodes, ASmallerGroupSpanningNodesIsOneFlatGlooRing) {
   const Estimate e = estimate(job, l, h);
   ASSERT_TRUE(e.valid) << e.invalid;
   const double s = 4.0 * stage_params_per_gpu(job.model, job.seq_len, l, true, true);
-  const double expected = s / 0.5e9 + 2 * 60e-6;
+  const double expected = s / 0.25e9 + 2 * 60e-6;
   EXPECT_NEAR(e.dp_comm_s, expected, 1e-9 * expected);
 }
 
@@ -236,9 +255,7 @@ TEST(ThisMachineNodes, BackwardHidesOnlyTheSlowLinksWaitingNotTheCoresWork) {
   // backward (part of the compute) overlaps; at 10 Gbit the cores' TCP is
   // the limit and all of it shows.
   const Workload job = small_job(12, 768);
-  Layout l;
-  l.dp = 4;
-  l.micro = 2;
+  const Layout l = dp4();
   const Estimate slow = estimate(job, l, namespace_nodes("1gbit"));
   const Estimate fast = estimate(job, l, namespace_nodes("10gbit"));
   ASSERT_TRUE(slow.valid && fast.valid);
@@ -247,6 +264,104 @@ TEST(ThisMachineNodes, BackwardHidesOnlyTheSlowLinksWaitingNotTheCoresWork) {
   EXPECT_GT(hidden, 0.0);
   EXPECT_LT(hidden, slow.time.compute_s);
   EXPECT_GT(slow.time.dp_exposed_s, fast.time.dp_exposed_s);
+}
+
+// The same calibration on a machine of `cores` cores (the compute figures
+// stay those of 1 and 2 threads: only the collectives' share is at stake).
+Hardware nodes_on(int64_t cores, int64_t nodes, int64_t per_node, bool one_machine) {
+  nlohmann::json c = with_links();
+  c["cores"] = cores;
+  ThisMachineNodes n;
+  n.nodes = nodes;
+  n.link_bytes_per_s = parse_link_rate("100gbit");  // the cores' TCP is the limit
+  n.one_machine = one_machine;
+  return this_machine_hardware(c, per_node, 1, n);
+}
+
+TEST(ThisMachineNodes, WorkersBeyondTheCoresShareTheCollectivesCpuWork) {
+  // Calibrated by 2 workers, a core each. 2 namespace nodes x 2 workers:
+  // on 2 cores each worker has half a core, on 4 a whole one.
+  const Hardware two = nodes_on(2, 2, 2, true);
+  const Hardware four = nodes_on(4, 2, 2, true);
+  EXPECT_DOUBLE_EQ(cpu_comm_share(two, 4), 0.5);
+  EXPECT_DOUBLE_EQ(cpu_comm_share(two, 2), 1.0);
+  EXPECT_DOUBLE_EQ(cpu_comm_share(four, 4), 1.0);
+  EXPECT_DOUBLE_EQ(two.intra_bytes_per_s, 0.5 * four.intra_bytes_per_s);
+  // Figures that 4 workers took on 2 cores already carry the half core.
+  nlohmann::json by_four = with_links();
+  by_four["comm"]["nproc"] = 4;
+  ThisMachineNodes n;
+  n.nodes = 2;
+  n.link_bytes_per_s = 1e9;
+  n.one_machine = true;
+  const Hardware shared = this_machine_hardware(by_four, 2, 1, n);
+  EXPECT_DOUBLE_EQ(cpu_comm_share(shared, 4), 1.0);
+  EXPECT_DOUBLE_EQ(shared.node_bytes_per_s, 1e9);
+  const Workload job = small_job(2, 256);
+  const Layout l = dp4();
+  const Estimate over = estimate(job, l, two);
+  const Estimate fits = estimate(job, l, four);
+  ASSERT_TRUE(over.valid && fits.valid);
+  // Every worker runs the node steps (an all-reduce and a broadcast, S
+  // each at 2 ranks, plus 2 hops of 15 us, which no core share changes) at
+  // once: at half the rate on 2 cores. The leaders' TCP (S plus 2 hops of
+  // 60 us) is 2 workers on either machine, so it costs the same.
+  const double s = 4.0 * stage_params_per_gpu(job.model, job.seq_len, l, true, true);
+  const double tcp = s / 0.5e9 + 2 * 60e-6;
+  const double half_cores = 2.0 * (s / 0.5e9 + 2 * 15e-6) + tcp;
+  const double whole_cores = 2.0 * (s / 1e9 + 2 * 15e-6) + tcp;
+  EXPECT_NEAR(over.dp_comm_s, half_cores, 1e-9 * half_cores);
+  EXPECT_NEAR(fits.dp_comm_s, whole_cores, 1e-9 * whole_cores);
+  // 4 namespace nodes of 1 worker: 4 leaders run TCP at once on 2 cores,
+  // each at half the calibrated 0.5 GB/s; on separate machines each has a
+  // core (and no node step: one worker per node). A 4-rank all-reduce
+  // ring: 2 x 3/4 of S and of 4 hops.
+  const Estimate leaders = estimate(job, l, nodes_on(2, 4, 1, true));
+  const Estimate apart = estimate(job, l, nodes_on(2, 4, 1, false));
+  ASSERT_TRUE(leaders.valid && apart.valid);
+  const double ring = 2.0 * 3.0 / 4.0;
+  const double alone = ring * s / 0.5e9 + ring * 4 * 60e-6;
+  const double crowded = ring * s / 0.25e9 + ring * 4 * 60e-6;
+  EXPECT_NEAR(apart.dp_comm_s, alone, 1e-9 * alone);
+  EXPECT_NEAR(leaders.dp_comm_s, crowded, 1e-9 * crowded);
+  // The plan's hardware line gives each rate as calibrated and as the
+  // job's workers get it (the calibration's shm all-reduce: 16 MiB in 8 ms).
+  const std::string line = nodes_on(2, 4, 1, true).description;
+  EXPECT_NE(line.find("shm all-reduce 2.10 -> 1.05 GB/s"), std::string::npos) << line;
+  EXPECT_NE(line.find("TCP (Gloo) 0.50 -> 0.25 GB/s + 60 us (4 leaders on 2 cores)"),
+            std::string::npos)
+      << line;
+  const std::string pairs = two.description;
+  EXPECT_NE(pairs.find("TCP (Gloo) 0.50 GB/s + 60 us (2 leaders on 2 cores; every worker, in a "
+                       "group smaller than the world: 0.50 -> 0.25 GB/s)"),
+            std::string::npos)
+      << pairs;
+  EXPECT_NE(pairs.find("the node step (staged shm) 1.00 -> 0.50 GB/s"), std::string::npos) << pairs;
+  EXPECT_EQ(four.description.find("->"), std::string::npos) << four.description;
+}
+
+TEST(ThisMachineNodes, CalibratedOnSharedCoresAWorkerWithACoreOfItsOwnIsFaster) {
+  // Calibrated by 4 workers on 2 cores (half a core each), a job with a
+  // core per worker runs the collectives' CPU work at twice the rate.
+  nlohmann::json by_four = with_links();
+  by_four["comm"]["nproc"] = 4;
+  ThisMachineNodes n;
+  n.nodes = 4;
+  n.link_bytes_per_s = parse_link_rate("100gbit");
+  const Hardware h = this_machine_hardware(by_four, 1, 1, n);  // 4 machines of 1 worker
+  EXPECT_DOUBLE_EQ(cpu_comm_share(h, 1), 2.0);
+  EXPECT_DOUBLE_EQ(h.intra_bytes_per_s, 2.0 * 16777216.0 / 8e-3);
+  EXPECT_DOUBLE_EQ(h.node_bytes_per_s, 2e9);
+  // The 4 leaders' ring: each leader's TCP at 1 GB/s, twice the 0.5
+  // measured; the link (100 Gbit) is faster still.
+  const Workload job = small_job(2, 256);
+  const Layout l = dp4();
+  const Estimate e = estimate(job, l, h);
+  ASSERT_TRUE(e.valid) << e.invalid;
+  const double s = 4.0 * stage_params_per_gpu(job.model, job.seq_len, l, true, true);
+  const double ring = 2.0 * 3.0 / 4.0;
+  const double expected = ring * s / 1e9 + ring * 4 * 60e-6;
+  EXPECT_NEAR(e.dp_comm_s, expected, 1e-9 * expected);
 }
 
 TEST(ThisMachineNodes, LinkRatesAndBadInputNameTheFix) {

@@ -86,4 +86,16 @@ inline Output run_brigade(const std::vector<std::string>& args,
   return output;
 }
 
+// A command's one-line output without its trailing spaces and newlines.
+inline std::string trimmed(const std::string& text) {
+  return text.substr(0, text.find_last_not_of(" \n") + 1);
+}
+
+// How often `what` occurs in `text`.
+inline int occurrences(const std::string& text, const std::string& what) {
+  int n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
 }  // namespace brigade::testing

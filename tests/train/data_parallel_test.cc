@@ -27,6 +27,7 @@
 #include "brigade/train/trainer.h"
 #include "testing/forked_ranks.h"
 #include "testing/temp_dir.h"
+#include "train/mesh_training.h"
 
 namespace brigade {
 namespace BRIGADE_TEST_FILE {
@@ -55,22 +56,10 @@ GptConfig tiny_model() {
 }
 
 TrainOptions options_for(int dp, int zero, int64_t grad_accum, const fs::path& run_dir) {
-  TrainOptions o;
-  o.micro_batch = kMicroBatch;
-  o.grad_accum = grad_accum;
-  o.steps = kSteps;
-  o.seed = 11;
-  o.threads = 1;
-  o.run_dir = run_dir.string();
-  o.lr.lr = 3e-3;
-  o.lr.min_lr = 3e-4;
-  o.lr.warmup_steps = 3;
-  o.lr.total_steps = kSteps;
-  o.grad_clip = 0.5;  // low enough that clipping happens: the norm must be exact
-  o.data.synthetic = true;
+  TrainOptions o = testing::short_run(kMicroBatch, grad_accum, kSteps, /*warmup_steps=*/3,
+                                      /*seed=*/11, run_dir);
   o.parallel.dp = dp;
   o.parallel.zero = zero;
-  o.parallel.bucket_mb = 0.02;  // 5,000 floats: several buckets
   return o;
 }
 

@@ -33,6 +33,7 @@
 #include "brigade/train/trainer.h"
 #include "testing/forked_ranks.h"
 #include "testing/temp_dir.h"
+#include "train/mesh_training.h"
 
 namespace brigade {
 namespace BRIGADE_TEST_FILE {
@@ -74,19 +75,8 @@ struct Layout {
 };
 
 TrainOptions options_for(const Layout& layout, int64_t grad_accum, const fs::path& run_dir) {
-  TrainOptions o;
-  o.micro_batch = kMicroBatch;
-  o.grad_accum = grad_accum;
-  o.steps = kSteps;
-  o.seed = 5;
-  o.threads = 1;
-  o.run_dir = run_dir.string();
-  o.lr.lr = 3e-3;
-  o.lr.min_lr = 3e-4;
-  o.lr.warmup_steps = 2;
-  o.lr.total_steps = kSteps;
-  o.grad_clip = 0.5;  // low enough that clipping happens: the norm must be exact
-  o.data.synthetic = true;
+  TrainOptions o = testing::short_run(kMicroBatch, grad_accum, kSteps, /*warmup_steps=*/2,
+                                      /*seed=*/5, run_dir);
   o.parallel.dp = layout.dp;
   o.parallel.tp = layout.tp;
   o.parallel.pp = layout.pp;
@@ -95,62 +85,21 @@ TrainOptions options_for(const Layout& layout, int64_t grad_accum, const fs::pat
   o.parallel.stage_layers = layout.stage_layers;
   o.parallel.sequence_parallel = layout.sequence_parallel;
   o.parallel.zero = layout.zero;
-  o.parallel.bucket_mb = 0.02;  // 5,000 floats: several buckets
   return o;
 }
 
-struct GlobalState {
-  std::vector<float> kinds[3];  // parameters, exp_avg, exp_avg_sq
-};
+using testing::checkpoint_of;
+using testing::GlobalState;
+using testing::read_losses;
 
 GlobalState read_checkpoint(const fs::path& step_dir, int64_t n_layer) {
-  const ResolvedCheckpoint checkpoint = resolve_checkpoint(step_dir);
-  const GptConfig model = model_config(n_layer);
-  const int64_t size = ParamLayout(model).size();
-  GlobalState state;
-  const StateKind kinds[] = {StateKind::kParams, StateKind::kExpAvg, StateKind::kExpAvgSq};
-  for (int k = 0; k < 3; ++k) {
-    state.kinds[k].assign(static_cast<size_t>(size), 0.0f);
-    load_checkpoint_state(checkpoint.dir, checkpoint.manifest, model, kinds[k],
-                          state.kinds[k].data());
-  }
-  return state;
+  return testing::read_global_state(step_dir, model_config(n_layer));
 }
 
-// One rank's groups of a dp x tp x pp mesh over shm.
-struct Groups {
-  std::unique_ptr<ShmCommunicator> world, dp, tp, pp;
-  TrainerGroups view() const { return {world.get(), dp.get(), tp.get(), pp.get()}; }
-};
-
-Groups join(const Layout& layout, int rank, const std::string& prefix, int64_t timeout_ms) {
-  const int world_size = layout.dp * layout.tp * layout.pp;
-  const Mesh mesh({layout.dp, layout.tp, layout.pp}, world_size);
-  const MeshCoord me = mesh.coord(rank);
-  const auto group = [&](const std::string& name, const std::vector<int>& members,
-                         int64_t shared) -> std::unique_ptr<ShmCommunicator> {
-    if (members.size() < 2) return nullptr;
-    ShmCommunicatorOptions shm;
-    shm.segment_name = prefix + "-" + name;
-    shm.group_name = name;
-    shm.rank = static_cast<int>(std::find(members.begin(), members.end(), rank) - members.begin());
-    shm.size = static_cast<int>(members.size());
-    shm.timeout_ms = timeout_ms;
-    shm.shared_bytes = shared;
-    shm.slot_bytes = 1 << 20;
-    return std::make_unique<ShmCommunicator>(shm);
-  };
-  std::vector<int> everyone(static_cast<size_t>(world_size));
-  for (int r = 0; r < world_size; ++r) everyone[static_cast<size_t>(r)] = r;
-  Groups g;
-  g.world = group("world", everyone, 0);
-  g.dp = group(fmt::format("dp{}_{}", me.pp_stage, me.tp_rank), mesh.group(MeshDim::kData, rank),
-               shared_bytes_for_training(model_config()));
-  g.tp =
-      group(fmt::format("tp{}_{}", me.pp_stage, me.dp_rank), mesh.group(MeshDim::kTensor, rank), 0);
-  g.pp = group(fmt::format("pp{}_{}", me.dp_rank, me.tp_rank), mesh.group(MeshDim::kPipeline, rank),
-               0);
-  return g;
+testing::MeshGroups join(const Layout& layout, int rank, const std::string& prefix,
+                         int64_t timeout_ms) {
+  return testing::join_mesh(layout.dp, layout.tp, layout.pp, rank, prefix,
+                            shared_bytes_for_training(model_config()), timeout_ms);
 }
 
 int64_t live_microbatches(const Layout& layout, int64_t grad_accum, int stage) {
@@ -173,7 +122,7 @@ void train_forked(const Layout& layout, int64_t grad_accum, const fs::path& dir,
   const std::string prefix =
       fmt::format("/brigade-pp-test-{}-{}", ::getpid(), dir.filename().string());
   const auto pids = testing::fork_ranks(world_size, [&](int rank) {
-    const Groups groups = join(layout, rank, prefix, 20000);
+    const testing::MeshGroups groups = join(layout, rank, prefix, 20000);
     TrainOptions options = options_for(layout, grad_accum, dir / "run");
     options.resume = resume.string();
     GptConfig model = model_config(layout.n_layer);
@@ -211,38 +160,9 @@ void train_forked(const Layout& layout, int64_t grad_accum, const fs::path& dir,
   }
 }
 
-std::vector<std::pair<int, double>> read_losses(const fs::path& dir) {
-  std::ifstream in(dir / "losses.txt");
-  std::vector<std::pair<int, double>> losses;
-  int step = 0;
-  double loss = 0;
-  while (in >> step >> loss) losses.emplace_back(step, loss);
-  return losses;
-}
-
-fs::path checkpoint_of(const fs::path& dir, int step) {
-  return step_directory(dir / "run" / "checkpoints", step);
-}
-
 void expect_same_training(const fs::path& reference, const fs::path& run, int step,
                           const std::string& what, int64_t n_layer = 5) {
-  const auto want = read_losses(reference);
-  const auto got = read_losses(run);
-  ASSERT_FALSE(got.empty()) << what << ": no losses";
-  for (const auto& [s, loss] : got) {
-    ASSERT_LT(s, static_cast<int>(want.size())) << what;
-    const double expected = want[static_cast<size_t>(s)].second;
-    EXPECT_LE(std::abs(loss - expected), 1e-5 * std::abs(expected))
-        << what << ": step " << s << " loss " << loss << " vs " << expected;
-  }
-  const GlobalState a = read_checkpoint(checkpoint_of(reference, step), n_layer);
-  const GlobalState b = read_checkpoint(checkpoint_of(run, step), n_layer);
-  float largest = 0, worst = 0;
-  for (const float p : a.kinds[0]) largest = std::max(largest, std::abs(p));
-  for (size_t i = 0; i < a.kinds[0].size(); ++i) {
-    worst = std::max(worst, std::abs(a.kinds[0][i] - b.kinds[0][i]));
-  }
-  EXPECT_LE(worst, 1e-5f * largest) << what << ": largest parameter difference";
+  testing::expect_same_training(reference, run, step, what, model_config(n_layer));
 }
 
 class PipelineParallelTraining : public ::testing::Test {
@@ -390,7 +310,7 @@ TEST_F(PipelineParallelTraining, DeadStageIsAnErrorOnTheOther) {
   constexpr int kFailedAsExpected = 3;
   const auto started = testing::Clock::now();
   const auto pids = testing::fork_ranks(2, [&](int rank) {
-    const Groups groups = join(layout, rank, prefix, 3000);
+    const testing::MeshGroups groups = join(layout, rank, prefix, 3000);
     Trainer trainer(model_config(), options_for(layout, kGradAccum, dir / "run"), groups.view());
     trainer.train_step();
     if (rank == 1) ::_exit(0);
@@ -422,7 +342,7 @@ TEST_F(PipelineParallelTraining, AFailedStepKeepsPostedReceivesUntilTheyComplete
   const int64_t elements = kMicroBatch * model.block_size * model.n_embd;
   constexpr uint32_t kThrew = 100, kDestroyed = 101;
   const auto pids = testing::fork_ranks(2, [&](int rank) {
-    const Groups groups = join(layout, rank, prefix, 5000);
+    const testing::MeshGroups groups = join(layout, rank, prefix, 5000);
     Communicator& pp = *groups.pp;
     std::vector<float> flag(1, 1.0f);
     if (rank == 1) {
@@ -476,7 +396,7 @@ TEST_F(PipelineParallelTraining, EvaluationThroughThePipelineMatchesOneProcess) 
   const auto evaluate = [&](const Layout& layout, const std::string& name) {
     const std::string prefix = fmt::format("/brigade-pp-test-{}-eval-{}", ::getpid(), name);
     const auto pids = testing::fork_ranks(layout.pp, [&](int rank) {
-      const Groups groups = join(layout, rank, prefix, 20000);
+      const testing::MeshGroups groups = join(layout, rank, prefix, 20000);
       TrainOptions options = options_for(layout, kGradAccum, temp_.path() / name);
       options.data.synthetic = false;
       options.data.source = BRIGADE_SOURCE_DIR "/data/tinyshakespeare.txt";

@@ -30,6 +30,7 @@
 #include "brigade/train/trainer.h"
 #include "testing/forked_ranks.h"
 #include "testing/temp_dir.h"
+#include "train/mesh_training.h"
 
 namespace brigade {
 namespace BRIGADE_TEST_FILE {
@@ -61,44 +62,21 @@ struct Layout {
 };
 
 TrainOptions options_for(const Layout& layout, int64_t grad_accum, const fs::path& run_dir) {
-  TrainOptions o;
-  o.micro_batch = kMicroBatch;
-  o.grad_accum = grad_accum;
-  o.steps = kSteps;
-  o.seed = 11;
-  o.threads = 1;
-  o.run_dir = run_dir.string();
-  o.lr.lr = 3e-3;
-  o.lr.min_lr = 3e-4;
-  o.lr.warmup_steps = 3;
-  o.lr.total_steps = kSteps;
-  o.grad_clip = 0.5;  // low enough that clipping happens: the norm must be exact
-  o.data.synthetic = true;
+  TrainOptions o = testing::short_run(kMicroBatch, grad_accum, kSteps, /*warmup_steps=*/3,
+                                      /*seed=*/11, run_dir);
   o.parallel.dp = layout.dp;
   o.parallel.tp = layout.tp;
   o.parallel.zero = layout.zero;
   o.parallel.sequence_parallel = layout.sequence_parallel;
-  o.parallel.bucket_mb = 0.02;  // 5,000 floats: several buckets
   return o;
 }
 
-// The whole model's state in a checkpoint, as one process loads it.
-struct GlobalState {
-  std::vector<float> kinds[3];  // parameters, exp_avg, exp_avg_sq
-};
+using testing::checkpoint_of;
+using testing::GlobalState;
+using testing::read_losses;
 
 GlobalState read_checkpoint(const fs::path& step_dir) {
-  const ResolvedCheckpoint checkpoint = resolve_checkpoint(step_dir);
-  const GptConfig model = model_config();
-  const int64_t size = ParamLayout(model).size();
-  GlobalState state;
-  const StateKind kinds[] = {StateKind::kParams, StateKind::kExpAvg, StateKind::kExpAvgSq};
-  for (int k = 0; k < 3; ++k) {
-    state.kinds[k].assign(static_cast<size_t>(size), 0.0f);
-    load_checkpoint_state(checkpoint.dir, checkpoint.manifest, model, kinds[k],
-                          state.kinds[k].data());
-  }
-  return state;
+  return testing::read_global_state(step_dir, model_config());
 }
 
 // Trains a layout from `resume` (or from scratch) until step `until`, then
@@ -111,35 +89,15 @@ void train_forked(const Layout& layout, int64_t grad_accum, const fs::path& dir,
   const std::string prefix =
       fmt::format("/brigade-tp-test-{}-{}", ::getpid(), dir.filename().string());
   const auto pids = testing::fork_ranks(world_size, [&](int rank) {
-    const Mesh mesh({layout.dp, layout.tp, 1}, world_size);
-    const MeshCoord me = mesh.coord(rank);
-    const auto group = [&](const std::string& name, const std::vector<int>& members,
-                           int64_t shared) -> std::unique_ptr<ShmCommunicator> {
-      if (members.size() < 2) return nullptr;
-      ShmCommunicatorOptions shm;
-      shm.segment_name = prefix + "-" + name;
-      shm.group_name = name;
-      shm.rank =
-          static_cast<int>(std::find(members.begin(), members.end(), rank) - members.begin());
-      shm.size = static_cast<int>(members.size());
-      shm.timeout_ms = 20000;
-      shm.shared_bytes = shared;
-      shm.slot_bytes = 1 << 20;
-      return std::make_unique<ShmCommunicator>(shm);
-    };
-    std::vector<int> everyone(static_cast<size_t>(world_size));
-    for (int r = 0; r < world_size; ++r) everyone[static_cast<size_t>(r)] = r;
-    const auto world = group("world", everyone, 0);
-    const auto dp = group(fmt::format("dp{}", me.tp_rank), mesh.group(MeshDim::kData, rank),
-                          shared_bytes_for_training(model));
-    const auto tp = group(fmt::format("tp{}", me.dp_rank), mesh.group(MeshDim::kTensor, rank), 0);
+    const testing::MeshGroups groups =
+        testing::join_mesh(layout.dp, layout.tp, 1, rank, prefix, shared_bytes_for_training(model));
     TrainOptions options = options_for(layout, grad_accum, dir / "run");
     options.resume = resume.string();
-    Trainer trainer(model, options, TrainerGroups{world.get(), dp.get(), tp.get()});
+    Trainer trainer(model, options, groups.view());
     if (layout.sequence_parallel) {
       // The trainer's model really splits the rows: fewer activation bytes
       // than the same tp split without sequence parallelism.
-      TensorParallelGroup handle(*tp);
+      TensorParallelGroup handle(*groups.tp);
       const Gpt plain(model, nullptr, nullptr, &handle);
       testing::require(
           trainer.memory().activations < plain.activation_bytes(kMicroBatch, model.block_size),
@@ -160,40 +118,9 @@ void train_forked(const Layout& layout, int64_t grad_accum, const fs::path& dir,
     ASSERT_EQ(codes[r], 0) << layout.name() << " rank " << r;
 }
 
-std::vector<std::pair<int, double>> read_losses(const fs::path& dir) {
-  std::ifstream in(dir / "losses.txt");
-  std::vector<std::pair<int, double>> losses;
-  int step = 0;
-  double loss = 0;
-  while (in >> step >> loss) losses.emplace_back(step, loss);
-  return losses;
-}
-
-fs::path checkpoint_of(const fs::path& dir, int step) {
-  return step_directory(dir / "run" / "checkpoints", step);
-}
-
-// Losses of the steps `run` took against the reference's same steps, and
-// the checkpointed parameters against the reference's at `step`.
 void expect_same_training(const fs::path& reference, const fs::path& run, int step,
                           const std::string& what) {
-  const auto want = read_losses(reference);
-  const auto got = read_losses(run);
-  ASSERT_FALSE(got.empty()) << what << ": no losses";
-  for (const auto& [s, loss] : got) {
-    ASSERT_LT(s, static_cast<int>(want.size())) << what;
-    const double expected = want[static_cast<size_t>(s)].second;
-    EXPECT_LE(std::abs(loss - expected), 1e-5 * std::abs(expected))
-        << what << ": step " << s << " loss " << loss << " vs " << expected;
-  }
-  const GlobalState a = read_checkpoint(checkpoint_of(reference, step));
-  const GlobalState b = read_checkpoint(checkpoint_of(run, step));
-  float largest = 0, worst = 0;
-  for (const float p : a.kinds[0]) largest = std::max(largest, std::abs(p));
-  for (size_t i = 0; i < a.kinds[0].size(); ++i) {
-    worst = std::max(worst, std::abs(a.kinds[0][i] - b.kinds[0][i]));
-  }
-  EXPECT_LE(worst, 1e-5f * largest) << what << ": largest parameter difference";
+  testing::expect_same_training(reference, run, step, what, model_config());
 }
 
 class TensorParallelTraining : public ::testing::Test {

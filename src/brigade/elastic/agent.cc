@@ -271,7 +271,8 @@ void Agent::publish_status(const WorkerGroup& group, const HeartbeatTable& table
   s.node_rank = options_.node_rank;
   s.generation = generation_;
   s.restarts = restarts_;
-  s.incidents = static_cast<int>(incidents_.size());
+  s.incidents = static_cast<int>(std::count_if(incidents_.begin(), incidents_.end(),
+                                               [](const Incident& i) { return i.failure(); }));
   s.taken_ns = now_ns();
   for (const Worker& w : group.workers()) {
     s.workers.push_back({w.rank, w.local_rank, w.running, table.read(w.local_rank)});

@@ -63,7 +63,7 @@ nlohmann::json Incident::to_json() const {
   // A rejoin (the job grew back) stopped the job but is no failure and
   // used no restart: not one of the failures `brigade ettr`, report and
   // the model count, as a straggler's record is not.
-  if (kind == "rejoin") j["restart"] = false;
+  if (!failure()) j["restart"] = false;
   const auto recovered = recovered_after_ms();
   j["recovered_after_ms"] = recovered ? nlohmann::json(*recovered) : nlohmann::json(nullptr);
   j["resumed_from_step"] =
@@ -98,16 +98,18 @@ std::filesystem::path incident_dir(const std::filesystem::path& run_dir, int64_t
 }
 
 nlohmann::json RunSummary::to_json() const {
-  return {{"kind", "summary"}, {"incidents", incidents},       {"restarts", restarts},
-          {"wall_s", wall_s},  {"productive_s", productive_s}, {"lost_s", lost_s},
-          {"ettr", ettr},      {"training_s", training_s}};
+  return {{"kind", "summary"},    {"incidents", incidents}, {"rejoins", rejoins},
+          {"restarts", restarts}, {"wall_s", wall_s},       {"productive_s", productive_s},
+          {"lost_s", lost_s},     {"ettr", ettr},           {"training_s", training_s}};
 }
 
 std::string RunSummary::line() const {
+  const std::string grew =
+      rejoins > 0 ? fmt::format(", {} rejoin{}", rejoins, rejoins == 1 ? "" : "s") : "";
   return fmt::format(
-      "{} incident{}, {} restart{}, {:.1f} s lost; ETTR {:.1f}% ({:.1f} s in kept steps of "
+      "{} incident{}{}, {} restart{}, {:.1f} s lost; ETTR {:.1f}% ({:.1f} s in kept steps of "
       "{:.1f} s)",
-      incidents, incidents == 1 ? "" : "s", restarts, restarts == 1 ? "" : "s", lost_s,
+      incidents, incidents == 1 ? "" : "s", grew, restarts, restarts == 1 ? "" : "s", lost_s,
       100.0 * ettr, productive_s, wall_s);
 }
 
@@ -133,7 +135,7 @@ RunSummary summarize(const std::vector<Incident>& incidents,
                      const std::vector<GenerationRecord>& generations, int restarts,
                      int64_t start_ns, int64_t end_ns) {
   RunSummary s;
-  s.incidents = static_cast<int>(incidents.size());
+  for (const Incident& i : incidents) ++(i.failure() ? s.incidents : s.rejoins);
   s.restarts = restarts;
   s.wall_s = std::max<int64_t>(0, end_ns - start_ns) * 1e-9;
   for (size_t g = 0; g < generations.size(); ++g) {

@@ -34,7 +34,10 @@
 namespace brigade::elastic {
 
 struct Incident {
-  std::string kind;  // "crash", "hang", "node_lost" or "partition", as the agents saw it
+  // "crash", "hang", "node_lost" or "partition", as the agents saw it; or
+  // "rejoin": the job stopped to grow back, which is no failure.
+  std::string kind;
+  bool failure() const { return kind != "rejoin"; }
   int rank = 0;
   int node = 0;  // the node of the worker (or the node that was lost)
   int64_t pid = 0;
@@ -108,7 +111,10 @@ struct JobProgress {
 };
 
 struct RunSummary {
-  int incidents = 0;
+  int incidents = 0;  // failures
+  // Times the job grew back (a node rejoined): each stopped the job, so its
+  // time counts in lost_s, but nothing failed and no restart was used.
+  int rejoins = 0;
   int restarts = 0;
   double wall_s = 0;
   double productive_s = 0;

@@ -238,14 +238,15 @@ struct CpuNodesDp {
 
 CpuNodesDp cpu_nodes_dp(const Hardware& hw, const Layout& l, double grads, double weights) {
   CpuNodesDp c;
-  // Over TCP: the cores move the bytes at tcp_cpu_bytes_per_s; a link
-  // slower than that adds waiting.
-  auto tcp = [&](double bytes, int64_t ranks, double factor, double& wire) {
+  // Over TCP: the cores move the bytes at tcp_cpu_bytes_per_s, shared as
+  // cpu_comm_share says among the `active` workers of the machine that run
+  // TCP at once; a link slower than that adds waiting.
+  auto tcp = [&](double bytes, int64_t ranks, double factor, int64_t active, double& wire) {
     const double link = hw.inter_bytes_per_s * hw.inter_efficiency;
-    const double cpu =
-        ring_collective_s(bytes, ranks, factor, hw.tcp_cpu_bytes_per_s, hw.inter_latency_s);
-    const double all = ring_collective_s(
-        bytes, ranks, factor, std::min(hw.tcp_cpu_bytes_per_s, link), hw.inter_latency_s);
+    const double rate = hw.tcp_cpu_bytes_per_s * cpu_comm_share(hw, active);
+    const double cpu = ring_collective_s(bytes, ranks, factor, rate, hw.inter_latency_s);
+    const double all =
+        ring_collective_s(bytes, ranks, factor, std::min(rate, link), hw.inter_latency_s);
     wire += all - cpu;
     return all;
   };
@@ -253,10 +254,14 @@ CpuNodesDp cpu_nodes_dp(const Hardware& hw, const Layout& l, double grads, doubl
   if (l.tp > 1 || l.pp > 1) {
     // Only the world is hierarchical (cli/cmd_train.cc); a smaller group
     // spanning nodes is one flat Gloo ring, its in-node edges over loopback
-    // TCP as well.
-    c.reduce_grads =
-        tcp(grads, l.dp, (l.zero == 0 ? 2.0 : 1.0) * (d - 1.0) / d, c.reduce_grads_wire);
-    c.gather_weights = tcp(weights, l.dp, (d - 1.0) / d, c.gather_weights_wire);
+    // TCP as well. With tp > 1 every group's ring runs at once, so each of
+    // the machine's workers does TCP. With pp > 1 that is an approximation
+    // which leans slow: the schedule (1F1B) ends the stages' backwards one
+    // after the other, last stage first, so their groups' all-reduces start
+    // staggered and overlap only in part.
+    c.reduce_grads = tcp(grads, l.dp, (l.zero == 0 ? 2.0 : 1.0) * (d - 1.0) / d, hw.machine_workers,
+                         c.reduce_grads_wire);
+    c.gather_weights = tcp(weights, l.dp, (d - 1.0) / d, hw.machine_workers, c.gather_weights_wire);
     return c;
   }
   // comm/hierarchical_communicator.h: inside each node among its k members
@@ -269,17 +274,29 @@ CpuNodesDp cpu_nodes_dp(const Hardware& hw, const Layout& l, double grads, doubl
   auto node = [&](double bytes, double factor) {
     return ring_collective_s(bytes, k, factor, hw.node_bytes_per_s, hw.node_latency_s);
   };
+  // Only the leaders run TCP (one per node; on namespace nodes every node's
+  // leader shares this machine), while the other members wait for their
+  // broadcast. That wait (comm/shm_communicator.cc: wait_for) takes little
+  // of the leaders' CPU, not none: 4000 pause instructions (microseconds),
+  // then sched_yield for up to 1 ms (a busy loop, but one that hands the
+  // core to a runnable leader that shares it), then 50 us naps, each a
+  // wake-up of a few microseconds. Against a TCP phase of tens of
+  // milliseconds that is a few percent of a core, left out here.
+  const int64_t leaders_here = std::max<int64_t>(1, hw.machine_workers / k);
   c.reduce_grads = node(grads, 2.0 * (kk - 1.0) / kk) +
-                   tcp(grads, n, 2.0 * (nn - 1.0) / nn, c.reduce_grads_wire) + node(grads, 1.0);
+                   tcp(grads, n, 2.0 * (nn - 1.0) / nn, leaders_here, c.reduce_grads_wire) +
+                   node(grads, 1.0);
   if (l.zero >= 1) {
     // Its reduce-scatter is an all-reduce of a fresh copy of the bucket:
-    // pages to fault in, then read and write.
+    // pages to fault in, then read and write, by every worker at once (both
+    // rates carry the worker's share of the cores: this_machine.cc).
     c.reduce_grads += 2.0 * grads / hw.memory_bytes_per_s +
                       (hw.refault_bytes_per_s > 0 ? grads / hw.refault_bytes_per_s : 0.0);
   }
   // A node gathers its members' shards (1/n of the whole), the leaders the nodes'.
   c.gather_weights = node(weights / nn, (kk - 1.0) / kk) +
-                     tcp(weights, n, (nn - 1.0) / nn, c.gather_weights_wire) + node(weights, 1.0);
+                     tcp(weights, n, (nn - 1.0) / nn, leaders_here, c.gather_weights_wire) +
+                     node(weights, 1.0);
   return c;
 }
 

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "brigade/core/error.h"
 
 namespace brigade::sim {
@@ -74,6 +76,16 @@ const Hardware& hardware_by_name(const std::string& name) {
   }
   throw_error("unknown hardware \"{}\": use one of {}, or this-machine", name,
               fmt::join(hardware_names(), ", "));
+}
+
+double core_per_worker(int64_t cores, int64_t workers) {
+  return std::min(1.0,
+                  static_cast<double>(cores) / static_cast<double>(std::max<int64_t>(1, workers)));
+}
+
+double cpu_comm_share(const Hardware& hw, int64_t active) {
+  if (hw.cores <= 0 || hw.machine_workers <= 0 || hw.comm_calibration_workers <= 0) return 1.0;
+  return core_per_worker(hw.cores, active) / core_per_worker(hw.cores, hw.comm_calibration_workers);
 }
 
 std::vector<std::string> hardware_names() {

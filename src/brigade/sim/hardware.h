@@ -50,7 +50,8 @@ struct Hardware {
   double optimizer_params_per_s = 0;
   // Bytes per second at which pages a ZeRO rank released (Brigade's CPU
   // engine returns unowned shards to the OS) come back when written again;
-  // 0: releasing is free (GPU allocators keep the memory).
+  // 0: releasing is free (GPU allocators keep the memory). this-machine:
+  // each worker's rate, every worker faulting at once (this_machine.cc).
   double refault_bytes_per_s = 0;
   // GEMM efficiency by size: (FLOPs per call, fraction of the best rate),
   // ascending, interpolated in log(FLOPs) and multiplied into
@@ -73,7 +74,34 @@ struct Hardware {
   double node_bytes_per_s = 0;     // the staged shm all-reduce's bus bandwidth
   double node_latency_s = 0;       // one of its hops
   double tcp_cpu_bytes_per_s = 0;  // Gloo's all-reduce bus bandwidth over loopback
+  // this-machine: the workers the planned job runs on the calibrated
+  // machine's cores (with namespace nodes, every node's), and how many ran
+  // the calibration's comm figures side by side. A collective's CPU work
+  // (shm's copies and sums, TCP's copies) is the cores' work: when more
+  // workers do it at once than there are cores, they share them, and
+  // calibrated rates taken with a core per worker are too fast. 0: not
+  // modelled (GPUs). node_bytes_per_s and intra_bytes_per_s already carry
+  // the share of every machine worker (all of them run those steps at
+  // once); tcp_cpu_bytes_per_s is as calibrated, since how many workers run
+  // TCP at once depends on the group (cpu_comm_share).
+  int64_t machine_workers = 0;
+  int64_t comm_calibration_workers = 0;
 };
+
+// The part of one core that each of `workers` busy workers gets on `cores`
+// cores: min(1, cores / workers).
+double core_per_worker(int64_t cores, int64_t workers);
+
+// What a CPU-bound collective phase that `active` of the machine's workers
+// run at once achieves, as a fraction of its calibrated rate: each of them
+// gets core_per_worker(cores, active), where each calibrating worker got
+// core_per_worker(cores, comm_calibration_workers). 1 where not modelled.
+// Above 1 when the calibration's workers outnumbered the cores and fewer
+// run the phase (`bench calibrate` times 2 workers: on a 1-core machine
+// each had half of it, so a lone leader's TCP on a node of its own runs at
+// twice the calibrated rate). That is the CPU time's ratio: a phase that
+// memory bandwidth, not the cores, holds back gains less.
+double cpu_comm_share(const Hardware& hw, int64_t active);
 
 // The catalogue: a100-80g, h100-80g, h200. Throws Error naming the known
 // devices when `name` is none of them. "this-machine" is not here: it comes

@@ -125,7 +125,9 @@ void add_links(Hardware& h, const nlohmann::json& calibration, const ThisMachine
   h.inter_efficiency = 1.0;
   h.inter_latency_s = gloo.hop_latency_s;
   h.tcp_cpu_bytes_per_s = gloo.bus_bytes_per_s;
-  h.node_bytes_per_s = staged.bus_bytes_per_s;
+  // Every node's members run their node step at once: on namespace nodes,
+  // all the machine's workers (hardware.h: cpu_comm_share).
+  h.node_bytes_per_s = staged.bus_bytes_per_s * cpu_comm_share(h, h.machine_workers);
   h.node_latency_s = staged.hop_latency_s;
   h.hierarchical_nodes = true;
 }
@@ -222,9 +224,14 @@ Hardware this_machine_hardware(const nlohmann::json& calibration, int64_t device
                   static_cast<double>(machine_devices);
   h.cache_bytes_per_s = std::min(positive(c, "cache_stream_bytes_per_s", "compute") * scale,
                                  positive(all, "cache_stream_bytes_per_s", "compute") * share);
-  // Page faults are the kernel's work in each process, measured with one
-  // writer: workers pay them side by side, not shared.
-  h.refault_bytes_per_s = positive(c, "refault_bytes_per_s", "compute");
+  // Page faults are the kernel's work on the faulting worker's core,
+  // measured with one writer on an otherwise idle machine (a core to
+  // itself). Every worker faults its pages back at the same point of the
+  // step (ZeRO's fresh copy of a bucket, its released shards): when the
+  // machine's workers outnumber its cores (namespace nodes) they share
+  // them as the compute does.
+  h.refault_bytes_per_s =
+      positive(c, "refault_bytes_per_s", "compute") * core_per_worker(cores, machine_devices);
   h.optimizer_params_per_s = std::min(positive(c, "adamw_params_per_s", "compute") * scale,
                                       positive(all, "adamw_params_per_s", "compute") * share);
   h.memory_efficiency = 1.0;
@@ -234,26 +241,59 @@ Hardware this_machine_hardware(const nlohmann::json& calibration, int64_t device
   h.reserved_bytes = 0.2e9;
   h.host_copy_bytes_per_s = h.memory_bytes_per_s;
 
-  // The shm all-reduce between two workers (the intra-node links).
-  const RingFigures shm = all_reduce_figures(field(calibration, "comm", "the file"), "all_reduce");
-  const double bus = shm.bus_bytes_per_s;
+  // The comm figures were each taken by comm.nproc workers side by side;
+  // the job puts machine_devices on these cores, and a collective's copies
+  // and sums are CPU work that shares them as the compute does.
+  const nlohmann::json& comm = field(calibration, "comm", "the file");
+  h.machine_workers = machine_devices;
+  h.comm_calibration_workers = static_cast<int64_t>(positive(comm, "nproc", "comm"));
+  // The shm all-reduce between two workers (the intra-node links), every
+  // worker of the machine running its group's at once.
+  const RingFigures shm = all_reduce_figures(comm, "all_reduce");
+  const double bus = shm.bus_bytes_per_s * cpu_comm_share(h, h.machine_workers);
   h.intra_bytes_per_s = h.inter_bytes_per_s = bus;
   h.intra_efficiency = h.inter_efficiency = 1.0;
   h.intra_latency_s = h.inter_latency_s = shm.hop_latency_s;
   if (nodes.nodes > 1) add_links(h, calibration, nodes);
+  // Each collective rate as calibrated, and where the job's workers share
+  // the cores differently, as they get it.
+  auto rate = [](double calibrated, double share) {
+    return share == 1.0
+               ? fmt::format("{:.2f} GB/s", calibrated * 1e-9)
+               : fmt::format("{:.2f} -> {:.2f} GB/s", calibrated * 1e-9, calibrated * share * 1e-9);
+  };
+  const double every = cpu_comm_share(h, h.machine_workers);
   h.description = fmt::format(
       "this machine ({} cores; one device = one worker with {} thread(s)): peak {:.0f} GFLOP/s, "
-      "GEMMs up to {:.0f} GFLOP/s ({:.0f}% of it), {:.1f} GB/s memory, shm all-reduce {:.2f} GB/s "
-      "+ {:.0f} us",
+      "GEMMs up to {:.0f} GFLOP/s ({:.0f}% of it), {:.1f} GB/s memory, shm all-reduce {} + {:.0f} "
+      "us",
       cores, threads, h.peak_flops * 1e-9, gemm_gflops, 100.0 * h.gemm_efficiency,
-      h.memory_bytes_per_s * 1e-9, bus * 1e-9, h.intra_latency_s * 1e6);
-  if (h.hierarchical_nodes) {
+      h.memory_bytes_per_s * 1e-9, rate(shm.bus_bytes_per_s, every), h.intra_latency_s * 1e6);
+  if (every != 1.0) {
     h.description += fmt::format(
-        "; {} {}nodes of {} worker(s): links {:.2f} GB/s of payload, TCP (Gloo) {:.2f} GB/s + "
-        "{:.0f} "
-        "us here, the node step (staged shm) {:.2f} GB/s",
+        " ({} workers at once on {} cores, {:.2f} of a core each; the calibration's {} had {:.2f})",
+        h.machine_workers, cores, core_per_worker(cores, h.machine_workers),
+        h.comm_calibration_workers, core_per_worker(cores, h.comm_calibration_workers));
+  }
+  if (h.hierarchical_nodes) {
+    // The world's leaders run TCP at once: one per node, all of them on
+    // this machine with namespace nodes. A smaller group's flat ring puts
+    // every worker on TCP (cost_model.cc: cpu_nodes_dp).
+    const int64_t leaders = nodes.one_machine ? nodes.nodes : 1;
+    const double leader_share = cpu_comm_share(h, leaders);
+    h.description += fmt::format(
+        "; {} {}nodes of {} worker(s): links {:.2f} GB/s of payload, TCP (Gloo) {} + {:.0f} us "
+        "({} on {} cores",
         nodes.nodes, nodes.one_machine ? "namespace " : "", devices, h.inter_bytes_per_s * 1e-9,
-        h.tcp_cpu_bytes_per_s * 1e-9, h.inter_latency_s * 1e6, h.node_bytes_per_s * 1e-9);
+        rate(h.tcp_cpu_bytes_per_s, leader_share), h.inter_latency_s * 1e6,
+        nodes.one_machine ? fmt::format("{} leaders", leaders) : std::string("a leader"), cores);
+    if (every != leader_share) {
+      h.description += fmt::format("; every worker, in a group smaller than the world: {}",
+                                   rate(h.tcp_cpu_bytes_per_s, every));
+    }
+    h.description +=
+        fmt::format("), the node step (staged shm) {}",
+                    rate(all_reduce_figures(comm, "staged_all_reduce").bus_bytes_per_s, every));
   }
   return h;
 }

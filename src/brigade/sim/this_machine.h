@@ -43,6 +43,10 @@ struct ThisMachineNodes {
   // (scripts/fake_cluster.sh): every node's workers share its cores,
   // memory and last-level cache, each node's launcher splitting all the
   // cores among its own workers (so they are oversubscribed nodes times).
+  // The collectives' CPU work shares the cores too: the shm steps, which
+  // every worker runs at once, and the TCP of the leaders, which all run on
+  // this machine (hardware.h: cpu_comm_share); so do the page faults every
+  // worker takes at once under ZeRO (refault_bytes_per_s).
   bool one_machine = false;
 };
 Hardware this_machine_hardware(const nlohmann::json& calibration, int64_t devices_per_node,
