@@ -5,8 +5,9 @@
 // carries the incident on its "incidents" track, detected after the last
 // step traced before the fault and before the first step after it, its
 // restart span ending within that first step, with the kind, rank, cause and
-// the pointer to its own timeline. A rank slowed 4x shows as a span on its
-// own process's "straggler" track, from the step that named it.
+// the pointer to its own timeline, placed by clocks of one machine. A rank
+// slowed 4x shows as a span on its own process's "straggler" track, from the
+// step that named it to the launch's end (it never recovered).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -116,6 +117,9 @@ TEST_F(TraceIncidentsTest, AKilledRankShowsAsAnIncidentBetweenTheStepsAroundIt) 
                   e.at("pid") == detected[0].at("pid") && e.at("args").at("name") == "incidents");
   }
   EXPECT_TRUE(named);
+  // One machine: the agent's stamps and rank 0's zero share its boot id.
+  EXPECT_EQ(after.at("otherData").value("marks_clock", "").rfind("rank 0's machine", 0), 0u)
+      << after.at("otherData");
 
   // On the wall clock: after the last step traced before the fault (step
   // 3, trace.json), before the restarted generation's first step.
@@ -181,6 +185,8 @@ TEST_F(TraceIncidentsTest, ASlowRankShowsAsASpanOnItsOwnTrack) {
   EXPECT_GE(spans[0].at("ts").get<double>(), named_step.at("ts").get<double>() - 2000);
   EXPECT_LE(spans[0].at("ts").get<double>(), end_of(named_step) + 2000);
   EXPECT_GE(end_of(spans[0]), end_of(steps.back()) - 2000);
+  // Ended by the launch's end (the summary's stamp), cut to the trace.
+  EXPECT_EQ(spans[0].at("args").at("ended"), "the launch ended") << spans[0];
   // Its track is named, on rank 1's process only.
   bool track = false;
   for (const json& e : trace.at("traceEvents")) {

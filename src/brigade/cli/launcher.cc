@@ -592,6 +592,8 @@ int run_launch(const LaunchOptions& o) {
   agent.resolved = [&timelines](const std::filesystem::path& dir) { timelines.write(dir); };
   const LaunchSnapshots snapshots = set_up_snapshots(o, agent, master.host, master.port, token);
   int exit_status = 0;
+  const int64_t launched_unix_us = unix_us_now();
+  std::optional<std::pair<std::string, diag::LaunchTraces>> traces;
   {
     const elastic::BlockedSignals blocked;
     // Started with the signals blocked, so its thread never takes the
@@ -608,12 +610,12 @@ int run_launch(const LaunchOptions& o) {
       std::fflush(stderr);
     }
     exit_status = supervisor.run(blocked.child_mask());
-    // The agent that wrote incidents.jsonl marks them in the run's traces,
-    // which the workers wrote without knowing of them.
-    if (!supervisor.run_dir().empty() && (o.nnodes > 1 ? supervisor.led() : o.node_rank == 0)) {
-      for (const std::string& line : diag::mark_run_traces(supervisor.run_dir())) {
-        fmt::print(stderr, "brigade launch: {}\n", line);
-      }
+    // The agent that wrote incidents.jsonl marks them in the traces this
+    // launch's workers wrote without knowing of them: once the job ended
+    // everywhere (below), with the signals back as usual.
+    if (supervisor.writes_run_records()) {
+      traces.emplace(supervisor.run_dir(),
+                     diag::LaunchTraces{supervisor.generation(), launched_unix_us});
     }
     // An agent that lost the coordinator would wait out the store's
     // timeout to say it is done, to nobody.
@@ -635,6 +637,11 @@ int run_launch(const LaunchOptions& o) {
       } catch (const Error& e) {
         fmt::print(stderr, "brigade launch: {}\n", e.what());
       }
+    }
+  }
+  if (traces) {
+    for (const std::string& line : diag::mark_launch_traces(traces->first, traces->second)) {
+      fmt::print(stderr, "brigade launch: {}\n", line);
     }
   }
   return exit_status;

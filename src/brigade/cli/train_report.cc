@@ -70,8 +70,10 @@ nlohmann::json straggler_json(const StragglerEvent& e) {
           {"first_step", e.first_step},
           {"last_step", e.last_step},
           {"what", e.line()},
-          // When rank 0 named it (or saw it end), for the run's trace.
-          {"unix_us", unix_us_now()}};
+          // When rank 0 named it (or saw it end), for the run's trace, and
+          // on which machine (diag/trace_incidents.h).
+          {"unix_us", unix_us_now()},
+          {"boot_id", boot_id()}};
 }
 
 // The step's breakdown (this rank's, whose parts sum to its step_ms: the

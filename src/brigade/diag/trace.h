@@ -40,6 +40,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -51,8 +52,15 @@ class Communicator;
 namespace brigade::diag {
 
 inline constexpr char kSkewVariable[] = "BRIGADE_TRACE_CLOCK_SKEW_NS";
-// otherData's key of the unix time (us) of the file's time 0.
+// otherData's key of the unix time (us) of the file's time 0, and of the
+// boot id of the machine whose monotonic clock the times are (rank 0's).
 inline constexpr char kOriginKey[] = "origin_unix_us";
+inline constexpr char kBootIdKey[] = "boot_id";
+
+// Moves every event's time by `by_us`: "ts", and a collective's "called_us"
+// in its args. The join's zero, and diag/trace_incidents.h's when a mark
+// moves it.
+void shift_trace_events(nlohmann::json& events, double by_us);
 
 // Steps first..last, counted from 1, both included.
 struct TraceSteps {

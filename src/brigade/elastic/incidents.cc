@@ -72,9 +72,10 @@ nlohmann::json Incident::to_json() const {
   j["steps_lost"] = lost ? nlohmann::json(*lost) : nlohmann::json(nullptr);
   j["cause"] = cause.empty() ? nlohmann::json(nullptr) : nlohmann::json(cause);
   j["evidence_ms"] = evidence_ms;
-  // On the wall clock, for the run's trace (diag/trace_incidents.h), whose
-  // zero is converted the same way on the same machine: this agent's
-  // monotonic stamps through the two clocks' offset read now.
+  // On the wall clock, for the run's trace (diag/trace_incidents.h): this
+  // agent's monotonic stamps (another node's detection is placed on this
+  // clock too) through the two clocks' offset read now. The trace's zero is
+  // rank 0's, converted on rank 0's machine: wall clock against wall clock.
   const auto unix_us = [](int64_t ns) {
     return ns > 0 ? nlohmann::json(steady_to_unix_us(ns)) : nlohmann::json(nullptr);
   };
