@@ -33,6 +33,7 @@
 #include "brigade/diag/metrics_server.h"
 #include "brigade/diag/prometheus.h"
 #include "brigade/diag/root_cause.h"
+#include "brigade/diag/trace_incidents.h"
 #include "brigade/elastic/agent.h"
 #include "brigade/elastic/snapshot_sync.h"
 #include "brigade/elastic/worker_group.h"
@@ -591,6 +592,8 @@ int run_launch(const LaunchOptions& o) {
   agent.resolved = [&timelines](const std::filesystem::path& dir) { timelines.write(dir); };
   const LaunchSnapshots snapshots = set_up_snapshots(o, agent, master.host, master.port, token);
   int exit_status = 0;
+  const int64_t launched_unix_us = unix_us_now();
+  std::optional<std::pair<std::string, diag::LaunchTraces>> traces;
   {
     const elastic::BlockedSignals blocked;
     // Started with the signals blocked, so its thread never takes the
@@ -607,6 +610,13 @@ int run_launch(const LaunchOptions& o) {
       std::fflush(stderr);
     }
     exit_status = supervisor.run(blocked.child_mask());
+    // The agent that wrote incidents.jsonl marks them in the traces this
+    // launch's workers wrote without knowing of them: once the job ended
+    // everywhere (below), with the signals back as usual.
+    if (supervisor.writes_run_records()) {
+      traces.emplace(supervisor.run_dir(),
+                     diag::LaunchTraces{supervisor.generation(), launched_unix_us});
+    }
     // An agent that lost the coordinator would wait out the store's
     // timeout to say it is done, to nobody.
     if (o.nnodes > 1 && !supervisor.lost_coordinator() && coordination.etcd()) {
@@ -627,6 +637,11 @@ int run_launch(const LaunchOptions& o) {
       } catch (const Error& e) {
         fmt::print(stderr, "brigade launch: {}\n", e.what());
       }
+    }
+  }
+  if (traces) {
+    for (const std::string& line : diag::mark_launch_traces(traces->first, traces->second)) {
+      fmt::print(stderr, "brigade launch: {}\n", line);
     }
   }
   return exit_status;

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <utility>
 
+#include "brigade/core/clock.h"
 #include "brigade/core/error.h"
 #include "brigade/core/files.h"
 #include "brigade/core/process_stats.h"
@@ -68,7 +69,11 @@ nlohmann::json straggler_json(const StragglerEvent& e) {
           {"runqueue_ms", e.runqueue_ms},
           {"first_step", e.first_step},
           {"last_step", e.last_step},
-          {"what", e.line()}};
+          {"what", e.line()},
+          // When rank 0 named it (or saw it end), for the run's trace, and
+          // on which machine (diag/trace_incidents.h).
+          {"unix_us", unix_us_now()},
+          {"boot_id", boot_id()}};
 }
 
 // The step's breakdown (this rank's, whose parts sum to its step_ms: the

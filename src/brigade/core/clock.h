@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdint>
 #include <ctime>
+#include <string>
 
 namespace brigade {
 
@@ -34,6 +35,12 @@ inline int64_t steady_to_unix_us(int64_t steady_ns) {
   const int64_t after = now_ns();
   return wall_us - (before + (after - before) / 2 - steady_ns) / 1'000;
 }
+
+// The kernel's boot id (/proc/sys/kernel/random/boot_id; empty where it
+// cannot be read): two stamps of now_ns() taken under the same one share a
+// clock (one kernel, whatever its namespaces), else only their wall-clock
+// conversions compare, to the machines' clock synchronisation.
+std::string boot_id();
 
 // CPU time the calling thread has used, in ns.
 inline int64_t thread_cpu_ns() {

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstring>
 #include <fstream>
+#include <random>
 #include <sstream>
 #include <string>
 
@@ -53,9 +54,15 @@ AtomicFileWriter::AtomicFileWriter(fs::path path) : path_(std::move(path)) {
     if (ec)
       throw_error("cannot create directory {}: {}", path_.parent_path().string(), ec.message());
   }
+  // Unique across writers: processes on several nodes may share the
+  // directory (their pids collide) and one process may write the same path
+  // from two threads; O_EXCL makes sure.
+  char host[256] = {};
+  if (::gethostname(host, sizeof host - 1) != 0) host[0] = '\0';
+  std::random_device random;
   tmp_path_ = path_;
-  tmp_path_ += fmt::format(".tmp.{}", ::getpid());
-  fd_ = ::open(tmp_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  tmp_path_ += fmt::format(".tmp.{}.{}.{:08x}{:08x}", host, ::getpid(), random(), random());
+  fd_ = ::open(tmp_path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (fd_ < 0) throw_error("cannot write {}: {}", tmp_path_.string(), std::strerror(errno));
 }
 

@@ -6,9 +6,9 @@
 #include <algorithm>
 #include <charconv>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -44,11 +44,22 @@ bool parse_step(std::string_view text, int64_t* out) {
 // The kernel's boot id, hashed: equal on every rank that reads the same
 // CLOCK_MONOTONIC (one kernel, whatever its namespaces).
 int64_t boot_id_hash() {
-  std::ifstream in("/proc/sys/kernel/random/boot_id");
-  std::string id;
-  std::getline(in, id);
+  const std::string id = boot_id();
   return id.empty() ? 0 : static_cast<int64_t>(std::hash<std::string>{}(id) >> 1);
 }
+
+}  // namespace
+
+void shift_trace_events(nlohmann::json& events, double by_us) {
+  for (nlohmann::json& e : events) {
+    if (e.contains("ts")) e["ts"] = e.at("ts").get<double>() + by_us;
+    if (e.contains("args") && e.at("args").is_object() && e.at("args").contains("called_us")) {
+      e["args"]["called_us"] = e.at("args").at("called_us").get<double>() + by_us;
+    }
+  }
+}
+
+namespace {
 
 std::string event_name(const trace::Event& e) {
   return e.index >= 0 ? fmt::format("{} {}", e.name, e.index) : std::string(e.name);
@@ -288,15 +299,10 @@ void TraceWindow::write() {
       }
     }
     for (nlohmann::json& p : parts) {
-      for (nlohmann::json& e : p.at("events")) {
-        if (e.contains("ts")) e["ts"] = e.at("ts").get<double>() - first_us;
-        if (e.contains("args") && e.at("args").contains("called_us")) {
-          e["args"]["called_us"] = e.at("args").at("called_us").get<double>() - first_us;
-        }
-        all.push_back(std::move(e));
-      }
+      for (nlohmann::json& e : p.at("events")) all.push_back(std::move(e));
       ranks.push_back(std::move(p.at("info")));
     }
+    shift_trace_events(all, -first_us);
     nlohmann::json file = {
         {"traceEvents", std::move(all)},
         {"displayTimeUnit", "ms"},
@@ -304,7 +310,11 @@ void TraceWindow::write() {
          {{"steps", fmt::format("{}-{}", steps_.first, steps_.last)},
           {"clock", shared_clock ? "one monotonic clock (every rank on one kernel): exact"
                                  : "offsets from rank 0 by barrier exchange (median of 8 rounds)"},
-          {"ranks", std::move(ranks)}}}};
+          {"ranks", std::move(ranks)},
+          // Zero on the wall clock: where diag/trace_incidents.h places the
+          // run's incidents (join runs on rank 0, whose clock the times are).
+          {kOriginKey, steady_to_unix_us(origin + std::llround(first_us * 1e3))},
+          {kBootIdKey, boot_id()}}}};
     write_file_atomic(run_dir_ / file_name_, file.dump() + "\n");
     written_ = run_dir_ / file_name_;
   };

@@ -32,12 +32,15 @@
 // and rank 0 joins the parts into trace.json and removes them. It is also
 // best effort: a part that cannot be written or read is said in one line on
 // stderr, and training goes on without the file. Times start at 0, the
-// earliest event of any rank. In the viewers a rank is process R + 1 (0 is
+// earliest event of any rank (otherData's origin_unix_us: that instant on
+// the wall clock). When the run ends the launcher marks its incidents and
+// straggler episodes in it (diag/trace_incidents.h). In the viewers a rank is process R + 1 (0 is
 // the kernel's idle task to Perfetto), named "rank R (node N)".
 #pragma once
 
 #include <cstdint>
 #include <filesystem>
+#include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -49,6 +52,15 @@ class Communicator;
 namespace brigade::diag {
 
 inline constexpr char kSkewVariable[] = "BRIGADE_TRACE_CLOCK_SKEW_NS";
+// otherData's key of the unix time (us) of the file's time 0, and of the
+// boot id of the machine whose monotonic clock the times are (rank 0's).
+inline constexpr char kOriginKey[] = "origin_unix_us";
+inline constexpr char kBootIdKey[] = "boot_id";
+
+// Moves every event's time by `by_us`: "ts", and a collective's "called_us"
+// in its args. The join's zero, and diag/trace_incidents.h's when a mark
+// moves it.
+void shift_trace_events(nlohmann::json& events, double by_us);
 
 // Steps first..last, counted from 1, both included.
 struct TraceSteps {

@@ -497,8 +497,7 @@ void Agent::learn_run_dir(const HeartbeatTable& table) {
 void Agent::write_incidents(bool final) {
   // Across nodes the leader's agent writes them all: it hears of every
   // node's (node 0's, or with etcd the one that took over).
-  if (run_dir_.empty()) return;
-  if (coordinator_ ? !coordinator_->leader() || cut_off_from_job() : options_.node_rank != 0) {
+  if (!writes_run_records()) {
     // The leader writes a recovered incident as this agent sees it
     // recovered: a follower that takes over later (etcd) does not write it
     // again.
@@ -509,10 +508,15 @@ void Agent::write_incidents(bool final) {
   try {
     for (Incident& i : incidents_) {
       if (i.written || (!final && !i.recovered_ns)) continue;
-      append_json_line(path, i.to_json());
+      const int64_t number = incident_base_.value_or(0) + i.generation + 1;
+      nlohmann::json line = i.to_json();
+      line["number"] = number;  // its evidence: incidents/<number>/
+      // Whose monotonic clock the *_unix_us stamps were converted from
+      // (diag/trace_incidents.h).
+      line["boot_id"] = boot_id();
+      append_json_line(path, line);
       i.written = true;
-      const fs::path evidence =
-          incident_dir(run_dir_, incident_base_.value_or(0) + i.generation + 1);
+      const fs::path evidence = incident_dir(run_dir_, number);
       if (options_.resolved && fs::is_directory(evidence)) options_.resolved(evidence);
     }
   } catch (const Error& e) {
@@ -540,6 +544,11 @@ void Agent::keep_newest_snapshot() const {
                static_cast<long long>(point->step), kept.c_str(), run_dir_.c_str());
 }
 
+bool Agent::writes_run_records() const {
+  if (run_dir_.empty()) return false;
+  return coordinator_ ? coordinator_->leader() && !cut_off_from_job() : options_.node_rank == 0;
+}
+
 bool Agent::cut_off_from_job() const {
   return lost_coordinator_ && coordinator_ && coordinator_->elects_leader();
 }
@@ -555,11 +564,13 @@ int Agent::finish(Outcome outcome, int stopped) {
   }
   // The snapshots go with the agent; the newest state must not.
   if (outcome != Outcome::kSucceeded && !cut_off_from_job()) keep_newest_snapshot();
-  if (options_.brigade_train && !run_dir_.empty() &&
-      (coordinator_ ? coordinator_->leader() && !cut_off_from_job() : options_.node_rank == 0)) {
+  if (options_.brigade_train && writes_run_records()) {
     const RunSummary summary = summarize(incidents_, generations_, restarts_, start_ns_, now_ns());
     std::fprintf(stderr, "brigade launch: %s\n", summary.line().c_str());
     nlohmann::json line = summary.to_json();
+    // When this launch ended: a straggler episode still open ends here
+    // (diag/trace_incidents.h).
+    line["unix_us"] = unix_us_now();
     if (options_.chaos) {
       line["chaos_mtbf_s"] = options_.chaos->mtbf_s;
       line["chaos_raised"] = chaos_raised_;

@@ -222,6 +222,17 @@ class Agent {
   // Multi-node: this agent led the job at its end (node 0's, or with etcd
   // the one elected in its place).
   bool led() const { return coordinator_ && coordinator_->leader(); }
+  // The run directory the workers named (empty: not brigade train, or none).
+  const std::string& run_dir() const { return run_dir_; }
+  // This agent writes the run's records (incidents.jsonl, the summary, the
+  // marks in the run's traces): one node's, so that one writer keeps each
+  // file whole. Alone, node 0's; across nodes the leader's at the end,
+  // unless it was cut off from the job (an electing store may have a new
+  // leader writing there). False before the run directory is known.
+  bool writes_run_records() const;
+  // The last generation this agent ran (0: the first; its workers' trace is
+  // trace.json, generation G's trace.gen<G>.json).
+  int64_t generation() const { return generation_; }
 
  private:
   enum class Outcome { kSucceeded, kFailed, kSignalled, kRemoteFailure };

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <fstream>
 
+#include "brigade/core/clock.h"
 #include "brigade/core/error.h"
 #include "brigade/core/files.h"
 
@@ -71,6 +72,16 @@ nlohmann::json Incident::to_json() const {
   j["steps_lost"] = lost ? nlohmann::json(*lost) : nlohmann::json(nullptr);
   j["cause"] = cause.empty() ? nlohmann::json(nullptr) : nlohmann::json(cause);
   j["evidence_ms"] = evidence_ms;
+  // On the wall clock, for the run's trace (diag/trace_incidents.h): this
+  // agent's monotonic stamps (another node's detection is placed on this
+  // clock too) through the two clocks' offset read now. The trace's zero is
+  // rank 0's, converted on rank 0's machine: wall clock against wall clock.
+  const auto unix_us = [](int64_t ns) {
+    return ns > 0 ? nlohmann::json(steady_to_unix_us(ns)) : nlohmann::json(nullptr);
+  };
+  j["fault_unix_us"] = unix_us(fault_ns);
+  j["detected_unix_us"] = unix_us(detected_ns);
+  j["recovered_unix_us"] = unix_us(recovered_ns.value_or(0));
   const RecoverySplit split = recovery_split();
   auto value = [](const std::optional<double>& v) {
     return v ? nlohmann::json(*v) : nlohmann::json(nullptr);

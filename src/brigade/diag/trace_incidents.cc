@@ -1,0 +1,412 @@
+#include "brigade/diag/trace_incidents.h"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <map>
+#include <optional>
+#include <set>
+
+#include "brigade/core/error.h"
+#include "brigade/core/files.h"
+#include "brigade/diag/trace.h"
+
+namespace brigade::diag {
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+constexpr char kIncidentCategory[] = "incident";
+constexpr char kStragglerCategory[] = "straggler";
+constexpr char kMarksClockKey[] = "marks_clock";
+// The incidents process's one track, and each rank's straggler track: below
+// trace.cc's group lanes (from 2^30), above any Linux thread id (2^22).
+constexpr int64_t kIncidentLane = 1;
+constexpr int64_t kStragglerLane = (int64_t{1} << 30) - 1;
+
+bool is_mark(const json& e) {
+  const std::string category = e.value("cat", "");
+  return category == kIncidentCategory || category == kStragglerCategory;
+}
+
+std::optional<int64_t> stamp(const json& record, const char* key) {
+  if (!record.contains(key) || !record.at(key).is_number()) return std::nullopt;
+  return record.at(key).get<int64_t>();
+}
+
+json value_or_null(const json& record, const char* key) {
+  return record.contains(key) ? record.at(key) : json(nullptr);
+}
+
+// A rejoin stopped the job to grow it back: no failure, no evidence.
+bool is_failure(const json& r) {
+  return r.value("kind", "") != "rejoin" && !(r.contains("restart") && r.at("restart") == false);
+}
+
+// One incident's or episode's events, in wall-clock microseconds ("ts" and
+// "dur" made relative to the trace's zero, and cut to its window, below).
+struct Mark {
+  int64_t begin_us = 0;
+  int64_t end_us = 0;
+  std::vector<json> events;
+  std::string boot_id;  // the machine whose clock placed it
+};
+
+std::optional<Mark> incident_mark(const json& r, int pid) {
+  const auto detected = stamp(r, "detected_unix_us");
+  if (!detected) return std::nullopt;  // a record written before the stamps were
+  const auto recovered = stamp(r, "recovered_unix_us");
+  const std::string kind = r.value("kind", "incident");
+  const int rank = r.value("rank", -1);
+  json args = {{"kind", kind},
+               {"rank", rank},
+               {"node", value_or_null(r, "node")},
+               {"generation", value_or_null(r, "generation")},
+               {"cause", value_or_null(r, "cause")},
+               {"what", value_or_null(r, "what")},
+               {"last_step", value_or_null(r, "last_step")},
+               {"resumed_from_step", value_or_null(r, "resumed_from_step")},
+               {"detected_after_ms", value_or_null(r, "detected_after_ms")},
+               {"recovered_after_ms", value_or_null(r, "recovered_after_ms")},
+               {"recovery_ms", value_or_null(r, "recovery_ms")}};
+  std::string detected_name, span_name;
+  if (!is_failure(r)) {
+    const std::string node = r.contains("node") ? r.at("node").dump() : std::string("?");
+    detected_name = fmt::format("node {} rejoined", node);
+    span_name = fmt::format("regrowth after node {} rejoined", node);
+  } else {
+    std::string title = rank >= 0 ? fmt::format("{} of rank {}", kind, rank) : kind;
+    if (const auto number = stamp(r, "number")) {
+      args["number"] = *number;
+      args["timeline"] = fmt::format("incidents/{}/trace.json", *number);
+      title = fmt::format("incident {}: {}", *number, title);
+    }
+    detected_name = title + " detected";
+    span_name = "restart after " + title;
+  }
+  Mark m;
+  m.begin_us = *detected;
+  m.end_us = std::max(*detected, recovered.value_or(*detected));
+  m.boot_id = r.value("boot_id", "");
+  // Detected, on the incidents track: where the gap in the ranks' lanes
+  // starts.
+  m.events.push_back({{"ph", "i"},
+                      {"s", "t"},
+                      {"name", detected_name},
+                      {"cat", kIncidentCategory},
+                      {"pid", pid},
+                      {"tid", kIncidentLane},
+                      {"ts", *detected},
+                      {"args", args}});
+  if (m.end_us > m.begin_us) {
+    m.events.push_back({{"ph", "X"},
+                        {"name", span_name},
+                        {"cat", kIncidentCategory},
+                        {"pid", pid},
+                        {"tid", kIncidentLane},
+                        {"ts", *detected},
+                        {"dur", m.end_us - m.begin_us},
+                        {"args", std::move(args)}});
+  }
+  return m;
+}
+
+Mark straggler_mark(const json& named, int64_t end_us, const std::string& ended) {
+  const int rank = named.value("rank", 0);
+  json args = {{"rank", rank},
+               {"node", value_or_null(named, "node")},
+               {"section", value_or_null(named, "section")},
+               {"ratio", value_or_null(named, "ratio")},
+               {"named_over_steps", fmt::format("{}-{}", named.value("first_step", int64_t{0}),
+                                                named.value("last_step", int64_t{0}))},
+               {"what", value_or_null(named, "what")},
+               {"ended", ended}};
+  const int pid = rank + 1;  // the rank's own process (diag/trace.h)
+  Mark m;
+  m.begin_us = named.at("unix_us").get<int64_t>();
+  m.end_us = std::max(m.begin_us, end_us);
+  m.boot_id = named.value("boot_id", "");
+  m.events.push_back({{"ph", "M"},
+                      {"name", "thread_name"},
+                      {"cat", kStragglerCategory},
+                      {"pid", pid},
+                      {"tid", kStragglerLane},
+                      {"args", {{"name", "straggler"}}}});
+  m.events.push_back(
+      {{"ph", "X"},
+       {"name", fmt::format("straggler: {:.1f}x slower ({})", named.value("ratio", 0.0),
+                            named.value("section", std::string("compute")))},
+       {"cat", kStragglerCategory},
+       {"pid", pid},
+       {"tid", kStragglerLane},
+       {"ts", m.begin_us},
+       {"dur", m.end_us - m.begin_us},
+       {"args", std::move(args)}});
+  return m;
+}
+
+// Each straggler episode with its end: the rank's recovery as rank 0 saw
+// it, else what ended it unseen (the workers stopped for an incident, the
+// rank named again, the launch's end), the first of them; none known (a
+// launch cut off before its summary): its end is not known, std::nullopt.
+struct Episode {
+  const json* named = nullptr;
+  std::optional<int64_t> end_us;
+  std::string ended;
+};
+
+std::vector<Episode> episodes(const std::vector<json>& records) {
+  std::vector<int64_t> stops;  // incidents' detections: the workers stopped
+  std::vector<int64_t> launch_ends;
+  for (const json& r : records) {
+    const std::string kind = r.value("kind", "");
+    if (kind == "summary") {
+      if (const auto at = stamp(r, "unix_us")) launch_ends.push_back(*at);
+    } else if (!kind.starts_with("straggler")) {
+      if (const auto at = stamp(r, "detected_unix_us")) stops.push_back(*at);
+    }
+  }
+  const auto first_after = [](const std::vector<int64_t>& times, int64_t t) {
+    std::optional<int64_t> first;
+    for (int64_t x : times) {
+      if (x >= t && (!first || x < *first)) first = x;
+    }
+    return first;
+  };
+  std::vector<Episode> out;
+  std::map<int, size_t> open;  // rank -> its episode in `out`
+  for (const json& r : records) {
+    const std::string kind = r.value("kind", "");
+    if ((kind != "straggler" && kind != "straggler_recovered") || !stamp(r, "unix_us")) continue;
+    const int rank = r.value("rank", 0);
+    const int64_t at = *stamp(r, "unix_us");
+    const auto it = open.find(rank);
+    if (kind == "straggler_recovered") {
+      if (it == open.end()) continue;
+      Episode& e = out[it->second];
+      if (!e.end_us || at <= *e.end_us) {
+        e.end_us = at;
+        e.ended = "recovered";
+      }
+      open.erase(it);
+      continue;
+    }
+    if (it != open.end()) {  // named again without recovering: a new episode
+      Episode& e = out[it->second];
+      if (!e.end_us || at < *e.end_us) {
+        e.end_us = at;
+        e.ended = "named again";
+      }
+    }
+    Episode e{&r, std::nullopt, ""};
+    const int64_t named = at;
+    if (const auto stop = first_after(stops, named)) {
+      e.end_us = *stop;
+      e.ended = "the workers stopped for an incident";
+    }
+    if (const auto end = first_after(launch_ends, named); end && (!e.end_us || *end < *e.end_us)) {
+      e.end_us = *end;
+      e.ended = "the launch ended";
+    }
+    open[rank] = out.size();
+    out.push_back(e);
+  }
+  return out;
+}
+
+}  // namespace
+
+int mark_incidents(json& trace, const std::vector<json>& records) {
+  json& other = trace["otherData"];
+  if (!other.is_object() || !other.contains(kOriginKey) || !other.at(kOriginKey).is_number()) {
+    throw_error(
+        "the trace has no {} (written by an older Brigade): its incidents cannot be placed; the "
+        "incidents are in incidents.jsonl and each one's timeline in incidents/N/trace.json",
+        kOriginKey);
+  }
+  int64_t origin_us = other.at(kOriginKey).get<int64_t>();
+  json& events = trace.at("traceEvents");
+  json kept = json::array();
+  double end_ts = 0;
+  int last_pid = 0;
+  for (json& e : events) {
+    if (is_mark(e)) continue;
+    if (e.contains("ts")) {
+      end_ts = std::max(end_ts, e.at("ts").get<double>() + e.value("dur", 0.0));
+    }
+    last_pid = std::max(last_pid, e.value("pid", 0));
+    kept.push_back(std::move(e));
+  }
+  events = std::move(kept);
+  other.erase(kMarksClockKey);
+  const int64_t trace_end_us = origin_us + static_cast<int64_t>(end_ts);
+  const int incidents_pid = last_pid + 1;
+
+  // Incidents: those whose detection-to-recovery overlaps the trace; one
+  // detected before zero (the restart this generation recovered from)
+  // opens the window there.
+  std::vector<Mark> marks;
+  int64_t window_begin = origin_us;
+  for (const json& r : records) {
+    const std::string kind = r.value("kind", "");
+    if (kind == "summary" || kind.starts_with("straggler")) continue;
+    std::optional<Mark> m = incident_mark(r, incidents_pid);
+    if (!m || m->end_us < origin_us || m->begin_us > trace_end_us) continue;
+    window_begin = std::min(window_begin, m->begin_us);
+    marks.push_back(std::move(*m));
+  }
+  // Episodes: cut to the window; one whose end is not known runs to the
+  // trace's end if it was named within it.
+  for (const Episode& e : episodes(records)) {
+    const int64_t named = e.named->at("unix_us").get<int64_t>();
+    if (named > trace_end_us) continue;
+    if (e.end_us ? *e.end_us <= window_begin : named < window_begin) continue;
+    const int64_t end = std::min(e.end_us.value_or(trace_end_us), trace_end_us);
+    Mark m = straggler_mark(*e.named, end, e.end_us ? e.ended : "not seen: to the trace's end");
+    m.begin_us = std::max(named, window_begin);
+    marks.push_back(std::move(m));
+  }
+  if (marks.empty()) return 0;
+
+  // A restart before zero moves zero back, as diag/trace.h's join does for
+  // a rank that opened its window first: the viewers drop negative times.
+  if (window_begin < origin_us) {
+    shift_trace_events(events, static_cast<double>(origin_us - window_begin));
+    origin_us = window_begin;
+    other[kOriginKey] = origin_us;
+  }
+  bool any_incident = false;
+  const std::string trace_boot = other.value(kBootIdKey, "");
+  std::set<std::string> machines;
+  for (Mark& m : marks) {
+    machines.insert(m.boot_id);
+    for (json& e : m.events) {
+      if (!e.contains("ts")) {
+        events.push_back(std::move(e));
+        continue;
+      }
+      // Cut to the window (a restart span past the trace's end).
+      const int64_t begin = std::max(m.begin_us, origin_us);
+      if (e.contains("dur")) {
+        e["dur"] =
+            static_cast<double>(std::max<int64_t>(0, std::min(m.end_us, trace_end_us) - begin));
+        e["ts"] = static_cast<double>(begin - origin_us);
+      } else {
+        e["ts"] = static_cast<double>(e.at("ts").get<int64_t>() - origin_us);
+      }
+      if (e.value("cat", "") == kIncidentCategory) any_incident = true;
+      events.push_back(std::move(e));
+    }
+  }
+  const bool one_machine =
+      !trace_boot.empty() && machines.size() == 1 && *machines.begin() == trace_boot;
+  other[kMarksClockKey] =
+      one_machine ? "rank 0's machine (boot ids equal): the marks line up with the steps to "
+                    "the wall clock's slew between the conversions"
+                  : "wall clocks of different machines (or of unknown ones): the marks line "
+                    "up with the steps to the machines' clock synchronisation";
+  if (any_incident) {
+    const auto meta = [&](const char* what, int64_t tid, json args) {
+      events.push_back({{"ph", "M"},
+                        {"name", what},
+                        {"cat", kIncidentCategory},
+                        {"pid", incidents_pid},
+                        {"tid", tid},
+                        {"args", std::move(args)}});
+    };
+    meta("process_name", 0, {{"name", "incidents"}});
+    meta("process_sort_index", 0, {{"sort_index", -1}});  // above the ranks
+    meta("thread_name", kIncidentLane, {{"name", "incidents"}});
+  }
+  return static_cast<int>(marks.size());
+}
+
+namespace {
+
+// incidents.jsonl's records; Error when it cannot be read (its marks must
+// then stay as they are). A line that is not a JSON object (torn by a kill)
+// is passed over.
+std::vector<json> read_records(const fs::path& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw_error("cannot open {}: {}", path.string(), std::strerror(errno));
+  std::string text;
+  char buffer[1 << 16];
+  for (;;) {
+    const ssize_t n = ::read(fd, buffer, sizeof buffer);
+    if (n == 0) break;
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      const int err = errno;
+      ::close(fd);
+      throw_error("cannot read {}: {}", path.string(), std::strerror(err));
+    }
+    text.append(buffer, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  std::vector<json> records;
+  size_t begin = 0;
+  while (begin < text.size()) {
+    size_t end = text.find('\n', begin);
+    if (end == std::string::npos) end = text.size();
+    json record = json::parse(text.begin() + static_cast<std::ptrdiff_t>(begin),
+                              text.begin() + static_cast<std::ptrdiff_t>(end), nullptr,
+                              /*allow_exceptions=*/false);
+    if (record.is_object()) records.push_back(std::move(record));
+    begin = end + 1;
+  }
+  return records;
+}
+
+}  // namespace
+
+std::vector<std::string> mark_launch_traces(const fs::path& run_dir, const LaunchTraces& launch) {
+  std::vector<std::string> said;
+  const fs::path incidents_path = run_dir / "incidents.jsonl";
+  std::error_code ec;
+  if (!fs::exists(incidents_path, ec)) return said;
+  std::vector<json> records;
+  try {
+    records = read_records(incidents_path);
+  } catch (const std::exception& e) {
+    said.push_back(fmt::format("the run's traces are left as they were: {}", e.what()));
+    return said;
+  }
+  for (int64_t g = 0; g <= launch.last_generation; ++g) {
+    const fs::path path =
+        run_dir / (g == 0 ? std::string("trace.json") : fmt::format("trace.gen{}.json", g));
+    if (!fs::is_regular_file(path, ec)) continue;  // this generation traced nothing
+    try {
+      const uintmax_t bytes = fs::file_size(path);
+      if (bytes > launch.max_bytes) {
+        throw_error(
+            "{:.1f} MiB, more than the {:.1f} MiB the launcher reads to mark a trace; "
+            "its incidents are in incidents.jsonl",
+            static_cast<double>(bytes) / (1 << 20),
+            static_cast<double>(launch.max_bytes) / (1 << 20));
+      }
+      json trace = json::parse(read_file(path));
+      const json& other = trace.at("otherData");
+      // Of the same name, left by an earlier launch into this directory.
+      if (other.contains(kOriginKey) && other.at(kOriginKey).is_number() &&
+          other.at(kOriginKey).get<int64_t>() < launch.launched_unix_us) {
+        continue;
+      }
+      const json& events = trace.at("traceEvents");
+      const bool had_marks = std::any_of(events.begin(), events.end(), is_mark);
+      if (mark_incidents(trace, records) > 0 || had_marks) {
+        write_file_atomic(path, trace.dump() + "\n");
+      }
+    } catch (const std::exception& e) {
+      said.push_back(fmt::format("could not mark the run's incidents in {} (left as it was): {}",
+                                 path.string(), e.what()));
+    }
+  }
+  return said;
+}
+
+}  // namespace brigade::diag

@@ -1,0 +1,389 @@
+// The run's incidents marked in its trace (diag/trace_incidents.h), from a
+// hand-written trace and incidents.jsonl: an incident detected before the
+// trace's zero moves zero back to its detection (the steps move with it),
+// its restart span runs to the recovery, a straggler episode is a span on
+// its rank's process from named to recovered, or to what ended it unseen
+// (the next incident, a new naming, its launch's end), never outside the
+// trace's window nor moving its zero; a rejoin is no incident with a
+// timeline; the file says whose clocks placed the marks; marking twice gives
+// the same file, and a trace without its wall-clock zero is refused. The
+// launcher's pass over a run directory marks only its launch's traces,
+// leaves them as they were when incidents.jsonl cannot be read or a trace
+// is too large, malformed or cannot be rewritten. The whole path from an
+// injected fault runs in tests/cli/trace_incidents_test.cc.
+#include "brigade/diag/trace_incidents.h"
+
+#include <gtest/gtest.h>
+#include <sys/resource.h>
+
+#include <csignal>
+#include <filesystem>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "brigade/core/error.h"
+#include "brigade/core/files.h"
+#include "testing/temp_dir.h"
+
+namespace brigade::diag {
+namespace BRIGADE_TEST_FILE {
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+constexpr int64_t kOrigin = 1'700'000'000'000'000;  // the trace's zero, unix us
+
+// Rank 0's steps 1 and 2: 100-200 us and 300-400 us.
+json hand_trace() {
+  json events = json::array();
+  events.push_back({{"ph", "M"},
+                    {"name", "process_name"},
+                    {"pid", 1},
+                    {"tid", 0},
+                    {"args", {{"name", "rank 0 (node 0)"}}}});
+  for (int step = 1; step <= 2; ++step) {
+    events.push_back({{"ph", "X"},
+                      {"name", "step " + std::to_string(step)},
+                      {"cat", "step"},
+                      {"pid", 1},
+                      {"tid", 7},
+                      {"ts", 100.0 + 200.0 * (step - 1)},
+                      {"dur", 100.0}});
+  }
+  // A collective run at 130 us, called at 120 us.
+  events.push_back({{"ph", "X"},
+                    {"name", "all_reduce"},
+                    {"cat", "comm"},
+                    {"pid", 1},
+                    {"tid", int64_t{1} << 30},
+                    {"ts", 130.0},
+                    {"dur", 20.0},
+                    {"args", {{"called_us", 120.0}}}});
+  return {{"traceEvents", events},
+          {"otherData", {{"origin_unix_us", kOrigin}, {"boot_id", "machine-a"}}}};
+}
+
+std::vector<json> hand_records() {
+  return {// Detected 50 us before zero, recovered within step 1.
+          {{"kind", "crash"},
+           {"rank", 1},
+           {"node", 0},
+           {"number", 3},
+           {"cause", "incident 3: rank 1 (node 0) crashed"},
+           {"fault_unix_us", kOrigin - 60},
+           {"detected_unix_us", kOrigin - 50},
+           {"recovered_unix_us", kOrigin + 150}},
+          {{"kind", "straggler"}, {"rank", 0}, {"section", "compute"}, {"unix_us", kOrigin + 320}},
+          {{"kind", "straggler_recovered"}, {"rank", 0}, {"unix_us", kOrigin + 380}},
+          // Long after the trace's end.
+          {{"kind", "hang"},
+           {"rank", 0},
+           {"number", 4},
+           {"detected_unix_us", kOrigin + 10'000'000},
+           {"recovered_unix_us", kOrigin + 11'000'000}},
+          {{"kind", "summary"}}};
+}
+
+std::vector<json> with_category(const json& trace, const std::string& category) {
+  std::vector<json> out;
+  for (const json& e : trace.at("traceEvents")) {
+    if (e.value("cat", "") == category && e.at("ph") != "M") out.push_back(e);
+  }
+  return out;
+}
+
+json event_named(const json& trace, const std::string& name) {
+  for (const json& e : trace.at("traceEvents")) {
+    if (e.value("name", "") == name) return e;
+  }
+  ADD_FAILURE() << "no event " << name;
+  return json::object();
+}
+
+TEST(TraceIncidents, MarksWhatOverlapsTheTraceOnItsClock) {
+  json trace = hand_trace();
+  EXPECT_EQ(mark_incidents(trace, hand_records()), 2);
+  // Zero moved back to the detection, 50 us: every time with it (the
+  // collective's call too), the fault before it is not drawn.
+  EXPECT_EQ(trace.at("otherData").at("origin_unix_us").get<int64_t>(), kOrigin - 50);
+  EXPECT_DOUBLE_EQ(event_named(trace, "step 1").at("ts").get<double>(), 150.0);
+  const json collective = event_named(trace, "all_reduce");
+  EXPECT_DOUBLE_EQ(collective.at("ts").get<double>(), 180.0);
+  EXPECT_DOUBLE_EQ(collective.at("args").at("called_us").get<double>(), 170.0);
+  const std::vector<json> incident = with_category(trace, "incident");
+  ASSERT_EQ(incident.size(), 2u);  // detected, and the restart; not incident 4
+  for (const json& e : incident) {
+    EXPECT_DOUBLE_EQ(e.at("ts").get<double>(), 0.0) << e;
+    EXPECT_EQ(e.at("pid"), 2) << e;  // after the ranks' processes
+    EXPECT_EQ(e.at("args").at("kind"), "crash") << e;
+    EXPECT_EQ(e.at("args").at("rank"), 1) << e;
+    EXPECT_EQ(e.at("args").at("timeline"), "incidents/3/trace.json") << e;
+    if (e.at("ph") == "X") {
+      EXPECT_DOUBLE_EQ(e.at("dur").get<double>(), 200.0) << e;
+    }
+  }
+  const std::vector<json> straggler = with_category(trace, "straggler");
+  ASSERT_EQ(straggler.size(), 1u);
+  EXPECT_EQ(straggler[0].at("pid"), 1);
+  EXPECT_DOUBLE_EQ(straggler[0].at("ts").get<double>(), 370.0);
+  EXPECT_DOUBLE_EQ(straggler[0].at("dur").get<double>(), 60.0);
+  EXPECT_EQ(straggler[0].at("args").at("ended"), "recovered");
+
+  // Marking again replaces the marks: the same file.
+  const std::string once = trace.dump();
+  EXPECT_EQ(mark_incidents(trace, hand_records()), 2);
+  EXPECT_EQ(trace.dump(), once);
+}
+
+TEST(TraceIncidents, AnOpenEpisodeRunsToTheTracesEnd) {
+  json trace = hand_trace();
+  std::vector<json> records = {
+      {{"kind", "straggler"}, {"rank", 0}, {"section", "compute"}, {"unix_us", kOrigin + 120}}};
+  EXPECT_EQ(mark_incidents(trace, records), 1);
+  const std::vector<json> straggler = with_category(trace, "straggler");
+  ASSERT_EQ(straggler.size(), 1u);
+  EXPECT_DOUBLE_EQ(straggler[0].at("ts").get<double>(), 120.0);
+  EXPECT_DOUBLE_EQ(straggler[0].at("dur").get<double>(), 280.0);  // to step 2's end
+}
+
+TEST(TraceIncidents, ATraceWithoutItsWallClockZeroIsRefused) {
+  json trace = hand_trace();
+  trace["otherData"].erase("origin_unix_us");
+  try {
+    mark_incidents(trace, hand_records());
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("origin_unix_us"), std::string::npos) << e.what();
+  }
+}
+
+json straggler_named(int rank, int64_t at) {
+  return {{"kind", "straggler"}, {"rank", rank},  {"section", "compute"},
+          {"ratio", 4.0},        {"unix_us", at}, {"boot_id", "machine-a"}};
+}
+
+// The review's case: a rank named in an earlier generation (or an earlier
+// launch into the same directory) and never seen to recover, since its
+// workers were stopped. It ended there: a later trace shows no straggler
+// and keeps its zero (it began 6 s early with a false span).
+TEST(TraceIncidents, AnEpisodeOpenAtAnIncidentOrItsLaunchsEndStaysOutOfLaterTraces) {
+  // A launch killed outright leaves no summary: its episode's end is not
+  // known, and it is not drawn in a trace it was not named in.
+  for (const char* ended_by : {"incident", "launch end", "launch killed"}) {
+    json trace = hand_trace();
+    std::vector<json> records = {straggler_named(1, kOrigin - 6'000'000)};
+    if (ended_by == std::string("launch killed")) {
+      // nothing after it
+    } else if (ended_by == std::string("incident")) {
+      records.push_back({{"kind", "crash"},
+                         {"rank", 0},
+                         {"number", 1},
+                         {"detected_unix_us", kOrigin - 5'000'000},
+                         {"recovered_unix_us", kOrigin - 4'000'000}});
+    } else {
+      records.push_back({{"kind", "summary"}, {"unix_us", kOrigin - 3'000'000}});
+    }
+    EXPECT_EQ(mark_incidents(trace, records), 0) << ended_by;
+    EXPECT_EQ(trace.at("otherData").at("origin_unix_us").get<int64_t>(), kOrigin) << ended_by;
+    EXPECT_TRUE(with_category(trace, "straggler").empty()) << ended_by;
+  }
+}
+
+// Within the trace: an episode ends where the rank is named again, at the
+// next incident's detection, or at the launch's end, the first of them.
+TEST(TraceIncidents, AnEpisodeEndsAtWhatEndedItFirst) {
+  json trace = hand_trace();  // 0-400 us
+  std::vector<json> records = {
+      straggler_named(0, kOrigin + 120),
+      straggler_named(0, kOrigin + 200),  // named again: a new episode
+      straggler_named(1, kOrigin + 150),
+      {{"kind", "hang"}, {"rank", 1}, {"number", 2}, {"detected_unix_us", kOrigin + 250}},
+      straggler_named(1, kOrigin + 300),
+      {{"kind", "summary"}, {"unix_us", kOrigin + 350}}};
+  EXPECT_EQ(mark_incidents(trace, records), 5);
+  std::map<std::pair<int, double>, json> spans;  // by (pid, ts)
+  for (const json& e : with_category(trace, "straggler")) {
+    spans[{e.at("pid").get<int>(), e.at("ts").get<double>()}] = e;
+  }
+  ASSERT_EQ(spans.size(), 4u);
+  const auto expect = [&](int rank, double ts, double dur, const std::string& ended) {
+    const json& e = spans[{rank + 1, ts}];
+    ASSERT_TRUE(e.is_object()) << "no span of rank " << rank << " at " << ts;
+    EXPECT_DOUBLE_EQ(e.at("dur").get<double>(), dur) << e;
+    EXPECT_EQ(e.at("args").at("ended"), ended) << e;
+  };
+  expect(0, 120, 80, "named again");
+  expect(0, 200, 50, "the workers stopped for an incident");
+  expect(1, 150, 100, "the workers stopped for an incident");
+  expect(1, 300, 50, "the launch ended");
+}
+
+// An episode that began before the trace and recovered within it is drawn
+// from the trace's zero, which stays where it was.
+TEST(TraceIncidents, AnEpisodeIsCutToTheTracesWindow) {
+  json trace = hand_trace();
+  std::vector<json> records = {
+      straggler_named(1, kOrigin - 1'000),
+      {{"kind", "straggler_recovered"}, {"rank", 1}, {"unix_us", kOrigin + 150}},
+      straggler_named(0, kOrigin + 300),
+      {{"kind", "straggler_recovered"}, {"rank", 0}, {"unix_us", kOrigin + 900}}};
+  EXPECT_EQ(mark_incidents(trace, records), 2);
+  EXPECT_EQ(trace.at("otherData").at("origin_unix_us").get<int64_t>(), kOrigin);
+  EXPECT_DOUBLE_EQ(event_named(trace, "step 1").at("ts").get<double>(), 100.0);
+  for (const json& e : with_category(trace, "straggler")) {
+    if (e.at("pid") == 2) {
+      EXPECT_DOUBLE_EQ(e.at("ts").get<double>(), 0.0) << e;
+      EXPECT_DOUBLE_EQ(e.at("dur").get<double>(), 150.0) << e;
+    } else {
+      EXPECT_DOUBLE_EQ(e.at("ts").get<double>(), 300.0) << e;
+      EXPECT_DOUBLE_EQ(e.at("dur").get<double>(), 100.0) << e;  // to the trace's end
+    }
+  }
+}
+
+// A rejoin stopped the job to grow it back: no failure and no timeline of
+// its own, drawn as what it is.
+TEST(TraceIncidents, ARejoinIsDrawnWithoutATimeline) {
+  json trace = hand_trace();
+  std::vector<json> records = {{{"kind", "rejoin"},
+                                {"restart", false},
+                                {"rank", -1},
+                                {"node", 1},
+                                {"number", 2},
+                                {"detected_unix_us", kOrigin + 210},
+                                {"recovered_unix_us", kOrigin + 290}}};
+  EXPECT_EQ(mark_incidents(trace, records), 1);
+  const std::vector<json> marks = with_category(trace, "incident");
+  ASSERT_EQ(marks.size(), 2u);
+  for (const json& e : marks) {
+    EXPECT_FALSE(e.at("args").contains("timeline")) << e;
+    EXPECT_EQ(e.at("name").get<std::string>().find("incident"), std::string::npos) << e;
+    EXPECT_NE(e.at("name").get<std::string>().find("node 1 rejoined"), std::string::npos) << e;
+  }
+}
+
+// Whose clocks placed the marks: rank 0's machine (its boot id) or another.
+TEST(TraceIncidents, TheTraceSaysWhoseClocksPlacedItsMarks) {
+  for (const std::string machine : {"machine-a", "machine-b"}) {
+    json trace = hand_trace();
+    json named = straggler_named(0, kOrigin + 120);
+    named["boot_id"] = machine;
+    EXPECT_EQ(mark_incidents(trace, {named}), 1);
+    const std::string clock = trace.at("otherData").at("marks_clock");
+    EXPECT_EQ(clock.starts_with("rank 0's machine"), machine == "machine-a") << clock;
+  }
+}
+
+// The launcher's pass over a run directory.
+class MarkLaunchTraces : public ::testing::Test {
+ protected:
+  MarkLaunchTraces() {
+    std::vector<std::string> lines;
+    for (const json& r : hand_records()) lines.push_back(r.dump());
+    write_lines(lines);
+  }
+  void write_lines(const std::vector<std::string>& lines) {
+    std::string text;
+    for (const std::string& line : lines) text += line + "\n";
+    write_file_atomic(dir_.path() / "incidents.jsonl", text);
+  }
+  fs::path write_trace(const std::string& name, int64_t origin) {
+    json trace = hand_trace();
+    trace["otherData"]["origin_unix_us"] = origin;
+    write_file_atomic(dir_.path() / name, trace.dump() + "\n");
+    return dir_.path() / name;
+  }
+  static int marks_in(const fs::path& path) {
+    int n = 0;
+    const json trace = json::parse(read_file(path));
+    for (const json& e : trace.at("traceEvents")) {
+      n += e.value("cat", "") == "incident" || e.value("cat", "") == "straggler";
+    }
+    return n;
+  }
+
+  testing::TempDir dir_{"brigade_mark_traces"};
+  LaunchTraces launch_{1, kOrigin - 1'000'000};  // generations 0 and 1
+};
+
+TEST_F(MarkLaunchTraces, MarksOnlyTheTracesThisLaunchWrote) {
+  // The earlier launch's own incident, within its trace (marked by it).
+  std::vector<std::string> lines;
+  for (const json& r : hand_records()) lines.push_back(r.dump());
+  lines.push_back(json{{"kind", "crash"},
+                       {"rank", 0},
+                       {"number", 1},
+                       {"detected_unix_us", kOrigin - 2'000'000 + 100},
+                       {"recovered_unix_us", kOrigin - 2'000'000 + 200}}
+                      .dump());
+  write_lines(lines);
+  const fs::path mine = write_trace("trace.gen1.json", kOrigin);
+  const fs::path earlier = write_trace("trace.json", kOrigin - 2'000'000);  // a launch before
+  const fs::path beyond = write_trace("trace.gen2.json", kOrigin);          // not this launch's
+  const std::string earlier_bytes = read_file(earlier), beyond_bytes = read_file(beyond);
+  EXPECT_TRUE(mark_launch_traces(dir_.path(), launch_).empty());
+  EXPECT_GT(marks_in(mine), 0);
+  EXPECT_EQ(read_file(earlier), earlier_bytes);
+  EXPECT_EQ(read_file(beyond), beyond_bytes);
+}
+
+TEST_F(MarkLaunchTraces, AnIncidentsFileThatCannotBeReadLeavesTheMarks) {
+  const fs::path trace = write_trace("trace.json", kOrigin);
+  ASSERT_TRUE(mark_launch_traces(dir_.path(), launch_).empty());
+  const std::string marked = read_file(trace);
+  ASSERT_GT(marks_in(trace), 0);
+  fs::remove(dir_.path() / "incidents.jsonl");
+  fs::create_directory(dir_.path() / "incidents.jsonl");  // read() fails: EISDIR
+  const std::vector<std::string> said = mark_launch_traces(dir_.path(), launch_);
+  ASSERT_EQ(said.size(), 1u);
+  EXPECT_NE(said[0].find("left as they were"), std::string::npos) << said[0];
+  EXPECT_NE(said[0].find("incidents.jsonl"), std::string::npos) << said[0];
+  EXPECT_EQ(read_file(trace), marked);
+}
+
+TEST_F(MarkLaunchTraces, ALargeOrMalformedTraceIsSaidInOneLineAndLeft) {
+  const fs::path large = write_trace("trace.json", kOrigin);
+  const fs::path malformed = dir_.path() / "trace.gen1.json";
+  write_file_atomic(malformed, R"({"traceEvents": [{"ph": "X", "ts": )");
+  const std::string large_bytes = read_file(large);
+  LaunchTraces small = launch_;
+  small.max_bytes = large_bytes.size() - 1;
+  const std::vector<std::string> said = mark_launch_traces(dir_.path(), small);
+  ASSERT_EQ(said.size(), 2u);
+  EXPECT_NE(said[0].find("more than the"), std::string::npos) << said[0];
+  EXPECT_NE(said[1].find("trace.gen1.json"), std::string::npos) << said[1];
+  EXPECT_EQ(read_file(large), large_bytes);
+  EXPECT_EQ(read_file(malformed), R"({"traceEvents": [{"ph": "X", "ts": )");
+}
+
+int entries(const fs::path& dir) {
+  int n = 0;
+  for ([[maybe_unused]] const auto& e : fs::directory_iterator(dir)) ++n;
+  return n;
+}
+
+// The rewrite fails (here past the file-size limit: a full disk alike): the
+// trace stays as it was, no temporary is left.
+TEST_F(MarkLaunchTraces, AFailedRewriteLeavesTheTrace) {
+  const fs::path trace = write_trace("trace.json", kOrigin);
+  const std::string before = read_file(trace);
+  const int files = entries(dir_.path());
+  rlimit old{};
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old), 0);
+  const auto old_handler = std::signal(SIGXFSZ, SIG_IGN);  // write() says EFBIG instead
+  rlimit small = old;
+  small.rlim_cur = before.size() + 100;  // the marks do not fit
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &small), 0);
+  const std::vector<std::string> said = mark_launch_traces(dir_.path(), launch_);
+  ::setrlimit(RLIMIT_FSIZE, &old);
+  std::signal(SIGXFSZ, old_handler);
+  ASSERT_EQ(said.size(), 1u);
+  EXPECT_NE(said[0].find("left as it was"), std::string::npos) << said[0];
+  EXPECT_EQ(read_file(trace), before);
+  EXPECT_EQ(entries(dir_.path()), files);
+}
+
+}  // namespace BRIGADE_TEST_FILE
+}  // namespace brigade::diag
