@@ -47,7 +47,9 @@ def load(path):
 
 def steps_of(events):
     """{step name: {stage: (span start, span end, [(kind, mb, chunk, ms)])}}."""
-    pids = sorted({e["pid"] for e in events})
+    # The ranks' tracks are those with steps (a trace the launcher marked
+    # also has an incidents track); one rank per stage (pp only).
+    pids = sorted({e["pid"] for e in events if e.get("cat") == "step"})
     out = {}
     for step in sorted({e["name"] for e in events if e["cat"] == "step" and
                         e["name"].startswith("step ")}, key=lambda s: int(s.split()[1])):

@@ -218,7 +218,9 @@ std::vector<std::vector<Instruction>> orders_within_two_alive(int64_t stage, int
 }
 
 // ZB-H1's lists are the best a two-stage pipeline can do at 1F1B's memory
-// whatever the passes cost, not only with F = B = W: on a CPU the input
+// under the costs below (this CPU's measured ones and a few skews; not
+// under every cost: a last stage far cheaper than the first can end
+// earlier running F B W per micro-batch), not only with F = B = W: on a CPU the input
 // half is the longer (the attention's and the elementwise backward are all
 // in it) and the last stage's forward carries the LM head. So a bubble
 // above the schedule's theory there is the costs', not a list to improve.
