@@ -329,6 +329,21 @@ TEST_F(MarkLaunchTraces, MarksOnlyTheTracesThisLaunchWrote) {
   EXPECT_EQ(read_file(beyond), beyond_bytes);
 }
 
+TEST_F(MarkLaunchTraces, AStragglerAnEarlierLaunchNeverSawEndIsNotDrawnInThisLaunchsTrace) {
+  // Named 6 s before this launch began by a launch killed before its
+  // summary; this launch's summary comes after its own trace.
+  write_lines({json{{"kind", "straggler"},
+                    {"rank", 1},
+                    {"step", 3},
+                    {"factor", 4.0},
+                    {"unix_us", kOrigin - 6'000'000}}
+                   .dump(),
+               json{{"kind", "summary"}, {"unix_us", kOrigin + 20'000'000}}.dump()});
+  const fs::path trace = write_trace("trace.json", kOrigin);
+  EXPECT_TRUE(mark_launch_traces(dir_.path(), launch_).empty());
+  EXPECT_EQ(marks_in(trace), 0);
+}
+
 TEST_F(MarkLaunchTraces, AnIncidentsFileThatCannotBeReadLeavesTheMarks) {
   const fs::path trace = write_trace("trace.json", kOrigin);
   ASSERT_TRUE(mark_launch_traces(dir_.path(), launch_).empty());

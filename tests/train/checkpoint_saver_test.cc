@@ -163,6 +163,63 @@ TEST(CheckpointSaver, StatesGatheredByTheCallerCompleteASaveAndReportAFailedShar
   run_failing_save(Waiting::kGathered, dir.path());
 }
 
+// A save that start()'s wait() completed is reported by the next poll, and
+// the same poll settles the save in flight once every rank's part is done:
+// left unsettled behind the report, every later start would settle it with
+// gathers of its own (a snapshot every step: one late step and each later
+// step paid for it).
+TEST(CheckpointSaver, APollReportsTheWaitedSaveAndSettlesTheOneInFlight) {
+  testing::TempDir dir("brigade_saver_queue");
+  const GptConfig model = tiny_model();
+  const fs::path root = dir.path() / "checkpoints";
+  const std::string segment = fmt::format("/brigade-saver-queue-{}", ::getpid());
+  const auto pids = testing::fork_ranks(2, [&](int rank) {
+    ShmCommunicatorOptions shm;
+    shm.segment_name = segment;
+    shm.group_name = "dp";
+    shm.rank = rank;
+    shm.size = 2;
+    shm.timeout_ms = 60'000;
+    ShmCommunicator comm(shm);
+    CheckpointSaver saver(&comm, kCommitTimeoutMs);
+    const std::vector<float> state(static_cast<size_t>(ParamLayout(model).size()), 0.5f);
+    auto start = [&](int64_t step) {
+      AsyncCheckpointWriter::Save save;
+      save.root = root;
+      save.step = step;
+      save.rank = rank;
+      save.num_shards = 2;
+      save.config = model;
+      save.header = {{{"dp", 2}}, {{"step", step}}, "byte"};
+      saver.start(std::move(save), half(state, rank));
+    };
+    const auto gather = [&] {
+      const int32_t mine = saver.state();
+      std::vector<int32_t> states(2, -1);
+      comm.all_gather(&mine, states.data(), 1, DType::kI32)->wait();
+      return states;
+    };
+    start(1);
+    start(2);  // its wait() completes step 1
+    const int32_t done = static_cast<int32_t>(AsyncCheckpointWriter::State::kDone);
+    std::vector<int32_t> states = gather();
+    for (int i = 0; i < 100'000 && (states[0] != done || states[1] != done); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      states = gather();
+    }
+    require(states[0] == done && states[1] == done, "rank {}: step 2 never finished", rank);
+    const auto first = saver.poll(states);
+    require(first && first->step == 1, "rank {}: the first poll did not report step 1", rank);
+    require(!saver.in_flight(), "rank {}: step 2 was left unsettled behind step 1's report", rank);
+    const auto second = saver.poll(gather());
+    require(second && second->step == 2, "rank {}: the next poll did not report step 2", rank);
+    require(!saver.poll(gather()), "rank {}: a save reported twice", rank);
+  });
+  const auto codes = testing::reap_all(pids, std::chrono::seconds(60));
+  for (size_t r = 0; r < codes.size(); ++r) ASSERT_EQ(codes[r], 0) << "rank " << r;
+  EXPECT_EQ(latest_checkpoint(root)->filename(), "step_00000002");
+}
+
 TEST(CheckpointSaver, AFailedShardEndsABlockingSaveOnEveryRank) {
   testing::TempDir dir("brigade_saver_wait");
   run_failing_save(Waiting::kWait, dir.path());

@@ -365,7 +365,8 @@ void run_train(const std::string& config_path, const std::vector<std::string>& o
       // Every rank's breakdown and peak RSS, for rank 0's metrics (ZeRO's
       // saving shows per rank), every stage's bubble (one rank per stage is
       // reported), the straggler check, the saves' states and the stop
-      // signals: the one collective between this step and the next.
+      // signals: the one collective between this step and the next (a save
+      // start adds its own).
       const RankStepStats ranks = [&] {
         const StepClock::Section comm(clock, StepPart::kComm);
         return rank_stats.gather(trainer.step(), breakdown, static_cast<double>(peak_rss_bytes()),

@@ -376,6 +376,15 @@ std::vector<std::string> mark_launch_traces(const fs::path& run_dir, const Launc
     said.push_back(fmt::format("the run's traces are left as they were: {}", e.what()));
     return said;
   }
+  // A straggler named by an earlier launch that never saw it end (killed
+  // before its summary) belongs to that launch: its episode would otherwise
+  // run to this launch's first stop and across this launch's traces.
+  std::erase_if(records, [&](const json& r) {
+    const std::string kind = r.value("kind", "");
+    const auto at = stamp(r, "unix_us");
+    return (kind == "straggler" || kind == "straggler_recovered") && at &&
+           *at < launch.launched_unix_us;
+  });
   for (int64_t g = 0; g <= launch.last_generation; ++g) {
     const fs::path path =
         run_dir / (g == 0 ? std::string("trace.json") : fmt::format("trace.gen{}.json", g));

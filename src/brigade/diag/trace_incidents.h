@@ -2,7 +2,7 @@
 // and a restarted generation's trace.gen<G>.json (diag/trace.h) are written
 // by the workers, which die with a fault and never see it; so the launcher
 // whose agent writes incidents.jsonl (Agent::writes_run_records), once the
-// job ended everywhere, marks in each trace its own workers wrote what
+// job ended everywhere, marks in each trace of its launch of the job what
 // incidents.jsonl says happened during it:
 //   - an "incidents" process (after the ranks' processes) with one
 //     "incidents" track: per incident an instant at its detection and a span

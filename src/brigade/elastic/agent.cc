@@ -1,3 +1,7 @@
+// The agent's supervision loop, its incidents and its run records (the
+// coordinator's side is agent_nodes.cc). Over 600 lines: the loop, the
+// failure path and the records share the agent's state closely, and
+// splitting them would pass most of it through new interfaces.
 #include "brigade/elastic/agent.h"
 
 #include <sys/wait.h>

@@ -147,26 +147,24 @@ bool CheckpointSaver::settle(const std::vector<int32_t>& states) {
 }
 
 std::optional<AsyncCheckpointWriter::Stats> CheckpointSaver::poll() {
-  // A save that start()'s wait() completed is reported first; the one in
-  // flight is settled from the next call's states, so that no save's stats
-  // are overwritten unreported (every rank has the same completed_).
-  if (completed_) return std::exchange(completed_, std::nullopt);
-  if (in_flight_ && settle(gather_states())) {
-    in_flight_ = false;
-    completed_ = writer_.take_finished();
-  }
-  return std::exchange(completed_, std::nullopt);
+  return poll(in_flight_ ? gather_states() : std::vector<int32_t>(static_cast<size_t>(size_)));
 }
 
 std::optional<AsyncCheckpointWriter::Stats> CheckpointSaver::poll(
     const std::vector<int32_t>& states) {
   BRIGADE_CHECK(states.size() == static_cast<size_t>(size_));
-  if (completed_) return std::exchange(completed_, std::nullopt);  // as in poll()
+  // The save in flight is settled whenever the states allow, even while a
+  // save that start()'s wait() completed is still to be reported: left
+  // unsettled, every later start would have to settle it with gathers of
+  // its own. The stats queue (every rank's the same) and go out one a call.
   if (in_flight_ && settle(states)) {
     in_flight_ = false;
-    completed_ = writer_.take_finished();
+    if (auto stats = writer_.take_finished()) completed_.push_back(*stats);
   }
-  return std::exchange(completed_, std::nullopt);
+  if (completed_.empty()) return std::nullopt;
+  AsyncCheckpointWriter::Stats done = completed_.front();
+  completed_.pop_front();
+  return done;
 }
 
 void CheckpointSaver::wait() {
@@ -179,7 +177,7 @@ void CheckpointSaver::wait() {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   in_flight_ = false;
-  completed_ = writer_.take_finished();
+  if (auto stats = writer_.take_finished()) completed_.push_back(*stats);
 }
 
 void CheckpointSaver::abandon() {

@@ -28,6 +28,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <filesystem>
 #include <optional>
 #include <vector>
@@ -103,8 +104,9 @@ class CheckpointSaver {
   // This rank clears and commits the save in flight (rank 0, or a node's
   // committer of a snapshot part).
   bool committer_ = false;
-  // The stats of a save that wait() completed, for the next poll().
-  std::optional<AsyncCheckpointWriter::Stats> completed_;
+  // The stats of saves completed (by wait() or a poll) and not yet
+  // reported, oldest first.
+  std::deque<AsyncCheckpointWriter::Stats> completed_;
 };
 
 }  // namespace brigade

@@ -493,8 +493,14 @@ StepMetrics Trainer::train_step() {
   // and whatever the snapshot read has been read (and hashed, for the
   // replica check: compare_replicas).
   fused_hash_ = take_snapshot_hash();
-  if (before_update_) before_update_();
-  fused_hash_.reset();
+  {
+    // Never left for a later compare_replicas (a save's) if the check throws.
+    struct Reset {
+      std::optional<uint64_t>& hash;
+      ~Reset() { hash.reset(); }
+    } reset{fused_hash_};
+    if (before_update_) before_update_();
+  }
   ++state_version_;  // the update (and ZeRO 1/2's gather) writes the state
   {
     const StepClock::Section update(clock_, StepPart::kOptimizer);
