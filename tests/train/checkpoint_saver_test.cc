@@ -49,6 +49,30 @@ std::vector<CheckpointPiece> half(const std::vector<float>& data, int rank) {
   return pieces;
 }
 
+// Rank `rank` of 2 in a shm group named by `segment`.
+ShmCommunicatorOptions dp_rank(const std::string& segment, int rank) {
+  ShmCommunicatorOptions shm;
+  shm.segment_name = segment;
+  shm.group_name = "dp";
+  shm.rank = rank;
+  shm.size = 2;
+  shm.timeout_ms = 60'000;
+  return shm;
+}
+
+// Rank `rank`'s save of `step` of two shards under `root`.
+AsyncCheckpointWriter::Save save_of(const GptConfig& model, int64_t step, int rank,
+                                    const fs::path& root) {
+  AsyncCheckpointWriter::Save save;
+  save.root = root;
+  save.step = step;
+  save.rank = rank;
+  save.num_shards = 2;
+  save.config = model;
+  save.header = {{{"dp", 2}}, {{"step", step}}, "byte"};
+  return save;
+}
+
 // kGathered: the training loop's way, the ranks' states gathered by the
 // caller with its other per-step numbers (train/rank_stats.h) and passed
 // to poll(states).
@@ -71,32 +95,16 @@ void run_failing_save(Waiting how, const fs::path& dir) {
   const fs::path root = dir / "checkpoints";
   const std::string segment = fmt::format("/brigade-saver-test-{}-{}", ::getpid(), name_of(how));
   const auto pids = testing::fork_ranks(2, [&](int rank) {
-    ShmCommunicatorOptions shm;
-    shm.segment_name = segment;
-    shm.group_name = "dp";
-    shm.rank = rank;
-    shm.size = 2;
-    shm.timeout_ms = 60'000;
-    ShmCommunicator comm(shm);
+    ShmCommunicator comm(dp_rank(segment, rank));
     CheckpointSaver saver(&comm, kCommitTimeoutMs);
     const std::vector<float> state(static_cast<size_t>(ParamLayout(model).size()), 0.5f);
-    auto save_of = [&](int64_t step, const fs::path& rank_root) {
-      AsyncCheckpointWriter::Save save;
-      save.root = rank_root;
-      save.step = step;
-      save.rank = rank;
-      save.num_shards = 2;
-      save.config = model;
-      save.header = {{{"dp", 2}}, {{"step", step}}, "byte"};
-      return save;
-    };
     const auto gathered_poll = [&] {
       const int32_t mine = saver.state();
       std::vector<int32_t> states(2, -1);
       comm.all_gather(&mine, states.data(), 1, DType::kI32)->wait();
       return saver.poll(states);
     };
-    saver.start(save_of(1, root), half(state, rank));
+    saver.start(save_of(model, 1, rank, root), half(state, rank));
     if (how == Waiting::kGathered) {
       // A save that succeeds completes on every rank, with its stats.
       std::optional<AsyncCheckpointWriter::Stats> done;
@@ -111,7 +119,7 @@ void run_failing_save(Waiting how, const fs::path& dir) {
     }
     // Step 2: rank 1 cannot write its shard.
     const fs::path unwritable = "/proc/brigade-no-such-dir/checkpoints";
-    saver.start(save_of(2, rank == 1 ? unwritable : root), half(state, rank));
+    saver.start(save_of(model, 2, rank, rank == 1 ? unwritable : root), half(state, rank));
     const auto start = testing::Clock::now();
     std::string error;
     try {
@@ -174,24 +182,11 @@ TEST(CheckpointSaver, APollReportsTheWaitedSaveAndSettlesTheOneInFlight) {
   const fs::path root = dir.path() / "checkpoints";
   const std::string segment = fmt::format("/brigade-saver-queue-{}", ::getpid());
   const auto pids = testing::fork_ranks(2, [&](int rank) {
-    ShmCommunicatorOptions shm;
-    shm.segment_name = segment;
-    shm.group_name = "dp";
-    shm.rank = rank;
-    shm.size = 2;
-    shm.timeout_ms = 60'000;
-    ShmCommunicator comm(shm);
+    ShmCommunicator comm(dp_rank(segment, rank));
     CheckpointSaver saver(&comm, kCommitTimeoutMs);
     const std::vector<float> state(static_cast<size_t>(ParamLayout(model).size()), 0.5f);
     auto start = [&](int64_t step) {
-      AsyncCheckpointWriter::Save save;
-      save.root = root;
-      save.step = step;
-      save.rank = rank;
-      save.num_shards = 2;
-      save.config = model;
-      save.header = {{{"dp", 2}}, {{"step", step}}, "byte"};
-      saver.start(std::move(save), half(state, rank));
+      saver.start(save_of(model, step, rank, root), half(state, rank));
     };
     const auto gather = [&] {
       const int32_t mine = saver.state();
