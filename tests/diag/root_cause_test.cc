@@ -146,6 +146,21 @@ TEST(RootCause, ACallWithAnotherCountIsAMismatch) {
             "all_reduce(count 1, f64, max)");
 }
 
+// Another kind of collective where the others wait is a skip even when the
+// history has never shown the two in a row (a skip after the first step).
+TEST(RootCause, AnotherKindOfCollectiveWithNoHistoryIsASkipNotAMismatch) {
+  IncidentEvidence e = healthy(5);
+  for (int r : {0, 1, 2}) waits_in(e, r, kStop, "failed");
+  waits_in(e, 3, "shm all_gather(count 15 per rank, f64)", "failed");
+  for (auto& r : e.ranks) {
+    r.running = false;
+    r.exit_code = 1;
+  }
+  const RootCause c = find_root_cause(e);
+  EXPECT_EQ(c.kind, "skip") << c.line;
+  EXPECT_EQ(c.rank, 3);
+}
+
 TEST(RootCause, RunningTheGroupsNextCollectiveInsteadIsASkip) {
   IncidentEvidence e = healthy(5);
   for (int r : {0, 2, 3}) waits_in(e, r, kStop, "failed");

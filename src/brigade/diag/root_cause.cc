@@ -220,7 +220,10 @@ std::optional<RootCause> disagreement(const IncidentEvidence& evidence,
       const std::string theirs = record_at(ref_dump, seq)->op;
       const std::string mine = record_at(odd_dump, seq)->op;
       const int others = static_cast<int>(by_op.at(theirs).size());
-      const bool skip = skipped_at(odd_dump, ref_dump, seq);
+      // Another kind of collective where the others wait is a skip even
+      // when the history has no such pair yet (a skip right after the first
+      // step); the same kind with another shape is a mismatch.
+      const bool skip = skipped_at(odd_dump, ref_dump, seq) || op_name(mine) != op_name(theirs);
       RootCause c = blame(*culprit, skip ? "skip" : "mismatch");
       c.group = g.name;
       c.seq = seq;

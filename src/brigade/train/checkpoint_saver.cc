@@ -102,9 +102,20 @@ void CheckpointSaver::start(AsyncCheckpointWriter::Save save,
 }
 
 std::vector<int32_t> CheckpointSaver::gather_states() {
-  int32_t mine = static_cast<int32_t>(writer_.state());
+  const int32_t mine = static_cast<int32_t>(writer_.state());
   std::vector<int32_t> states(static_cast<size_t>(size_), mine);
-  if (group_) group_->all_gather(&mine, states.data(), 1, DType::kI32)->wait();
+  if (group_) {
+    // An all-reduce (each rank's slot, the others -1, the maximum), not an
+    // all-gather: it runs right after the loop's all-gather of RankStats
+    // (start()'s wait()), and a rank that skipped that one would meet this
+    // at the same sequence number as an all-gather of another shape, which
+    // the root cause cannot tell from a mismatch (diag/root_cause.h).
+    std::vector<double> slots(static_cast<size_t>(size_), -1.0);
+    slots[static_cast<size_t>(rank_)] = mine;
+    group_->all_reduce(slots.data(), size_, DType::kF64, ReduceOp::kMax)->wait();
+    for (int r = 0; r < size_; ++r)
+      states[static_cast<size_t>(r)] = static_cast<int32_t>(slots[static_cast<size_t>(r)]);
+  }
   return states;
 }
 
