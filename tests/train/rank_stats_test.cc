@@ -17,21 +17,15 @@
 
 #include "brigade/comm/shm_communicator.h"
 #include "testing/forked_ranks.h"
+#include "testing/shm_ranks.h"
 
 namespace brigade {
 namespace BRIGADE_TEST_FILE {
 using testing::require;
 
 TEST(RankStats, EveryRanksSaveStatesAndStopSignalReachEveryRank) {
-  const std::string segment = fmt::format("/brigade-rank-stats-test-{}", ::getpid());
-  const auto pids = testing::fork_ranks(3, [&](int rank) {
-    ShmCommunicatorOptions shm;
-    shm.segment_name = segment;
-    shm.group_name = "world";
-    shm.rank = rank;
-    shm.size = 3;
-    shm.timeout_ms = 60'000;
-    ShmCommunicator comm(shm);
+  testing::run_shm_ranks(3, 0, /*shared=*/false, [&](Communicator& comm, float*) {
+    const int rank = comm.rank();
     RankStats stats(&comm, /*node=*/0, /*stage=*/0, /*counts_runqueue=*/false);
     StepBreakdown mine;
     // Rank 1 alone was sent SIGTERM (15).
@@ -49,8 +43,6 @@ TEST(RankStats, EveryRanksSaveStatesAndStopSignalReachEveryRank) {
     const RankStepStats next = stats.gather(2, mine, 0.0, 0.0, SaveStates{}, 0);
     require(next.stop_signal == 0, "rank {} stops on signal {}", rank, next.stop_signal);
   });
-  const auto codes = testing::reap_all(pids, std::chrono::seconds(60));
-  for (size_t r = 0; r < codes.size(); ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
 }
 
 }  // namespace BRIGADE_TEST_FILE
