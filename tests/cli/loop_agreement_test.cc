@@ -122,8 +122,11 @@ TEST_F(LoopAgreement, ASignalToOneWorkerStopsEveryRankAfterTheSameStep) {
     ::freopen("/dev/null", "w", stdout);
     // No restart: the workers' exit with the signal's status ends the job.
     const std::string run_dir = "train.run_dir=\"" + run.string() + "\"";
+    // A background checkpoint every step: the stop's step would start one
+    // too if the loop did not skip it for its final save.
     ::execl(testing::kBrigade, testing::kBrigade, "train", "--nproc", "2", config_.c_str(), "--set",
-            "train.steps=1000000", "--set", run_dir.c_str(), "--max-restarts", "0", nullptr);
+            "train.steps=1000000", "--set", "train.checkpoint_every=1", "--set", run_dir.c_str(),
+            "--max-restarts", "0", nullptr);
     ::_exit(127);
   }
   const pid_t rank1 = testing::wait_for_worker(launcher, 1, std::chrono::seconds(60));
@@ -153,8 +156,16 @@ TEST_F(LoopAgreement, ASignalToOneWorkerStopsEveryRankAfterTheSameStep) {
   EXPECT_NE(text.find("interrupted at step " + std::to_string(last) + "; saving a checkpoint"),
             std::string::npos)
       << text;
+  // Its workers exited with the signal's status (128 + SIGTERM) after
+  // their checkpoint; with no restart allowed the launcher says so and
+  // fails (the launcher itself was sent nothing).
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << "status " << status << "\n" << text;
+  EXPECT_NE(text.find("exited with status 143"), std::string::npos) << text;
   char name[32];
   std::snprintf(name, sizeof(name), "step_%08lld", static_cast<long long>(last));
+  // The stop's step is saved once, by the final save, not first in the
+  // background as well.
+  EXPECT_EQ(text.find(std::string(name) + " in the background"), std::string::npos) << text;
   EXPECT_TRUE(fs::exists(run / "checkpoints" / name / "manifest.json")) << name << "\n" << text;
   const auto verified = run_brigade({"ckpt", "inspect", (run / "checkpoints" / name).string()});
   EXPECT_EQ(verified.status, 0) << verified.err;

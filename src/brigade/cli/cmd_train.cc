@@ -373,9 +373,9 @@ void run_train(const std::string& config_path, const std::vector<std::string>& o
                                  m.bubble_ms, trainer.save_states(), g_stop_signal.load(),
                                  gather_fault);
       }();
-      // Every rank stops after this step's saves and evaluation if any rank
-      // was sent a signal; after the last step the run ends as it would
-      // have anyway (its final save and evaluation, exit status 0).
+      // Every rank stops after this step, with one final checkpoint, if any
+      // rank was sent a signal; after the last step the run ends as it
+      // would have anyway (its final save and evaluation, exit status 0).
       if (trainer.step() < options.steps) stop_signal = ranks.stop_signal;
       for (const StragglerEvent& e : ranks.stragglers) {
         if (e.started && report) trace::instant("alarm", "straggler named: rank", e.rank);
@@ -417,19 +417,21 @@ void run_train(const std::string& config_path, const std::vector<std::string>& o
       // Copied now, written while the next step runs. The replicas compare
       // what a save holds in the next step, before its update and before
       // the save can commit (train/silent_corruption.h).
-      if (trainer.snapshots_enabled() && done % options.snapshot_every == 0 &&
-          done < options.steps) {
+      // After a stop the ranks agreed on, the final save below is the only
+      // one: a snapshot, background checkpoint or evaluation started now
+      // would delay the exit for a state the final checkpoint holds anyway.
+      const bool going_on = done < options.steps && stop_signal == 0;
+      if (trainer.snapshots_enabled() && done % options.snapshot_every == 0 && going_on) {
         const StepClock::Section stall(clock, StepPart::kCheckpoint);
         trainer.start_snapshot();
       }
-      if (options.checkpoint_every > 0 && done % options.checkpoint_every == 0 &&
-          done < options.steps) {
+      if (options.checkpoint_every > 0 && done % options.checkpoint_every == 0 && going_on) {
         // Training goes on while it is written; the next save waits for it.
         const StepClock::Section stall(clock, StepPart::kCheckpoint);
         const fs::path saving = trainer.start_checkpoint();
         note("saving " + saving.string() + " in the background");
       }
-      if (options.eval_every > 0 && done % options.eval_every == 0 && done < options.steps &&
+      if (options.eval_every > 0 && done % options.eval_every == 0 && going_on &&
           trainer.dataset() != nullptr) {
         const StepClock::Section eval(clock, StepPart::kEval);
         evaluate(done);
