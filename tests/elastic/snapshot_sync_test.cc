@@ -350,7 +350,8 @@ TEST_F(SnapshotRestoreTest, AStandbyGetsTheLostNodesPartFromItsPeersReplica) {
 
 // Node 1 cut off the network: its address is still published, but nothing
 // there ever answers. The coordinator declared it lost before the restart,
-// so neither node asks it (each would wait out the 2 s connect timeout, a
+// so neither node asks it (each would wait out a timeout: here the 5 s
+// reply timeout, across nodes the 2 s connect timeout that was a
 // partition's whole rendezvous, issue 14): its part comes from node 0's
 // replica at once.
 TEST_F(SnapshotRestoreTest, ANodeDeclaredLostIsNotWaitedForItsPart) {
