@@ -121,6 +121,9 @@ TEST_F(ElasticSnapshotsCluster, AStandbyResumesALostNodeFromItsPeersReplica) {
 TEST_F(ElasticSnapshotsCluster, AStandbyResumesACutOffNodeWithoutWaitingForIt) {
   SKIP_WITHOUT_FAKE_CLUSTER();
   up("brgsc", "10.88.33", 3);
+  // Before the cut: node 1's link stays down after it (expect_recovered
+  // finds the hash kept).
+  ASSERT_FALSE(reference_hash(29561).empty());
   const auto r = run_job("cut", 29564, {"--inject", "partition:node=1:step=4"}, true);
   EXPECT_NE(r[1].status, 0) << r[1].output;
   EXPECT_EQ(r[2].status, 0) << r[2].output;
