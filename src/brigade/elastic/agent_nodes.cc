@@ -291,9 +291,18 @@ void Agent::record_job_incident(const JobView& view) {
   // This node's own report has its own clock's times; another node's
   // carries only how long its detection took, placed where this agent
   // first saw the generation fail.
+  const Incident* lost = incident.rank == -1 ? coordinator_->declared_lost(incident.node) : nullptr;
   if (failure_ && incident.node == options_.node_rank && incident.rank == failure_->rank) {
     incident.fault_ns = failure_->fault_ns;
     incident.detected_ns = failure_->detected_ns;
+  } else if (lost != nullptr) {
+    // A node this agent declared lost, leading: its own stamps. Placed where
+    // it first saw the generation fail, the silence would count twice when
+    // this node's workers failed first, through a collective with the dead
+    // node's (at once for a killed agent): the fault 2 s before that, and
+    // the rest of the silence as the stop.
+    incident.fault_ns = lost->fault_ns;
+    incident.detected_ns = lost->detected_ns;
   } else {
     const int64_t seen = failing_seen_ns_ != 0 ? failing_seen_ns_ : now_ns();
     incident.fault_ns += seen;

@@ -334,6 +334,14 @@ class Coordinator {
   };
   const std::optional<WorkerStore>& worker_store() const { return worker_store_; }
 
+  // The leader: node `node`'s loss as it declared it in this generation,
+  // on this agent's clock (fault_ns the beat's last move, detected_ns the
+  // verdict); null when it declared no such loss.
+  const Incident* declared_lost(int node) const {
+    const auto it = lost_.find(node);
+    return it == lost_.end() ? nullptr : &it->second;
+  }
+
   // This node raises a whole-node fault now (elastic/fault_injection.h's
   // NodeFault: "kill-agent" or "partition"), so that the leader records
   // the node's loss as that. Throws Error if the store did not take it.

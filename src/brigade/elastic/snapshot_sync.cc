@@ -455,6 +455,15 @@ std::optional<int64_t> SnapshotSync::restore_here(int64_t generation, int node,
     // every node, tried against the same sources, so every node reaches the
     // same one.
     unreachable_.clear();
+    // A member the coordinator declared lost in the failed generation is
+    // not asked for its part: its peer's replica is it. Dead, its server
+    // refuses at once anyway; cut off the network, it never accepts, and
+    // asking cost every node the connect timeout (2 s) before the replica.
+    for (const int m : failed_members) {
+      const std::string key = detail::lost_key(m);
+      const auto lost_in = options_.store->try_get(key);
+      if (lost_in && detail::parse_count(key, *lost_in) >= failed) unreachable_.insert(m);
+    }
     if (most >= 0 && disk_step >= most) {
       why =
           fmt::format("the newest disk checkpoint is at least as new as any part (step {})", most);

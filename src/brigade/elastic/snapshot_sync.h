@@ -121,7 +121,9 @@ class SnapshotSync {
     int64_t max_bytes = 0;
     int64_t io_timeout_ms = 10'000;
     // How long the restore waits for a source's server to accept: a node
-    // cut off the network costs this once per restore, not io_timeout_ms.
+    // cut off the network costs this once per restore, not io_timeout_ms,
+    // unless the coordinator declared it lost (node/<n>/lost), as it does
+    // before a standby takes its place: then only its peer is asked.
     int64_t connect_timeout_ms = 2'000;
     // How long the restart waits for every member's assembled step.
     int64_t agree_timeout_ms = 60'000;
@@ -219,7 +221,7 @@ class SnapshotSync {
   bool frozen_ = true;
   bool replication_off_ = false;  // the peer's address is malformed: said once
   int64_t waiting_since_ns_ = 0;
-  std::set<int> unreachable_;          // within one restore: sources that did not answer
+  std::set<int> unreachable_;          // within one restore: sources that did not answer, or lost
   std::atomic<bool> given_up_{false};  // within one restore: keep_alive said so
 };
 
