@@ -138,10 +138,10 @@ TEST_F(ElasticSnapshotsCluster, AStandbyResumesACutOffNodeWithoutWaitingForIt) {
   // workers started and connected. Measured 143-168 ms at load 6-11 and
   // under 1.5 s at load 18; asking the cut node first put the 2 s connect
   // timeout inside this phase (2,304 ms at load 9), so no run of that
-  // code can pass.
+  // code can pass, while a loaded machine keeps its margin.
   ASSERT_TRUE(incident.contains("recovery_ms")) << incident;
   ASSERT_TRUE(incident.at("recovery_ms").at("rendezvous").is_number()) << incident;
-  EXPECT_LT(incident.at("recovery_ms").at("rendezvous").get<double>(), 1'800.0) << incident;
+  EXPECT_LT(incident.at("recovery_ms").at("rendezvous").get<double>(), 2'000.0) << incident;
 }
 
 // Worker rank 3 killed at step 4: both nodes restart in place from the

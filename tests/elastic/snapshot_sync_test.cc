@@ -389,6 +389,25 @@ TEST_F(SnapshotRestoreTest, ANodeDeclaredLostIsNotWaitedForItsPart) {
       << log_;
 }
 
+// A verdict of an older generation does not make a node lost now: node 1
+// was declared lost in generation 0 and is a member of generation 1 again
+// (a standby in its place, or rejoined). When generation 1 fails, it is
+// asked for its own part, the only copy of step 5 here (its replica on
+// node 0 is gone): skipping it would leave the nodes without step 5.
+TEST_F(SnapshotRestoreTest, ALossDeclaredInAnEarlierGenerationDoesNotSkipTheNode) {
+  auto a0 = agent(0), a1 = agent(1);
+  enter_both(*a0, *a1, 1);
+  save_both(*a0, *a1, 5);
+  a0->freeze();
+  a1->freeze();
+  std::filesystem::remove_all(area(0) / "replicas");
+  store_.set(coordinator_key("node/1/lost"), "0");
+  const auto [first, second] = restore_both(*a0, *a1, 2);
+  EXPECT_EQ(first, 5) << log_;
+  EXPECT_EQ(second, 5) << log_;
+  expect_state(area(0), 5);
+}
+
 TEST_F(SnapshotRestoreTest, AfterAShrinkTheSurvivorAssemblesTheLostNodesReplica) {
   auto a0 = agent(0), a1 = agent(1);
   enter_both(*a0, *a1, 0);

@@ -585,6 +585,7 @@ void Coordinator::enter_next_generation() {
   if (next_worker_store_) worker_store_ = next_worker_store_;
   restarts_used_ = next_restarts_;
   lost_.clear();
+  inherited_lost_.clear();
   reported_failure_ = false;
   pending_report_.reset();
   reported_stopped_ = false;

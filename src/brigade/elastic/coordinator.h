@@ -124,6 +124,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -336,10 +337,12 @@ class Coordinator {
 
   // The leader: node `node`'s loss as it declared it in this generation,
   // on this agent's clock (fault_ns the beat's last move, detected_ns the
-  // verdict); null when it declared no such loss.
+  // verdict); null when it declared no such loss, or when a leader before
+  // it did (taken over: no stamps of this agent's own).
   const Incident* declared_lost(int node) const {
     const auto it = lost_.find(node);
-    return it == lost_.end() ? nullptr : &it->second;
+    if (it == lost_.end() || inherited_lost_.contains(node)) return nullptr;
+    return &it->second;
   }
 
   // This node raises a whole-node fault now (elastic/fault_injection.h's
@@ -474,6 +477,9 @@ class Coordinator {
   // incident each is, by node).
   std::unique_ptr<StandbyPool> standbys_;
   std::map<int, Incident> lost_;
+  // Of lost_, the nodes a deposed leader declared lost (take_over rebuilt
+  // them with the takeover's time as both stamps).
+  std::set<int> inherited_lost_;
   // Per node: the key its agent beats under (a standby that took a node's
   // place keeps its own).
   std::vector<std::string> beat_keys_;

@@ -106,7 +106,10 @@ void Coordinator::take_over(int old, int64_t now_ns) {
   for (const int n : members_) {
     const std::string key = lost_key(n);
     const auto in = store_.try_get(key);
-    if (n != old && in && parse_count(key, *in) == g) lost_.emplace(n, lost_incident(n, now_ns));
+    if (n != old && in && parse_count(key, *in) == g) {
+      lost_.emplace(n, lost_incident(n, now_ns));
+      inherited_lost_.insert(n);
+    }
   }
   // A few of the standbys' beats before a decision on the old leader's
   // node: a standby never seen beating is not free.

@@ -123,7 +123,9 @@ class SnapshotSync {
     // How long the restore waits for a source's server to accept: a node
     // cut off the network costs this once per restore, not io_timeout_ms,
     // unless the coordinator declared it lost (node/<n>/lost), as it does
-    // before a standby takes its place: then only its peer is asked.
+    // before a standby takes its place or the job goes on without it: then
+    // only its peer is asked. (Cut off after that verdict was read, it
+    // still costs the timeout once.)
     int64_t connect_timeout_ms = 2'000;
     // How long the restart waits for every member's assembled step.
     int64_t agree_timeout_ms = 60'000;
