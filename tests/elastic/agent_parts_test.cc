@@ -538,6 +538,38 @@ TEST(IncidentEvidence, EachNodeWritesItsViewIntoTheJobsIncidentNumber) {
   EXPECT_EQ(nlohmann::json::parse(theirs), (nlohmann::json{{"node", 0}}));
 }
 
+// A live worker that beat a moment ago and then never answers its dump
+// request keeps the agent waiting out the whole evidence wait (1 s); the
+// agent's own beat to the coordinator goes on meanwhile, or a loaded node
+// collecting evidence would be declared lost by the leader.
+TEST(IncidentEvidence, TheAgentKeepsBeatingWhileItWaitsForDumps) {
+  testing::TempDir run("brigade_evidence");
+  HeartbeatTable table(1, 0);
+  sigset_t mask;
+  ::pthread_sigmask(SIG_SETMASK, nullptr, &mask);
+  WorkerGroup group(shell("sleep 30"), Environment(), /*first_rank=*/0, /*count=*/1, mask,
+                    table.fd());
+  {
+    // The worker's beat, stopped before the request: nobody answers it.
+    WorkerHeartbeat beat(::dup(table.fd()), /*local_rank=*/0, /*generation=*/0);
+    ASSERT_TRUE(eventually([&] { return table.read(0).beat_ns > 0; }));
+  }
+  Incident incident;
+  incident.rank = 0;
+  int beats = 0;
+  const fs::path dir =
+      keep_evidence(group, table, {}, run.path(), /*node=*/0,
+                    /*nproc_per_node=*/1, /*number=*/1, incident, [&] { ++beats; });
+  group.stop(SIGKILL, 0);
+  std::vector<WorkerExit> exits;
+  ASSERT_TRUE(reap_all(group, exits));
+  EXPECT_EQ(dir, run.path() / "incidents" / "1");
+  EXPECT_GE(incident.evidence_ms, 0.9 * kEvidenceWaitMs);
+  // One beat per kEvidenceKeepAliveMs of the wait, the first at once; a
+  // loaded machine may miss a few.
+  EXPECT_GE(beats, kEvidenceWaitMs / kEvidenceKeepAliveMs / 2) << incident.evidence_ms << " ms";
+}
+
 TEST(WorkerGroup, StoppingKillsAfterTheGraceAndTheDestructorLeavesNoWorker) {
   testing::TempDir dir("brigade_worker_group");
   sigset_t mask;

@@ -423,15 +423,21 @@ void Agent::on_failure(WorkerGroup& group, const HeartbeatTable& table, Incident
 void Agent::gather_evidence(const WorkerGroup& group, const HeartbeatTable& table,
                             Incident& incident) {
   if (run_dir_.empty()) return;  // not `brigade train`: no flight recorder to ask
+  // Across nodes the agent beats on while it waits and reads (a silent
+  // agent is a lost node to the leader).
+  std::function<void()> keep_alive;
+  if (coordinator_) keep_alive = [this] { coordinator_->keep_alive(now_ns()); };
   const fs::path dir =
       keep_evidence(group, table, exits_, run_dir_, options_.node_rank, options_.nproc_per_node,
-                    incident_base_.value_or(0) + generation_ + 1, incident);
+                    incident_base_.value_or(0) + generation_ + 1, incident, keep_alive);
   if (dir.empty() || !options_.diagnose) return;
+  if (keep_alive) keep_alive();
   try {
     incident.cause = options_.diagnose(dir);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "brigade launch: no root cause for %s: %s\n", dir.c_str(), e.what());
   }
+  if (keep_alive) keep_alive();
   if (!incident.cause.empty()) {
     std::fprintf(stderr, "brigade launch: %s\n", incident.cause.c_str());
     std::fflush(stderr);

@@ -371,8 +371,9 @@ class Coordinator {
   // nodes). Store errors and malformed values come back as kEnded with the
   // error in `why`: the agent must stop its workers either way.
   JobView poll(int64_t now_ns);
-  // Between generations, while the agent is busy with something that may
-  // take longer than agent_timeout_ms (a snapshot restore): only beats, so
+  // While the agent is busy with something that may take longer than
+  // agent_timeout_ms (a snapshot restore between generations, an
+  // incident's evidence and root cause at a failure): only beats, so
   // nobody takes this agent for lost, and decides nothing (the next poll()
   // does). False once there is no point going on: the job's end is written,
   // this node was declared lost, or the store is gone.

@@ -116,7 +116,8 @@ int64_t last_incident_number(const fs::path& run_dir) {
 
 fs::path keep_evidence(const WorkerGroup& group, const HeartbeatTable& table,
                        const std::map<int, int>& exits, const fs::path& run_dir, int node,
-                       int nproc_per_node, int64_t number, Incident& incident) {
+                       int nproc_per_node, int64_t number, Incident& incident,
+                       const std::function<void()>& keep_alive) {
   const int64_t began = now_ns();
   std::error_code ec;
   const fs::path dir = incident_dir(run_dir, number);
@@ -157,12 +158,18 @@ fs::path keep_evidence(const WorkerGroup& group, const HeartbeatTable& table,
            info->si_pid == static_cast<pid_t>(pid);
   };
   const int64_t deadline = began + kEvidenceWaitMs * kNsPerMs;
+  int64_t next_alive = began;
   for (;;) {
     const bool all = std::all_of(asked.begin(), asked.end(), [&](const WorkerView* v) {
       siginfo_t info;
       return table.read(v->local_rank).dump_done >= number || exited(v->pid, &info);
     });
-    if (all || now_ns() >= deadline) break;
+    const int64_t now = now_ns();
+    if (all || now >= deadline) break;
+    if (keep_alive && now >= next_alive) {
+      keep_alive();
+      next_alive = now + kEvidenceKeepAliveMs * kNsPerMs;
+    }
     const timespec poll{0, 2 * kNsPerMs};
     ::nanosleep(&poll, nullptr);
   }

@@ -25,6 +25,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -93,10 +94,16 @@ int64_t last_incident_number(const std::filesystem::path& run_dir);
 // the workers as at the call (`exits`: the wait
 // status of those already reaped, by rank). Sets incident.evidence_ms.
 // Returns the directory, or empty (said on stderr) if it could not be
-// written: missing evidence must not stop the recovery.
+// written: missing evidence must not stop the recovery. `keep_alive` is
+// called every kEvidenceKeepAliveMs while it waits: the agent's beat to the
+// coordinator, which must not fall silent for the wait (at load, the wait
+// and the root cause after it took a node past the 2 s agent timeout, and
+// the leader declared a healthy node lost).
 std::filesystem::path keep_evidence(const WorkerGroup& group, const HeartbeatTable& table,
                                     const std::map<int, int>& exits,
                                     const std::filesystem::path& run_dir, int node,
-                                    int nproc_per_node, int64_t number, Incident& incident);
+                                    int nproc_per_node, int64_t number, Incident& incident,
+                                    const std::function<void()>& keep_alive = {});
+inline constexpr int64_t kEvidenceKeepAliveMs = 100;
 
 }  // namespace brigade::elastic
