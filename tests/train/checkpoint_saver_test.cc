@@ -6,13 +6,19 @@
 // newest good one. A failed write is made by giving rank 1 a checkpoint
 // root it cannot create (under /proc), the way a full or broken disk fails.
 // The same holds when the caller gathers the states (the training loop).
+// A save's start issues no collective once the previous save settled; a
+// dead attempt's half-written step never mixes into a new save of it; a
+// step directory that cannot be made fails the save like a failed shard.
 #include "brigade/train/checkpoint_saver.h"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -192,6 +198,205 @@ TEST(CheckpointSaver, APollReportsTheWaitedSaveAndSettlesTheOneInFlight) {
 TEST(CheckpointSaver, AFailedShardEndsABlockingSaveOnEveryRank) {
   testing::TempDir dir("brigade_saver_wait");
   run_failing_save(Waiting::kWait, dir.path());
+}
+
+// A real communicator that counts the collectives issued through it.
+class CountingCommunicator final : public Communicator {
+ public:
+  explicit CountingCommunicator(Communicator& inner) : inner_(inner) {}
+  int rank() const override { return inner_.rank(); }
+  int size() const override { return inner_.size(); }
+  const std::string& group_name() const override { return inner_.group_name(); }
+  int64_t timeout_ms() const override { return inner_.timeout_ms(); }
+  std::shared_ptr<Work> all_reduce(void* data, int64_t count, DType dtype, ReduceOp op) override {
+    ++ops;
+    return inner_.all_reduce(data, count, dtype, op);
+  }
+  std::shared_ptr<Work> reduce_scatter(const void* input, void* output, int64_t count, DType dtype,
+                                       ReduceOp op) override {
+    ++ops;
+    return inner_.reduce_scatter(input, output, count, dtype, op);
+  }
+  std::shared_ptr<Work> all_gather(const void* input, void* output, int64_t count,
+                                   DType dtype) override {
+    ++ops;
+    return inner_.all_gather(input, output, count, dtype);
+  }
+  std::shared_ptr<Work> broadcast(void* data, int64_t count, DType dtype, int root) override {
+    ++ops;
+    return inner_.broadcast(data, count, dtype, root);
+  }
+  std::shared_ptr<Work> barrier() override {
+    ++ops;
+    return inner_.barrier();
+  }
+  std::shared_ptr<Work> send(const void* data, int64_t count, DType dtype, int peer,
+                             uint32_t tag) override {
+    ++ops;
+    return inner_.send(data, count, dtype, peer, tag);
+  }
+  std::shared_ptr<Work> recv(void* data, int64_t count, DType dtype, int peer,
+                             uint32_t tag) override {
+    ++ops;
+    return inner_.recv(data, count, dtype, peer, tag);
+  }
+
+  int ops = 0;
+
+ private:
+  Communicator& inner_;
+};
+
+// The training loop's way of settling a save: the states gathered (over
+// `comm`, not the saver's group) until every rank's part is done, then
+// poll(states). Returns the completed save's stats.
+std::optional<AsyncCheckpointWriter::Stats> settle_by_gathers(Communicator& comm,
+                                                              CheckpointSaver& saver) {
+  const int32_t done = static_cast<int32_t>(AsyncCheckpointWriter::State::kDone);
+  for (int i = 0; i < 100'000; ++i) {
+    const int32_t mine = saver.state();
+    std::vector<int32_t> states(static_cast<size_t>(comm.size()), -1);
+    comm.all_gather(&mine, states.data(), 1, DType::kI32)->wait();
+    if (std::all_of(states.begin(), states.end(), [&](int32_t s) { return s == done; })) {
+      return saver.poll(states);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return std::nullopt;
+}
+
+// Between two steps the loop's gather is the only collective: a save that
+// starts once the previous one settled (a snapshot every step, the usual
+// case) issues none, not even to prepare its directory. The first save of a
+// saver pays one, clearing what earlier processes left.
+TEST(CheckpointSaver, ASaveStartIssuesNoCollectiveOnceThePreviousSettled) {
+  testing::TempDir dir("brigade_saver_no_collective");
+  const GptConfig model = tiny_model();
+  const fs::path root = dir.path() / "checkpoints";
+  testing::run_shm_ranks(2, 0, /*shared=*/false, [&](Communicator& comm, float*) {
+    const int rank = comm.rank();
+    CountingCommunicator counted(comm);
+    CheckpointSaver saver(&counted, kCommitTimeoutMs);
+    const std::vector<float> state(static_cast<size_t>(ParamLayout(model).size()), 0.5f);
+    int before = counted.ops;
+    saver.start(save_of(model, 1, rank, root), half(state, rank));
+    require(counted.ops - before == 1, "rank {}: the first save issued {} collectives, not 1", rank,
+            counted.ops - before);
+    for (int64_t step = 1; step <= 3; ++step) {
+      const auto done = settle_by_gathers(comm, saver);
+      require(done && done->step == step, "rank {}: the save of step {} never completed", rank,
+              step);
+      if (step == 3) break;
+      before = counted.ops;
+      saver.start(save_of(model, step + 1, rank, root), half(state, rank));
+      require(counted.ops == before, "rank {}: the save of step {} issued {} collectives to start",
+              rank, step + 1, counted.ops - before);
+    }
+  });
+  if (HasFailure()) return;
+  ASSERT_EQ(latest_checkpoint(root)->filename(), "step_00000003");
+  EXPECT_NO_THROW(verify_checkpoint(root / "step_00000003"));
+}
+
+// A generation that died while writing step 1 left step_00000001.partial
+// behind: its rank 1's shard of other values, and the shard of a rank the
+// new generation does not have. The new generation's first save of step 1
+// must commit its own shards only, however early rank 0 looks for rank 1's.
+TEST(CheckpointSaver, ADeadAttemptsShardsNeverEndUpInTheCommittedStep) {
+  testing::TempDir dir("brigade_saver_stale_partial");
+  const GptConfig model = tiny_model();
+  const fs::path root = dir.path() / "checkpoints";
+  const auto size = static_cast<size_t>(ParamLayout(model).size());
+  {
+    const std::vector<float> stale(size, 9.0f);
+    fs::create_directories(root / "step_00000001.partial");
+    std::vector<CheckpointPiece> all;
+    for (StateKind kind : {StateKind::kParams, StateKind::kExpAvg, StateKind::kExpAvgSq}) {
+      all.push_back({kind, 0, static_cast<int64_t>(size), stale.data()});
+    }
+    write_checkpoint_shard(root, 1, 1, model, half(stale, 1));
+    write_checkpoint_shard(root, 1, 2, model, all);
+  }
+  testing::run_shm_ranks(2, 0, /*shared=*/false, [&](Communicator& comm, float*) {
+    const int rank = comm.rank();
+    CheckpointSaver saver(&comm, kCommitTimeoutMs);
+    const std::vector<float> state(size, 0.5f);
+    saver.start(save_of(model, 1, rank, root), half(state, rank));
+    saver.wait();
+  });
+  if (HasFailure()) return;
+  const fs::path step = root / "step_00000001";
+  const Manifest manifest = verify_checkpoint(step);
+  std::set<std::string> listed = {"manifest.json"};
+  for (const ShardRecord& shard : manifest.shards) listed.insert(shard.file);
+  for (const auto& entry : fs::directory_iterator(step)) {
+    EXPECT_TRUE(listed.count(entry.path().filename().string()))
+        << entry.path() << " is in the committed step but no shard of this save";
+  }
+  std::vector<float> params(size);
+  load_checkpoint_state(step, manifest, model, StateKind::kParams, params.data());
+  EXPECT_EQ(std::count(params.begin(), params.end(), 0.5f), static_cast<int64_t>(size))
+      << "the committed step holds values the dead attempt wrote";
+}
+
+// The step's directory cannot be made (a file where it should be: a full
+// disk or permissions fail the same way): the save fails on every rank at
+// the same gather, as a shard that cannot be written does, its error
+// naming the directory; nothing is committed, and the next save goes on.
+TEST(CheckpointSaver, ADirectoryThatCannotBeMadeFailsTheSaveOnEveryRankAtOneStep) {
+  testing::TempDir dir("brigade_saver_unpreparable");
+  const GptConfig model = tiny_model();
+  const fs::path root = dir.path() / "checkpoints";
+  const fs::path blocked = root / "step_00000002.partial";
+  testing::run_shm_ranks(2, 0, /*shared=*/false, [&](Communicator& comm, float*) {
+    const int rank = comm.rank();
+    CheckpointSaver saver(&comm, kCommitTimeoutMs);
+    const std::vector<float> state(static_cast<size_t>(ParamLayout(model).size()), 0.5f);
+    saver.start(save_of(model, 1, rank, root), half(state, rank));
+    const auto first = settle_by_gathers(comm, saver);
+    require(first && first->step == 1, "rank {}: the save of step 1 never completed", rank);
+    if (rank == 0) std::ofstream(blocked) << "in the way\n";
+    comm.barrier()->wait();
+    saver.start(save_of(model, 2, rank, root), half(state, rank));
+    std::string error;
+    int64_t failed_at = -1;
+    for (int64_t step = 0; step < 100'000 && error.empty(); ++step) {
+      const int32_t mine = saver.state();
+      std::vector<int32_t> states(2, -1);
+      comm.all_gather(&mine, states.data(), 1, DType::kI32)->wait();
+      try {
+        saver.poll(states);
+      } catch (const Error& e) {
+        error = e.what();
+        failed_at = step;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    require(!error.empty(), "rank {}: the save that could not start went unnoticed", rank);
+    std::vector<int64_t> when(2, -2);
+    comm.all_gather(&failed_at, when.data(), 1, DType::kI64)->wait();
+    require(when[0] == when[1], "rank {}: the ranks failed at different gathers: {} and {}", rank,
+            when[0], when[1]);
+    require(error.find("checkpoint of step 2 failed") != std::string::npos &&
+                error.find(blocked.string()) != std::string::npos,
+            "rank {}: the error does not name the step and its directory: {}", rank, error);
+    // The committer's own error says why; a rank whose part had not failed
+    // yet when the gather showed the committer's names the committer's file.
+    require(rank != 0 || error.find("cannot create the checkpoint directory") != std::string::npos,
+            "rank 0: the error does not say the directory could not be made: {}", error);
+    require(!saver.in_flight(), "rank {}: the failed save is still in flight", rank);
+    // Training that goes on (a snapshot's failure stops snapshots only):
+    // the next save commits.
+    saver.start(save_of(model, 3, rank, root), half(state, rank));
+    const auto third = settle_by_gathers(comm, saver);
+    require(third && third->step == 3, "rank {}: the save after the failed one never completed",
+            rank);
+  });
+  if (HasFailure()) return;
+  EXPECT_FALSE(fs::exists(root / "step_00000002"));
+  EXPECT_FALSE(fs::exists(blocked));
+  ASSERT_EQ(latest_checkpoint(root)->filename(), "step_00000003");
+  EXPECT_NO_THROW(verify_checkpoint(root / "step_00000003"));
 }
 
 }  // namespace BRIGADE_TEST_FILE

@@ -128,6 +128,9 @@ void AsyncCheckpointWriter::start(Save save, const std::vector<CheckpointPiece>&
 }
 
 void AsyncCheckpointWriter::run(const Save& save) {
+  // Phase 1, on every rank: a directory that cannot be made fails this
+  // rank's part like a shard that cannot be written.
+  create_checkpoint_directory(save.root, save.step);
   stats_.bytes = write_checkpoint_shard(
       save.root, save.step, save.rank,
       ParamLayout(save.config, save.tp_rank, save.tp_size, save.layers), pieces_, save.writing);

@@ -4,8 +4,12 @@
 // every rank's shard is on disk. A new save first waits for the previous
 // one, so at most one is in flight and each rank's staging copy is reused.
 //
-// Phase 1 of the protocol (rank 0's begin_checkpoint, then a barrier) stays
-// with the caller, which owns the communicator: the background threads never
+// Each rank's thread makes the step's .partial directory itself (phase 1,
+// idempotent), so a save starts without the ranks waiting for rank 0 to
+// make it; a directory that cannot be made fails the rank's part
+// (State::kFailed) like a shard that cannot be written. Clearing what
+// earlier processes left under the root (checkpoint.h, phase 0) stays with
+// the caller, which owns the communicator: the background threads never
 // touch it (a collective from a second thread would race the training
 // loop's). Rank 0's thread learns that the other ranks are done from their
 // shard index files in the step's directory instead, so the ranks must share
@@ -69,7 +73,7 @@ class AsyncCheckpointWriter {
     // before the save reports it so (wait_until_written returns after it);
     // not when the write failed.
     std::function<void()> written;
-    // The rank that clears the step's directory (phase 1) and commits.
+    // The rank that clears the root's leftovers (phase 0) and commits.
     bool commits() const { return part ? rank == part->first_rank : rank == 0; }
   };
   // Waits for the previous save (rethrowing its error), copies the pieces'

@@ -77,17 +77,34 @@ fs::path step_directory(const fs::path& root, int64_t step) {
   return root / fmt::format("{}{:08d}", kStepPrefix, step);
 }
 
-void begin_checkpoint(const fs::path& root, int64_t step) {
+void clear_checkpoint_leftovers(const fs::path& root) {
   // Leftovers of saves, replacements and prunes that died half-way: no save
-  // is in flight now (the caller waited for the last one), so all are stale.
+  // is in flight now (the caller says so), so all are stale.
   std::error_code ec;
-  if (fs::is_directory(root, ec)) {
+  if (!fs::is_directory(root, ec)) return;
+  try {
     for (const auto& entry : fs::directory_iterator(root)) {
       const fs::path ext = entry.path().extension();
       if (ext == ".partial" || ext == ".old" || ext == ".pruned") fs::remove_all(entry.path());
     }
+  } catch (const fs::filesystem_error& e) {
+    throw_error("cannot clear the leftovers of earlier saves under {}: {}", root.string(),
+                e.what());
   }
-  fs::create_directories(partial_directory(root, step));
+}
+
+void create_checkpoint_directory(const fs::path& root, int64_t step) {
+  const fs::path dir = partial_directory(root, step);
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  // A file in the way is no directory, whatever the library says of it.
+  if (!ec && !fs::is_directory(dir, ec)) ec = std::make_error_code(std::errc::not_a_directory);
+  if (ec) throw_error("cannot create the checkpoint directory {}: {}", dir.string(), ec.message());
+}
+
+void begin_checkpoint(const fs::path& root, int64_t step) {
+  clear_checkpoint_leftovers(root);
+  create_checkpoint_directory(root, step);
 }
 
 namespace {

@@ -5,15 +5,32 @@
 //   <root>/step_00000100/shard_00001.safetensors  ...
 //   <root>/step_00000100/manifest.json            what is where, checksums (manifest.h)
 //
-// Saving is three phases; the caller keeps the ranks in step between them
-// (a barrier), since the checkpoint layer knows no communicator:
-//   1. rank 0:     begin_checkpoint   clears a leftover <root>/step_N.partial
+// Saving is three phases, after a one-time clearing:
+//   0. once, before a process's first save under root, the committer
+//      (rank 0): clear_checkpoint_leftovers removes what saves, commits and
+//      prunes that died half-way left (*.partial, *.old, *.pruned); the
+//      caller then keeps the ranks apart from it (a barrier), since the
+//      checkpoint layer knows no communicator
+//   1. every rank: create_checkpoint_directory  step_N.partial (idempotent)
 //   2. every rank: write_checkpoint_shard  its pieces, into step_N.partial
 //   3. rank 0:     commit_checkpoint  writes the manifest (atomically, last)
 //                                     and renames step_N.partial to step_N
 // So a step directory exists only complete, and a crash at any moment leaves
-// the previous checkpoints as they were. save_checkpoint is the three phases
-// for one process.
+// the previous checkpoints as they were. save_checkpoint is the phases for
+// one process.
+//
+// Why the clearing is not part of every save (it was, with a barrier after
+// it, one collective per save): clearing removes every .partial under the
+// root, and a rank may already be writing into one (this step's, or a
+// slower rank's part of the previous save). Within one process no leftover
+// can appear that a save would trip on: a save that fails is removed by its
+// committer after every rank's writer stopped (train/checkpoint_saver.h),
+// a commit's .old and a prune's .pruned are the committer's own and carry
+// no shard a later save reads, and no two saves of a process write the same
+// step_N.partial while one is live. What another process left (a crashed
+// generation's half-written step, whose shards a replayed save of the same
+// step would otherwise mix with its own) is there before this process's
+// first save, which clears it.
 //
 // A piece is a flat range of one of the three flat buffers (parameters and
 // AdamW's two moments, laid out by ParamLayout); the writer cuts it into
@@ -60,6 +77,14 @@ std::filesystem::path step_directory(const std::filesystem::path& root, int64_t 
 // The step a step directory holds (step_00000042 -> 42): step_directory's inverse.
 int64_t checkpoint_step(const std::filesystem::path& step_dir);
 
+// Phase 0: removes every *.partial, *.old and *.pruned entry under root (no
+// rank may be writing into root); Error naming what could not be removed.
+void clear_checkpoint_leftovers(const std::filesystem::path& root);
+// Phase 1, on every rank: creates <root>/step_N.partial if it is not there;
+// Error naming the directory when it cannot (a full disk, permissions, a
+// file in its place).
+void create_checkpoint_directory(const std::filesystem::path& root, int64_t step);
+// Phases 0 and 1, for one process.
 void begin_checkpoint(const std::filesystem::path& root, int64_t step);
 
 // How shards are written. An in-memory snapshot, saved as often as every

@@ -366,7 +366,7 @@ void run_train(const std::string& config_path, const std::vector<std::string>& o
       // saving shows per rank), every stage's bubble (one rank per stage is
       // reported), the straggler check, the saves' states and the stop
       // signals: the one collective between this step and the next (a save
-      // start adds its own).
+      // started once the previous one settled adds none).
       const RankStepStats ranks = [&] {
         const StepClock::Section comm(clock, StepPart::kComm);
         return rank_stats.gather(trainer.step(), breakdown, static_cast<double>(peak_rss_bytes()),

@@ -73,20 +73,26 @@ CheckpointSaver::~CheckpointSaver() {
 void CheckpointSaver::start(AsyncCheckpointWriter::Save save,
                             const std::vector<CheckpointPiece>& pieces) {
   wait();
-  // In flight from here: if phase 1 fails (a peer died), abandon() still
-  // removes the directory rank 0 created.
+  if (!cleared_) clear_leftovers(save);
+  // No collective from here: each rank's writer makes the step's directory
+  // (checkpoint.h, phase 1), and one that cannot make it fails its part,
+  // which every rank learns from the states at the next gather.
   root_ = save.root;
   step_ = save.step;
   committer_ = save.commits();
   in_flight_ = true;
-  // Phase 1: rank 0 has cleared the step's directory, and every rank knows
-  // it before writing into it. The ranks agree on whether it could (a full
-  // file system): one rank throwing alone would leave the others waiting.
+  writer_.start(std::move(save), pieces);
+}
+
+void CheckpointSaver::clear_leftovers(const AsyncCheckpointWriter::Save& save) {
+  // Once, before this saver's first save (checkpoint.h, phase 0): the committers clear what earlier
+  // processes left, and no rank writes before every committer is done. The ranks agree on whether
+  // they could: one rank throwing alone would leave the others waiting.
   double failed = 0;
   std::string why;
-  if (committer_) {
+  if (save.commits()) {
     try {
-      begin_checkpoint(save.root, save.step);
+      clear_checkpoint_leftovers(save.root);
     } catch (const Error& e) {
       failed = 1;
       why = e.what();
@@ -94,11 +100,10 @@ void CheckpointSaver::start(AsyncCheckpointWriter::Save save,
   }
   if (group_) group_->all_reduce(&failed, 1, DType::kF64, ReduceOp::kMax)->wait();
   if (failed != 0) {
-    in_flight_ = false;
-    throw_error("save of step {} could not start: {}", save.step,
-                committer_ ? why : "a rank could not prepare " + save.root.string());
+    throw_error("{} of step {} could not start: {}", what_, save.step,
+                save.commits() ? why : "a rank could not clear " + save.root.string());
   }
-  writer_.start(std::move(save), pieces);
+  cleared_ = true;
 }
 
 std::vector<int32_t> CheckpointSaver::gather_states() {

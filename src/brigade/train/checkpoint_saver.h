@@ -60,9 +60,22 @@ class CheckpointSaver {
   CheckpointSaver(const CheckpointSaver&) = delete;
   CheckpointSaver& operator=(const CheckpointSaver&) = delete;
 
-  // Waits for the save in flight (wait()), then runs phase 1 (rank 0 clears
-  // the step's directory; a barrier) and starts this rank's background
-  // write. save.rank and save.num_shards are the group's.
+  // Waits for the save in flight (wait()) and starts this rank's background
+  // write, which makes the step's directory itself. save.rank and
+  // save.num_shards are the group's.
+  //
+  // When the previous save has settled (the training loop's poll saw it
+  // done), no collective: the loop's one per-step gather is all a save
+  // costs between two steps (docs/ARCHITECTURE.md "Between two steps").
+  // Only a saver's first save clears what earlier processes left under its
+  // root (checkpoint.h, phase 0: the committers, then an all-reduce that
+  // says whether they could); later ones need no clearing (checkpoint.h
+  // says why), so no rank waits for a committer before writing. A rank's
+  // saves therefore all go under one root (the training loop's do; the
+  // ranks' roots may differ: a node's snapshot area is its own). A step
+  // directory that cannot be made (a full disk, permissions, a file in its
+  // place) fails the save like a shard that cannot be written: at the next
+  // poll, on every rank, the error naming the directory.
   void start(AsyncCheckpointWriter::Save save, const std::vector<CheckpointPiece>& pieces);
   // Once per training step while a save may be in flight: the stats of a
   // save that completed (on every rank) since the last call. Throws an
@@ -87,6 +100,8 @@ class CheckpointSaver {
   bool in_flight() const { return in_flight_; }
 
  private:
+  // The first save's phase 0 (start()).
+  void clear_leftovers(const AsyncCheckpointWriter::Save& save);
   // Every rank's writer state, gathered; then what they add up to.
   std::vector<int32_t> gather_states();
   // True when every rank's part is done (rank 0's: committed); throws if
@@ -101,9 +116,11 @@ class CheckpointSaver {
   bool in_flight_ = false;
   std::filesystem::path root_;
   int64_t step_ = 0;
-  // This rank clears and commits the save in flight (rank 0, or a node's
-  // committer of a snapshot part).
+  // This rank commits the save in flight, and removes it if it fails
+  // (rank 0, or a node's committer of a snapshot part).
   bool committer_ = false;
+  // Phase 0 done: this saver's first save cleared its root.
+  bool cleared_ = false;
   // The stats of saves completed (by wait() or a poll) and not yet
   // reported, oldest first.
   std::deque<AsyncCheckpointWriter::Stats> completed_;

@@ -11,8 +11,9 @@
 // rank, the cost of any one of the small collectives it replaces (the RSS
 // and bubble gathers, the saves' polls, the stop agreement).
 //
-// It is also the training loop's one collective between two steps (plus a
-// save start's own, docs/ARCHITECTURE.md "Between two steps"): it
+// It is also the training loop's one collective between two steps (a
+// save's start costs none once the previous save settled,
+// docs/ARCHITECTURE.md "Between two steps"): it
 // carries where each rank's background saves stand (the states
 // train/checkpoint_saver.h exchanges to agree on a save's outcome) and the
 // stop signal each rank was sent, so the ranks agree on both without a
