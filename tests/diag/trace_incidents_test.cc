@@ -16,8 +16,11 @@
 #include <gtest/gtest.h>
 #include <sys/resource.h>
 
+#include <chrono>
 #include <csignal>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -398,6 +401,123 @@ TEST_F(MarkLaunchTraces, AFailedRewriteLeavesTheTrace) {
   EXPECT_NE(said[0].find("left as it was"), std::string::npos) << said[0];
   EXPECT_EQ(read_file(trace), before);
   EXPECT_EQ(entries(dir_.path()), files);
+}
+
+// The streamed marking writes what marking the parsed trace gives (zero
+// moved back, earlier marks replaced), and marking again changes nothing.
+TEST_F(MarkLaunchTraces, TheStreamedMarksAreThoseOfTheParsedTrace) {
+  json expected = hand_trace();
+  ASSERT_EQ(mark_incidents(expected, hand_records()), 2);
+  const fs::path trace = write_trace("trace.json", kOrigin);
+  ASSERT_TRUE(mark_launch_traces(dir_.path(), launch_).empty());
+  EXPECT_EQ(json::parse(read_file(trace)), expected);
+  const std::string once = read_file(trace);
+  ASSERT_TRUE(mark_launch_traces(dir_.path(), launch_).empty());
+  EXPECT_EQ(read_file(trace), once);
+}
+
+void set_written(const fs::path& path, int64_t unix_us) {
+  using namespace std::chrono;
+  fs::last_write_time(path, file_clock::from_sys(sys_time<microseconds>(microseconds(unix_us))));
+}
+
+// A resumed launch knows an earlier launch's trace of the same name without
+// reading its events: by the file's time, else by its zero, which comes
+// first in the file. Here the events are not even JSON: reading them would
+// say so.
+TEST_F(MarkLaunchTraces, AnEarlierLaunchsTraceIsKnownWithoutReadingItsEvents) {
+  const std::string earlier_head =
+      R"({"otherData":{"origin_unix_us":)" + std::to_string(kOrigin - 2'000'000) + "},";
+  const std::string garbage = R"("traceEvents":[{"ph":"X","ts":}])";
+  write_file_atomic(dir_.path() / "trace.json", earlier_head + garbage);
+  // Written before this launch began: not opened at all, even without a zero.
+  write_file_atomic(dir_.path() / "trace.gen1.json", "{" + garbage + "}");
+  set_written(dir_.path() / "trace.gen1.json", launch_.launched_unix_us - 1'000'000);
+  EXPECT_TRUE(mark_launch_traces(dir_.path(), launch_).empty());
+  EXPECT_EQ(read_file(dir_.path() / "trace.json"), earlier_head + garbage);
+  // This launch's (written since it began) with the same bytes is read, and
+  // refused in one line.
+  set_written(dir_.path() / "trace.gen1.json", launch_.launched_unix_us + 1'000'000);
+  const std::vector<std::string> said = mark_launch_traces(dir_.path(), launch_);
+  ASSERT_EQ(said.size(), 1u);
+  EXPECT_NE(said[0].find("trace.gen1.json"), std::string::npos) << said[0];
+}
+
+// A trace of `events` steps on rank 0, 10 us apart, written as the join does
+// (otherData first), without building it in memory.
+fs::path write_long_trace(const fs::path& path, int64_t events) {
+  std::ofstream out(path);
+  out << R"({"displayTimeUnit":"ms","otherData":{"boot_id":"machine-a","origin_unix_us":)"
+      << kOrigin << R"(},"traceEvents":[)";
+  for (int64_t i = 0; i < events; ++i) {
+    out << (i == 0 ? "" : ",") << R"({"args":{"step":)" << i
+        << R"(},"cat":"step","dur":5.0,"name":"step","ph":"X","pid":1,"tid":7,"ts":)" << 10 * i
+        << ".0}";
+  }
+  out << "]}\n";
+  return path;
+}
+
+int64_t status_kib(const char* field) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.starts_with(field)) return std::stoll(line.substr(std::strlen(field) + 1));
+  }
+  ADD_FAILURE() << "no " << field << " in /proc/self/status";
+  return 0;
+}
+
+// Marking holds one event at a time: a trace's parse tree is about eight
+// times the file, which for the largest trace marked was a gigabyte in the
+// launcher.
+TEST_F(MarkLaunchTraces, ALargeTraceIsMarkedInMemoryThatDoesNotGrowWithIt) {
+  const fs::path trace = write_long_trace(dir_.path() / "trace.json", 250'000);
+  const auto bytes = static_cast<int64_t>(fs::file_size(trace));
+  ASSERT_GT(bytes, 24 << 20);
+  std::ofstream("/proc/self/clear_refs") << "5";  // the peak (VmHWM) starts again from here
+  const int64_t before_kib = status_kib("VmRSS:");
+  ASSERT_LE(status_kib("VmHWM:"), before_kib + 1024);
+  const auto began = std::chrono::steady_clock::now();
+  ASSERT_TRUE(mark_launch_traces(dir_.path(), launch_).empty());
+  const std::chrono::duration<double> took = std::chrono::steady_clock::now() - began;
+  const int64_t grown_kib = status_kib("VmHWM:") - before_kib;
+  EXPECT_LT(grown_kib * 1024, bytes / 4) << "the peak grew by " << grown_kib << " KiB";
+  std::printf("marking %lld bytes took %.2f s, the peak grew by %lld KiB\n",
+              static_cast<long long>(bytes), took.count(), static_cast<long long>(grown_kib));
+  const json marked = json::parse(read_file(trace));
+  // The incident (detected, restart), the straggler (its track, its span),
+  // the incidents process (name, order, track).
+  EXPECT_EQ(marked.at("traceEvents").size(), 250'000u + 7u);
+}
+
+// A launcher stopped by a signal marks until its deadline: what is left is
+// untouched (a half-read trace too) and named in one line.
+TEST_F(MarkLaunchTraces, ADeadlineLeavesWhatIsNotMarkedInTimeAndSaysSo) {
+  const fs::path first = write_trace("trace.json", kOrigin);
+  const fs::path second = write_trace("trace.gen1.json", kOrigin);
+  const std::string bytes = read_file(first);
+  LaunchTraces stopped = launch_;
+  stopped.deadline = std::chrono::steady_clock::now();
+  std::vector<std::string> said = mark_launch_traces(dir_.path(), stopped);
+  ASSERT_EQ(said.size(), 1u);
+  EXPECT_NE(said[0].find("out of time"), std::string::npos) << said[0];
+  EXPECT_NE(said[0].find("trace.json, trace.gen1.json"), std::string::npos) << said[0];
+  EXPECT_EQ(read_file(first), bytes);
+  EXPECT_EQ(read_file(second), bytes);
+
+  // Within a trace: 10 ms for what takes a second or more.
+  fs::remove(second);
+  write_long_trace(first, 250'000);
+  const std::string long_bytes = read_file(first);
+  stopped.deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(10);
+  const auto began = std::chrono::steady_clock::now();
+  said = mark_launch_traces(dir_.path(), stopped);
+  EXPECT_LT(std::chrono::steady_clock::now() - began, std::chrono::milliseconds(500));
+  ASSERT_EQ(said.size(), 1u);
+  EXPECT_NE(said[0].find("out of time"), std::string::npos) << said[0];
+  EXPECT_EQ(read_file(first), long_bytes);
+  EXPECT_EQ(entries(dir_.path()), 2);  // no temporary left beside it
 }
 
 }  // namespace BRIGADE_TEST_FILE
