@@ -29,6 +29,7 @@
 
 #include "brigade/core/error.h"
 #include "brigade/core/files.h"
+#include "brigade/diag/report.h"
 #include "testing/temp_dir.h"
 
 namespace brigade::diag {
@@ -518,6 +519,55 @@ TEST_F(MarkLaunchTraces, ADeadlineLeavesWhatIsNotMarkedInTimeAndSaysSo) {
   EXPECT_NE(said[0].find("out of time"), std::string::npos) << said[0];
   EXPECT_EQ(read_file(first), long_bytes);
   EXPECT_EQ(entries(dir_.path()), 2);  // no temporary left beside it
+}
+
+// One numbering: after a rejoin (which takes a number, no directory) and
+// across two launches, the trace's "incident N" is the report's "#" N.
+TEST(TraceIncidents, TheTraceAndTheReportNumberIncidentsAlike) {
+  testing::TempDir dir("brigade_incident_numbers");
+  const auto incident = [](const char* kind, int number, int64_t at) {
+    return json{{"kind", kind},
+                {"rank", 0},
+                {"node", 1},
+                {"number", number},
+                {"detected_unix_us", at},
+                {"recovered_unix_us", at + 10}};
+  };
+  const int64_t second_launch = kOrigin + 1'000'000;
+  const std::vector<json> records = {incident("crash", 1, kOrigin + 10),
+                                     incident("rejoin", 2, kOrigin + 50),
+                                     incident("hang", 3, kOrigin + 100), json{{"kind", "summary"}},
+                                     incident("crash", 4, second_launch + 100)};
+  std::string lines;
+  for (const json& r : records) lines += r.dump() + "\n";
+  write_file_atomic(dir.path() / "incidents.jsonl", lines);
+  write_file_atomic(dir.path() / "metrics.jsonl", json{{"step", 1}, {"loss", 4.0}}.dump() + "\n");
+  std::vector<int64_t> traced, rejoined;
+  for (const int64_t origin : {kOrigin, second_launch}) {
+    json trace = hand_trace();
+    trace["otherData"]["origin_unix_us"] = origin;
+    mark_incidents(trace, records);
+    for (const json& e : with_category(trace, "incident")) {
+      if (e.at("ph") != "i") continue;
+      const int64_t number = e.at("args").at("number");
+      if (e.at("args").at("kind") == "rejoin") {
+        rejoined.push_back(number);
+      } else {
+        traced.push_back(number);
+        EXPECT_TRUE(
+            e.at("name").get<std::string>().starts_with("incident " + std::to_string(number) + ":"))
+            << e;
+      }
+    }
+  }
+  EXPECT_EQ(traced, (std::vector<int64_t>{1, 3, 4}));
+  EXPECT_EQ(rejoined, (std::vector<int64_t>{2}));
+  const json run = read_run(dir.path());
+  std::vector<int64_t> reported;
+  for (const json& i : run.at("incidents")) reported.push_back(i.at("number"));
+  EXPECT_EQ(reported, traced);
+  // The page's "#" column is that number, not the row's.
+  EXPECT_NE(report_html(run, "").find("['#', i => i.number]"), std::string::npos);
 }
 
 }  // namespace BRIGADE_TEST_FILE

@@ -77,6 +77,9 @@ std::optional<Mark> incident_mark(const json& r, int pid) {
                {"detected_after_ms", value_or_null(r, "detected_after_ms")},
                {"recovered_after_ms", value_or_null(r, "recovered_after_ms")},
                {"recovery_ms", value_or_null(r, "recovery_ms")}};
+  // The run's one numbering (elastic/incident_evidence.h): a rejoin takes
+  // one too, and has no timeline.
+  if (const auto number = stamp(r, "number")) args["number"] = *number;
   std::string detected_name, span_name;
   if (!is_failure(r)) {
     const std::string node = r.contains("node") ? r.at("node").dump() : std::string("?");
@@ -85,7 +88,6 @@ std::optional<Mark> incident_mark(const json& r, int pid) {
   } else {
     std::string title = rank >= 0 ? fmt::format("{} of rank {}", kind, rank) : kind;
     if (const auto number = stamp(r, "number")) {
-      args["number"] = *number;
       args["timeline"] = fmt::format("incidents/{}/trace.json", *number);
       title = fmt::format("incident {}: {}", *number, title);
     }
