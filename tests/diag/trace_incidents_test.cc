@@ -7,10 +7,14 @@
 // trace's window nor moving its zero; a rejoin is no incident with a
 // timeline; the file says whose clocks placed the marks; marking twice gives
 // the same file, and a trace without its wall-clock zero is refused. The
-// launcher's pass over a run directory marks only its launch's traces,
-// leaves them as they were when incidents.jsonl cannot be read or a trace
-// is too large, malformed or cannot be rewritten. The whole path from an
-// injected fault runs in tests/cli/trace_incidents_test.cc.
+// launcher's pass over a run directory marks only its launch's traces
+// (an earlier launch's known without reading its events), streamed as the
+// parsed trace would be marked, in memory that does not grow with the
+// trace, within a deadline after a signal; leaves them as they were when
+// incidents.jsonl cannot be read, a trace is too large, malformed or cannot
+// be rewritten, or time ran out. The trace and the report number incidents
+// alike. The whole path from an injected fault runs in
+// tests/cli/trace_incidents_test.cc.
 #include "brigade/diag/trace_incidents.h"
 
 #include <gtest/gtest.h>
