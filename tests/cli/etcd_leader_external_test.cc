@@ -6,7 +6,8 @@
 // checkpoint (dp 3 x grad_accum 2 -> dp 2 x grad_accum 3), their workers
 // meeting in node 1's own store: node 0's went with it. A real etcd the test starts
 // (tests/testing/etcd_server.h); skipped, saying so, without etcd. The
-// election alone: tests/elastic/etcd_election_external_test.cc.
+// election alone: tests/elastic/etcd_election_external_test.cc. The new
+// leader marks the run's trace (diag/trace_incidents.h).
 #include <gtest/gtest.h>
 #include <signal.h>
 
@@ -99,7 +100,9 @@ TEST_F(EtcdLeader, NodeZerosLossLeavesTheJobToNodeOneThroughEtcd) {
                                            "train",
                                            config_.string(),
                                            "--set",
-                                           "train.run_dir=\"" + run.string() + "\""};
+                                           "train.run_dir=\"" + run.string() + "\"",
+                                           "--trace",
+                                           "3"};
     nodes.emplace_back(
         [&r, node, args] { r[node] = run_brigade(args, std::chrono::seconds(150)); });
   }
@@ -123,6 +126,19 @@ TEST_F(EtcdLeader, NodeZerosLossLeavesTheJobToNodeOneThroughEtcd) {
   EXPECT_NE(incident.at("what").get<std::string>().find("node 0 is lost"), std::string::npos)
       << incident.dump();
   EXPECT_EQ(lines.back().at("kind"), "summary") << lines.back().dump();
+  // The new leader marked the loss in the trace of the generation that
+  // recovered from it (node 0, the leader that was, marks nothing: killed),
+  // once the job ended on both nodes left.
+  std::ifstream in(run / "trace.gen1.json");
+  ASSERT_TRUE(in.good()) << r[1].err;
+  const nlohmann::json trace = nlohmann::json::parse(in);
+  int lost = 0;
+  for (const nlohmann::json& e : trace.at("traceEvents")) {
+    lost += e.value("cat", "") == "incident" && e.at("ph") == "i" &&
+            e.at("args").value("kind", "") == "node_lost";
+  }
+  EXPECT_EQ(lost, 1) << r[1].err;
+  EXPECT_EQ(r[1].err.find("could not mark"), std::string::npos) << r[1].err;
   // Every step was trained: the last checkpoint is step 8's.
   EXPECT_TRUE(fs::exists(run / "checkpoints" / "step_00000008")) << r[1].err;
 }

@@ -18,30 +18,15 @@
 #include <vector>
 
 #include "testing/run_brigade.h"
-#include "testing/temp_dir.h"
+#include "testing/small_run.h"
 
 namespace brigade {
 namespace BRIGADE_TEST_FILE {
 namespace fs = std::filesystem;
-using testing::run_brigade;
 
 // Steps of about 10 ms: long enough that rank 0's metrics line (tenths of a
 // millisecond of "other") is a small share.
-constexpr char kConfig[] = R"([model]
-n_layer = 2
-n_head = 2
-n_embd = 64
-block_size = 64
-vocab_size = 64
-[train]
-micro_batch = 4
-grad_accum = 2
-steps = 12
-[data]
-synthetic = true
-[parallel]
-bucket_mb = 0.05
-)";
+const std::string kConfig = testing::small_config("steps = 12\n", "[parallel]\nbucket_mb = 0.05\n");
 
 const char* const kParts[] = {"compute_ms", "optimizer_ms", "comm_ms", "bubble_ms",
                               "data_ms",    "ckpt_ms",      "eval_ms", "other_ms"};
@@ -155,12 +140,9 @@ void expect_accounted(const Totals& t) {
 }
 
 TEST(StepBreakdown, DataParallelPartsAddUpWithCommAndNoBubble) {
-  testing::TempDir dir("brigade_breakdown");
-  const fs::path run = dir.path() / "run";
-  const fs::path config = dir.path() / "config.toml";
-  std::ofstream(config) << kConfig;
-  const auto result = run_brigade({"train", "--nproc", "2", config.string(), "--set",
-                                   "train.run_dir=\"" + run.string() + "\""});
+  const testing::SmallRun small("brigade_breakdown", kConfig);
+  const fs::path& run = small.run;
+  const auto result = small.train(2);
   ASSERT_EQ(result.status, 0) << result.err;
   const Totals t = check_breakdowns(run, 2);
   EXPECT_EQ(t.steps, 12);
@@ -172,13 +154,9 @@ TEST(StepBreakdown, DataParallelPartsAddUpWithCommAndNoBubble) {
 }
 
 TEST(StepBreakdown, PipelinePartsAddUpWithABubbleOnEveryStage) {
-  testing::TempDir dir("brigade_breakdown");
-  const fs::path run = dir.path() / "run";
-  const fs::path config = dir.path() / "config.toml";
-  std::ofstream(config) << kConfig;
-  const auto result =
-      run_brigade({"train", "--nproc", "2", config.string(), "--set", "parallel.pp=2", "--set",
-                   "train.run_dir=\"" + run.string() + "\""});
+  const testing::SmallRun small("brigade_breakdown", kConfig);
+  const fs::path& run = small.run;
+  const auto result = small.train(2, {"--set", "parallel.pp=2"});
   ASSERT_EQ(result.status, 0) << result.err;
   const Totals t = check_breakdowns(run, 2);
   EXPECT_EQ(t.steps, 12);
@@ -207,14 +185,11 @@ TEST(StepBreakdown, PipelinePartsAddUpWithABubbleOnEveryStage) {
 // counted as comm; the median over steps 3.., in the breakdown and in
 // bubble_ms_per_stage (what compare_pipeline.py reads), against 0.6.
 TEST(StepBreakdown, PipelineLastStageWaitsOutTheFirstsDrainAsBubble) {
-  testing::TempDir dir("brigade_breakdown");
-  const fs::path run = dir.path() / "run";
-  const fs::path config = dir.path() / "config.toml";
-  std::ofstream(config) << kConfig;
-  const auto result = run_brigade({"train", "--nproc", "2", config.string(), "--set",
-                                   "parallel.pp=2", "--set", "parallel.schedule=\"1f1b\"", "--set",
-                                   "model.n_layer=4", "--set", "parallel.stage_layers=[3,1]",
-                                   "--set", "train.run_dir=\"" + run.string() + "\""});
+  const testing::SmallRun small("brigade_breakdown", kConfig);
+  const fs::path& run = small.run;
+  const auto result =
+      small.train(2, {"--set", "parallel.pp=2", "--set", "parallel.schedule=\"1f1b\"", "--set",
+                      "model.n_layer=4", "--set", "parallel.stage_layers=[3,1]"});
   ASSERT_EQ(result.status, 0) << result.err;
   const Totals t = check_breakdowns(run, 2);
   EXPECT_EQ(t.steps, 12);

@@ -17,28 +17,16 @@
 
 #include "testing/run_brigade.h"
 #include "testing/run_records.h"
-#include "testing/temp_dir.h"
+#include "testing/small_run.h"
 
 namespace brigade {
 namespace BRIGADE_TEST_FILE {
 namespace fs = std::filesystem;
 using testing::read_failures;
 using testing::read_jsonl;
-using testing::run_brigade;
 
 // Steps of about 10 ms, for the injected run.
-constexpr char kConfig[] = R"([model]
-n_layer = 2
-n_head = 2
-n_embd = 64
-block_size = 64
-vocab_size = 64
-[train]
-micro_batch = 4
-grad_accum = 2
-[data]
-synthetic = true
-)";
+const std::string kConfig = testing::small_config();
 
 // Steps of 30-70 ms (quiet to loaded machine), for the clean runs: a time
 // slice lost to another process is a small part of one.
@@ -60,16 +48,12 @@ synthetic = true
 class Straggler : public ::testing::Test {
  protected:
   testing::Output train(const std::string& config, std::vector<std::string> extra) {
-    const fs::path path = dir_.path() / "config.toml";
-    std::ofstream(path) << config;
-    std::vector<std::string> args{
-        "train", "--nproc", "2", path.string(), "--set", "train.run_dir=\"" + run_.string() + "\""};
-    args.insert(args.end(), extra.begin(), extra.end());
-    return run_brigade(args);
+    std::ofstream(small_.config) << config;
+    return small_.train(2, extra);
   }
 
-  testing::TempDir dir_{"brigade_straggler"};
-  const fs::path run_ = dir_.path() / "run";
+  testing::SmallRun small_{"brigade_straggler"};
+  const fs::path& run_ = small_.run;
 };
 
 TEST_F(Straggler, ASlowRankIsNamedWithin20StepsOnce) {

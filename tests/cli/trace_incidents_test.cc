@@ -19,28 +19,15 @@
 
 #include "testing/run_brigade.h"
 #include "testing/run_records.h"
-#include "testing/temp_dir.h"
+#include "testing/small_run.h"
 
 namespace brigade {
 namespace BRIGADE_TEST_FILE {
 namespace fs = std::filesystem;
 using nlohmann::json;
 using testing::read_jsonl;
-using testing::run_brigade;
 
-constexpr char kConfig[] = R"([model]
-n_layer = 2
-n_head = 2
-n_embd = 64
-block_size = 64
-vocab_size = 64
-[train]
-micro_batch = 4
-grad_accum = 2
-checkpoint_every = 2
-[data]
-synthetic = true
-)";
+const std::string kConfig = testing::small_config("checkpoint_every = 2\n");
 
 json read_trace(const fs::path& path) {
   std::ifstream in(path);
@@ -82,17 +69,13 @@ double end_of(const json& e) {
 
 class TraceIncidentsTest : public ::testing::Test {
  protected:
-  TraceIncidentsTest() { std::ofstream(config_) << kConfig; }
-
-  testing::TempDir dir_{"brigade_trace_incidents"};
-  fs::path config_ = dir_.path() / "config.toml";
-  fs::path run_ = dir_.path() / "run";
+  testing::SmallRun small_{"brigade_trace_incidents", kConfig};
+  const fs::path& run_ = small_.run;
 };
 
 TEST_F(TraceIncidentsTest, AKilledRankShowsAsAnIncidentBetweenTheStepsAroundIt) {
-  const auto result = run_brigade(
-      {"train", "--nproc", "2", config_.string(), "--set", "train.steps=8", "--trace", "3",
-       "--inject", "kill:rank=1:step=4", "--set", "train.run_dir=\"" + run_.string() + "\""});
+  const auto result =
+      small_.train(2, {"--set", "train.steps=8", "--trace", "3", "--inject", "kill:rank=1:step=4"});
   ASSERT_EQ(result.status, 0) << result.err;
   const json before = read_trace(run_ / "trace.json");
   const json after = read_trace(run_ / "trace.gen1.json");
@@ -161,9 +144,8 @@ TEST_F(TraceIncidentsTest, AKilledRankShowsAsAnIncidentBetweenTheStepsAroundIt) 
 }
 
 TEST_F(TraceIncidentsTest, ASlowRankShowsAsASpanOnItsOwnTrack) {
-  const auto result = run_brigade(
-      {"train", "--nproc", "2", config_.string(), "--set", "train.steps=24", "--trace", "24",
-       "--inject", "slow:rank=1:factor=4", "--set", "train.run_dir=\"" + run_.string() + "\""});
+  const auto result = small_.train(
+      2, {"--set", "train.steps=24", "--trace", "24", "--inject", "slow:rank=1:factor=4"});
   ASSERT_EQ(result.status, 0) << result.err;
   int64_t named_at = 0;
   for (const json& row : read_jsonl(run_ / "metrics.jsonl")) {

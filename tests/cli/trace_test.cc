@@ -19,7 +19,7 @@
 
 #include "testing/run_brigade.h"
 #include "testing/scoped_env.h"
-#include "testing/temp_dir.h"
+#include "testing/small_run.h"
 
 namespace brigade {
 namespace BRIGADE_TEST_FILE {
@@ -27,33 +27,14 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 using testing::run_brigade;
 
-constexpr char kConfig[] = R"([model]
-n_layer = 2
-n_head = 2
-n_embd = 64
-block_size = 64
-vocab_size = 64
-[train]
-micro_batch = 4
-grad_accum = 2
-steps = 6
-checkpoint_every = 2
-[data]
-synthetic = true
-[parallel]
-bucket_mb = 0.05
-)";
+const std::string kConfig =
+    testing::small_config("steps = 6\ncheckpoint_every = 2\n", "[parallel]\nbucket_mb = 0.05\n");
 
 class TraceTest : public ::testing::Test {
  protected:
-  TraceTest() { std::ofstream(config_) << kConfig; }
-
   // Trains with `args` and returns trace.json's events.
   json train(std::vector<std::string> args) {
-    std::vector<std::string> all = {"train", config_.string(), "--set",
-                                    "train.run_dir=\"" + run_.string() + "\""};
-    all.insert(all.end(), args.begin(), args.end());
-    const auto result = run_brigade(all);
+    const auto result = small_.train(0, args);
     EXPECT_EQ(result.status, 0) << result.err;
     EXPECT_NE(result.err.find("wrote " + (run_ / "trace.json").string()), std::string::npos)
         << result.err;
@@ -66,9 +47,9 @@ class TraceTest : public ::testing::Test {
     return trace;
   }
 
-  testing::TempDir dir_{"brigade_trace"};
-  fs::path config_ = dir_.path() / "config.toml";
-  fs::path run_ = dir_.path() / "run";
+  testing::SmallRun small_{"brigade_trace", kConfig};
+  const fs::path& config_ = small_.config;
+  const fs::path& run_ = small_.run;
 };
 
 std::vector<json> spans(const json& trace) {
@@ -239,8 +220,7 @@ TEST_F(TraceTest, OneProcessWritesItsTraceTooWhenTheRunEndsInTheWindow) {
 
 TEST_F(TraceTest, BadStepsAreRefusedBeforeTrainingAndStepsOutsideTheRunTraceNothing) {
   // With --nproc: once, by the launcher, before any worker starts.
-  const auto launched = run_brigade({"train", "--nproc", "2", config_.string(), "--set",
-                                     "train.run_dir=\"" + run_.string() + "\"", "--trace", "x"});
+  const auto launched = small_.train(2, {"--trace", "x"});
   EXPECT_NE(launched.status, 0);
   const size_t said = launched.err.find("expected steps as A:B");
   ASSERT_NE(said, std::string::npos) << launched.err;

@@ -80,6 +80,8 @@ TEST_F(ReportData, ReadsTheRunDirectory) {
   // The straggler records are no incidents: a list of their own.
   ASSERT_EQ(run["incidents"].size(), 1u);
   EXPECT_EQ(run["incidents"][0]["rank"], 1);
+  // Written before records carried the agent's number: numbered in order.
+  EXPECT_EQ(run["incidents"][0]["number"], 1);
   ASSERT_EQ(run["stragglers"].size(), 2u);
   EXPECT_EQ(run["stragglers"][0]["what"], "straggler: rank 3 (node 1)");
   EXPECT_EQ(run["stragglers"][1]["kind"], "straggler_recovered");

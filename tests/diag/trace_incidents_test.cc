@@ -7,17 +7,24 @@
 // trace's window nor moving its zero; a rejoin is no incident with a
 // timeline; the file says whose clocks placed the marks; marking twice gives
 // the same file, and a trace without its wall-clock zero is refused. The
-// launcher's pass over a run directory marks only its launch's traces,
-// leaves them as they were when incidents.jsonl cannot be read or a trace
-// is too large, malformed or cannot be rewritten. The whole path from an
-// injected fault runs in tests/cli/trace_incidents_test.cc.
+// launcher's pass over a run directory marks only its launch's traces
+// (an earlier launch's known without reading its events), streamed as the
+// parsed trace would be marked, in memory that does not grow with the
+// trace, within a deadline after a signal; leaves them as they were when
+// incidents.jsonl cannot be read, a trace is too large, malformed or cannot
+// be rewritten, or time ran out. The trace and the report number incidents
+// alike. The whole path from an injected fault runs in
+// tests/cli/trace_incidents_test.cc.
 #include "brigade/diag/trace_incidents.h"
 
 #include <gtest/gtest.h>
 #include <sys/resource.h>
 
+#include <chrono>
 #include <csignal>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -26,6 +33,7 @@
 
 #include "brigade/core/error.h"
 #include "brigade/core/files.h"
+#include "brigade/diag/report.h"
 #include "testing/temp_dir.h"
 
 namespace brigade::diag {
@@ -398,6 +406,172 @@ TEST_F(MarkLaunchTraces, AFailedRewriteLeavesTheTrace) {
   EXPECT_NE(said[0].find("left as it was"), std::string::npos) << said[0];
   EXPECT_EQ(read_file(trace), before);
   EXPECT_EQ(entries(dir_.path()), files);
+}
+
+// The streamed marking writes what marking the parsed trace gives (zero
+// moved back, earlier marks replaced), and marking again changes nothing.
+TEST_F(MarkLaunchTraces, TheStreamedMarksAreThoseOfTheParsedTrace) {
+  json expected = hand_trace();
+  ASSERT_EQ(mark_incidents(expected, hand_records()), 2);
+  const fs::path trace = write_trace("trace.json", kOrigin);
+  ASSERT_TRUE(mark_launch_traces(dir_.path(), launch_).empty());
+  EXPECT_EQ(json::parse(read_file(trace)), expected);
+  const std::string once = read_file(trace);
+  ASSERT_TRUE(mark_launch_traces(dir_.path(), launch_).empty());
+  EXPECT_EQ(read_file(trace), once);
+}
+
+void set_written(const fs::path& path, int64_t unix_us) {
+  using namespace std::chrono;
+  fs::last_write_time(path, file_clock::from_sys(sys_time<microseconds>(microseconds(unix_us))));
+}
+
+// A resumed launch knows an earlier launch's trace of the same name without
+// reading its events: by the file's time, else by its zero, which comes
+// first in the file. Here the events are not even JSON: reading them would
+// say so.
+TEST_F(MarkLaunchTraces, AnEarlierLaunchsTraceIsKnownWithoutReadingItsEvents) {
+  const std::string earlier_head =
+      R"({"otherData":{"origin_unix_us":)" + std::to_string(kOrigin - 2'000'000) + "},";
+  const std::string garbage = R"("traceEvents":[{"ph":"X","ts":}])";
+  write_file_atomic(dir_.path() / "trace.json", earlier_head + garbage);
+  // Written before this launch began: not opened at all, even without a zero.
+  write_file_atomic(dir_.path() / "trace.gen1.json", "{" + garbage + "}");
+  set_written(dir_.path() / "trace.gen1.json", launch_.launched_unix_us - 1'000'000);
+  EXPECT_TRUE(mark_launch_traces(dir_.path(), launch_).empty());
+  EXPECT_EQ(read_file(dir_.path() / "trace.json"), earlier_head + garbage);
+  // This launch's (written since it began) with the same bytes is read, and
+  // refused in one line.
+  set_written(dir_.path() / "trace.gen1.json", launch_.launched_unix_us + 1'000'000);
+  const std::vector<std::string> said = mark_launch_traces(dir_.path(), launch_);
+  ASSERT_EQ(said.size(), 1u);
+  EXPECT_NE(said[0].find("trace.gen1.json"), std::string::npos) << said[0];
+}
+
+// A trace of `events` steps on rank 0, 10 us apart, written as the join does
+// (otherData first), without building it in memory.
+fs::path write_long_trace(const fs::path& path, int64_t events) {
+  std::ofstream out(path);
+  out << R"({"displayTimeUnit":"ms","otherData":{"boot_id":"machine-a","origin_unix_us":)"
+      << kOrigin << R"(},"traceEvents":[)";
+  for (int64_t i = 0; i < events; ++i) {
+    out << (i == 0 ? "" : ",") << R"({"args":{"step":)" << i
+        << R"(},"cat":"step","dur":5.0,"name":"step","ph":"X","pid":1,"tid":7,"ts":)" << 10 * i
+        << ".0}";
+  }
+  out << "]}\n";
+  return path;
+}
+
+int64_t status_kib(const char* field) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.starts_with(field)) return std::stoll(line.substr(std::strlen(field) + 1));
+  }
+  ADD_FAILURE() << "no " << field << " in /proc/self/status";
+  return 0;
+}
+
+// Marking holds one event at a time: a trace's parse tree is about eight
+// times the file, which for the largest trace marked was a gigabyte in the
+// launcher.
+TEST_F(MarkLaunchTraces, ALargeTraceIsMarkedInMemoryThatDoesNotGrowWithIt) {
+  const fs::path trace = write_long_trace(dir_.path() / "trace.json", 250'000);
+  const auto bytes = static_cast<int64_t>(fs::file_size(trace));
+  ASSERT_GT(bytes, 24 << 20);
+  std::ofstream("/proc/self/clear_refs") << "5";  // the peak (VmHWM) starts again from here
+  const int64_t before_kib = status_kib("VmRSS:");
+  ASSERT_LE(status_kib("VmHWM:"), before_kib + 1024);
+  const auto began = std::chrono::steady_clock::now();
+  ASSERT_TRUE(mark_launch_traces(dir_.path(), launch_).empty());
+  const std::chrono::duration<double> took = std::chrono::steady_clock::now() - began;
+  const int64_t grown_kib = status_kib("VmHWM:") - before_kib;
+  EXPECT_LT(grown_kib * 1024, bytes / 4) << "the peak grew by " << grown_kib << " KiB";
+  std::printf("marking %lld bytes took %.2f s, the peak grew by %lld KiB\n",
+              static_cast<long long>(bytes), took.count(), static_cast<long long>(grown_kib));
+  const json marked = json::parse(read_file(trace));
+  // The incident (detected, restart), the straggler (its track, its span),
+  // the incidents process (name, order, track).
+  EXPECT_EQ(marked.at("traceEvents").size(), 250'000u + 7u);
+}
+
+// A launcher stopped by a signal marks until its deadline: what is left is
+// untouched (a half-read trace too) and named in one line.
+TEST_F(MarkLaunchTraces, ADeadlineLeavesWhatIsNotMarkedInTimeAndSaysSo) {
+  const fs::path first = write_trace("trace.json", kOrigin);
+  const fs::path second = write_trace("trace.gen1.json", kOrigin);
+  const std::string bytes = read_file(first);
+  LaunchTraces stopped = launch_;
+  stopped.deadline = std::chrono::steady_clock::now();
+  std::vector<std::string> said = mark_launch_traces(dir_.path(), stopped);
+  ASSERT_EQ(said.size(), 1u);
+  EXPECT_NE(said[0].find("out of time"), std::string::npos) << said[0];
+  EXPECT_NE(said[0].find("trace.json, trace.gen1.json"), std::string::npos) << said[0];
+  EXPECT_EQ(read_file(first), bytes);
+  EXPECT_EQ(read_file(second), bytes);
+
+  // Within a trace: 10 ms for what takes a second or more.
+  fs::remove(second);
+  write_long_trace(first, 250'000);
+  const std::string long_bytes = read_file(first);
+  stopped.deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(10);
+  const auto began = std::chrono::steady_clock::now();
+  said = mark_launch_traces(dir_.path(), stopped);
+  EXPECT_LT(std::chrono::steady_clock::now() - began, std::chrono::milliseconds(500));
+  ASSERT_EQ(said.size(), 1u);
+  EXPECT_NE(said[0].find("out of time"), std::string::npos) << said[0];
+  EXPECT_EQ(read_file(first), long_bytes);
+  EXPECT_EQ(entries(dir_.path()), 2);  // no temporary left beside it
+}
+
+// One numbering: after a rejoin (which takes a number, no directory) and
+// across two launches, the trace's "incident N" is the report's "#" N.
+TEST(TraceIncidents, TheTraceAndTheReportNumberIncidentsAlike) {
+  testing::TempDir dir("brigade_incident_numbers");
+  const auto incident = [](const char* kind, int number, int64_t at) {
+    return json{{"kind", kind},
+                {"rank", 0},
+                {"node", 1},
+                {"number", number},
+                {"detected_unix_us", at},
+                {"recovered_unix_us", at + 10}};
+  };
+  const int64_t second_launch = kOrigin + 1'000'000;
+  const std::vector<json> records = {incident("crash", 1, kOrigin + 10),
+                                     incident("rejoin", 2, kOrigin + 50),
+                                     incident("hang", 3, kOrigin + 100), json{{"kind", "summary"}},
+                                     incident("crash", 4, second_launch + 100)};
+  std::string lines;
+  for (const json& r : records) lines += r.dump() + "\n";
+  write_file_atomic(dir.path() / "incidents.jsonl", lines);
+  write_file_atomic(dir.path() / "metrics.jsonl", json{{"step", 1}, {"loss", 4.0}}.dump() + "\n");
+  std::vector<int64_t> traced, rejoined;
+  for (const int64_t origin : {kOrigin, second_launch}) {
+    json trace = hand_trace();
+    trace["otherData"]["origin_unix_us"] = origin;
+    mark_incidents(trace, records);
+    for (const json& e : with_category(trace, "incident")) {
+      if (e.at("ph") != "i") continue;
+      const int64_t number = e.at("args").at("number");
+      if (e.at("args").at("kind") == "rejoin") {
+        rejoined.push_back(number);
+      } else {
+        traced.push_back(number);
+        EXPECT_TRUE(
+            e.at("name").get<std::string>().starts_with("incident " + std::to_string(number) + ":"))
+            << e;
+      }
+    }
+  }
+  EXPECT_EQ(traced, (std::vector<int64_t>{1, 3, 4}));
+  EXPECT_EQ(rejoined, (std::vector<int64_t>{2}));
+  const json run = read_run(dir.path());
+  std::vector<int64_t> reported;
+  for (const json& i : run.at("incidents")) reported.push_back(i.at("number"));
+  EXPECT_EQ(reported, traced);
+  // The page's "#" column is that number, not the row's.
+  EXPECT_NE(report_html(run, "").find("['#', i => i.number]"), std::string::npos);
 }
 
 }  // namespace BRIGADE_TEST_FILE

@@ -508,6 +508,21 @@ TEST(WorkerGroup, StartsRanksWithTheirVariablesAndTheInheritedDescriptorOnly) {
   }
 }
 
+// A rejoin takes a number (its generation) and keeps no evidence: the next
+// launch's first incident must not be given that number again.
+TEST(IncidentEvidence, ANumberTakenWithoutADirectoryIsNotGivenAgain) {
+  testing::TempDir run("brigade_evidence");
+  fs::create_directories(run.path() / "incidents" / "1");
+  std::ofstream(run.path() / "incidents.jsonl") << R"({"kind":"crash","number":1})"
+                                                << "\n"
+                                                << R"({"kind":"rejoin","number":2,"restart":false})"
+                                                << "\n"
+                                                << R"({"kind":"summary"})"
+                                                << "\n"
+                                                << R"({"kind":"crash","num)";  // torn by a kill
+  EXPECT_EQ(last_incident_number(run.path()), 2);
+}
+
 // Nodes share the run directory: node 1's agent, told incident 1 (the job's
 // number), writes its own view beside node 0's, in the same directory.
 TEST(IncidentEvidence, EachNodeWritesItsViewIntoTheJobsIncidentNumber) {

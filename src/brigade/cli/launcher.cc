@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <array>
 #include <cerrno>
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -53,6 +54,9 @@ constexpr std::array<std::string_view, 6> kBrigadeVerbs = {"train", "eval",     
                                                            "bench", "tokenizer", "data"};
 // How often node 0 looks for the other nodes' done keys (and a signal) at the end.
 constexpr int64_t kDoneCheckMs = 500;
+// How long a launcher stopped by a signal marks the run's traces at most
+// (diag/trace_incidents.h: some 30 MiB of trace).
+constexpr std::chrono::seconds kMarkingAfterSignal{3};
 
 // Store keys the launchers of one job share.
 const std::string kNodesJoinedKey = "brigade/launch/nodes_joined";
@@ -594,6 +598,7 @@ int run_launch(const LaunchOptions& o) {
   int exit_status = 0;
   const int64_t launched_unix_us = unix_us_now();
   std::optional<std::pair<std::string, diag::LaunchTraces>> traces;
+  bool signalled = false;
   {
     const elastic::BlockedSignals blocked;
     // Started with the signals blocked, so its thread never takes the
@@ -616,6 +621,7 @@ int run_launch(const LaunchOptions& o) {
     if (supervisor.writes_run_records()) {
       traces.emplace(supervisor.run_dir(),
                      diag::LaunchTraces{supervisor.generation(), launched_unix_us});
+      signalled = supervisor.received_signal() != 0;
     }
     // An agent that lost the coordinator would wait out the store's
     // timeout to say it is done, to nobody.
@@ -640,6 +646,9 @@ int run_launch(const LaunchOptions& o) {
     }
   }
   if (traces) {
+    // Stopped by a signal: whoever sent it waits for the launcher to go,
+    // and a trace of gigabytes could hold it for a minute.
+    if (signalled) traces->second.deadline = std::chrono::steady_clock::now() + kMarkingAfterSignal;
     for (const std::string& line : diag::mark_launch_traces(traces->first, traces->second)) {
       fmt::print(stderr, "brigade launch: {}\n", line);
     }

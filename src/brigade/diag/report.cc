@@ -200,6 +200,7 @@ nlohmann::json read_run(const fs::path& run_dir) {
                         {"mesh", nullptr}};
   const fs::path incidents_path = run_dir / "incidents.jsonl";
   if (fs::is_regular_file(incidents_path)) {
+    int64_t last_number = 0;
     for (nlohmann::json& line : read_jsonl(incidents_path)) {
       // The summary of the run's last launch: a resumed run appends its own.
       const std::string kind = line.value("kind", "");
@@ -212,6 +213,13 @@ nlohmann::json read_run(const fs::path& run_dir) {
         // The job grew back (a node joined): a pause, no failure.
         run["rejoins"].push_back(std::move(line));
       } else {
+        // The agent's number (incidents/<N>/, the trace's marks, the
+        // incident's cause line); a record written before records carried
+        // one follows the one before it.
+        if (!line.contains("number") || !line.at("number").is_number_integer()) {
+          line["number"] = last_number + 1;
+        }
+        last_number = line.at("number").get<int64_t>();
         run["incidents"].push_back(std::move(line));
       }
     }

@@ -208,7 +208,7 @@ constexpr char kMain[] = R"js(
   } else {
     const table = el('table');
     table.id = 'incident-table';
-    const cols = [['#', (i, n) => n + 1], ['kind', i => i.kind], ['rank', i => i.rank],
+    const cols = [['#', i => i.number], ['kind', i => i.kind], ['rank', i => i.rank],
                   ['generation', i => i.generation], ['what', i => i.what],
                   ['injected', i => i.injected ? 'yes' : 'no'],
                   ['detected after (ms)', i => fixed(i.detected_after_ms, 0)],

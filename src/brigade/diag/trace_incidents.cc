@@ -6,14 +6,17 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <map>
 #include <optional>
 #include <set>
+#include <string_view>
 
 #include "brigade/core/error.h"
 #include "brigade/core/files.h"
 #include "brigade/diag/trace.h"
+#include "brigade/diag/trace_scanner.h"
 
 namespace brigade::diag {
 namespace fs = std::filesystem;
@@ -74,6 +77,9 @@ std::optional<Mark> incident_mark(const json& r, int pid) {
                {"detected_after_ms", value_or_null(r, "detected_after_ms")},
                {"recovered_after_ms", value_or_null(r, "recovered_after_ms")},
                {"recovery_ms", value_or_null(r, "recovery_ms")}};
+  // The run's one numbering (elastic/incident_evidence.h): a rejoin takes
+  // one too, and has no timeline.
+  if (const auto number = stamp(r, "number")) args["number"] = *number;
   std::string detected_name, span_name;
   if (!is_failure(r)) {
     const std::string node = r.contains("node") ? r.at("node").dump() : std::string("?");
@@ -82,7 +88,6 @@ std::optional<Mark> incident_mark(const json& r, int pid) {
   } else {
     std::string title = rank >= 0 ? fmt::format("{} of rank {}", kind, rank) : kind;
     if (const auto number = stamp(r, "number")) {
-      args["number"] = *number;
       args["timeline"] = fmt::format("incidents/{}/trace.json", *number);
       title = fmt::format("incident {}: {}", *number, title);
     }
@@ -219,33 +224,45 @@ std::vector<Episode> episodes(const std::vector<json>& records) {
   return out;
 }
 
-}  // namespace
+// What the marks need of a trace's own events (its marks left out).
+struct TraceFacts {
+  int64_t origin_us = 0;
+  double end_ts = 0;  // the last event's end, from zero
+  int last_pid = 0;
+  std::string boot_id;  // rank 0's machine
+};
 
-int mark_incidents(json& trace, const std::vector<json>& records) {
-  json& other = trace["otherData"];
+void observe(TraceFacts& facts, const json& e) {
+  if (e.contains("ts")) {
+    facts.end_ts = std::max(facts.end_ts, e.at("ts").get<double>() + e.value("dur", 0.0));
+  }
+  facts.last_pid = std::max(facts.last_pid, e.value("pid", 0));
+}
+
+int64_t origin_of(const json& other) {
   if (!other.is_object() || !other.contains(kOriginKey) || !other.at(kOriginKey).is_number()) {
     throw_error(
         "the trace has no {} (written by an older Brigade): its incidents cannot be placed; the "
         "incidents are in incidents.jsonl and each one's timeline in incidents/N/trace.json",
         kOriginKey);
   }
-  int64_t origin_us = other.at(kOriginKey).get<int64_t>();
-  json& events = trace.at("traceEvents");
-  json kept = json::array();
-  double end_ts = 0;
-  int last_pid = 0;
-  for (json& e : events) {
-    if (is_mark(e)) continue;
-    if (e.contains("ts")) {
-      end_ts = std::max(end_ts, e.at("ts").get<double>() + e.value("dur", 0.0));
-    }
-    last_pid = std::max(last_pid, e.value("pid", 0));
-    kept.push_back(std::move(e));
-  }
-  events = std::move(kept);
-  other.erase(kMarksClockKey);
-  const int64_t trace_end_us = origin_us + static_cast<int64_t>(end_ts);
-  const int incidents_pid = last_pid + 1;
+  return other.at(kOriginKey).get<int64_t>();
+}
+
+// The marks of the records on a trace, and what they change in it.
+struct Marking {
+  int count = 0;
+  std::vector<json> events;  // on the (possibly moved) zero
+  int64_t origin_us = 0;     // the zero, moved back by a restart before it
+  double shift_us = 0;       // what every earlier event moves by
+  json marks_clock;          // otherData's marks_clock (null: none)
+};
+
+Marking plan_marks(const TraceFacts& facts, const std::vector<json>& records) {
+  Marking out;
+  int64_t origin_us = facts.origin_us;
+  const int64_t trace_end_us = origin_us + static_cast<int64_t>(facts.end_ts);
+  const int incidents_pid = facts.last_pid + 1;
 
   // Incidents: those whose detection-to-recovery overlaps the trace; one
   // detected before zero (the restart this generation recovered from)
@@ -271,23 +288,24 @@ int mark_incidents(json& trace, const std::vector<json>& records) {
     m.begin_us = std::max(named, window_begin);
     marks.push_back(std::move(m));
   }
-  if (marks.empty()) return 0;
+  out.count = static_cast<int>(marks.size());
+  out.origin_us = origin_us;
+  if (marks.empty()) return out;
 
   // A restart before zero moves zero back, as diag/trace.h's join does for
   // a rank that opened its window first: the viewers drop negative times.
   if (window_begin < origin_us) {
-    shift_trace_events(events, static_cast<double>(origin_us - window_begin));
+    out.shift_us = static_cast<double>(origin_us - window_begin);
     origin_us = window_begin;
-    other[kOriginKey] = origin_us;
+    out.origin_us = origin_us;
   }
   bool any_incident = false;
-  const std::string trace_boot = other.value(kBootIdKey, "");
   std::set<std::string> machines;
   for (Mark& m : marks) {
     machines.insert(m.boot_id);
     for (json& e : m.events) {
       if (!e.contains("ts")) {
-        events.push_back(std::move(e));
+        out.events.push_back(std::move(e));
         continue;
       }
       // Cut to the window (a restart span past the trace's end).
@@ -300,30 +318,61 @@ int mark_incidents(json& trace, const std::vector<json>& records) {
         e["ts"] = static_cast<double>(e.at("ts").get<int64_t>() - origin_us);
       }
       if (e.value("cat", "") == kIncidentCategory) any_incident = true;
-      events.push_back(std::move(e));
+      out.events.push_back(std::move(e));
     }
   }
   const bool one_machine =
-      !trace_boot.empty() && machines.size() == 1 && *machines.begin() == trace_boot;
-  other[kMarksClockKey] =
-      one_machine ? "rank 0's machine (boot ids equal): the marks line up with the steps to "
-                    "the wall clock's slew between the conversions"
-                  : "wall clocks of different machines (or of unknown ones): the marks line "
-                    "up with the steps to the machines' clock synchronisation";
+      !facts.boot_id.empty() && machines.size() == 1 && *machines.begin() == facts.boot_id;
+  out.marks_clock = one_machine
+                        ? "rank 0's machine (boot ids equal): the marks line up with the steps to "
+                          "the wall clock's slew between the conversions"
+                        : "wall clocks of different machines (or of unknown ones): the marks line "
+                          "up with the steps to the machines' clock synchronisation";
   if (any_incident) {
     const auto meta = [&](const char* what, int64_t tid, json args) {
-      events.push_back({{"ph", "M"},
-                        {"name", what},
-                        {"cat", kIncidentCategory},
-                        {"pid", incidents_pid},
-                        {"tid", tid},
-                        {"args", std::move(args)}});
+      out.events.push_back({{"ph", "M"},
+                            {"name", what},
+                            {"cat", kIncidentCategory},
+                            {"pid", incidents_pid},
+                            {"tid", tid},
+                            {"args", std::move(args)}});
     };
     meta("process_name", 0, {{"name", "incidents"}});
     meta("process_sort_index", 0, {{"sort_index", -1}});  // above the ranks
     meta("thread_name", kIncidentLane, {{"name", "incidents"}});
   }
-  return static_cast<int>(marks.size());
+  return out;
+}
+
+void apply_to_other_data(json& other, const Marking& m) {
+  other[kOriginKey] = m.origin_us;
+  if (m.marks_clock.is_null()) {
+    other.erase(kMarksClockKey);
+  } else {
+    other[kMarksClockKey] = m.marks_clock;
+  }
+}
+
+}  // namespace
+
+int mark_incidents(json& trace, const std::vector<json>& records) {
+  json& other = trace["otherData"];
+  TraceFacts facts;
+  facts.origin_us = origin_of(other);
+  facts.boot_id = other.value(kBootIdKey, "");
+  json& events = trace.at("traceEvents");
+  json kept = json::array();
+  for (json& e : events) {
+    if (is_mark(e)) continue;
+    observe(facts, e);
+    kept.push_back(std::move(e));
+  }
+  events = std::move(kept);
+  Marking m = plan_marks(facts, records);
+  if (m.shift_us != 0) shift_trace_events(events, m.shift_us);
+  apply_to_other_data(other, m);
+  for (json& e : m.events) events.push_back(std::move(e));
+  return m.count;
 }
 
 namespace {
@@ -364,6 +413,136 @@ std::vector<json> read_records(const fs::path& path) {
 
 }  // namespace
 
+namespace {
+
+// The launcher ran out of the time it had to mark (LaunchTraces::deadline).
+struct OutOfTime {};
+
+void check_deadline(const LaunchTraces& launch) {
+  if (launch.deadline && std::chrono::steady_clock::now() >= *launch.deadline) throw OutOfTime{};
+}
+
+// Earlier than this launch by its file's time: written before the launch
+// started (clocks of one machine: the launcher's and the file system's).
+bool written_before(const fs::path& path, int64_t launched_unix_us) {
+  std::error_code ec;
+  const auto written = fs::last_write_time(path, ec);
+  if (ec) return false;
+  const auto sys = std::chrono::file_clock::to_sys(written);
+  return std::chrono::duration_cast<std::chrono::microseconds>(sys.time_since_epoch()).count() <
+         launched_unix_us;
+}
+
+constexpr size_t kCheckEvery = 4096;  // events between deadline checks
+constexpr size_t kFlushBytes = size_t{1} << 20;
+
+// Marks one trace of this launch by two passes over the file: the first
+// validates it and reads what the marks need (an earlier launch's trace is
+// known by its otherData, which Brigade writes first, before any event is
+// read), the second streams it, earlier marks left out, into the file that
+// replaces it. Untouched when nothing changes or anything fails.
+void mark_trace_file(const fs::path& path, const std::vector<json>& records,
+                     const LaunchTraces& launch) {
+  json members = json::object();
+  bool earlier_launch = false;
+  TraceFacts facts;
+  std::vector<size_t> old_marks;  // indices in traceEvents
+  size_t index = 0;
+  {
+    TraceScanner scanner(path);
+    scanner.scan(
+        [&](const std::string& key, std::string_view raw) {
+          json value = json::parse(raw);
+          if (key == "otherData" && value.is_object() && value.contains(kOriginKey) &&
+              value.at(kOriginKey).is_number() &&
+              value.at(kOriginKey).get<int64_t>() < launch.launched_unix_us) {
+            earlier_launch = true;  // of the same name, left by an earlier launch
+            return false;
+          }
+          members[key] = std::move(value);
+          return true;
+        },
+        [&](std::string_view raw) {
+          if (index % kCheckEvery == 0) check_deadline(launch);
+          const json e = json::parse(raw);
+          if (is_mark(e)) {
+            old_marks.push_back(index);
+          } else {
+            observe(facts, e);
+          }
+          ++index;
+        });
+  }
+  if (earlier_launch) return;
+  json& other = members["otherData"];
+  facts.origin_us = origin_of(other);
+  facts.boot_id = other.value(kBootIdKey, "");
+  const Marking m = plan_marks(facts, records);
+  if (m.count == 0 && old_marks.empty()) return;
+  apply_to_other_data(other, m);
+
+  AtomicFileWriter out(path);
+  std::string buffer;
+  const auto flush = [&](bool always) {
+    if (always || buffer.size() >= kFlushBytes) {
+      out.write(buffer);
+      buffer.clear();
+    }
+  };
+  // Members in nlohmann's order (sorted), as diag/trace.h writes them.
+  buffer.push_back('{');
+  bool first_member = true;
+  const auto member_key = [&](const std::string& key) {
+    if (!first_member) buffer.push_back(',');
+    first_member = false;
+    buffer += json(key).dump();
+    buffer.push_back(':');
+  };
+  const auto write_events = [&] {
+    member_key("traceEvents");
+    buffer.push_back('[');
+    bool first = true;
+    const auto add = [&](std::string_view text) {
+      if (!first) buffer.push_back(',');
+      first = false;
+      buffer.append(text);
+      flush(false);
+    };
+    size_t i = 0, next_old = 0;
+    TraceScanner scanner(path);
+    scanner.scan([](const std::string&, std::string_view) { return true; },
+                 [&](std::string_view raw) {
+                   if (i % kCheckEvery == 0) check_deadline(launch);
+                   const size_t at = i++;
+                   if (next_old < old_marks.size() && old_marks[next_old] == at) {
+                     ++next_old;
+                     return;
+                   }
+                   if (m.shift_us == 0) return add(raw);  // unchanged: as it was
+                   json one = json::array({json::parse(raw)});
+                   shift_trace_events(one, m.shift_us);
+                   add(one.at(0).dump());
+                 });
+    for (const json& e : m.events) add(e.dump());
+    buffer.push_back(']');
+  };
+  bool events_written = false;
+  for (const auto& [key, value] : members.items()) {
+    if (!events_written && key > std::string("traceEvents")) {
+      write_events();
+      events_written = true;
+    }
+    member_key(key);
+    buffer += value.dump();
+  }
+  if (!events_written) write_events();
+  buffer += "}\n";
+  flush(true);
+  out.commit();
+}
+
+}  // namespace
+
 std::vector<std::string> mark_launch_traces(const fs::path& run_dir, const LaunchTraces& launch) {
   std::vector<std::string> said;
   const fs::path incidents_path = run_dir / "incidents.jsonl";
@@ -385,35 +564,45 @@ std::vector<std::string> mark_launch_traces(const fs::path& run_dir, const Launc
     return (kind == "straggler" || kind == "straggler_recovered") && at &&
            *at < launch.launched_unix_us;
   });
+  std::vector<std::string> out_of_time;
   for (int64_t g = 0; g <= launch.last_generation; ++g) {
-    const fs::path path =
-        run_dir / (g == 0 ? std::string("trace.json") : fmt::format("trace.gen{}.json", g));
+    const std::string name =
+        g == 0 ? std::string("trace.json") : fmt::format("trace.gen{}.json", g);
+    const fs::path path = run_dir / name;
     if (!fs::is_regular_file(path, ec)) continue;  // this generation traced nothing
+    // Of the same name, left by an earlier launch (the run resumed into the
+    // directory): known without reading it.
+    if (written_before(path, launch.launched_unix_us)) continue;
+    if (!out_of_time.empty()) {
+      out_of_time.push_back(name);
+      continue;
+    }
     try {
+      check_deadline(launch);
       const uintmax_t bytes = fs::file_size(path);
       if (bytes > launch.max_bytes) {
         throw_error(
-            "{:.1f} MiB, more than the {:.1f} MiB the launcher reads to mark a trace; "
-            "its incidents are in incidents.jsonl",
+            "{:.1f} MiB, more than the {:.1f} MiB the launcher reads to mark a trace (about "
+            "{:.0f} s); its incidents are in incidents.jsonl",
             static_cast<double>(bytes) / (1 << 20),
-            static_cast<double>(launch.max_bytes) / (1 << 20));
+            static_cast<double>(launch.max_bytes) / (1 << 20),
+            static_cast<double>(launch.max_bytes) / kMarkedBytesPerSecond);
       }
-      json trace = json::parse(read_file(path));
-      const json& other = trace.at("otherData");
-      // Of the same name, left by an earlier launch into this directory.
-      if (other.contains(kOriginKey) && other.at(kOriginKey).is_number() &&
-          other.at(kOriginKey).get<int64_t>() < launch.launched_unix_us) {
-        continue;
-      }
-      const json& events = trace.at("traceEvents");
-      const bool had_marks = std::any_of(events.begin(), events.end(), is_mark);
-      if (mark_incidents(trace, records) > 0 || had_marks) {
-        write_file_atomic(path, trace.dump() + "\n");
-      }
+      mark_trace_file(path, records, launch);
+    } catch (const OutOfTime&) {
+      out_of_time.push_back(name);
     } catch (const std::exception& e) {
       said.push_back(fmt::format("could not mark the run's incidents in {} (left as it was): {}",
                                  path.string(), e.what()));
     }
+  }
+  if (!out_of_time.empty()) {
+    std::string names;
+    for (const std::string& n : out_of_time) names += (names.empty() ? "" : ", ") + n;
+    said.push_back(fmt::format(
+        "out of time to mark the run's incidents (stopped by a signal): {} in {} left as {} "
+        "(the incidents are in incidents.jsonl)",
+        names, run_dir.string(), out_of_time.size() == 1 ? "it was" : "they were"));
   }
   return said;
 }

@@ -37,9 +37,11 @@
 // machines' clock synchronisation too (NTP on a LAN: about a millisecond).
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -51,19 +53,28 @@ namespace brigade::diag {
 // when the trace has no origin_unix_us (written before it was recorded).
 int mark_incidents(nlohmann::json& trace, const std::vector<nlohmann::json>& records);
 
-// A trace larger than this is not read to be marked (parsing it would hold
-// the launcher for seconds and several times its size in memory).
+// Marking streams a trace twice (validated and read, then rewritten), one
+// event in memory at a time: its memory does not grow with the trace (a
+// 24 MiB trace: 2.4 MiB at the peak, where its parse tree took 330 MiB),
+// its time does (each event parsed: about kMarkedBytesPerSecond on a
+// loaded core). A trace larger than this is not marked, so that a
+// launcher's end waits seconds, not minutes.
 inline constexpr uintmax_t kMaxMarkedTraceBytes = uintmax_t{128} << 20;
+inline constexpr double kMarkedBytesPerSecond = 10e6;
 
 // The traces one launch's workers wrote.
 struct LaunchTraces {
   // trace.json and trace.gen1..gen<last_generation>.json.
   int64_t last_generation = 0;
-  // When the launch started (unix us): a trace of those names whose zero
-  // is earlier is an earlier launch's (the run resumed into the directory),
-  // marked by that launch and left alone.
+  // When the launch started (unix us): a trace of those names written
+  // before it (its file's time), or whose zero is earlier (its otherData,
+  // read before any event), is an earlier launch's (the run resumed into
+  // the directory), marked by that launch and left alone unread.
   int64_t launched_unix_us = 0;
   uintmax_t max_bytes = kMaxMarkedTraceBytes;
+  // A launcher stopped by a signal marks what it can until then; the rest
+  // is left as it was and said in one line.
+  std::optional<std::chrono::steady_clock::time_point> deadline = std::nullopt;
 };
 
 // Marks the launch's traces in run_dir with run_dir/incidents.jsonl,

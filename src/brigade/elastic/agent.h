@@ -233,6 +233,9 @@ class Agent {
   // The last generation this agent ran (0: the first; its workers' trace is
   // trace.json, generation G's trace.gen<G>.json).
   int64_t generation() const { return generation_; }
+  // The signal that stopped the job (0: none): the launcher's end is then
+  // bounded (someone is waiting for it to go).
+  int received_signal() const { return received_signal_; }
 
  private:
   enum class Outcome { kSucceeded, kFailed, kSignalled, kRemoteFailure };

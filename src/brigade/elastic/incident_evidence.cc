@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <system_error>
 
 #include "brigade/core/clock.h"
@@ -109,6 +110,14 @@ int64_t last_incident_number(const fs::path& run_dir) {
        it.increment(ec)) {
     if (const auto n = incident_number(it->path().filename().string())) {
       last = std::max(last, *n);
+    }
+  }
+  std::ifstream records(run_dir / "incidents.jsonl");
+  for (std::string line; std::getline(records, line);) {
+    // A torn line (a launch killed while writing it) is passed over.
+    const nlohmann::json r = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (r.is_object() && r.contains("number") && r.at("number").is_number_integer()) {
+      last = std::max(last, r.at("number").get<int64_t>());
     }
   }
   return last;

@@ -81,8 +81,11 @@ bool copy_exit_dumps(const std::filesystem::path& run_dir, const std::filesystem
 // other name (more digits than an int64 holds are not one of ours).
 std::optional<int64_t> incident_number(const std::string& name);
 
-// The highest N of RUN_DIR/incidents/<N>/ (an earlier launch's), 0 when
-// there is none. Never throws.
+// The highest incident number an earlier launch used: of RUN_DIR/incidents/
+// <N>/, and of incidents.jsonl's records (a rejoin, or an incident whose
+// evidence could not be kept, takes a number but has no directory; counting
+// directories alone gave the next launch that number again). 0 when there
+// is none. Never throws.
 int64_t last_incident_number(const std::filesystem::path& run_dir);
 
 // At a failure, before the generation is killed: creates incident `number`'s
