@@ -33,6 +33,11 @@ struct LmHeadLossArgs {
   // loss), 1/(rows in the global batch) for a mean.
   float* dx = nullptr;    // (N,C), overwritten
   float* dwte = nullptr;  // (V,C), accumulated
+  // ZB-H1's weight half (Qi et al. 2024) takes the head's dwte product out
+  // of this pass: with dx set and dwte null, dlogits (N,V) is written here
+  // instead, for lm_head_weight_grad later (the kernel's chunks are then
+  // rows of it, so no chunk scratch is used).
+  float* dlogits = nullptr;
   float loss_scale = 0.0f;
   // lm_head_scratch_floats(n, v) floats for one chunk of logits; null to
   // allocate per call.
@@ -58,6 +63,12 @@ struct LmHeadLossArgs {
 int64_t lm_head_scratch_floats(int64_t n, int64_t v);
 
 void lm_head_loss(const LmHeadLossArgs& args);
+
+// The dwte that lm_head_loss would have added when it wrote `dlogits`
+// instead: dwte (V,C) += dlogits^T @ x, in the same row chunks (chunk_rows
+// as given to it), so the sum is bit for bit the fused kernel's.
+void lm_head_weight_grad(float* dwte, const float* dlogits, const float* x, int64_t n, int64_t c,
+                         int64_t v, int64_t chunk_rows = 0);
 
 // logits (N,V) = x (N,C) @ wte^T, for sampling and tests.
 void lm_head_logits(float* logits, const float* x, const float* wte, int64_t n, int64_t c,
