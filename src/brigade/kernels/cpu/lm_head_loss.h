@@ -33,11 +33,6 @@ struct LmHeadLossArgs {
   // loss), 1/(rows in the global batch) for a mean.
   float* dx = nullptr;    // (N,C), overwritten
   float* dwte = nullptr;  // (V,C), accumulated
-  // ZB-H1's weight half (Qi et al. 2024) takes the head's dwte product out
-  // of this pass: with dx set and dwte null, dlogits (N,V) is written here
-  // instead, for lm_head_weight_grad later (the kernel's chunks are then
-  // rows of it, so no chunk scratch is used).
-  float* dlogits = nullptr;
   float loss_scale = 0.0f;
   // lm_head_scratch_floats(n, v) floats for one chunk of logits; null to
   // allocate per call.
@@ -58,6 +53,12 @@ struct LmHeadLossArgs {
   // target is not here). It must leave the same over the whole vocabulary.
   // Empty: wte is the whole vocabulary.
   std::function<void(float* stats, int64_t rows)> combine = {};
+  // (Last, so that positional initialisers keep their meaning.)
+  // ZB-H1's weight half (Qi et al. 2024) takes the head's dwte product out
+  // of this pass: with dx set and dwte null, dlogits (N,V) is written here
+  // instead, for lm_head_weight_grad later (the kernel's chunks are then
+  // rows of it, so no chunk scratch is used).
+  float* dlogits = nullptr;
 };
 
 int64_t lm_head_scratch_floats(int64_t n, int64_t v);
