@@ -180,6 +180,9 @@ TEST_F(TraceTest, PipelineStagesShowTheirBubblesAndSendsAndReceives) {
   EXPECT_TRUE(last.count("wait activation 0"));
   EXPECT_FALSE(names_of(trace, 1, "compute").count("block forward 0")) << "stage 1 has layer 1";
   EXPECT_TRUE(names_of(trace, 1, "compute").count("block forward 1"));
+  // 1F1B's backward is whole: the LM head's weight gradient stays fused
+  // with its loss, in the forward.
+  EXPECT_FALSE(names_of(trace, 1, "compute").count("lm head weight"));
   // Every send and receive is an async span that ends after it begins; what
   // one stage sends, the other receives.
   std::map<std::string, double> begun, ended;
@@ -204,6 +207,42 @@ TEST_F(TraceTest, PipelineStagesShowTheirBubblesAndSendsAndReceives) {
   EXPECT_GT(count["1 send"], 0);
   EXPECT_EQ(count["1 send"], count["2 recv"]);
   EXPECT_EQ(count["2 send"], count["1 recv"]);
+  expect_viewable(trace);
+}
+
+// The spans of `rank` named `name`, and those whose name begins with
+// `outer`, with each of the first inside one of the second on its thread.
+int64_t count_inside(const json& trace, int rank, const std::string& name,
+                     const std::string& outer) {
+  std::vector<json> inner, outers;
+  for (const json& e : spans(trace)) {
+    if (e.at("pid") != rank + 1) continue;
+    const std::string n = e.at("name");
+    if (n == name) inner.push_back(e);
+    if (n.rfind(outer, 0) == 0) outers.push_back(e);
+  }
+  for (const json& e : inner) {
+    const double begin = e.at("ts"), end = begin + e.at("dur").get<double>();
+    const bool inside = std::any_of(outers.begin(), outers.end(), [&](const json& o) {
+      const double ob = o.at("ts"), oe = ob + o.at("dur").get<double>();
+      return o.at("tid") == e.at("tid") && ob <= begin && end <= oe + 1e-3;
+    });
+    EXPECT_TRUE(inside) << name << " outside every " << outer << ": " << e;
+  }
+  return static_cast<int64_t>(inner.size());
+}
+
+// ZB-H1 defers the LM head's weight gradient (a (V,C) GEMM over every row)
+// into each micro-batch's W on the last stage, as it does the blocks'; the
+// loss and the head's input gradient stay in the forward.
+TEST_F(TraceTest, ZbH1RunsTheLmHeadsWeightGradientInTheWeightPass) {
+  const json trace =
+      train({"--nproc", "2", "--set", "parallel.pp=2", "--set", "parallel.schedule=\"zb-h1\"",
+             "--trace", "3", "--set", "train.steps=3"});
+  // Three steps of grad_accum 2 micro-batches: one of each per micro-batch.
+  EXPECT_EQ(count_inside(trace, 1, "lm head weight", "backward weight "), 6);
+  EXPECT_EQ(count_inside(trace, 1, "lm head and loss", "forward "), 6);
+  EXPECT_EQ(count_inside(trace, 0, "lm head weight", "backward weight "), 0);
   expect_viewable(trace);
 }
 

@@ -137,6 +137,7 @@ TEST(GptPart, SplitBackwardMatchesTheWholeModel) {
   std::vector<float> stream(static_cast<size_t>(n * c)), dstream(stream.size());
   int64_t ready_calls = 0;
   a.set_grad_ready_hook([&](int64_t) { ++ready_calls; });
+  part_b.set_defer_head_weight(true);  // as the pipeline runs ZB-H1
   for (int64_t m = 0; m < micro; ++m) {
     a.part_forward(m, inputs[m].data(), nullptr, nullptr, scale, stream.data(), b, t);
     part_b.part_forward(m, nullptr, stream.data(), targets[m].data(), scale, nullptr, b, t);
@@ -157,6 +158,58 @@ TEST(GptPart, SplitBackwardMatchesTheWholeModel) {
   for (const float g : grads) largest = std::max(largest, std::abs(g));
   for (size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::abs(got[i] - grads[i]));
   EXPECT_GT(largest, 0.0f);
+  EXPECT_LE(worst, 1e-5f * largest);
+}
+
+// Under ZB-H1 the head's wte gradient (a (V,C) GEMM over every row) is the
+// weight half's, not the forward's (where the rest of the head's backward
+// runs): nothing of it before part_backward_weight, then exactly what the
+// fused head adds (the same chunked products, replayed); the other
+// gradients as without the deferral.
+TEST(GptPart, DeferredHeadWeightGradientIsAddedByTheWeightHalfOnly) {
+  const GptConfig cfg = tiny_config();
+  const int64_t b = 2, t = cfg.block_size, n = b * t, c = cfg.n_embd, micro = 2;
+  const float scale = 1.0f / static_cast<float>(micro * n);
+  const ParamLayout whole(cfg), lb(cfg, 0, 1, {2, 3});
+  std::vector<float> params(static_cast<size_t>(whole.size()));
+  init_gpt2_weights(whole, cfg.n_layer, 9, params.data());
+  std::vector<float> pb(static_cast<size_t>(lb.size()));
+  global_to_local(lb, whole, params.data(), pb.data());
+  std::vector<float> deferred(pb.size(), 0.0f), fused(pb.size(), 0.0f);
+  Gpt split(cfg, pb.data(), deferred.data(), nullptr, {2, 3});
+  Gpt plain(cfg, pb.data(), fused.data(), nullptr, {2, 3});
+  split.set_defer_head_weight(true);
+  const int64_t wte_begin = lb.wte(), wte_end = wte_begin + cfg.vocab_size * c;
+  const auto wte_largest = [&](const std::vector<float>& g) {
+    float largest = 0;
+    for (int64_t i = wte_begin; i < wte_end; ++i) largest = std::max(largest, std::abs(g[i]));
+    return largest;
+  };
+  std::vector<float> stream(static_cast<size_t>(n * c));
+  std::vector<float> dstream(stream.size()), dplain(stream.size());
+  for (int64_t m = 0; m < micro; ++m) {
+    for (size_t i = 0; i < stream.size(); ++i) {
+      stream[i] = static_cast<float>(Philox::below(7, m, i, 1000)) / 1000.0f - 0.5f;
+    }
+    const std::vector<int32_t> target = tokens(cfg, n, 10 + m);
+    const float loss =
+        split.part_forward(m, nullptr, stream.data(), target.data(), scale, nullptr, b, t);
+    EXPECT_EQ(loss,
+              plain.part_forward(m, nullptr, stream.data(), target.data(), scale, nullptr, b, t));
+    EXPECT_EQ(wte_largest(deferred), 0.0f) << "micro-batch " << m << "'s forward added dwte";
+    split.part_backward_input(m, nullptr, dstream.data());
+    EXPECT_EQ(wte_largest(deferred), 0.0f) << "micro-batch " << m << "'s input half added dwte";
+    plain.part_backward(m, nullptr, dplain.data());
+    EXPECT_EQ(dstream, dplain) << "micro-batch " << m;
+  }
+  for (int64_t m = 0; m < micro; ++m) split.part_backward_weight(m);
+  ASSERT_GT(wte_largest(fused), 0.0f);
+  for (int64_t i = wte_begin; i < wte_end; ++i) ASSERT_EQ(deferred[i], fused[i]) << "wte " << i;
+  float largest = 0, worst = 0;
+  for (const float g : fused) largest = std::max(largest, std::abs(g));
+  for (size_t i = 0; i < fused.size(); ++i) {
+    worst = std::max(worst, std::abs(deferred[i] - fused[i]));
+  }
   EXPECT_LE(worst, 1e-5f * largest);
 }
 

@@ -138,6 +138,37 @@ TEST(Pipeline, EstimateTakesBubbleAndMemoryFromTheSchedule) {
   EXPECT_EQ(zb.memory.activations, ofob.memory.activations);
 }
 
+// The planner simulates the passes as the executor runs them: the LM head's
+// loss and input gradients inside the last stage's forward (one chunked
+// kernel with the loss), its weight gradient in W with the blocks' (ZB-H1
+// defers it). Megatron-LM runs the head's backward in its backward pass.
+TEST(Pipeline, LastStagesWeightPassCarriesTheLmHeadsWeightGradient) {
+  const Hardware& hw = hardware_by_name("h100-80g");
+  const Workload job = gpt3();
+  Workload megatron = job;
+  megatron.features.head_backward_in_forward = false;
+  const Estimate e = estimate(job, with(Kind::kZbH1), hw);
+  const Estimate m = estimate(megatron, with(Kind::kZbH1), hw);
+  ASSERT_TRUE(e.valid && m.valid) << e.invalid << m.invalid;
+  const schedule::StageCosts &last = e.last_stage, &middle = e.middle_stage;
+  // 12 blocks on each stage: what the last has more is the head's. Its
+  // weight-gradient GEMM (12288 x 50257/8 x 2048) is the W's excess...
+  const double head_dw = last.backward_weight - middle.backward_weight;
+  EXPECT_GT(head_dw, 0.01 * middle.backward_weight);
+  EXPECT_EQ(m.last_stage.backward_weight, last.backward_weight);
+  // ...and the same GEMM's size forward, and again for the input gradient,
+  // are in the forward, with the loss's backward, moved there from B (which
+  // keeps ln_f's backward and the tp sum of the head's input gradient).
+  const double head_in_fwd = last.forward - m.last_stage.forward;
+  EXPECT_GT(head_in_fwd, 0.9 * head_dw);
+  EXPECT_LT(last.forward - middle.forward, 3.0 * head_dw);
+  EXPECT_GT(last.forward - middle.forward, 2.0 * head_dw);
+  EXPECT_NEAR(m.last_stage.backward_input - last.backward_input, head_in_fwd, 1e-12);
+  // The other stages are as they were.
+  EXPECT_EQ(e.middle_stage.forward, m.middle_stage.forward);
+  EXPECT_EQ(e.first_stage.forward, m.first_stage.forward);
+}
+
 TEST(Pipeline, ScheduleIsPartOfTheLayout) {
   const Hardware& hw = hardware_by_name("h100-80g");
   LayoutPins pins;

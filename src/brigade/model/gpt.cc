@@ -460,12 +460,35 @@ void Gpt::head_loss_backward(const int32_t* targets, float loss_scale) {
   const trace::Scope span("compute", "lm head and loss");
   cpu::LmHeadLossArgs head = lm_head_args(gather_rows(ws.lnf, n), targets, n);
   head.dx = ws.c_a;
-  head.dwte = grads_ + layout_.wte();
   head.loss_scale = loss_scale;
+  Slot& slot = slots_[slot_];
+  if (defer_head_weight_) {
+    if (slot.head_dlogits.size() < n * head.v) slot.head_dlogits = FloatBuffer(n * head.v);
+    head.dlogits = slot.head_dlogits.data();
+    slot.head_weight_pending = true;
+  } else {
+    head.dwte = grads_ + layout_.wte();
+  }
   acquire(wte_range());
   prefetch(block_range(layout_.end_layer() - 1));
   cpu::lm_head_loss(head);
   release(wte_range());
+}
+
+void Gpt::head_weight_backward() {
+  Slot& slot = slots_[slot_];
+  if (!slot.head_weight_pending) return;
+  const trace::Scope span("compute", "lm head weight");
+  const int64_t n = ws_->b * ws_->t;
+  const int64_t v = tp_size() > 1 ? layout_.vocab_rows() : config_.vocab_size;
+  // Under sequence parallelism ln_f's output is gathered again (its forward
+  // gather went to scratch since reused).
+  const float* x = gather_rows(ws_->lnf, n);
+  acquire(wte_range());
+  cpu::lm_head_weight_grad(grads_ + layout_.wte(), slot.head_dlogits.data(), x, n, config_.n_embd,
+                           v);
+  release(wte_range());
+  slot.head_weight_pending = false;
 }
 
 void Gpt::backward_trunk(const int32_t* inputs, bool from_head, bool defer) {
@@ -521,6 +544,7 @@ void Gpt::backward_trunk(const int32_t* inputs, bool from_head, bool defer) {
     if (report) grad_ready_(layout_.block(l).ln_1_w);
   }
   if (defer) return;  // the embedding's gradient is the weight half's
+  head_weight_backward();
   if (layout_.has_embeddings()) embedding_backward(inputs, b, t);
   if (grad_ready_) grad_ready_(0);
 }
@@ -594,6 +618,8 @@ void Gpt::part_backward_weight(int64_t slot) {
     block_weight_backward(l, stash(l), s.deferred[static_cast<size_t>(l - first)], b, t);
     if (grad_ready_) grad_ready_(layout_.block(l).ln_1_w);
   }
+  // The head's wte (offset 0) last: the blocks' buckets can go meanwhile.
+  head_weight_backward();
   if (layout_.has_embeddings()) embedding_backward(ws_->tokens.data(), b, t);
   if (grad_ready_) grad_ready_(0);
   s.deferred.clear();

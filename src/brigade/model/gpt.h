@@ -106,6 +106,14 @@ class Gpt {
   // shared by the blocks).
   void part_backward_input(int64_t slot, const float* dresid_out, float* dresid_in);
   void part_backward_weight(int64_t slot);
+  // The LM head's backward runs inside part_forward, fused with the loss
+  // (its logits are never all kept). With this on (set by whoever runs the
+  // split backward), part_forward computes the loss and the head's input
+  // gradient there but keeps the slot's dlogits (N x V/tp floats) instead
+  // of adding the head's wte gradient, a (V,C) GEMM over all N rows;
+  // part_backward_weight adds it, as ZB-H1's W has it (part_backward too,
+  // so a whole backward stays whole). The model still knows no stages.
+  void set_defer_head_weight(bool on) { defer_head_weight_ = on; }
 
   // Called during backward as gradients become final: every gradient at a
   // flat offset >= ready_from has been fully written for this micro-batch.
@@ -155,8 +163,11 @@ class Gpt {
   // Embedding (or the stream from resid_in) and this part's blocks; leaves
   // ln_f's output (with the head) or the output stream in the workspace.
   void forward_trunk(const int32_t* inputs, const float* resid_in, int64_t b, int64_t t);
-  // The head after forward_trunk: loss and its gradient (into c_a), dwte.
+  // The head after forward_trunk: loss and its gradient (into c_a), dwte
+  // (or, deferred, the dlogits for head_weight_backward).
   void head_loss_backward(const int32_t* targets, float loss_scale);
+  // The current slot's deferred dwte, if its forward left one.
+  void head_weight_backward();
   // ln_f's backward from c_a into dresid, then the blocks last to first,
   // then the embedding's with `inputs` (with the embeddings).
   // With `defer`, the input half only (part_backward_input).
@@ -201,6 +212,7 @@ class Gpt {
   ParamResidency* residency_ = nullptr;
   TensorParallel* tp_ = nullptr;  // null when the blocks are whole here
   bool sp_ = false;
+  bool defer_head_weight_ = false;
   // Token rows held here of a pass's n.
   int64_t rows_here(int64_t n) const { return sp_ ? n / tp_size() : n; }
   // The (N,C) tensor whose rows here are `mine`: mine itself, or under
@@ -245,6 +257,8 @@ class Gpt {
     std::unique_ptr<Workspace, WorkspaceDeleter> ws;
     FloatBuffer deferred_arena;      // a split backward's kept gradients
     std::vector<Deferred> deferred;  // one per block of the part
+    FloatBuffer head_dlogits;        // (N, V/tp): a deferred dwte's
+    bool head_weight_pending = false;
   };
   std::vector<Slot> slots_;  // one micro-batch's activations each
   size_t slot_ = 0;          // the one the passes use now

@@ -210,6 +210,12 @@ PipelineStage::PipelineStage(Communicator* group, GptChunks& model, const schedu
         "recompute \"none\"");
   }
   list_ = schedule::stage_instructions(shape, stage_);
+  // A split backward defers the LM head's weight gradient too: into the
+  // micro-batch's W, not its forward (where the head's backward runs).
+  const bool split = std::any_of(list_.begin(), list_.end(), [](const Instruction& in) {
+    return in.op == Op::kBackwardWeight;
+  });
+  for (int64_t c = 0; c < model.size(); ++c) model.chunk(c).set_defer_head_weight(split);
   const auto passes = static_cast<size_t>(shape.microbatches * shape.virtual_stages);
   act_in_.resize(passes);
   grad_in_.resize(passes);

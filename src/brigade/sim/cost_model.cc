@@ -13,8 +13,9 @@ namespace {
 // Forward, backward and recompute cost of one piece of work, split into the
 // time the GPU computes and the time it waits on tensor-parallel peers.
 struct PassCost {
-  double fwd = 0, bwd = 0, recompute = 0;           // compute
-  double bwd_weight = 0;                            // the weight-gradient GEMMs, part of bwd
+  double fwd = 0, bwd = 0, recompute = 0;  // compute
+  double bwd_weight = 0;                   // the weight-gradient GEMMs, part of bwd
+  double bwd_in_fwd = 0;  // backward work run inside the forward pass (the head's), part of bwd
   double fwd_tp = 0, bwd_tp = 0, recompute_tp = 0;  // tensor-parallel collectives
   double compute() const { return fwd + bwd + recompute; }
   double tp() const { return fwd_tp + bwd_tp + recompute_tp; }
@@ -170,8 +171,11 @@ PassCost logits_cost(const Costs& costs, const Workload& job, const Layout& l, c
   const double vocab = static_cast<double>(job.model.vocab_size);
   PassCost c;
   costs.add_elementwise(c, 2.0 * tokens * h, 1);
+  const double ln_f_bwd = c.bwd;
   costs.add_gemm(c, tokens, vocab / t, h);
   costs.add_elementwise(c, 4.0 * tokens * vocab / t * (4.0 / job.features.act_bytes), 3);
+  // The cross-entropy's backward and the head's input-gradient GEMM.
+  if (job.features.head_backward_in_forward) c.bwd_in_fwd = c.bwd - c.bwd_weight - ln_f_bwd;
   if (l.tp > 1) {
     // max, sum of exponentials and target logit: three tiny all-reduces.
     c.fwd_tp = 3.0 * ring_collective_s(tokens * 4.0, l.tp, 2.0 * (t - 1.0) / t, costs.intra_bus(),
@@ -330,7 +334,7 @@ Estimate estimate(const Workload& job, const Layout& l, const Hardware& hw) {
     PassCost s;
     auto add = [&s](const PassCost& c, double times) {
       s.fwd += times * c.fwd, s.bwd += times * c.bwd, s.recompute += times * c.recompute;
-      s.bwd_weight += times * c.bwd_weight;
+      s.bwd_weight += times * c.bwd_weight, s.bwd_in_fwd += times * c.bwd_in_fwd;
       s.fwd_tp += times * c.fwd_tp, s.bwd_tp += times * c.bwd_tp;
       s.recompute_tp += times * c.recompute_tp;
     };
@@ -350,14 +354,19 @@ Estimate estimate(const Workload& job, const Layout& l, const Hardware& hw) {
   // these stage times, add to the slowest stage's work: fill, drain, and
   // waits behind slower neighbours. The transfers are not in the simulation:
   // they are counted below as blocking, on the critical path.
+  // As the executor runs them: the head's loss and input gradients in the
+  // last stage's forward (head_backward_in_forward), its weight gradient
+  // with the blocks' in W.
   auto split = [](const PassCost& c) {
-    return schedule::StageCosts{c.fwd + c.fwd_tp,
-                                c.bwd - c.bwd_weight + c.bwd_tp + c.recompute + c.recompute_tp,
-                                c.bwd_weight};
+    return schedule::StageCosts{
+        c.fwd + c.fwd_tp + c.bwd_in_fwd,
+        c.bwd - c.bwd_weight - c.bwd_in_fwd + c.bwd_tp + c.recompute + c.recompute_tp,
+        c.bwd_weight};
   };
+  e.first_stage = split(first), e.middle_stage = split(middle), e.last_stage = split(last);
   const PipelineResult pipe =
       simulate_pipeline(schedule::Shape{l.pipeline_schedule(), l.pp, m, l.vp},
-                        PipelineCosts{split(first), split(middle), split(last)});
+                        PipelineCosts{e.first_stage, e.middle_stage, e.last_stage});
   e.time.bubble_s = std::max(0.0, pipe.step_s - mb * slowest.total());
 
   const double tokens = static_cast<double>(l.micro * job.seq_len);

@@ -16,6 +16,7 @@
 
 #include <string>
 
+#include "brigade/schedule/simulate.h"
 #include "brigade/sim/hardware.h"
 #include "brigade/sim/layout.h"
 #include "brigade/sim/transformer_formulas.h"
@@ -49,6 +50,10 @@ struct Estimate {
   int64_t num_microbatches = 0;
   MemoryEstimate memory;  // per GPU, on the most loaded stage
   TimeEstimate time;
+  // The pass times of one micro-batch the schedule was simulated with (the
+  // bubble's source): the first stage's, a middle one's and the last's,
+  // with the LM head's work in the passes the executor runs it in.
+  schedule::StageCosts first_stage, middle_stage, last_stage;
   double dp_comm_s = 0;       // all data-parallel traffic, hidden or not
   double model_flops = 0;     // per step, no recompute
   double hardware_flops = 0;  // per step, recompute counted as Megatron-LM does

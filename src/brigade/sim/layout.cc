@@ -115,6 +115,7 @@ SystemFeatures SystemFeatures::megatron_2021() {
   f.flash_attention = false;
   f.attention_dropout = true;
   f.overlap_dp = false;
+  f.head_backward_in_forward = false;
   f.schedules = {schedule::Kind::kOneFOneB, schedule::Kind::kInterleaved};
   return f;
 }

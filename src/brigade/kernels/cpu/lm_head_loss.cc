@@ -40,6 +40,11 @@ int64_t chunk_rows(int64_t n, int64_t v) {
   const int64_t chunks = (n + most - 1) / most;
   return (n + chunks - 1) / chunks;
 }
+
+// The rows of one chunk: `requested` (tests), or chunk_rows's.
+int64_t rows_per_chunk(int64_t n, int64_t v, int64_t requested) {
+  return requested > 0 ? std::min(n, requested) : chunk_rows(n, v);
+}
 }  // namespace
 
 #if !defined(BRIGADE_KERNELS_AVX512)
@@ -51,6 +56,15 @@ void lm_head_logits(float* logits, const float* x, const float* wte, int64_t n, 
                     int64_t v) {
   gemm(false, true, n, v, c, 1.0f, x, c, wte, c, 0.0f, logits, v);
 }
+
+void lm_head_weight_grad(float* dwte, const float* dlogits, const float* x, int64_t n, int64_t c,
+                         int64_t v, int64_t chunk_rows) {
+  const int64_t chunk = rows_per_chunk(n, v, chunk_rows);
+  for (int64_t r0 = 0; r0 < n; r0 += chunk) {
+    const int64_t rows = std::min(chunk, n - r0);
+    gemm(true, false, v, c, rows, 1.0f, dlogits + r0 * v, v, x + r0 * c, c, 1.0f, dwte, c);
+  }
+}
 #endif
 
 }  // namespace brigade::cpu
@@ -59,15 +73,16 @@ BRIGADE_ISA_NAMESPACE(brigade::cpu) {
 
 void lm_head_loss(const LmHeadLossArgs& a) {
   const bool want_grads = a.dx != nullptr;
-  BRIGADE_CHECK(want_grads == (a.dwte != nullptr), "dx and dwte go together");
+  BRIGADE_CHECK(want_grads == ((a.dwte != nullptr) != (a.dlogits != nullptr)),
+                "dx goes with one of dwte and dlogits");
   const int64_t v_real = a.v_real >= 0 ? a.v_real : a.v;
   BRIGADE_CHECK(v_real <= a.v, "lm_head_loss: v_real {} exceeds v {}", v_real, a.v);
-  const int64_t chunk = a.chunk_rows > 0 ? std::min(a.n, a.chunk_rows) : chunk_rows(a.n, a.v);
-  BRIGADE_CHECK(a.scratch == nullptr || chunk <= most_chunk_rows(a.n, a.v),
+  const int64_t chunk = rows_per_chunk(a.n, a.v, a.chunk_rows);
+  BRIGADE_CHECK(a.scratch == nullptr || a.dlogits != nullptr || chunk <= most_chunk_rows(a.n, a.v),
                 "lm_head_loss: chunk_rows {} is larger than the scratch holds", a.chunk_rows);
   std::unique_ptr<float[]> owned;
   float* logits = a.scratch;
-  if (logits == nullptr) {
+  if (logits == nullptr && a.dlogits == nullptr) {
     owned.reset(new float[static_cast<size_t>(chunk * a.v)]);
     logits = owned.get();
   }
@@ -102,6 +117,8 @@ void lm_head_loss(const LmHeadLossArgs& a) {
   for (int64_t r0 = 0; r0 < a.n; r0 += chunk) {
     const int64_t rows = std::min(chunk, a.n - r0);
     const float* xc = a.x + r0 * a.c;
+    // Deferred dwte: this chunk's rows of dlogits, kept for the weight half.
+    if (a.dlogits != nullptr) logits = a.dlogits + r0 * a.v;
     lm_head_logits(logits, xc, a.wte, rows, a.c, a.v);
     if (!a.combine) {
       // The whole vocabulary is here: one pass per row while it is in cache.
@@ -156,6 +173,7 @@ void lm_head_loss(const LmHeadLossArgs& a) {
     // dx (rows,C) = dlogits (rows,V) @ wte (V,C)
     gemm(false, false, rows, a.c, a.v, 1.0f, logits, a.v, a.wte, a.c, 0.0f, a.dx + r0 * a.c, a.c);
     // dwte (V,C) += dlogits^T (V,rows) @ x (rows,C)
+    if (a.dwte == nullptr) continue;  // lm_head_weight_grad's, later
     gemm(true, false, a.v, a.c, rows, 1.0f, logits, a.v, xc, a.c, 1.0f, a.dwte, a.c);
   }
 }

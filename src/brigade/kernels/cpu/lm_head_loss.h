@@ -53,11 +53,23 @@ struct LmHeadLossArgs {
   // target is not here). It must leave the same over the whole vocabulary.
   // Empty: wte is the whole vocabulary.
   std::function<void(float* stats, int64_t rows)> combine = {};
+  // (Last, so that positional initialisers keep their meaning.)
+  // ZB-H1's weight half (Qi et al. 2024) takes the head's dwte product out
+  // of this pass: with dx set and dwte null, dlogits (N,V) is written here
+  // instead, for lm_head_weight_grad later (the kernel's chunks are then
+  // rows of it, so no chunk scratch is used).
+  float* dlogits = nullptr;
 };
 
 int64_t lm_head_scratch_floats(int64_t n, int64_t v);
 
 void lm_head_loss(const LmHeadLossArgs& args);
+
+// The dwte that lm_head_loss would have added when it wrote `dlogits`
+// instead: dwte (V,C) += dlogits^T @ x, in the same row chunks (chunk_rows
+// as given to it), so the sum is bit for bit the fused kernel's.
+void lm_head_weight_grad(float* dwte, const float* dlogits, const float* x, int64_t n, int64_t c,
+                         int64_t v, int64_t chunk_rows = 0);
 
 // logits (N,V) = x (N,C) @ wte^T, for sampling and tests.
 void lm_head_logits(float* logits, const float* x, const float* wte, int64_t n, int64_t c,
