@@ -248,6 +248,24 @@ TEST_F(CheckpointTest, AStepWithoutManifestDoesNotExist) {
   EXPECT_EQ(resolve_checkpoint(temp_.path()).dir.filename(), "step_00000005");
 }
 
+// What saves, replacements and prunes of an earlier process left half-way
+// goes at the next process's first save; the checkpoints and anything that
+// is not a save's stay.
+TEST_F(CheckpointTest, ClearingLeftoversRemovesEveryKindAndKeepsTheCheckpoints) {
+  save_as_ranks(2, 5);
+  for (const char* left : {"step_00000006.partial", "step_00000004.old", "step_00000003.pruned"}) {
+    fs::create_directories(root() / left);
+    std::ofstream(root() / left / "shard_00000.safetensors") << "stale";
+  }
+  fs::create_directories(root() / "notes");
+  clear_checkpoint_leftovers(root());
+  std::vector<std::string> kept;
+  for (const auto& e : fs::directory_iterator(root())) kept.push_back(e.path().filename());
+  std::sort(kept.begin(), kept.end());
+  EXPECT_EQ(kept, (std::vector<std::string>{"notes", "step_00000005"}));
+  EXPECT_NO_THROW(verify_checkpoint(root() / "step_00000005"));
+}
+
 TEST_F(CheckpointTest, ACorruptShardIsNamedAndResumeFallsBack) {
   save_as_ranks(2, 5);
   const fs::path newest = save_as_ranks(2, 6);

@@ -27,7 +27,9 @@
 // committer after every rank's writer stopped (train/checkpoint_saver.h),
 // a commit's .old and a prune's .pruned are the committer's own and carry
 // no shard a later save reads, and no two saves of a process write the same
-// step_N.partial while one is live. What another process left (a crashed
+// step_N.partial while one is live. (A save given up on a way out, with
+// no barrier, may leave a slower rank's part: the process ends, and the
+// next one clears it.) What another process left (a crashed
 // generation's half-written step, whose shards a replayed save of the same
 // step would otherwise mix with its own) is there before this process's
 // first save, which clears it.

@@ -101,7 +101,9 @@ void CheckpointSaver::clear_leftovers(const AsyncCheckpointWriter::Save& save) {
   if (group_) group_->all_reduce(&failed, 1, DType::kF64, ReduceOp::kMax)->wait();
   if (failed != 0) {
     throw_error("{} of step {} could not start: {}", what_, save.step,
-                save.commits() ? why : "a rank could not clear " + save.root.string());
+                save.commits() ? why
+                               : "a committer could not clear the leftovers of earlier saves "
+                                 "under its root (its own error names the directory)");
   }
   cleared_ = true;
 }
