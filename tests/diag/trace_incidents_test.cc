@@ -12,7 +12,8 @@
 // parsed trace would be marked, in memory that does not grow with the
 // trace, within a deadline after a signal; leaves them as they were when
 // incidents.jsonl cannot be read, a trace is too large, malformed or cannot
-// be rewritten, or time ran out. The trace and the report number incidents
+// be rewritten, or time ran out; removes what a launcher killed while
+// rewriting one left. The trace and the report number incidents
 // alike. The whole path from an injected fault runs in
 // tests/cli/trace_incidents_test.cc.
 #include "brigade/diag/trace_incidents.h"
@@ -427,25 +428,31 @@ void set_written(const fs::path& path, int64_t unix_us) {
 }
 
 // A resumed launch knows an earlier launch's trace of the same name without
-// reading its events: by the file's time, else by its zero, which comes
-// first in the file. Here the events are not even JSON: reading them would
-// say so.
+// reading its events: by the file's time when it is over a minute before
+// the launch (the file system's clock may be another machine's), else by
+// its zero, which comes first in the file. Here the events are not even
+// JSON: reading them would say so.
 TEST_F(MarkLaunchTraces, AnEarlierLaunchsTraceIsKnownWithoutReadingItsEvents) {
   const std::string earlier_head =
       R"({"otherData":{"origin_unix_us":)" + std::to_string(kOrigin - 2'000'000) + "},";
   const std::string garbage = R"("traceEvents":[{"ph":"X","ts":}])";
   write_file_atomic(dir_.path() / "trace.json", earlier_head + garbage);
-  // Written before this launch began: not opened at all, even without a zero.
+  // Written minutes before this launch began: not opened at all, even
+  // without a zero.
   write_file_atomic(dir_.path() / "trace.gen1.json", "{" + garbage + "}");
-  set_written(dir_.path() / "trace.gen1.json", launch_.launched_unix_us - 1'000'000);
+  set_written(dir_.path() / "trace.gen1.json", launch_.launched_unix_us - 120'000'000);
   EXPECT_TRUE(mark_launch_traces(dir_.path(), launch_).empty());
   EXPECT_EQ(read_file(dir_.path() / "trace.json"), earlier_head + garbage);
-  // This launch's (written since it began) with the same bytes is read, and
-  // refused in one line.
-  set_written(dir_.path() / "trace.gen1.json", launch_.launched_unix_us + 1'000'000);
-  const std::vector<std::string> said = mark_launch_traces(dir_.path(), launch_);
-  ASSERT_EQ(said.size(), 1u);
-  EXPECT_NE(said[0].find("trace.gen1.json"), std::string::npos) << said[0];
+  // This launch's (written since it began, or a second "before" it by a
+  // clock that differs from the launcher's) with the same bytes is read,
+  // and refused in one line.
+  for (const int64_t written :
+       {launch_.launched_unix_us - 1'000'000, launch_.launched_unix_us + 1'000'000}) {
+    set_written(dir_.path() / "trace.gen1.json", written);
+    const std::vector<std::string> said = mark_launch_traces(dir_.path(), launch_);
+    ASSERT_EQ(said.size(), 1u) << written - launch_.launched_unix_us;
+    EXPECT_NE(said[0].find("trace.gen1.json"), std::string::npos) << said[0];
+  }
 }
 
 // A trace of `events` steps on rank 0, 10 us apart, written as the join does
@@ -497,13 +504,14 @@ TEST_F(MarkLaunchTraces, ALargeTraceIsMarkedInMemoryThatDoesNotGrowWithIt) {
 }
 
 // A launcher stopped by a signal marks until its deadline: what is left is
-// untouched (a half-read trace too) and named in one line.
+// untouched (a half-read trace too, and one half rewritten) and named in
+// one line.
 TEST_F(MarkLaunchTraces, ADeadlineLeavesWhatIsNotMarkedInTimeAndSaysSo) {
   const fs::path first = write_trace("trace.json", kOrigin);
   const fs::path second = write_trace("trace.gen1.json", kOrigin);
   const std::string bytes = read_file(first);
   LaunchTraces stopped = launch_;
-  stopped.deadline = std::chrono::steady_clock::now();
+  stopped.out_of_time = [] { return true; };
   std::vector<std::string> said = mark_launch_traces(dir_.path(), stopped);
   ASSERT_EQ(said.size(), 1u);
   EXPECT_NE(said[0].find("out of time"), std::string::npos) << said[0];
@@ -515,14 +523,66 @@ TEST_F(MarkLaunchTraces, ADeadlineLeavesWhatIsNotMarkedInTimeAndSaysSo) {
   fs::remove(second);
   write_long_trace(first, 250'000);
   const std::string long_bytes = read_file(first);
-  stopped.deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(10);
   const auto began = std::chrono::steady_clock::now();
+  stopped.out_of_time = [until = began + std::chrono::milliseconds(10)] {
+    return std::chrono::steady_clock::now() >= until;
+  };
   said = mark_launch_traces(dir_.path(), stopped);
   EXPECT_LT(std::chrono::steady_clock::now() - began, std::chrono::milliseconds(500));
   ASSERT_EQ(said.size(), 1u);
   EXPECT_NE(said[0].find("out of time"), std::string::npos) << said[0];
   EXPECT_EQ(read_file(first), long_bytes);
-  EXPECT_EQ(entries(dir_.path()), 2);  // no temporary left beside it
+  EXPECT_EQ(entries(dir_.path()), 2);
+
+  // Out of time in the rewrite, a part of the trace already in its
+  // temporary: the temporary goes, the trace stays as it was.
+  bool stopped_in_rewrite = false;
+  stopped.out_of_time = [&] {
+    for (const fs::directory_entry& e : fs::directory_iterator(dir_.path())) {
+      if (e.path().filename().string().starts_with("trace.json.tmp.") && e.file_size() > 0) {
+        return stopped_in_rewrite = true;
+      }
+    }
+    return false;
+  };
+  said = mark_launch_traces(dir_.path(), stopped);
+  EXPECT_TRUE(stopped_in_rewrite);
+  ASSERT_EQ(said.size(), 1u);
+  EXPECT_NE(said[0].find("out of time"), std::string::npos) << said[0];
+  EXPECT_EQ(read_file(first), long_bytes);
+  EXPECT_EQ(entries(dir_.path()), 2);  // incidents.jsonl and the trace: no temporary
+}
+
+// A launcher killed while marking (it marks with signals unblocked) leaves
+// its rewrite's temporary, as large as the trace: the next marking of the
+// run removes such temporaries, a live writer's name included, and nothing
+// else, and says so.
+TEST_F(MarkLaunchTraces, ATraceRewritesLeftoverTemporaryIsRemovedAndNothingElse) {
+  const fs::path trace = write_trace("trace.json", kOrigin);
+  const std::vector<std::string> dead = {"trace.json.tmp.node-0.example.org.4242.0123456789abcdef",
+                                         "trace.gen7.json.tmp..1.fedcba9876543210"};
+  const std::vector<std::string> others = {"trace.json.tmp.notes",
+                                           "trace.json.tmp.node-0.4242.0123456789abcdeg",
+                                           "trace.json.tmp.node-0.x.0123456789abcdef",
+                                           "trace.genx.json.tmp.h.1.0123456789abcdef",
+                                           "my-trace.json.tmp.h.1.0123456789abcdef",
+                                           "metrics.jsonl.tmp.h.1.0123456789abcdef"};
+  for (const auto& names : {dead, others}) {
+    for (const std::string& name : names) write_file_atomic(dir_.path() / name, "half a trace");
+  }
+  AtomicFileWriter killed(dir_.path() / "trace.gen1.json");  // its temporary, as named
+  killed.write("half a trace");
+  const int files = entries(dir_.path());
+  const std::vector<std::string> said = mark_launch_traces(dir_.path(), launch_);
+  ASSERT_EQ(said.size(), 1u);
+  EXPECT_NE(said[0].find("removed 3 unfinished rewrites"), std::string::npos) << said[0];
+  EXPECT_EQ(entries(dir_.path()), files - 3);
+  for (const std::string& name : dead) EXPECT_FALSE(fs::exists(dir_.path() / name)) << name;
+  for (const std::string& name : others) {
+    EXPECT_EQ(read_file(dir_.path() / name), "half a trace") << name;
+  }
+  EXPECT_GT(marks_in(trace), 0);
+  EXPECT_TRUE(mark_launch_traces(dir_.path(), launch_).empty());  // none left: nothing said
 }
 
 // One numbering: after a rejoin (which takes a number, no directory) and

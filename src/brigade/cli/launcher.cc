@@ -648,7 +648,12 @@ int run_launch(const LaunchOptions& o) {
   if (traces) {
     // Stopped by a signal: whoever sent it waits for the launcher to go,
     // and a trace of gigabytes could hold it for a minute.
-    if (signalled) traces->second.deadline = std::chrono::steady_clock::now() + kMarkingAfterSignal;
+    if (signalled) {
+      traces->second.out_of_time = [until =
+                                        std::chrono::steady_clock::now() + kMarkingAfterSignal] {
+        return std::chrono::steady_clock::now() >= until;
+      };
+    }
     for (const std::string& line : diag::mark_launch_traces(traces->first, traces->second)) {
       fmt::print(stderr, "brigade launch: {}\n", line);
     }

@@ -132,6 +132,29 @@ void AtomicFileWriter::commit() {
   fsync_directory(path_.parent_path());
 }
 
+// The constructor's name: TARGET.tmp.HOST.PID.HEX (HOST may be empty or
+// hold dots, HEX is 16 digits).
+bool is_atomic_temp_of(std::string_view file_name, std::string_view target_name) {
+  const auto all_of = [](std::string_view text, auto is) {
+    return !text.empty() && std::all_of(text.begin(), text.end(), is);
+  };
+  if (!file_name.starts_with(target_name)) return false;
+  std::string_view rest = file_name.substr(target_name.size());
+  if (!rest.starts_with(".tmp.")) return false;
+  rest.remove_prefix(5);
+  const size_t hex_dot = rest.rfind('.');
+  if (hex_dot == std::string_view::npos) return false;
+  const std::string_view hex = rest.substr(hex_dot + 1);
+  const size_t pid_dot = rest.rfind('.', hex_dot == 0 ? 0 : hex_dot - 1);
+  if (pid_dot == std::string_view::npos || pid_dot >= hex_dot) return false;
+  const std::string_view pid = rest.substr(pid_dot + 1, hex_dot - pid_dot - 1);
+  const std::string_view host = rest.substr(0, pid_dot);
+  return hex.size() == 16 &&
+         all_of(hex, [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); }) &&
+         all_of(pid, [](char c) { return c >= '0' && c <= '9'; }) &&
+         host.find('/') == std::string_view::npos;
+}
+
 void write_file_atomic(const fs::path& path, std::string_view bytes) {
   AtomicFileWriter writer(path);
   writer.write(bytes);

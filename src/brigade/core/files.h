@@ -53,6 +53,12 @@ class AtomicFileWriter {
   size_t written_ = 0;  // the file position
 };
 
+// Whether `file_name` is a temporary that an AtomicFileWriter of
+// `target_name` (in the same directory) made: what a writer killed before
+// it could remove its temporary leaves behind, for whoever knows that no
+// writer of that target is alive to sweep it.
+bool is_atomic_temp_of(std::string_view file_name, std::string_view target_name);
+
 // A log of lines (metrics.jsonl, incidents.jsonl): each line goes out in
 // one write() on an O_APPEND descriptor, so a process killed between lines
 // leaves whole lines (a buffered stream writes a long line in pieces, and a

@@ -1,27 +1,20 @@
 #include "brigade/diag/trace_incidents.h"
 
-#include <fcntl.h>
 #include <fmt/format.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
-#include <chrono>
-#include <cstring>
 #include <map>
 #include <optional>
 #include <set>
-#include <string_view>
 
 #include "brigade/core/error.h"
-#include "brigade/core/files.h"
 #include "brigade/diag/trace.h"
-#include "brigade/diag/trace_scanner.h"
+#include "brigade/diag/trace_marks.h"
 
 namespace brigade::diag {
-namespace fs = std::filesystem;
 using nlohmann::json;
 
+namespace trace_marks {
 namespace {
 
 constexpr char kIncidentCategory[] = "incident";
@@ -32,6 +25,8 @@ constexpr char kMarksClockKey[] = "marks_clock";
 constexpr int64_t kIncidentLane = 1;
 constexpr int64_t kStragglerLane = (int64_t{1} << 30) - 1;
 
+}  // namespace
+
 bool is_mark(const json& e) {
   const std::string category = e.value("cat", "");
   return category == kIncidentCategory || category == kStragglerCategory;
@@ -41,6 +36,8 @@ std::optional<int64_t> stamp(const json& record, const char* key) {
   if (!record.contains(key) || !record.at(key).is_number()) return std::nullopt;
   return record.at(key).get<int64_t>();
 }
+
+namespace {
 
 json value_or_null(const json& record, const char* key) {
   return record.contains(key) ? record.at(key) : json(nullptr);
@@ -224,13 +221,7 @@ std::vector<Episode> episodes(const std::vector<json>& records) {
   return out;
 }
 
-// What the marks need of a trace's own events (its marks left out).
-struct TraceFacts {
-  int64_t origin_us = 0;
-  double end_ts = 0;  // the last event's end, from zero
-  int last_pid = 0;
-  std::string boot_id;  // rank 0's machine
-};
+}  // namespace
 
 void observe(TraceFacts& facts, const json& e) {
   if (e.contains("ts")) {
@@ -248,15 +239,6 @@ int64_t origin_of(const json& other) {
   }
   return other.at(kOriginKey).get<int64_t>();
 }
-
-// The marks of the records on a trace, and what they change in it.
-struct Marking {
-  int count = 0;
-  std::vector<json> events;  // on the (possibly moved) zero
-  int64_t origin_us = 0;     // the zero, moved back by a restart before it
-  double shift_us = 0;       // what every earlier event moves by
-  json marks_clock;          // otherData's marks_clock (null: none)
-};
 
 Marking plan_marks(const TraceFacts& facts, const std::vector<json>& records) {
   Marking out;
@@ -353,9 +335,10 @@ void apply_to_other_data(json& other, const Marking& m) {
   }
 }
 
-}  // namespace
+}  // namespace trace_marks
 
 int mark_incidents(json& trace, const std::vector<json>& records) {
+  using namespace trace_marks;
   json& other = trace["otherData"];
   TraceFacts facts;
   facts.origin_us = origin_of(other);
@@ -373,238 +356,6 @@ int mark_incidents(json& trace, const std::vector<json>& records) {
   apply_to_other_data(other, m);
   for (json& e : m.events) events.push_back(std::move(e));
   return m.count;
-}
-
-namespace {
-
-// incidents.jsonl's records; Error when it cannot be read (its marks must
-// then stay as they are). A line that is not a JSON object (torn by a kill)
-// is passed over.
-std::vector<json> read_records(const fs::path& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw_error("cannot open {}: {}", path.string(), std::strerror(errno));
-  std::string text;
-  char buffer[1 << 16];
-  for (;;) {
-    const ssize_t n = ::read(fd, buffer, sizeof buffer);
-    if (n == 0) break;
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      const int err = errno;
-      ::close(fd);
-      throw_error("cannot read {}: {}", path.string(), std::strerror(err));
-    }
-    text.append(buffer, static_cast<size_t>(n));
-  }
-  ::close(fd);
-  std::vector<json> records;
-  size_t begin = 0;
-  while (begin < text.size()) {
-    size_t end = text.find('\n', begin);
-    if (end == std::string::npos) end = text.size();
-    json record = json::parse(text.begin() + static_cast<std::ptrdiff_t>(begin),
-                              text.begin() + static_cast<std::ptrdiff_t>(end), nullptr,
-                              /*allow_exceptions=*/false);
-    if (record.is_object()) records.push_back(std::move(record));
-    begin = end + 1;
-  }
-  return records;
-}
-
-}  // namespace
-
-namespace {
-
-// The launcher ran out of the time it had to mark (LaunchTraces::deadline).
-struct OutOfTime {};
-
-void check_deadline(const LaunchTraces& launch) {
-  if (launch.deadline && std::chrono::steady_clock::now() >= *launch.deadline) throw OutOfTime{};
-}
-
-// Earlier than this launch by its file's time: written before the launch
-// started (clocks of one machine: the launcher's and the file system's).
-bool written_before(const fs::path& path, int64_t launched_unix_us) {
-  std::error_code ec;
-  const auto written = fs::last_write_time(path, ec);
-  if (ec) return false;
-  const auto sys = std::chrono::file_clock::to_sys(written);
-  return std::chrono::duration_cast<std::chrono::microseconds>(sys.time_since_epoch()).count() <
-         launched_unix_us;
-}
-
-constexpr size_t kCheckEvery = 4096;  // events between deadline checks
-constexpr size_t kFlushBytes = size_t{1} << 20;
-
-// Marks one trace of this launch by two passes over the file: the first
-// validates it and reads what the marks need (an earlier launch's trace is
-// known by its otherData, which Brigade writes first, before any event is
-// read), the second streams it, earlier marks left out, into the file that
-// replaces it. Untouched when nothing changes or anything fails.
-void mark_trace_file(const fs::path& path, const std::vector<json>& records,
-                     const LaunchTraces& launch) {
-  json members = json::object();
-  bool earlier_launch = false;
-  TraceFacts facts;
-  std::vector<size_t> old_marks;  // indices in traceEvents
-  size_t index = 0;
-  {
-    TraceScanner scanner(path);
-    scanner.scan(
-        [&](const std::string& key, std::string_view raw) {
-          json value = json::parse(raw);
-          if (key == "otherData" && value.is_object() && value.contains(kOriginKey) &&
-              value.at(kOriginKey).is_number() &&
-              value.at(kOriginKey).get<int64_t>() < launch.launched_unix_us) {
-            earlier_launch = true;  // of the same name, left by an earlier launch
-            return false;
-          }
-          members[key] = std::move(value);
-          return true;
-        },
-        [&](std::string_view raw) {
-          if (index % kCheckEvery == 0) check_deadline(launch);
-          const json e = json::parse(raw);
-          if (is_mark(e)) {
-            old_marks.push_back(index);
-          } else {
-            observe(facts, e);
-          }
-          ++index;
-        });
-  }
-  if (earlier_launch) return;
-  json& other = members["otherData"];
-  facts.origin_us = origin_of(other);
-  facts.boot_id = other.value(kBootIdKey, "");
-  const Marking m = plan_marks(facts, records);
-  if (m.count == 0 && old_marks.empty()) return;
-  apply_to_other_data(other, m);
-
-  AtomicFileWriter out(path);
-  std::string buffer;
-  const auto flush = [&](bool always) {
-    if (always || buffer.size() >= kFlushBytes) {
-      out.write(buffer);
-      buffer.clear();
-    }
-  };
-  // Members in nlohmann's order (sorted), as diag/trace.h writes them.
-  buffer.push_back('{');
-  bool first_member = true;
-  const auto member_key = [&](const std::string& key) {
-    if (!first_member) buffer.push_back(',');
-    first_member = false;
-    buffer += json(key).dump();
-    buffer.push_back(':');
-  };
-  const auto write_events = [&] {
-    member_key("traceEvents");
-    buffer.push_back('[');
-    bool first = true;
-    const auto add = [&](std::string_view text) {
-      if (!first) buffer.push_back(',');
-      first = false;
-      buffer.append(text);
-      flush(false);
-    };
-    size_t i = 0, next_old = 0;
-    TraceScanner scanner(path);
-    scanner.scan([](const std::string&, std::string_view) { return true; },
-                 [&](std::string_view raw) {
-                   if (i % kCheckEvery == 0) check_deadline(launch);
-                   const size_t at = i++;
-                   if (next_old < old_marks.size() && old_marks[next_old] == at) {
-                     ++next_old;
-                     return;
-                   }
-                   if (m.shift_us == 0) return add(raw);  // unchanged: as it was
-                   json one = json::array({json::parse(raw)});
-                   shift_trace_events(one, m.shift_us);
-                   add(one.at(0).dump());
-                 });
-    for (const json& e : m.events) add(e.dump());
-    buffer.push_back(']');
-  };
-  bool events_written = false;
-  for (const auto& [key, value] : members.items()) {
-    if (!events_written && key > std::string("traceEvents")) {
-      write_events();
-      events_written = true;
-    }
-    member_key(key);
-    buffer += value.dump();
-  }
-  if (!events_written) write_events();
-  buffer += "}\n";
-  flush(true);
-  out.commit();
-}
-
-}  // namespace
-
-std::vector<std::string> mark_launch_traces(const fs::path& run_dir, const LaunchTraces& launch) {
-  std::vector<std::string> said;
-  const fs::path incidents_path = run_dir / "incidents.jsonl";
-  std::error_code ec;
-  if (!fs::exists(incidents_path, ec)) return said;
-  std::vector<json> records;
-  try {
-    records = read_records(incidents_path);
-  } catch (const std::exception& e) {
-    said.push_back(fmt::format("the run's traces are left as they were: {}", e.what()));
-    return said;
-  }
-  // A straggler named by an earlier launch that never saw it end (killed
-  // before its summary) belongs to that launch: its episode would otherwise
-  // run to this launch's first stop and across this launch's traces.
-  std::erase_if(records, [&](const json& r) {
-    const std::string kind = r.value("kind", "");
-    const auto at = stamp(r, "unix_us");
-    return (kind == "straggler" || kind == "straggler_recovered") && at &&
-           *at < launch.launched_unix_us;
-  });
-  std::vector<std::string> out_of_time;
-  for (int64_t g = 0; g <= launch.last_generation; ++g) {
-    const std::string name =
-        g == 0 ? std::string("trace.json") : fmt::format("trace.gen{}.json", g);
-    const fs::path path = run_dir / name;
-    if (!fs::is_regular_file(path, ec)) continue;  // this generation traced nothing
-    // Of the same name, left by an earlier launch (the run resumed into the
-    // directory): known without reading it.
-    if (written_before(path, launch.launched_unix_us)) continue;
-    if (!out_of_time.empty()) {
-      out_of_time.push_back(name);
-      continue;
-    }
-    try {
-      check_deadline(launch);
-      const uintmax_t bytes = fs::file_size(path);
-      if (bytes > launch.max_bytes) {
-        throw_error(
-            "{:.1f} MiB, more than the {:.1f} MiB the launcher reads to mark a trace (about "
-            "{:.0f} s); its incidents are in incidents.jsonl",
-            static_cast<double>(bytes) / (1 << 20),
-            static_cast<double>(launch.max_bytes) / (1 << 20),
-            static_cast<double>(launch.max_bytes) / kMarkedBytesPerSecond);
-      }
-      mark_trace_file(path, records, launch);
-    } catch (const OutOfTime&) {
-      out_of_time.push_back(name);
-    } catch (const std::exception& e) {
-      said.push_back(fmt::format("could not mark the run's incidents in {} (left as it was): {}",
-                                 path.string(), e.what()));
-    }
-  }
-  if (!out_of_time.empty()) {
-    std::string names;
-    for (const std::string& n : out_of_time) names += (names.empty() ? "" : ", ") + n;
-    said.push_back(fmt::format(
-        "out of time to mark the run's incidents (stopped by a signal): {} in {} left as {} "
-        "(the incidents are in incidents.jsonl)",
-        names, run_dir.string(), out_of_time.size() == 1 ? "it was" : "they were"));
-  }
-  return said;
 }
 
 }  // namespace brigade::diag

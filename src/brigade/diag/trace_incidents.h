@@ -37,11 +37,10 @@
 // machines' clock synchronisation too (NTP on a LAN: about a millisecond).
 #pragma once
 
-#include <chrono>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <nlohmann/json.hpp>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -53,12 +52,13 @@ namespace brigade::diag {
 // when the trace has no origin_unix_us (written before it was recorded).
 int mark_incidents(nlohmann::json& trace, const std::vector<nlohmann::json>& records);
 
-// Marking streams a trace twice (validated and read, then rewritten), one
-// event in memory at a time: its memory does not grow with the trace (a
-// 24 MiB trace: 2.4 MiB at the peak, where its parse tree took 330 MiB),
-// its time does (each event parsed: about kMarkedBytesPerSecond on a
-// loaded core). A trace larger than this is not marked, so that a
-// launcher's end waits seconds, not minutes.
+// Marking streams a trace twice (validated and read, then rewritten) through
+// nlohmann's parse with a callback that is handed each event as it is
+// completed and drops it: one event in memory at a time, so its memory does
+// not grow with the trace (a 24 MiB trace: 2.4 MiB at the peak, where its
+// parse tree took 330 MiB), its time does (each event parsed twice and
+// dumped once: about kMarkedBytesPerSecond on a loaded core). A trace larger than this is not
+// marked, so that a launcher's end waits seconds, not minutes.
 inline constexpr uintmax_t kMaxMarkedTraceBytes = uintmax_t{128} << 20;
 inline constexpr double kMarkedBytesPerSecond = 10e6;
 
@@ -66,22 +66,29 @@ inline constexpr double kMarkedBytesPerSecond = 10e6;
 struct LaunchTraces {
   // trace.json and trace.gen1..gen<last_generation>.json.
   int64_t last_generation = 0;
-  // When the launch started (unix us): a trace of those names written
-  // before it (its file's time), or whose zero is earlier (its otherData,
-  // read before any event), is an earlier launch's (the run resumed into
-  // the directory), marked by that launch and left alone unread.
+  // When the launch started (unix us): a trace of those names written well
+  // before it (its file's time over a minute earlier: the file system's
+  // clock may be another machine's, rank 0's node or an NFS server, and
+  // keep seconds), or whose zero is earlier (its otherData, read before any
+  // event), is an earlier launch's (the run resumed into the directory),
+  // marked by that launch and left alone unread.
   int64_t launched_unix_us = 0;
   uintmax_t max_bytes = kMaxMarkedTraceBytes;
-  // A launcher stopped by a signal marks what it can until then; the rest
-  // is left as it was and said in one line.
-  std::optional<std::chrono::steady_clock::time_point> deadline = std::nullopt;
+  // A launcher stopped by a signal marks what it can until this says time
+  // is up (its deadline; asked before each trace and every few thousand
+  // events, so that a test can stop it at a chosen point); the rest is left
+  // as it was and said in one line. None: no limit.
+  std::function<bool()> out_of_time = nullptr;
 };
 
 // Marks the launch's traces in run_dir with run_dir/incidents.jsonl,
 // rewriting (atomically) those where anything changed. Best effort: what
 // fails is said in one line each, returned; nothing is thrown (a trace is
 // never worth the run's exit status). When incidents.jsonl cannot be read
-// no trace is touched (the earlier marks stay).
+// no trace is touched (the earlier marks stay). First it removes the
+// temporaries of trace rewrites that a launcher killed while marking left
+// (up to a trace's size each: it marks with signals unblocked, and only one
+// launcher marks a run, so none is alive), and says so if there were any.
 std::vector<std::string> mark_launch_traces(const std::filesystem::path& run_dir,
                                             const LaunchTraces& launch);
 
