@@ -164,8 +164,10 @@ TEST(GptPart, SplitBackwardMatchesTheWholeModel) {
 // Under ZB-H1 the head's wte gradient (a (V,C) GEMM over every row) is the
 // weight half's, not the forward's (where the rest of the head's backward
 // runs): nothing of it before part_backward_weight, then exactly what the
-// fused head adds (the same chunked products, replayed); the other
-// gradients as without the deferral.
+// fused head adds (the same chunked products, replayed: 16 rows in chunks
+// of 5), already when the weight half reports offset 0 ready (data
+// parallelism reduces wte then); the other gradients as without the
+// deferral.
 TEST(GptPart, DeferredHeadWeightGradientIsAddedByTheWeightHalfOnly) {
   const GptConfig cfg = tiny_config();
   const int64_t b = 2, t = cfg.block_size, n = b * t, c = cfg.n_embd, micro = 2;
@@ -179,6 +181,8 @@ TEST(GptPart, DeferredHeadWeightGradientIsAddedByTheWeightHalfOnly) {
   Gpt split(cfg, pb.data(), deferred.data(), nullptr, {2, 3});
   Gpt plain(cfg, pb.data(), fused.data(), nullptr, {2, 3});
   split.set_defer_head_weight(true);
+  split.set_head_chunk_rows(5);
+  plain.set_head_chunk_rows(5);
   const int64_t wte_begin = lb.wte(), wte_end = wte_begin + cfg.vocab_size * c;
   const auto wte_largest = [&](const std::vector<float>& g) {
     float largest = 0;
@@ -202,15 +206,48 @@ TEST(GptPart, DeferredHeadWeightGradientIsAddedByTheWeightHalfOnly) {
     plain.part_backward(m, nullptr, dplain.data());
     EXPECT_EQ(dstream, dplain) << "micro-batch " << m;
   }
+  // wte as it stood each time offset 0 was reported ready.
+  std::vector<float> wte_at_ready;
+  int64_t zero_reports = 0;
+  split.set_grad_ready_hook([&](int64_t from) {
+    if (from != 0) return;
+    ++zero_reports;
+    wte_at_ready.assign(deferred.begin() + wte_begin, deferred.begin() + wte_end);
+  });
   for (int64_t m = 0; m < micro; ++m) split.part_backward_weight(m);
+  EXPECT_EQ(zero_reports, micro);
   ASSERT_GT(wte_largest(fused), 0.0f);
-  for (int64_t i = wte_begin; i < wte_end; ++i) ASSERT_EQ(deferred[i], fused[i]) << "wte " << i;
+  for (int64_t i = wte_begin; i < wte_end; ++i) {
+    ASSERT_EQ(deferred[i], fused[i]) << "wte " << i;
+    ASSERT_EQ(wte_at_ready[static_cast<size_t>(i - wte_begin)], fused[i])
+        << "wte " << i << " was reported ready before its last head gradient";
+  }
   float largest = 0, worst = 0;
   for (const float g : fused) largest = std::max(largest, std::abs(g));
   for (size_t i = 0; i < fused.size(); ++i) {
     worst = std::max(worst, std::abs(deferred[i] - fused[i]));
   }
   EXPECT_LE(worst, 1e-5f * largest);
+}
+
+// The memory report (and brigade train's estimate) counts what a deferred
+// head weight gradient keeps per activation slot: the micro-batch's dlogits,
+// N x V floats. A part without the head keeps none.
+TEST(GptPart, DeferredHeadWeightCountsTheKeptDlogitsInActivationBytes) {
+  const GptConfig cfg = tiny_config();
+  const int64_t b = 2, t = cfg.block_size;
+  const ParamLayout head(cfg, 0, 1, {2, 3}), trunk(cfg, 0, 1, {0, 2});
+  std::vector<float> params(static_cast<size_t>(std::max(head.size(), trunk.size())));
+  std::vector<float> grads(params.size());
+  Gpt with_head(cfg, params.data(), grads.data(), nullptr, {2, 3});
+  Gpt without(cfg, params.data(), grads.data(), nullptr, {0, 2});
+  const int64_t head_off = with_head.activation_bytes(b, t);
+  const int64_t trunk_off = without.activation_bytes(b, t);
+  with_head.set_defer_head_weight(true);
+  without.set_defer_head_weight(true);
+  EXPECT_EQ(with_head.activation_bytes(b, t) - head_off,
+            b * t * cfg.vocab_size * static_cast<int64_t>(sizeof(float)));
+  EXPECT_EQ(without.activation_bytes(b, t), trunk_off);
 }
 
 }  // namespace BRIGADE_TEST_FILE

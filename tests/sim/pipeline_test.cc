@@ -152,7 +152,7 @@ TEST(Pipeline, LastStagesWeightPassCarriesTheLmHeadsWeightGradient) {
   ASSERT_TRUE(e.valid && m.valid) << e.invalid << m.invalid;
   const schedule::StageCosts &last = e.last_stage, &middle = e.middle_stage;
   // 12 blocks on each stage: what the last has more is the head's. Its
-  // weight-gradient GEMM (12288 x 50257/8 x 2048) is the W's excess...
+  // weight-gradient GEMM (12288 x V/8 x 2048) is the W's excess...
   const double head_dw = last.backward_weight - middle.backward_weight;
   EXPECT_GT(head_dw, 0.01 * middle.backward_weight);
   EXPECT_EQ(m.last_stage.backward_weight, last.backward_weight);
@@ -167,6 +167,42 @@ TEST(Pipeline, LastStagesWeightPassCarriesTheLmHeadsWeightGradient) {
   // The other stages are as they were.
   EXPECT_EQ(e.middle_stage.forward, m.middle_stage.forward);
   EXPECT_EQ(e.first_stage.forward, m.first_stage.forward);
+  // 1F1B's backward is whole, so the head's weight gradient stays in the
+  // forward with the rest of its backward: the last stage's W is the blocks'.
+  const Estimate o = estimate(job, with(Kind::kOneFOneB), hw);
+  ASSERT_TRUE(o.valid) << o.invalid;
+  EXPECT_EQ(o.last_stage.backward_weight, o.middle_stage.backward_weight);
+  EXPECT_NEAR(o.last_stage.forward - last.forward, head_dw, 1e-9 * head_dw);
+  EXPECT_NEAR(o.last_stage.backward_input, last.backward_input, 1e-9 * last.backward_input);
+}
+
+// Deferring the head's weight gradient keeps each micro-batch's dlogits
+// (N x V/tp fp32) on the last stage until its W: with the micro-batches the
+// schedule holds there, on top of what Megatron-style ZB-H1 or 1F1B keep.
+TEST(Pipeline, ZbH1LastStageMemoryCountsTheKeptDlogits) {
+  const Hardware& hw = hardware_by_name("h100-80g");
+  const Workload job = gpt3();
+  Workload megatron = job;
+  megatron.features.head_backward_in_forward = false;
+  const Estimate zb = estimate(job, with(Kind::kZbH1), hw);
+  const Estimate zb_megatron = estimate(megatron, with(Kind::kZbH1), hw);
+  const Estimate ofob = estimate(job, with(Kind::kOneFOneB), hw);
+  const Estimate ofob_megatron = estimate(megatron, with(Kind::kOneFOneB), hw);
+  for (const Estimate* e : {&zb, &zb_megatron, &ofob, &ofob_megatron}) {
+    ASSERT_TRUE(e->valid) << e->invalid;
+  }
+  const double live =
+      simulate_pipeline(schedule::Shape{Kind::kZbH1, 8, zb.num_microbatches, 1},
+                        PipelineCosts{zb.first_stage, zb.middle_stage, zb.last_stage})
+          .live_last;
+  ASSERT_EQ(live, 8.0) << "min(pp, micro-batches)";
+  // fp32, micro 1 x seq 2048 rows, the (padded) vocabulary over tp 8.
+  const double dlogits = 4.0 * 2048 * static_cast<double>(job.model.vocab_size) / 8;
+  EXPECT_NEAR(zb.last_stage_memory.activations - zb_megatron.last_stage_memory.activations,
+              live * dlogits, 1e-6 * dlogits);
+  // 1F1B keeps none: its head's backward is whole inside the forward.
+  EXPECT_EQ(ofob.last_stage_memory.activations, ofob_megatron.last_stage_memory.activations);
+  EXPECT_GT(zb.last_stage_memory.activations, ofob.last_stage_memory.activations + live * dlogits);
 }
 
 TEST(Pipeline, ScheduleIsPartOfTheLayout) {

@@ -209,6 +209,15 @@ TEST_F(PipelineParallelTraining, Dp2Pp2ZbH1WithZero2MatchesOneProcess) {
   expect_same_training(reference(2), run(layout), kSteps, layout.name());
 }
 
+// ZB-H1 at pp 1 (one stage: each micro-batch's W right after its B) with
+// data parallelism: nothing holds the tied wte's buckets back there, so the
+// LM head's deferred weight gradient must be added before the weight half
+// reports wte ready and ZeRO 2 reduces and releases it.
+TEST_F(PipelineParallelTraining, Dp2Pp1ZbH1WithZero2MatchesOneProcess) {
+  const Layout layout{.dp = 2, .zero = 2, .schedule = "zb-h1"};
+  expect_same_training(reference(2), run(layout), kSteps, layout.name());
+}
+
 TEST_F(PipelineParallelTraining, Pp4OneFOneBWithGivenStagesMatchesOneProcess) {
   const Layout layout{.pp = 4, .schedule = "1f1b", .stage_layers = {2, 1, 1, 1}};
   expect_same_training(reference(1), run(layout), kSteps, layout.name());

@@ -172,7 +172,10 @@ int64_t Gpt::activation_bytes(int64_t b, int64_t t) const {
   Workspace ws;
   Carver cv(nullptr);
   carve<Workspace, Stash>(cv, ws, config_, tp_size(), sp_, num_layers(), b, t);
-  return cv.used() * static_cast<int64_t>(sizeof(float));
+  int64_t floats = cv.used();
+  // A deferred head weight gradient keeps the slot's dlogits until its W.
+  if (defer_head_weight_ && layout_.has_head()) floats += b * t * head_vocab_rows();
+  return floats * static_cast<int64_t>(sizeof(float));
 }
 
 void Gpt::ensure_workspace(int64_t b, int64_t t) {
@@ -465,6 +468,8 @@ void Gpt::head_loss_backward(const int32_t* targets, float loss_scale) {
   if (defer_head_weight_) {
     if (slot.head_dlogits.size() < n * head.v) slot.head_dlogits = FloatBuffer(n * head.v);
     head.dlogits = slot.head_dlogits.data();
+    // The weight half replays these row chunks: the same sum, bit for bit.
+    slot.head_weight = {n, head.v, head.chunk_rows};
     slot.head_weight_pending = true;
   } else {
     head.dwte = grads_ + layout_.wte();
@@ -479,14 +484,13 @@ void Gpt::head_weight_backward() {
   Slot& slot = slots_[slot_];
   if (!slot.head_weight_pending) return;
   const trace::Scope span("compute", "lm head weight");
-  const int64_t n = ws_->b * ws_->t;
-  const int64_t v = tp_size() > 1 ? layout_.vocab_rows() : config_.vocab_size;
+  const HeadWeight& hw = slot.head_weight;
   // Under sequence parallelism ln_f's output is gathered again (its forward
   // gather went to scratch since reused).
-  const float* x = gather_rows(ws_->lnf, n);
+  const float* x = gather_rows(ws_->lnf, hw.n);
   acquire(wte_range());
-  cpu::lm_head_weight_grad(grads_ + layout_.wte(), slot.head_dlogits.data(), x, n, config_.n_embd,
-                           v);
+  cpu::lm_head_weight_grad(grads_ + layout_.wte(), slot.head_dlogits.data(), x, hw.n,
+                           config_.n_embd, hw.v, hw.chunk_rows);
   release(wte_range());
   slot.head_weight_pending = false;
 }
@@ -710,11 +714,11 @@ cpu::LmHeadLossArgs Gpt::lm_head_args(const float* x, const int32_t* targets, in
   head.targets = targets;
   head.n = n;
   head.c = config_.n_embd;
-  head.v = config_.vocab_size;
+  head.v = head_vocab_rows();
   head.losses = ws_->losses;
   head.scratch = ws_->lm_head_scratch;
+  head.chunk_rows = head_chunk_rows_;
   if (tp_size() > 1) {
-    head.v = layout_.vocab_rows();
     head.v_real = layout_.vocab_valid();
     head.vocab_begin = layout_.vocab_begin();
     head.combine = [this](float* stats, int64_t rows) { combine_head_stats(stats, rows); };

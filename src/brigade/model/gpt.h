@@ -114,6 +114,9 @@ class Gpt {
   // part_backward_weight adds it, as ZB-H1's W has it (part_backward too,
   // so a whole backward stays whole). The model still knows no stages.
   void set_defer_head_weight(bool on) { defer_head_weight_ = on; }
+  // Rows per chunk of the head's kernel (0: the kernel's own choice); tests
+  // set it small so that chunk boundaries are crossed.
+  void set_head_chunk_rows(int64_t rows) { head_chunk_rows_ = rows; }
 
   // Called during backward as gradients become final: every gradient at a
   // flat offset >= ready_from has been fully written for this micro-batch.
@@ -135,7 +138,8 @@ class Gpt {
   // logits (B,V) of the last position only (sampling).
   void forward_last_logits(const int32_t* inputs, int64_t b, int64_t t, float* logits);
 
-  // Bytes of activation memory a (B,T) micro-batch needs, stash and scratch.
+  // Bytes of activation memory a (B,T) micro-batch needs, stash and scratch
+  // (and, with the head's weight gradient deferred, its kept dlogits).
   int64_t activation_bytes(int64_t b, int64_t t) const;
 
   int tp_size() const { return tp_ ? tp_->size() : 1; }
@@ -193,6 +197,10 @@ class Gpt {
   // The LM head's arguments for the forward pass just run (no gradients).
   // x: ln_f's output, all N rows.
   cpu::LmHeadLossArgs lm_head_args(const float* x, const int32_t* targets, int64_t n) const;
+  // wte's rows here: the vocabulary, or under tp this rank's padded share.
+  int64_t head_vocab_rows() const {
+    return tp_size() > 1 ? layout_.vocab_rows() : config_.vocab_size;
+  }
   // The token + position embedding of `inputs` into resid[0].
   void embed(const int32_t* inputs, int64_t b, int64_t t);
   // wte's and wpe's gradients from dresid, dL/d(embedding output).
@@ -213,6 +221,7 @@ class Gpt {
   TensorParallel* tp_ = nullptr;  // null when the blocks are whole here
   bool sp_ = false;
   bool defer_head_weight_ = false;
+  int64_t head_chunk_rows_ = 0;
   // Token rows held here of a pass's n.
   int64_t rows_here(int64_t n) const { return sp_ ? n / tp_size() : n; }
   // The (N,C) tensor whose rows here are `mine`: mine itself, or under
@@ -249,6 +258,10 @@ class Gpt {
   }
   // Releases what forward_trunk left acquired (ln_f), for passes without backward.
   void end_forward_only();
+  // What lm_head_weight_grad must be given to replay the forward's chunks.
+  struct HeadWeight {
+    int64_t n = 0, v = 0, chunk_rows = 0;
+  };
   struct WorkspaceDeleter {
     void operator()(Workspace* w) const;
   };
@@ -258,6 +271,7 @@ class Gpt {
     FloatBuffer deferred_arena;      // a split backward's kept gradients
     std::vector<Deferred> deferred;  // one per block of the part
     FloatBuffer head_dlogits;        // (N, V/tp): a deferred dwte's
+    HeadWeight head_weight;          // and the forward's shape of it
     bool head_weight_pending = false;
   };
   std::vector<Slot> slots_;  // one micro-batch's activations each

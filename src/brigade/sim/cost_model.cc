@@ -16,6 +16,7 @@ struct PassCost {
   double fwd = 0, bwd = 0, recompute = 0;  // compute
   double bwd_weight = 0;                   // the weight-gradient GEMMs, part of bwd
   double bwd_in_fwd = 0;  // backward work run inside the forward pass (the head's), part of bwd
+  double bwd_weight_in_fwd = 0;  // of which weight gradients, part of bwd_weight too
   double fwd_tp = 0, bwd_tp = 0, recompute_tp = 0;  // tensor-parallel collectives
   double compute() const { return fwd + bwd + recompute; }
   double tp() const { return fwd_tp + bwd_tp + recompute_tp; }
@@ -174,8 +175,12 @@ PassCost logits_cost(const Costs& costs, const Workload& job, const Layout& l, c
   const double ln_f_bwd = c.bwd;
   costs.add_gemm(c, tokens, vocab / t, h);
   costs.add_elementwise(c, 4.0 * tokens * vocab / t * (4.0 / job.features.act_bytes), 3);
-  // The cross-entropy's backward and the head's input-gradient GEMM.
-  if (job.features.head_backward_in_forward) c.bwd_in_fwd = c.bwd - c.bwd_weight - ln_f_bwd;
+  // The cross-entropy's backward and the head's input-gradient GEMM, and
+  // its weight-gradient GEMM unless ZB-H1 defers that to W.
+  if (job.features.head_backward_in_forward) {
+    if (l.pipeline_schedule() != schedule::Kind::kZbH1) c.bwd_weight_in_fwd = c.bwd_weight;
+    c.bwd_in_fwd = c.bwd - c.bwd_weight - ln_f_bwd + c.bwd_weight_in_fwd;
+  }
   if (l.tp > 1) {
     // max, sum of exponentials and target logit: three tiny all-reduces.
     c.fwd_tp = 3.0 * ring_collective_s(tokens * 4.0, l.tp, 2.0 * (t - 1.0) / t, costs.intra_bus(),
@@ -335,6 +340,7 @@ Estimate estimate(const Workload& job, const Layout& l, const Hardware& hw) {
     auto add = [&s](const PassCost& c, double times) {
       s.fwd += times * c.fwd, s.bwd += times * c.bwd, s.recompute += times * c.recompute;
       s.bwd_weight += times * c.bwd_weight, s.bwd_in_fwd += times * c.bwd_in_fwd;
+      s.bwd_weight_in_fwd += times * c.bwd_weight_in_fwd;
       s.fwd_tp += times * c.fwd_tp, s.bwd_tp += times * c.bwd_tp;
       s.recompute_tp += times * c.recompute_tp;
     };
@@ -354,14 +360,17 @@ Estimate estimate(const Workload& job, const Layout& l, const Hardware& hw) {
   // these stage times, add to the slowest stage's work: fill, drain, and
   // waits behind slower neighbours. The transfers are not in the simulation:
   // they are counted below as blocking, on the critical path.
-  // As the executor runs them: the head's loss and input gradients in the
-  // last stage's forward (head_backward_in_forward), its weight gradient
-  // with the blocks' in W.
+  // The passes are split as the executor runs them, under every schedule:
+  // with head_backward_in_forward the LM head's loss and input gradients
+  // are in the last stage's F, and so is its weight gradient, except under
+  // ZB-H1, which runs it in W with the blocks'. (A fused B, all but ZB-H1's,
+  // costs B + W.)
   auto split = [](const PassCost& c) {
+    const double head_input_in_fwd = c.bwd_in_fwd - c.bwd_weight_in_fwd;
     return schedule::StageCosts{
         c.fwd + c.fwd_tp + c.bwd_in_fwd,
-        c.bwd - c.bwd_weight - c.bwd_in_fwd + c.bwd_tp + c.recompute + c.recompute_tp,
-        c.bwd_weight};
+        c.bwd - c.bwd_weight - head_input_in_fwd + c.bwd_tp + c.recompute + c.recompute_tp,
+        c.bwd_weight - c.bwd_weight_in_fwd};
   };
   e.first_stage = split(first), e.middle_stage = split(middle), e.last_stage = split(last);
   const PipelineResult pipe =
@@ -493,6 +502,12 @@ Estimate estimate(const Workload& job, const Layout& l, const Hardware& hw) {
   const double vocab = static_cast<double>(job.model.vocab_size);
   const double logits_bytes = 4.0 * tokens * vocab / t + 4.0 * tokens * h / t;  // fp32 logits
   const double embed_bytes = tokens * h * f.act_bytes / (l.sp ? t : 1.0);
+  // Brigade's ZB-H1 defers the head's weight gradient to W: each micro-batch
+  // the last stage holds keeps its dlogits (N x V/t fp32) until then.
+  const double kept_dlogits_bytes =
+      f.head_backward_in_forward && l.pipeline_schedule() == schedule::Kind::kZbH1
+          ? 4.0 * tokens * vocab / t
+          : 0.0;
   auto memory_of = [&](double params, double inflight, bool first_stage, bool last_stage) {
     MemoryEstimate mem;
     const StateBytes state = zero_state_bytes(params, l.zero, l.dp, f);
@@ -505,17 +520,19 @@ Estimate estimate(const Workload& job, const Layout& l, const Hardware& hw) {
     mem.optimizer = state.optimizer;
     mem.activations = layers_per_stage * block_act * inflight + working;
     if (first_stage) mem.activations += embed_bytes * inflight;
-    if (last_stage) mem.activations += logits_bytes;
+    if (last_stage) mem.activations += logits_bytes + kept_dlogits_bytes * inflight;
     mem.reserved = hw.reserved_bytes;
     return mem;
   };
   // The activations alive at the peak are the simulated schedule's: p
   // micro-batches on 1F1B's first stage, m under GPipe, Megatron's
   // p (1 + (p-1)/(p v)) interleaved; ZB-H1's later stages also hold the
-  // micro-batches whose weight gradients they deferred.
+  // micro-batches whose weight gradients they deferred (the last, up to
+  // min(p, m), with their dlogits).
   const MemoryEstimate mem_first = memory_of(params_first, pipe.live_first, true, l.pp == 1);
   const MemoryEstimate mem_last = memory_of(params_last, pipe.live_last, l.pp == 1, true);
   e.memory = mem_first.total() >= mem_last.total() ? mem_first : mem_last;
+  e.last_stage_memory = mem_last;
   e.fits = e.memory.total() <= hw.memory_bytes;
 
   // --- what the step achieves ---

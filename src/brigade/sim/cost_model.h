@@ -48,7 +48,8 @@ struct Estimate {
   std::string invalid;  // why not, when !valid
   bool fits = false;    // memory.total() <= the device's memory
   int64_t num_microbatches = 0;
-  MemoryEstimate memory;  // per GPU, on the most loaded stage
+  MemoryEstimate memory;             // per GPU, on the most loaded stage
+  MemoryEstimate last_stage_memory;  // per GPU on the last (the LM head's)
   TimeEstimate time;
   // The pass times of one micro-batch the schedule was simulated with (the
   // bubble's source): the first stage's, a middle one's and the last's,

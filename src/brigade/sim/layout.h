@@ -61,11 +61,12 @@ struct SystemFeatures {
   // zeroing the gradient buffer.
   double optimizer_traffic_bytes = 48;
   double dp_bucket_bytes = 40e6 * 2;  // gradient bucket (Megatron's 40M elements)
-  // Brigade's LM head forms the loss's gradient and the head's input
-  // gradient inside the forward pass (one chunked kernel with the loss, the
-  // logits never all kept), so the last stage's forward carries them and
-  // only ln_f's backward and the head's weight gradient (ZB-H1's W) are
-  // left to the backward. Megatron computes them in its backward.
+  // Brigade's LM head runs its backward inside the forward pass (one
+  // chunked kernel with the loss, the logits never all kept), so the last
+  // stage's forward carries it and only ln_f's backward is left to B;
+  // under ZB-H1 the head's weight gradient waits for W instead, its
+  // dlogits kept per micro-batch until then. Megatron computes all of it
+  // in its backward.
   bool head_backward_in_forward = true;
   // The pipeline schedules the software can run; the search picks among them.
   std::vector<schedule::Kind> schedules = {schedule::Kind::kGpipe, schedule::Kind::kOneFOneB,

@@ -127,8 +127,11 @@ PublishedRun parse_row(const RowReader& r) {
   if (overlap != "true" && overlap != "false") r.fail("overlap_dp", "true or false");
   run.job.features.overlap_dp = overlap == "true";
   // Every published row ran Megatron-LM (or MegaScale's Megatron baseline),
-  // whose pipeline runs 1F1B, interleaved when vp > 1.
-  run.job.features.schedules = SystemFeatures::megatron_2021().schedules;
+  // whose pipeline runs 1F1B, interleaved when vp > 1, and whose LM head
+  // runs its backward in the backward pass.
+  const SystemFeatures megatron = SystemFeatures::megatron_2021();
+  run.job.features.schedules = megatron.schedules;
+  run.job.features.head_backward_in_forward = megatron.head_backward_in_forward;
   const std::string& metric = r.text("metric");
   if (metric == "tflops_per_gpu") {
     run.metric = PublishedMetric::kTflopsPerGpu;
