@@ -1,3 +1,6 @@
+// Root cause of an incident from its evidence (flight recorders, agent
+// views, corruption reports). Over 600 lines: one rule per fault kind, each
+// short, all reading the same parsed evidence.
 #include "brigade/diag/root_cause.h"
 
 #include <fmt/format.h>

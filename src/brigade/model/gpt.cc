@@ -1,3 +1,8 @@
+// The GPT model: its forward and backward, whole and by parts (a range of
+// blocks for a pipeline stage, the backward split into its input and
+// weight halves, the LM head deferred), over one workspace. Over 600 lines:
+// every path reads and writes the same workspace, stash and slots, and
+// splitting them would pass most of that state through new interfaces.
 #include "brigade/model/gpt.h"
 
 #include <omp.h>
