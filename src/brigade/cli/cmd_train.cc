@@ -320,10 +320,8 @@ void run_train(const std::string& config_path, const std::vector<std::string>& o
                        steps.first, steps.last, trainer.step() + 1, options.steps));
     } else {
       // A restarted generation traces its own window into its own file.
-      trace_window.emplace(
-          steps, options.run_dir,
-          generation == 0 ? std::string("trace.json") : fmt::format("trace.gen{}.json", generation),
-          group, world_rank, fmt::format("node {}", node_from_environment()));
+      trace_window.emplace(steps, options.run_dir, diag::trace_file_name(generation), group,
+                           world_rank, fmt::format("node {}", node_from_environment()));
     }
   }
   auto trace_written = [&, said = false]() mutable {

@@ -50,6 +50,19 @@ int64_t boot_id_hash() {
 
 }  // namespace
 
+std::string trace_file_name(int64_t generation) {
+  return generation == 0 ? std::string("trace.json") : fmt::format("trace.gen{}.json", generation);
+}
+
+bool is_trace_file_name(std::string_view name) {
+  if (name == "trace.json") return true;
+  constexpr std::string_view kPrefix = "trace.gen", kSuffix = ".json";
+  if (!name.starts_with(kPrefix) || !name.ends_with(kSuffix)) return false;
+  const std::string_view generation =
+      name.substr(kPrefix.size(), name.size() - kPrefix.size() - kSuffix.size());
+  return !generation.empty() && generation.find_first_not_of("0123456789") == std::string::npos;
+}
+
 void shift_trace_events(nlohmann::json& events, double by_us) {
   for (nlohmann::json& e : events) {
     if (e.contains("ts")) e["ts"] = e.at("ts").get<double>() + by_us;

@@ -62,6 +62,12 @@ inline constexpr char kBootIdKey[] = "boot_id";
 // moves it.
 void shift_trace_events(nlohmann::json& events, double by_us);
 
+// A generation's trace in the run directory: trace.json, and
+// trace.genG.json for the generation G a restart started (its own window).
+std::string trace_file_name(int64_t generation);
+// Whether `name` is some generation's trace_file_name.
+bool is_trace_file_name(std::string_view name);
+
 // Steps first..last, counted from 1, both included.
 struct TraceSteps {
   int64_t first = 0;

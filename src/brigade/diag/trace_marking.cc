@@ -79,13 +79,6 @@ bool written_before(const fs::path& path, int64_t launched_unix_us) {
          launched_unix_us - std::chrono::microseconds(kFileClockSlack).count();
 }
 
-bool is_trace_name(std::string_view name) {
-  if (name == "trace.json") return true;
-  if (!name.starts_with("trace.gen") || !name.ends_with(".json")) return false;
-  const std::string_view generation = name.substr(9, name.size() - 9 - 5);
-  return !generation.empty() && generation.find_first_not_of("0123456789") == std::string::npos;
-}
-
 // Removes run_dir's temporaries of trace files (core/files.h's
 // AtomicFileWriter names); returns how many.
 int remove_dead_temporaries(const fs::path& run_dir) {
@@ -96,7 +89,7 @@ int remove_dead_temporaries(const fs::path& run_dir) {
     const size_t tmp = name.find(".tmp.");
     if (tmp == std::string::npos) continue;
     const std::string target = name.substr(0, tmp);
-    if (!is_trace_name(target) || !is_atomic_temp_of(name, target)) continue;
+    if (!is_trace_file_name(target) || !is_atomic_temp_of(name, target)) continue;
     std::error_code gone;
     if (fs::remove(entry.path(), gone)) ++removed;
   }
@@ -281,8 +274,7 @@ std::vector<std::string> mark_launch_traces(const fs::path& run_dir, const Launc
   });
   std::vector<std::string> out_of_time;
   for (int64_t g = 0; g <= launch.last_generation; ++g) {
-    const std::string name =
-        g == 0 ? std::string("trace.json") : fmt::format("trace.gen{}.json", g);
+    const std::string name = trace_file_name(g);
     const fs::path path = run_dir / name;
     if (!fs::is_regular_file(path, ec)) continue;  // this generation traced nothing
     // Of the same name, left by an earlier launch (the run resumed into the
