@@ -70,7 +70,9 @@ def run_brigade(argv, failures, what):
 def redone_steps(metrics_path):
     """The restarts metrics.jsonl shows (a step logged again or earlier):
     the highest step logged before each, the step the next generation
-    resumed from; and the kept steps' time (each step's last logging)."""
+    resumed from; and the kept steps' training time (each step's last
+    logging: its window on the loop's clock less its saves and evaluations,
+    as the workers count it for the ETTR, elastic/incidents.h)."""
     restarts, kept, highest, previous = [], {}, -1, None
     with open(metrics_path) as f:
         for line in f:
@@ -82,7 +84,8 @@ def redone_steps(metrics_path):
                 restarts.append({"highest": highest, "resumed_from": step - 1,
                                  "redone": highest - (step - 1)})
             previous, highest = step, max(highest, step)
-            kept[step] = j["step_ms"]
+            b = j.get("breakdown", {})
+            kept[step] = max(0.0, b["step_ms"] - b["ckpt_ms"] - b["eval_ms"]) if b else j["step_ms"]
     return restarts, sum(kept.values()) / 1e3
 
 

@@ -378,8 +378,16 @@ TEST_F(Elastic, EttrReadsTheLastLaunchOfARunDirectory) {
                           {"detected_after_ms", detected_ms},
                           {"recovered_after_ms", recovered_ms}};
   };
-  auto step = [](double step_ms, double loop_ms) {
-    return nlohmann::json{{"step", 1}, {"loss", 3.0}, {"step_ms", step_ms}, {"loop_ms", loop_ms}};
+  // A step record: rank 0's breakdown (the window on the loop's clock, its
+  // saves and evaluations) beside the trainer's own step time, which
+  // brigade ettr does not count.
+  auto step = [](double window_ms, double saves_ms) {
+    return nlohmann::json{
+        {"step", 1},
+        {"loss", 3.0},
+        {"step_ms", 1.0},
+        {"breakdown",
+         {{"step_ms", window_ms}, {"ckpt_ms", saves_ms / 2}, {"eval_ms", saves_ms / 2}}}};
   };
   {
     std::ofstream incidents(run / "incidents.jsonl");
@@ -393,19 +401,20 @@ TEST_F(Elastic, EttrReadsTheLastLaunchOfARunDirectory) {
               << "\n"
               << summary(4.0) << "\n";
     std::ofstream metrics(run / "metrics.jsonl");
-    metrics << step(100, 150) << "\n" << step(100, 150) << "\n" << summary(2.0) << "\n";
-    metrics << step(10, 12) << "\n" << step(30, 36) << "\n" << summary(4.0) << "\n";
+    metrics << step(150, 50) << "\n" << step(150, 50) << "\n" << summary(2.0) << "\n";
+    metrics << step(12, 2) << "\n" << step(36, 6) << "\n" << summary(4.0) << "\n";
   }
   const auto r = run_brigade({"ettr", run.string(), "--mtbf-s", "60", "--json"});
   ASSERT_EQ(r.status, 0) << r.err;
   const nlohmann::json e = nlohmann::json::parse(r.out);
-  EXPECT_NEAR(e.at("step_s").get<double>(), 0.020, 1e-12) << e;           // (10 + 30) / 2 ms
-  EXPECT_NEAR(e.at("between_steps_s").get<double>(), 0.004, 1e-12) << e;  // (2 + 6) / 2 ms
+  // Training time: windows less saves, (12 - 2 + 36 - 6) / 2 ms; saves (2 + 6) / 2 ms.
+  EXPECT_NEAR(e.at("step_s").get<double>(), 0.020, 1e-12) << e;
+  EXPECT_NEAR(e.at("overhead_s").get<double>(), 0.004, 1e-12) << e;
   EXPECT_NEAR(e.at("restart_s").get<double>(), 0.5 - 0.020, 1e-12)
       << e;  // 10 + 490 ms, less a step
   EXPECT_DOUBLE_EQ(e.at("work_s").get<double>(), 4.0) << e;
   // A third launch with steps and no summary yet.
-  std::ofstream(run / "metrics.jsonl", std::ios::app) << step(10, 12) << "\n";
+  std::ofstream(run / "metrics.jsonl", std::ios::app) << step(12, 2) << "\n";
   const auto running = run_brigade({"ettr", run.string(), "--mtbf-s", "60"});
   EXPECT_EQ(running.status, 1) << running.out;
   EXPECT_NE(running.err.find("has step records after the last summary: the run directory was "

@@ -355,21 +355,21 @@ TEST(FailureModel, AJobThatCannotFinishIsRefusedNotSimulatedForever) {
 }
 
 // A measured run in the model's terms: segments of snapshot_every steps,
-// each followed by that many gaps between steps; by hand, with M = 10 s,
-// 2 steps of 1 s per snapshot and 0.1 s between steps, restart 1 s, 20 s of
+// each with that many steps' saves; by hand, with M = 10 s,
+// 2 steps of 1 s per snapshot and 0.1 s of saves a step, restart 1 s, 20 s of
 // work: 10 segments of tau = 2, delta = 0.2, each expected
 // e^(1/10) * 10 * (e^(2.2/10) - 1) s.
 TEST(FailureModel, AMeasuredRunIsPredictedWithItsSnapshotIntervalAsSegments) {
   MeasuredRun run;
   run.mtbf_s = 10;
   run.step_s = 1;
-  run.between_steps_s = 0.1;
+  run.overhead_s = 0.1;
   run.snapshot_every = 2;
   run.restart_s = 1;
   run.work_s = 20;
   const double segment = std::exp(0.1) * 10 * (std::exp(0.22) - 1);
   EXPECT_NEAR(predicted_run_ettr(run), 20 / (10 * segment), 1e-12);
-  // Without faults only the time between steps is lost.
+  // Without faults only the saves' time is lost.
   run.mtbf_s = kInf;
   EXPECT_NEAR(predicted_run_ettr(run), 1 / 1.1, 1e-12);
   run.step_s = 0;

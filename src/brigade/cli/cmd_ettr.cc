@@ -4,8 +4,9 @@
 //
 // From the run directory: the agent's summary and incidents
 // (incidents.jsonl: kept training time, the training window, each
-// recovery's time), the step records (metrics.jsonl: step time, and the
-// time between steps that is no step), and the snapshot interval
+// recovery's time), the step records (metrics.jsonl, rank 0's breakdown:
+// a step's time on the loop's clock less its saves and evaluations, and
+// those), and the snapshot interval
 // (config.toml's train.snapshot_every, else its checkpoint_every). The MTBF
 // is the chaos mode's (elastic/fault_injection.h) unless --mtbf-s says; the
 // restart cost is the mean of the run's recoveries, fault to the first step
@@ -123,22 +124,28 @@ Comparison compare(const fs::path& run_dir, std::optional<double> mtbf_s,
           metrics_path.string());
     }
   }
-  double step_ms = 0, between_ms = 0;
-  int steps = 0, gaps = 0;
+  // The run counts a step's training time as the workers do
+  // (elastic/incidents.h, productive time): its breakdown's window less
+  // its saves and evaluations, which are the model's checkpoint cost.
+  double training_ms = 0, overhead_ms = 0;
+  int steps = 0;
   for (size_t n = from; n < to; ++n) {
     const nlohmann::json& j = metrics[n];
     if (!j.contains("loss")) continue;
-    step_ms += number_at(j, "step_ms", metrics_path);
-    ++steps;
-    if (j.contains("loop_ms")) {
-      between_ms += std::max(
-          0.0, number_at(j, "loop_ms", metrics_path) - number_at(j, "step_ms", metrics_path));
-      ++gaps;
+    const auto breakdown = j.find("breakdown");
+    if (breakdown == j.end() || !breakdown->is_object()) {
+      throw_error("{}: a step record has no breakdown (a brigade before it wrote one?): {}",
+                  metrics_path.string(), j.dump());
     }
+    const double saves = number_at(*breakdown, "ckpt_ms", metrics_path) +
+                         number_at(*breakdown, "eval_ms", metrics_path);
+    training_ms += std::max(0.0, number_at(*breakdown, "step_ms", metrics_path) - saves);
+    overhead_ms += saves;
+    ++steps;
   }
   if (steps == 0) throw_error("{} has no step records", metrics_path.string());
-  c.run.step_s = step_ms * 1e-3 / steps;
-  c.run.between_steps_s = gaps > 0 ? between_ms * 1e-3 / gaps : 0.0;
+  c.run.step_s = training_ms * 1e-3 / steps;
+  c.run.overhead_s = overhead_ms * 1e-3 / steps;
 
   Config config = Config::from_file(run_dir / "config.toml");
   c.run.snapshot_every = config.get_int("train.snapshot_every", 0);
@@ -220,7 +227,7 @@ void add_ettr_command(CLI::App& app) {
                                   {"incidents", c.incidents},
                                   {"mtbf_s", c.run.mtbf_s},
                                   {"step_s", c.run.step_s},
-                                  {"between_steps_s", c.run.between_steps_s},
+                                  {"overhead_s", c.run.overhead_s},
                                   {"snapshot_every", c.run.snapshot_every},
                                   {"restart_s", c.run.restart_s},
                                   {"work_s", c.run.work_s}};
@@ -231,12 +238,12 @@ void add_ettr_command(CLI::App& app) {
         "measured ETTR %.1f%% (%.1f s kept of %.1f s of training; %.1f%% of the %.1f s wall time "
         "with start-up and end), %d incident%s\n"
         "model ETTR    %.1f%% (MTBF %.1f s from %s; a snapshot every %lld step%s of %.3f s, "
-        "%.3f s between steps; restart %.2f s%s)\n"
+        "%.3f s of saves a step; restart %.2f s%s)\n"
         "difference    %+.1f ETTR points\n",
         100 * c.measured_ettr, c.run.work_s, c.training_s, 100 * c.wall_ettr, c.wall_s, c.incidents,
         c.incidents == 1 ? "" : "s", 100 * c.predicted_ettr, c.run.mtbf_s, c.mtbf_from.c_str(),
         static_cast<long long>(c.run.snapshot_every), c.run.snapshot_every == 1 ? "" : "s",
-        c.run.step_s, c.run.between_steps_s, c.run.restart_s,
+        c.run.step_s, c.run.overhead_s, c.run.restart_s,
         *restart_s >= 0 ? " from --restart-s"
                         : fmt::format(", the mean of {} recover{}", c.recoveries,
                                       c.recoveries == 1 ? "y" : "ies")

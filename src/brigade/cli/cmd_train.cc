@@ -402,7 +402,13 @@ void run_train(const std::string& config_path, const std::vector<std::string>& o
       const int64_t done = trainer.step();
       if (heartbeat) {
         heartbeat->step_stats(stats);
-        heartbeat->step_done(done, static_cast<int64_t>(m.step_ms * 1e6));
+        // Training time in the ETTR (elastic/incidents.h): the step's whole
+        // window on the loop's clock, the loop's own work between steps
+        // included, less what it spent on saves and evaluations.
+        const double training_ms =
+            breakdown.step_ms - breakdown[StepPart::kCheckpoint] - breakdown[StepPart::kEval];
+        heartbeat->step_done(done, static_cast<int64_t>(m.step_ms * 1e6),
+                             static_cast<int64_t>(std::max(0.0, training_ms) * 1e6));
       }
       // After the step and the previous save's commit, before the next save.
       if (fault != nullptr && gather_fault == GatherFault::kNone) {

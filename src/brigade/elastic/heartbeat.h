@@ -59,7 +59,7 @@ struct HeartbeatSlot {
   std::atomic<int64_t> step;           // steps completed
   std::atomic<int64_t> step_ns;        // when `step` was reached (or start_step set)
   std::atomic<int64_t> first_step_ns;  // when this generation's first step completed; 0 before
-  std::atomic<int64_t> train_ns;       // time spent in steps by this generation
+  std::atomic<int64_t> train_ns;       // training time of this generation's steps (step_done)
   std::atomic<int64_t> fault_ns;       // when an injected fault was raised; 0 if none
   std::atomic<int64_t> run_dir_bytes;  // set after run_dir, with release order
   char run_dir[kMaxRunDirBytes];
@@ -190,9 +190,12 @@ class WorkerHeartbeat {
   // Training is set up at `step` (0, or the checkpoint resumed from), in
   // `run_dir`: the state is loaded and the next thing is the first step.
   void started(int64_t step, const std::string& run_dir);
-  // Step `step` (counted from 1) completed, having taken step_ns. Returns
-  // once the agent lets the worker go on (HeartbeatSlot::hold_after_step).
-  void step_done(int64_t step, int64_t step_ns);
+  // Step `step` (counted from 1) completed, having taken step_ns (the
+  // trainer's step, forward to update: the /metrics gauge and an incident's
+  // evidence), of which training_ns counts as training time in the ETTR
+  // (HeartbeatSlot::train_ns; default step_ns). Returns once the agent lets
+  // the worker go on (HeartbeatSlot::hold_after_step).
+  void step_done(int64_t step, int64_t step_ns, int64_t training_ns = -1);
   // The numbers of the step about to be reported by step_done.
   void step_stats(const StepStats& stats);
   // Just before this worker raises an injected fault on itself.

@@ -295,7 +295,7 @@ double predicted_run_ettr(const MeasuredRun& run) {
   FailureInputs in;
   in.num_nodes = 1;
   in.node_mtbf_hours = run.mtbf_s / kSecondsPerHour;
-  in.checkpoint_s = static_cast<double>(run.snapshot_every) * std::max(0.0, run.between_steps_s);
+  in.checkpoint_s = static_cast<double>(run.snapshot_every) * std::max(0.0, run.overhead_s);
   in.restart_s = std::max(0.0, run.restart_s);
   in.job_work_hours = run.work_s / kSecondsPerHour;
   return expected_ettr(in, static_cast<double>(run.snapshot_every) * run.step_s);

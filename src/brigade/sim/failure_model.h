@@ -114,23 +114,26 @@ CheckpointPlan plan_checkpoints(const FailureInputs& in);
 
 // A training run's measured figures (`brigade ettr RUN_DIR`), to hold the
 // model against what the run did. A segment is `snapshot_every` steps: its
-// compute is their step time (a snapshot's copy overlaps the next step and
-// shows in the step time itself, as it does in the run's productive time),
-// its "checkpoint" the time between those steps that is no step (the
-// snapshot's start, metrics, saves' copies). The wall time the model
+// compute is their training time (a step's time on the training loop's
+// clock, the loop's own work between steps included, less its saves and
+// evaluations: what the run counts as productive, elastic/incidents.h; a
+// snapshot's copy overlaps the next step and slows it, which shows in that
+// time, as it does in the run's), its "checkpoint" the time those steps
+// spent on saves and evaluations (a snapshot's start and the update's wait
+// for its copy, background checkpoints' copies). The wall time the model
 // predicts runs from the first step to the last: the run's first start-up
 // and its end are outside it, as they are outside the failure model.
 struct MeasuredRun {
   double mtbf_s = 0;           // the job's mean time between faults
-  double step_s = 0;           // mean time of one step
-  double between_steps_s = 0;  // mean time between two steps that is not a step
+  double step_s = 0;           // mean training time of one step
+  double overhead_s = 0;       // mean time of one step spent on saves and evaluations
   int64_t snapshot_every = 1;  // steps per snapshot (or checkpoint)
   double restart_s = 0;        // mean fault to training again (recovery less its first step)
   double work_s = 0;           // the run's kept training time
 };
 
 // The model's ETTR for the run: expected_ettr() of one node of MTBF mtbf_s,
-// checkpoint_s = snapshot_every * between_steps_s, interval_s =
+// checkpoint_s = snapshot_every * overhead_s, interval_s =
 // snapshot_every * step_s, restart_s, work_s. Error for invalid figures.
 double predicted_run_ettr(const MeasuredRun& run);
 
