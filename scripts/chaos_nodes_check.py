@@ -84,8 +84,8 @@ def redone_steps(metrics_path):
                 restarts.append({"highest": highest, "resumed_from": step - 1,
                                  "redone": highest - (step - 1)})
             previous, highest = step, max(highest, step)
-            b = j.get("breakdown", {})
-            kept[step] = max(0.0, b["step_ms"] - b["ckpt_ms"] - b["eval_ms"]) if b else j["step_ms"]
+            b = j["breakdown"]  # brigade ettr refuses a row without one too
+            kept[step] = max(0.0, b["step_ms"] - b["ckpt_ms"] - b["eval_ms"])
     return restarts, sum(kept.values()) / 1e3
 
 
@@ -251,13 +251,13 @@ def main():
         k["phases_mean_ms"] = {p: sum(v) / len(v) for p, v in k.pop("phases_ms").items()}
     report["per_kind"] = per_kind
 
-    # ETTR: the agent's (kept step time over its wall time) and `brigade
+    # ETTR: the agent's (kept training time over its wall time) and `brigade
     # ettr` against the failure model.
     if summary is None:
         failures.append("incidents.jsonl has no summary line")
     else:
         report["summary"] = summary
-        # The agent's ETTR is kept step time over its wall time; the kept
+        # The agent's ETTR is kept training time over its wall time; the kept
         # time lies within the training window, which lies within the wall.
         ettr, kept = summary["ettr"], summary["productive_s"]
         window, wall = summary["training_s"], summary["wall_s"]

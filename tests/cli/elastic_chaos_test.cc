@@ -157,7 +157,7 @@ void expect_ettr_plumbing(const fs::path& run, const nlohmann::json& summary) {
   EXPECT_NEAR(measured, predicted, 0.3) << e;
   std::printf(
       "[ chaos    ] ETTR measured %.1f%% of %.1f s of training, model %.1f%% (MTBF %.1f s, "
-      "restart %.2f s, step %.1f ms + %.1f ms of saves)\n",
+      "restart %.2f s, step %.1f ms + %.1f ms of saves and evaluations)\n",
       100 * measured, summary.at("training_s").get<double>(), 100 * predicted, m.mtbf_s,
       m.restart_s, 1e3 * m.step_s, 1e3 * m.overhead_s);
 }

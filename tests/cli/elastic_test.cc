@@ -143,8 +143,31 @@ void expect_summary(const nlohmann::json& summary, int incidents, int restarts) 
               summary.at("lost_s").get<double>(), summary.at("wall_s").get<double>());
 }
 
+// What a run without faults counts as training time in its ETTR: every
+// step's window on the loop's clock less its saves and evaluations, rank
+// 0's as metrics.jsonl has them (elastic/incidents.h), not the trainer's
+// step alone.
+void expect_training_time_of_the_windows(const fs::path& run) {
+  double windows_s = 0, steps_s = 0;
+  std::optional<nlohmann::json> summary;
+  for (const nlohmann::json& j : read_jsonl(run / "metrics.jsonl")) {
+    if (j.value("kind", "") == "summary") summary = j;
+    if (!j.contains("loss")) continue;
+    const nlohmann::json& b = j.at("breakdown");
+    windows_s += std::max(0.0, b.at("step_ms").get<double>() - b.at("ckpt_ms").get<double>() -
+                                   b.at("eval_ms").get<double>()) *
+                 1e-3;
+    steps_s += j.at("step_ms").get<double>() * 1e-3;
+  }
+  ASSERT_TRUE(summary.has_value()) << "no summary in " << run / "metrics.jsonl";
+  // Each step's nanoseconds are whole: 1 ns a step at most.
+  EXPECT_NEAR(summary->at("productive_s").get<double>(), windows_s, 1e-6) << *summary;
+  EXPECT_GT(windows_s, steps_s) << "the loop's own work between steps is training time too";
+}
+
 TEST_F(Elastic, KilledWorkerIsDetectedAtOnceAndTheRunEndsBitIdentical) {
   const std::string reference = reference_hash(4);
+  expect_training_time_of_the_windows(dir_.path() / "reference4");
   const auto r = train("run", 4, {"--inject", "kill:rank=1:step=5"});
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_NE(r.err.find("worker rank 1 (local 1, node 0) was killed by SIGKILL; restarting the "

@@ -1,4 +1,4 @@
-// Root cause under chaos (label `chaos`; BRIGADE_CHAOS_TRIALS trials, 3 by
+// Root cause under chaos (label `chaos`; BRIGADE_CHAOS_TRIALS trials, 5 by
 // default as CI runs them (its time is tight), 50 for the long form): each trial injects a
 // random fault kind (kill, stop, skip, mismatch) on a random rank after a
 // random step of a 4-rank run, and the launcher's one incident line must
@@ -21,7 +21,7 @@ namespace fs = std::filesystem;
 
 int trials() {
   const char* value = std::getenv("BRIGADE_CHAOS_TRIALS");
-  return value != nullptr ? std::max(1, std::atoi(value)) : 3;
+  return value != nullptr ? std::max(1, std::atoi(value)) : 5;
 }
 
 TEST(RootCauseChaos, EveryTrialNamesTheInjectedRankAndKind) {

@@ -141,17 +141,20 @@ TEST(Heartbeat, AWorkerBeatsAndReportsItsStepsThroughItsOwnSlot) {
     EXPECT_TRUE(eventually([&] { return table.read(1).beat_ns > first_beat; }))
         << "the heartbeat thread never beat again";
     worker.started(4, "/runs/a");
-    worker.step_done(5, 250 * kMs);
+    // The trainer's step, and the training time the ETTR counts (its
+    // window on the loop's clock less saves and evaluations).
+    worker.step_done(5, 250 * kMs, 270 * kMs);
     StepStats stats;
     stats.loss = 2.5;
     stats.part_ms[static_cast<size_t>(StepPart::kCompute)] = 300;
     stats.part_ms[static_cast<size_t>(StepPart::kOther)] = 0.5;
     worker.step_stats(stats);
-    worker.step_done(6, 350 * kMs);
+    worker.step_done(6, 350 * kMs, 380 * kMs);
     const WorkerProgress q = table.read(1);
     EXPECT_EQ(q.start_step, 4);
     EXPECT_EQ(q.step, 6);
-    EXPECT_EQ(q.train_ns, 600 * kMs);
+    EXPECT_EQ(q.train_ns, 650 * kMs);
+    EXPECT_EQ(q.last_step_ns, 350 * kMs);
     EXPECT_GT(q.first_step_ns, 0);
     EXPECT_LE(q.first_step_ns, q.step_ns);
     EXPECT_EQ(q.run_dir, "/runs/a");
@@ -183,7 +186,7 @@ TEST(Heartbeat, AHeldWorkerWaitsAfterTheStepUntilReleased) {
   std::atomic<int64_t> returned{0};
   std::thread loop([&] {
     for (int64_t step = 1; step <= 3; ++step) {
-      worker.step_done(step, kMs);
+      worker.step_done(step, kMs, kMs);
       returned.store(step);
     }
   });

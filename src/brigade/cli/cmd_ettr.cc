@@ -238,7 +238,7 @@ void add_ettr_command(CLI::App& app) {
         "measured ETTR %.1f%% (%.1f s kept of %.1f s of training; %.1f%% of the %.1f s wall time "
         "with start-up and end), %d incident%s\n"
         "model ETTR    %.1f%% (MTBF %.1f s from %s; a snapshot every %lld step%s of %.3f s, "
-        "%.3f s of saves a step; restart %.2f s%s)\n"
+        "%.3f s of saves and evaluations a step; restart %.2f s%s)\n"
         "difference    %+.1f ETTR points\n",
         100 * c.measured_ettr, c.run.work_s, c.training_s, 100 * c.wall_ettr, c.wall_s, c.incidents,
         c.incidents == 1 ? "" : "s", 100 * c.predicted_ettr, c.run.mtbf_s, c.mtbf_from.c_str(),

@@ -248,7 +248,7 @@ constexpr char kMain[] = R"js(
   }
   if (run.summary) {
     incidents.appendChild(el('p', 'ETTR ' + fixed(100 * run.summary.ettr, 1) + ' %: ' +
-        fixed(run.summary.productive_s, 1) + ' s in kept training steps of ' +
+        fixed(run.summary.productive_s, 1) + ' s of kept training time of ' +
         fixed(run.summary.wall_s, 1) + ' s wall time; ' + fixed(run.summary.lost_s, 1) +
         ' s lost to failures (detection, restart, redone steps).'));
   }

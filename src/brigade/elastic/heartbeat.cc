@@ -231,7 +231,7 @@ void WorkerHeartbeat::started(int64_t step, const std::string& run_dir) {
 
 void WorkerHeartbeat::step_done(int64_t step, int64_t step_ns, int64_t training_ns) {
   const int64_t now = now_ns();
-  slot_->train_ns.fetch_add(training_ns >= 0 ? training_ns : step_ns);
+  slot_->train_ns.fetch_add(training_ns);
   slot_->last_step_ns.store(step_ns);
   slot_->step_ns.store(now);
   slot_->step.store(step);

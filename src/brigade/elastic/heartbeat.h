@@ -190,12 +190,14 @@ class WorkerHeartbeat {
   // Training is set up at `step` (0, or the checkpoint resumed from), in
   // `run_dir`: the state is loaded and the next thing is the first step.
   void started(int64_t step, const std::string& run_dir);
-  // Step `step` (counted from 1) completed, having taken step_ns (the
-  // trainer's step, forward to update: the /metrics gauge and an incident's
-  // evidence), of which training_ns counts as training time in the ETTR
-  // (HeartbeatSlot::train_ns; default step_ns). Returns once the agent lets
-  // the worker go on (HeartbeatSlot::hold_after_step).
-  void step_done(int64_t step, int64_t step_ns, int64_t training_ns = -1);
+  // Step `step` (counted from 1) completed. step_ns: the trainer's step,
+  // forward to update (the /metrics gauge, an incident's evidence);
+  // training_ns: what the ETTR counts as its training time
+  // (HeartbeatSlot::train_ns, elastic/incidents.h), its window on the
+  // loop's clock less saves and evaluations, which is usually longer.
+  // Returns once the agent lets the worker go on
+  // (HeartbeatSlot::hold_after_step).
+  void step_done(int64_t step, int64_t step_ns, int64_t training_ns);
   // The numbers of the step about to be reported by step_done.
   void step_stats(const StepStats& stats);
   // Just before this worker raises an injected fault on itself.

@@ -7,8 +7,8 @@
 // training time of the steps the final result keeps: each generation's
 // training time (from its heartbeats) times the fraction of its steps that
 // the next generation did not have to redo. A step's training time is its
-// whole window on the training loop's clock (train/step_breakdown.h: from
-// the previous step's gather of rank stats to its own), the loop's work
+// whole window on the training loop's clock (cli/cmd_train.cc: from just
+// before the previous step's gather of rank stats to just before its own), the loop's work
 // between steps included, less the time it spent on saves (snapshots and
 // checkpoints) and evaluations. Everything else (start-up, detection,
 // restarts, loading checkpoints, redone steps, saves and evaluations) is
@@ -22,7 +22,9 @@
 // collective between steps into the next step (branch `lag`) raised that
 // to 97.5% with the loop's time unchanged: the old count measured where
 // the ranks' drift was absorbed, not what faults cost (docs/PERFORMANCE.md).
-// The saves stay lost time, as the failure model's checkpoint cost.
+// The saves stay lost time, as the failure model's checkpoint cost. What
+// else falls in a window counts with it: a NaN step's re-run, an injected
+// slow factor's sleep, writing the trace.
 //
 // A recovered incident's time splits into five phases, each from real time
 // stamps on the one monotonic clock of the machine:
@@ -67,6 +69,8 @@ struct Incident {
   // The highest step the job completed before the fault (in this or an
   // earlier generation: steps lost count from there).
   int64_t last_step = 0;
+  // A step's mean training time in the failed generation (the ETTR's count,
+  // below): what each redone step costs in lost_s.
   double mean_step_ms = 0;
   // The nodes the job went on with after this incident, when it went on
   // with fewer (`--nnodes MIN:MAX`, no standby free); 0: as many as before.
