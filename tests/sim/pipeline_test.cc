@@ -107,6 +107,12 @@ Workload gpt3() {
   return job;
 }
 
+// The same job with Megatron-LM's LM head: its backward in the backward pass.
+Workload with_megatron_head(Workload job) {
+  job.features.head_backward_in_forward = false;
+  return job;
+}
+
 Layout with(Kind kind, int64_t vp = 1) {
   Layout l = Layout::parse("tp=8,pp=8,dp=1,micro=1");
   l.schedule = kind;
@@ -145,8 +151,7 @@ TEST(Pipeline, EstimateTakesBubbleAndMemoryFromTheSchedule) {
 TEST(Pipeline, LastStagesWeightPassCarriesTheLmHeadsWeightGradient) {
   const Hardware& hw = hardware_by_name("h100-80g");
   const Workload job = gpt3();
-  Workload megatron = job;
-  megatron.features.head_backward_in_forward = false;
+  const Workload megatron = with_megatron_head(job);
   const Estimate e = estimate(job, with(Kind::kZbH1), hw);
   const Estimate m = estimate(megatron, with(Kind::kZbH1), hw);
   ASSERT_TRUE(e.valid && m.valid) << e.invalid << m.invalid;
@@ -182,8 +187,7 @@ TEST(Pipeline, LastStagesWeightPassCarriesTheLmHeadsWeightGradient) {
 TEST(Pipeline, ZbH1LastStageMemoryCountsTheKeptDlogits) {
   const Hardware& hw = hardware_by_name("h100-80g");
   const Workload job = gpt3();
-  Workload megatron = job;
-  megatron.features.head_backward_in_forward = false;
+  const Workload megatron = with_megatron_head(job);
   const Estimate zb = estimate(job, with(Kind::kZbH1), hw);
   const Estimate zb_megatron = estimate(megatron, with(Kind::kZbH1), hw);
   const Estimate ofob = estimate(job, with(Kind::kOneFOneB), hw);

@@ -25,7 +25,9 @@ namespace {
 
 // incidents.jsonl's records; Error when it cannot be read (its marks must
 // then stay as they are). A line that is not a JSON object (torn by a kill)
-// is passed over.
+// is passed over. By read(2), not core's read_file: an ifstream reads a
+// directory as an empty file (no error), and no records would erase every
+// mark (MarkLaunchTraces.AnIncidentsFileThatCannotBeReadLeavesTheMarks).
 std::vector<json> read_records(const fs::path& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) throw_error("cannot open {}: {}", path.string(), std::strerror(errno));

@@ -473,8 +473,6 @@ void Gpt::head_loss_backward(const int32_t* targets, float loss_scale) {
   if (defer_head_weight_) {
     if (slot.head_dlogits.size() < n * head.v) slot.head_dlogits = FloatBuffer(n * head.v);
     head.dlogits = slot.head_dlogits.data();
-    // The weight half replays these row chunks: the same sum, bit for bit.
-    slot.head_weight = {n, head.v, head.chunk_rows};
     slot.head_weight_pending = true;
   } else {
     head.dwte = grads_ + layout_.wte();
@@ -489,13 +487,15 @@ void Gpt::head_weight_backward() {
   Slot& slot = slots_[slot_];
   if (!slot.head_weight_pending) return;
   const trace::Scope span("compute", "lm head weight");
-  const HeadWeight& hw = slot.head_weight;
+  const int64_t n = ws_->b * ws_->t;
   // Under sequence parallelism ln_f's output is gathered again (its forward
   // gather went to scratch since reused).
-  const float* x = gather_rows(ws_->lnf, hw.n);
+  const float* x = gather_rows(ws_->lnf, n);
   acquire(wte_range());
-  cpu::lm_head_weight_grad(grads_ + layout_.wte(), slot.head_dlogits.data(), x, hw.n,
-                           config_.n_embd, hw.v, hw.chunk_rows);
+  // The forward's row chunks (the same n, v and requested rows give the
+  // same chunks): the same sum, bit for bit.
+  cpu::lm_head_weight_grad(grads_ + layout_.wte(), slot.head_dlogits.data(), x, n, config_.n_embd,
+                           head_vocab_rows(), head_chunk_rows_);
   release(wte_range());
   slot.head_weight_pending = false;
 }

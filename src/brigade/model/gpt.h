@@ -258,10 +258,6 @@ class Gpt {
   }
   // Releases what forward_trunk left acquired (ln_f), for passes without backward.
   void end_forward_only();
-  // What lm_head_weight_grad must be given to replay the forward's chunks.
-  struct HeadWeight {
-    int64_t n = 0, v = 0, chunk_rows = 0;
-  };
   struct WorkspaceDeleter {
     void operator()(Workspace* w) const;
   };
@@ -271,7 +267,6 @@ class Gpt {
     FloatBuffer deferred_arena;      // a split backward's kept gradients
     std::vector<Deferred> deferred;  // one per block of the part
     FloatBuffer head_dlogits;        // (N, V/tp): a deferred dwte's
-    HeadWeight head_weight;          // and the forward's shape of it
     bool head_weight_pending = false;
   };
   std::vector<Slot> slots_;  // one micro-batch's activations each
