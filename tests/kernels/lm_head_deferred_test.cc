@@ -1,4 +1,4 @@
-// ZB-H1's split of the LM head (model/gpt.h, set_defer_head_weight): the
+// ZB-H1's split of the LM head (model/gpt.h, set_split_backward): the
 // kernel writes dlogits instead of adding dwte, and lm_head_weight_grad
 // adds it later. Training under ZB-H1 must equal training under 1F1B bit
 // for bit, so the deferred sum must be the fused kernel's exactly: the same

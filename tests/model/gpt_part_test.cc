@@ -137,7 +137,7 @@ TEST(GptPart, SplitBackwardMatchesTheWholeModel) {
   std::vector<float> stream(static_cast<size_t>(n * c)), dstream(stream.size());
   int64_t ready_calls = 0;
   a.set_grad_ready_hook([&](int64_t) { ++ready_calls; });
-  part_b.set_defer_head_weight(true);  // as the pipeline runs ZB-H1
+  part_b.set_split_backward(true);  // as the pipeline runs ZB-H1
   for (int64_t m = 0; m < micro; ++m) {
     a.part_forward(m, inputs[m].data(), nullptr, nullptr, scale, stream.data(), b, t);
     part_b.part_forward(m, nullptr, stream.data(), targets[m].data(), scale, nullptr, b, t);
@@ -180,7 +180,7 @@ TEST(GptPart, DeferredHeadWeightGradientIsAddedByTheWeightHalfOnly) {
   std::vector<float> deferred(pb.size(), 0.0f), fused(pb.size(), 0.0f);
   Gpt split(cfg, pb.data(), deferred.data(), nullptr, {2, 3});
   Gpt plain(cfg, pb.data(), fused.data(), nullptr, {2, 3});
-  split.set_defer_head_weight(true);
+  split.set_split_backward(true);
   split.set_head_chunk_rows(5);
   plain.set_head_chunk_rows(5);
   const int64_t wte_begin = lb.wte(), wte_end = wte_begin + cfg.vocab_size * c;
@@ -230,12 +230,14 @@ TEST(GptPart, DeferredHeadWeightGradientIsAddedByTheWeightHalfOnly) {
   EXPECT_LE(worst, 1e-5f * largest);
 }
 
-// The memory report (and brigade train's estimate) counts what a deferred
-// head weight gradient keeps per activation slot: the micro-batch's dlogits,
-// N x V floats. A part without the head keeps none.
-TEST(GptPart, DeferredHeadWeightCountsTheKeptDlogitsInActivationBytes) {
+// The memory report (and brigade train's estimate) counts what a split
+// backward keeps per activation slot between its two halves: each block's
+// linear layers' output gradients, N (2C + 7C) floats (the attention and
+// MLP projections' N x C, c_fc's N x 4C, c_attn's N x 3C), and with the
+// head the micro-batch's dlogits, N x V.
+TEST(GptPart, SplitBackwardCountsWhatItKeepsInActivationBytes) {
   const GptConfig cfg = tiny_config();
-  const int64_t b = 2, t = cfg.block_size;
+  const int64_t b = 2, t = cfg.block_size, n = b * t, c = cfg.n_embd;
   const ParamLayout head(cfg, 0, 1, {2, 3}), trunk(cfg, 0, 1, {0, 2});
   std::vector<float> params(static_cast<size_t>(std::max(head.size(), trunk.size())));
   std::vector<float> grads(params.size());
@@ -243,11 +245,12 @@ TEST(GptPart, DeferredHeadWeightCountsTheKeptDlogitsInActivationBytes) {
   Gpt without(cfg, params.data(), grads.data(), nullptr, {0, 2});
   const int64_t head_off = with_head.activation_bytes(b, t);
   const int64_t trunk_off = without.activation_bytes(b, t);
-  with_head.set_defer_head_weight(true);
-  without.set_defer_head_weight(true);
-  EXPECT_EQ(with_head.activation_bytes(b, t) - head_off,
-            b * t * cfg.vocab_size * static_cast<int64_t>(sizeof(float)));
-  EXPECT_EQ(without.activation_bytes(b, t), trunk_off);
+  with_head.set_split_backward(true);
+  without.set_split_backward(true);
+  const auto f = static_cast<int64_t>(sizeof(float));
+  const int64_t per_block = n * 9 * c * f;
+  EXPECT_EQ(with_head.activation_bytes(b, t) - head_off, per_block + n * cfg.vocab_size * f);
+  EXPECT_EQ(without.activation_bytes(b, t) - trunk_off, 2 * per_block);
 }
 
 }  // namespace BRIGADE_TEST_FILE

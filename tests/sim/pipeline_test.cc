@@ -139,9 +139,12 @@ TEST(Pipeline, EstimateTakesBubbleAndMemoryFromTheSchedule) {
   EXPECT_GT(ofob.time.bubble_s, 6.0 * per_microbatch);
   EXPECT_LT(ofob.time.bubble_s, 7.0 * per_microbatch);
   // GPipe keeps all 64 micro-batches' activations; 1F1B and ZB-H1 keep p = 8
-  // on the first stage.
+  // on the first stage, ZB-H1's each with its 12 blocks' output gradients
+  // from B to W besides.
   EXPECT_NEAR(gpipe.memory.activations / ofob.memory.activations, 8.0, 0.01);
-  EXPECT_EQ(zb.memory.activations, ofob.memory.activations);
+  const double kept =
+      8 * 12 * split_backward_kept_bytes(job.model, job.seq_len, zb.layout, job.features);
+  EXPECT_NEAR(zb.memory.activations, ofob.memory.activations + kept, 1e-9 * kept);
 }
 
 // The planner simulates the passes as the executor runs them: the LM head's
@@ -207,6 +210,32 @@ TEST(Pipeline, ZbH1LastStageMemoryCountsTheKeptDlogits) {
   // 1F1B keeps none: its head's backward is whole inside the forward.
   EXPECT_EQ(ofob.last_stage_memory.activations, ofob_megatron.last_stage_memory.activations);
   EXPECT_GT(zb.last_stage_memory.activations, ofob.last_stage_memory.activations + live * dlogits);
+}
+
+// ZB-H1's W reads each linear layer's output gradient, so every micro-batch
+// a stage holds keeps its blocks' output gradients from B to W, on top of
+// its activations: s b (2h + 7h/t) per block (Megatron's head here, so no
+// dlogits). The last stage holds min(p, m) micro-batches.
+TEST(Pipeline, ZbH1MemoryCountsEachBlocksKeptOutputGradients) {
+  const Hardware& hw = hardware_by_name("h100-80g");
+  const Workload job = with_megatron_head(gpt3());
+  const Estimate zb = estimate(job, with(Kind::kZbH1), hw);
+  ASSERT_TRUE(zb.valid) << zb.invalid;
+  const Layout& l = zb.layout;
+  const double h = static_cast<double>(job.model.n_embd), t = static_cast<double>(l.tp);
+  const double rows = static_cast<double>(l.micro * job.seq_len);
+  const double kept = split_backward_kept_bytes(job.model, job.seq_len, l, job.features);
+  EXPECT_DOUBLE_EQ(kept, job.features.act_bytes * rows * (2 * h + 7 * h / t));
+  const double live =
+      simulate_pipeline(schedule::Shape{Kind::kZbH1, 8, zb.num_microbatches, 1},
+                        PipelineCosts{zb.first_stage, zb.middle_stage, zb.last_stage})
+          .live_last;
+  const double layers = static_cast<double>(job.model.n_layer / l.pp);
+  const double block = block_activation_bytes(job.model, job.seq_len, l, job.features);
+  const double logits =
+      4.0 * rows * static_cast<double>(job.model.vocab_size) / t + 4.0 * rows * h / t;
+  const double want = layers * (block + kept) * live + logits;
+  EXPECT_NEAR(zb.last_stage_memory.activations, want, 1e-9 * want);
 }
 
 TEST(Pipeline, ScheduleIsPartOfTheLayout) {

@@ -178,9 +178,18 @@ int64_t Gpt::activation_bytes(int64_t b, int64_t t) const {
   Carver cv(nullptr);
   carve<Workspace, Stash>(cv, ws, config_, tp_size(), sp_, num_layers(), b, t);
   int64_t floats = cv.used();
-  // A deferred head weight gradient keeps the slot's dlogits until its W.
-  if (defer_head_weight_ && layout_.has_head()) floats += b * t * head_vocab_rows();
+  // A split backward keeps, from a slot's input half to its weight half,
+  // each block's linear layers' output gradients and the head's dlogits.
+  if (split_backward_) {
+    floats += num_layers() * deferred_floats_per_block(b * t);
+    if (layout_.has_head()) floats += b * t * head_vocab_rows();
+  }
   return floats * static_cast<int64_t>(sizeof(float));
+}
+
+int64_t Gpt::deferred_floats_per_block(int64_t n) const {
+  const int64_t c = config_.n_embd, cl = c / tp_size();
+  return n * (2 * c + 7 * cl);
 }
 
 void Gpt::ensure_workspace(int64_t b, int64_t t) {
@@ -470,7 +479,7 @@ void Gpt::head_loss_backward(const int32_t* targets, float loss_scale) {
   head.dx = ws.c_a;
   head.loss_scale = loss_scale;
   Slot& slot = slots_[slot_];
-  if (defer_head_weight_) {
+  if (split_backward_) {
     if (slot.head_dlogits.size() < n * head.v) slot.head_dlogits = FloatBuffer(n * head.v);
     head.dlogits = slot.head_dlogits.data();
     slot.head_weight_pending = true;
@@ -524,7 +533,7 @@ void Gpt::backward_trunk(const int32_t* inputs, bool from_head, bool defer) {
   Slot& slot = slots_[slot_];
   if (defer) {
     BRIGADE_CHECK(config_.recompute != Recompute::kFull, "a split backward needs every stash");
-    const int64_t cl = c / tp_size(), per_block = n * (2 * c + 7 * cl);
+    const int64_t cl = c / tp_size(), per_block = deferred_floats_per_block(n);
     if (slot.deferred_arena.size() < per_block * num_layers()) {
       slot.deferred_arena = FloatBuffer(per_block * num_layers());
     }

@@ -106,14 +106,16 @@ class Gpt {
   // shared by the blocks).
   void part_backward_input(int64_t slot, const float* dresid_out, float* dresid_in);
   void part_backward_weight(int64_t slot);
-  // The LM head's backward runs inside part_forward, fused with the loss
-  // (its logits are never all kept). With this on (set by whoever runs the
-  // split backward), part_forward computes the loss and the head's input
-  // gradient there but keeps the slot's dlogits (N x V/tp floats) instead
-  // of adding the head's wte gradient, a (V,C) GEMM over all N rows;
-  // part_backward_weight adds it, as ZB-H1's W has it (part_backward too,
-  // so a whole backward stays whole). The model still knows no stages.
-  void set_defer_head_weight(bool on) { defer_head_weight_ = on; }
+  // Set by whoever runs the split backward (the model still knows no
+  // stages). The LM head's backward runs inside part_forward, fused with
+  // the loss (its logits are never all kept); with this on, part_forward
+  // computes the loss and the head's input gradient there but keeps the
+  // slot's dlogits (N x V/tp floats) instead of adding the head's wte
+  // gradient, a (V,C) GEMM over all N rows; part_backward_weight adds it,
+  // as ZB-H1's W has it (part_backward too, so a whole backward stays
+  // whole). activation_bytes then counts what a slot keeps between its two
+  // halves: the dlogits and every block's linear layers' output gradients.
+  void set_split_backward(bool on) { split_backward_ = on; }
   // Rows per chunk of the head's kernel (0: the kernel's own choice); tests
   // set it small so that chunk boundaries are crossed.
   void set_head_chunk_rows(int64_t rows) { head_chunk_rows_ = rows; }
@@ -187,6 +189,8 @@ class Gpt {
   struct Deferred {
     float *mlp_proj, *c_fc, *attn_proj, *c_attn;  // (N,C) (N,4Cl) (N,C) (N,3Cl)
   };
+  // Floats of one block's Deferred for n token rows: N (2C + 7Cl).
+  int64_t deferred_floats_per_block(int64_t n) const;
   // With `keep`, only the input gradients: the linear layers' output
   // gradients go to *keep for block_weight_backward.
   void block_backward(int64_t layer, const Stash& s, const float* resid_in, float* dresid,
@@ -220,7 +224,7 @@ class Gpt {
   ParamResidency* residency_ = nullptr;
   TensorParallel* tp_ = nullptr;  // null when the blocks are whole here
   bool sp_ = false;
-  bool defer_head_weight_ = false;
+  bool split_backward_ = false;
   int64_t head_chunk_rows_ = 0;
   // Token rows held here of a pass's n.
   int64_t rows_here(int64_t n) const { return sp_ ? n / tp_size() : n; }

@@ -215,7 +215,7 @@ PipelineStage::PipelineStage(Communicator* group, GptChunks& model, const schedu
   const bool split = std::any_of(list_.begin(), list_.end(), [](const Instruction& in) {
     return in.op == Op::kBackwardWeight;
   });
-  for (int64_t c = 0; c < model.size(); ++c) model.chunk(c).set_defer_head_weight(split);
+  for (int64_t c = 0; c < model.size(); ++c) model.chunk(c).set_split_backward(split);
   const auto passes = static_cast<size_t>(shape.microbatches * shape.virtual_stages);
   act_in_.resize(passes);
   grad_in_.resize(passes);

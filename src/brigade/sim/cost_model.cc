@@ -502,12 +502,14 @@ Estimate estimate(const Workload& job, const Layout& l, const Hardware& hw) {
   const double vocab = static_cast<double>(job.model.vocab_size);
   const double logits_bytes = 4.0 * tokens * vocab / t + 4.0 * tokens * h / t;  // fp32 logits
   const double embed_bytes = tokens * h * f.act_bytes / (l.sp ? t : 1.0);
-  // Brigade's ZB-H1 defers the head's weight gradient to W: each micro-batch
-  // the last stage holds keeps its dlogits (N x V/t fp32) until then.
+  // ZB-H1 keeps each block's output gradients from a micro-batch's B to its
+  // W; Brigade's defers the head's weight gradient there too, each
+  // micro-batch the last stage holds keeping its dlogits (N x V/t fp32).
+  const bool split_backward = l.pipeline_schedule() == schedule::Kind::kZbH1;
+  const double kept_block_bytes =
+      split_backward ? split_backward_kept_bytes(job.model, job.seq_len, l, f) : 0.0;
   const double kept_dlogits_bytes =
-      f.head_backward_in_forward && l.pipeline_schedule() == schedule::Kind::kZbH1
-          ? 4.0 * tokens * vocab / t
-          : 0.0;
+      f.head_backward_in_forward && split_backward ? 4.0 * tokens * vocab / t : 0.0;
   auto memory_of = [&](double params, double inflight, bool first_stage, bool last_stage) {
     MemoryEstimate mem;
     const StateBytes state = zero_state_bytes(params, l.zero, l.dp, f);
@@ -518,7 +520,7 @@ Estimate estimate(const Workload& job, const Layout& l, const Hardware& hw) {
     }
     mem.grads = state.grads;
     mem.optimizer = state.optimizer;
-    mem.activations = layers_per_stage * block_act * inflight + working;
+    mem.activations = layers_per_stage * (block_act + kept_block_bytes) * inflight + working;
     if (first_stage) mem.activations += embed_bytes * inflight;
     if (last_stage) mem.activations += logits_bytes + kept_dlogits_bytes * inflight;
     mem.reserved = hw.reserved_bytes;
@@ -528,7 +530,7 @@ Estimate estimate(const Workload& job, const Layout& l, const Hardware& hw) {
   // micro-batches on 1F1B's first stage, m under GPipe, Megatron's
   // p (1 + (p-1)/(p v)) interleaved; ZB-H1's later stages also hold the
   // micro-batches whose weight gradients they deferred (the last, up to
-  // min(p, m), with their dlogits).
+  // min(p, m), with their dlogits), each with its blocks' kept gradients.
   const MemoryEstimate mem_first = memory_of(params_first, pipe.live_first, true, l.pp == 1);
   const MemoryEstimate mem_last = memory_of(params_last, pipe.live_last, l.pp == 1, true);
   e.memory = mem_first.total() >= mem_last.total() ? mem_first : mem_last;

@@ -70,6 +70,13 @@ double block_activation_bytes(const GptConfig& model, int64_t seq_len, const Lay
   return scale * sbh * (linear + score_term * a * s / (h * t));
 }
 
+double split_backward_kept_bytes(const GptConfig& model, int64_t seq_len, const Layout& layout,
+                                 const SystemFeatures& features) {
+  const double h = static_cast<double>(model.n_embd), t = static_cast<double>(layout.tp);
+  const double rows = static_cast<double>(seq_len) * static_cast<double>(layout.micro);
+  return features.act_bytes * rows * (2.0 * h + 7.0 * h / t);
+}
+
 double inflight_microbatches(const Layout& layout, int64_t num_microbatches) {
   const double p = static_cast<double>(layout.pp), v = static_cast<double>(layout.vp);
   double inflight = p;

@@ -51,6 +51,15 @@ double hardware_flops_per_step(const GptConfig& model, int64_t seq_len, int64_t 
 double block_activation_bytes(const GptConfig& model, int64_t seq_len, const Layout& layout,
                               const SystemFeatures& features);
 
+// What a split backward (ZB-H1) keeps of one block for one micro-batch from
+// its input half to its weight half: the linear layers' output gradients,
+// which the deferred weight gradients read, act_bytes s b (2h + 7h/t) (the
+// two projections' outputs whole, c_fc's 4h and c_attn's 3h columns split
+// over tp), the same with or without sequence parallelism (a weight
+// gradient reads all rows).
+double split_backward_kept_bytes(const GptConfig& model, int64_t seq_len, const Layout& layout,
+                                 const SystemFeatures& features);
+
 // Megatron's closed forms for 1F1B and interleaved 1F1B with equal stages.
 // The cost model takes both from the simulated schedule instead
 // (pipeline.h), which also covers GPipe, ZB-H1 and unequal stages; the tests

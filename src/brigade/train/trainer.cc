@@ -541,8 +541,8 @@ MemoryAccount Trainer::memory() const {
   account.grads = zero_ >= 2 ? grads_.bytes() / dp_size() : grads_.bytes();
   account.optimizer = 2 * optimizer_->size() * static_cast<int64_t>(sizeof(float));
   // Each chunk keeps a workspace per micro-batch its schedule has alive at
-  // once (1F1B up to p on the first stage, GPipe all of them), with ZB-H1's
-  // kept dlogits on the last stage (activation_bytes counts them).
+  // once (1F1B up to p on the first stage, GPipe all of them), with what
+  // ZB-H1's split backward keeps from B to W (activation_bytes counts it).
   const std::vector<int64_t> slots = stage_->slots_per_chunk();
   for (int64_t c = 0; c < model_->size(); ++c) {
     account.activations +=
