@@ -2,7 +2,7 @@
 """What an in-memory snapshot every step costs the training loop.
 
   compare_snapshots.py CONFIG [--build build] [--steps 12] [--nproc 2] [--zero 0] [--rounds 2]
-                      [--every 1] [--skip 3]
+                      [--every 1] [--skip 3] [--paired K]
 
 Trains CONFIG on synthetic tokens with `brigade train --nproc N` (so an
 agent supervises the workers and gives them a snapshot area on /dev/shm),
@@ -15,6 +15,18 @@ every later one reuses) and their ratio, with the snapshots' own blocking
 and background times. The runs alternate (off, on,
 off, on) so a drift of the machine shows. Exits non-zero if a run fails or
 the snapshots were turned off.
+
+With --paired K (K >= 2) it also runs once with train.snapshot_every=K and
+reads each snapshot's cost from neighbouring steps of that one run: the
+snapshot started after step s is copied while step s+1 runs, so its cost
+is loop_ms(s+1) less the mean of loop_ms(s) and loop_ms(s+2), which carry
+none of it. This VM's speed drifts by up to 30% over minutes, more than
+the effect between separate runs; within three steps far less, and the
+median over the cycles leaves out a step a burst of other work hit. The
+ratio for a snapshot every step is 1 + that median over the clean steps'
+mean: it assumes a snapshot's cost stays in the step it overlaps (its copy
+ends well within one step). --skip should leave out the first three
+snapshots, which allocate the memory the later ones recycle.
 """
 
 import argparse
@@ -63,12 +75,27 @@ def main():
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--nproc", type=int, default=2)
     parser.add_argument("--zero", type=int, default=0)
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=2, help="0: the --paired run alone")
     parser.add_argument("--every", type=int, default=1, help="train.snapshot_every of the runs with snapshots")
     parser.add_argument("--skip", type=int, default=3, help="steps left out at the start")
+    parser.add_argument("--paired", type=int, default=0, metavar="K",
+                        help="also one run with snapshot_every=K, its cost read from its own steps")
     args = parser.parse_args()
     brigade = os.path.join(args.build, "brigade")
+    if args.paired == 1:
+        raise SystemExit("compare_snapshots: --paired needs K >= 2 (steps without a snapshot's "
+                         "cost on either side of one with it)")
 
+    if args.rounds > 0:
+        alternate(brigade, args)
+    if args.paired:
+        with tempfile.TemporaryDirectory(prefix="brigade_compare_snapshots_") as tmp:
+            paired(train(brigade, args.config, os.path.join(tmp, "paired"), args, args.paired),
+                   args)
+
+
+def alternate(brigade, args):
+    """Runs without and with snapshots, alternating; prints their means and ratio."""
     off, on, snaps = [], [], []
     with tempfile.TemporaryDirectory(prefix="brigade_compare_snapshots_") as tmp:
         for i in range(args.rounds):
@@ -90,6 +117,37 @@ def main():
           f"background {statistics.median(s['write_ms'] for s in snaps):.1f} ms "
           f"(CPU {statistics.median(s.get('write_cpu_ms', 0) for s in snaps):.1f} ms), "
           f"{statistics.median(s['rank0_bytes'] for s in snaps) / 1e6:.1f} MB per rank")
+
+
+def paired(rows, args):
+    """The cost of each snapshot of one run with snapshot_every=K, from its neighbours."""
+    k = args.paired
+    loop = {r["step"]: r["loop_ms"] for r in rows if "loop_ms" in r}
+    costs, clean = [], []
+    # The snapshot started after step s is copied while step s+1 runs; s and
+    # s+2 carry none of it. Cycles before --skip (the first snapshots
+    # allocate their memory) and the last step are left out.
+    for s in range(k, args.steps, k):
+        if s <= args.skip or s + 2 >= args.steps or any(t not in loop for t in (s, s + 1, s + 2)):
+            continue
+        without = (loop[s] + loop[s + 2]) / 2
+        costs.append(loop[s + 1] - without)
+        clean.append(without)
+    if not costs:
+        raise SystemExit(f"compare_snapshots: --paired {k} needs more steps (--steps)")
+    cost, base = statistics.median(costs), statistics.mean(clean)
+    print(f"\none run, a snapshot every {k} steps, wall time per step (loop_ms):")
+    print("  " + " ".join(f"{loop[t]:.0f}" for t in sorted(loop)))
+    print(f"cost per snapshot, {len(costs)} cycles (the step it overlaps less the mean of its "
+          f"neighbours): median {cost:.1f} ms, mean {statistics.mean(costs):.1f} ms "
+          f"{[round(c) for c in costs]}")
+    print(f"steps without: {base:.1f} ms; a snapshot every step: {1 + cost / base:.3f}x "
+          f"(median), {1 + statistics.mean(costs) / base:.3f}x (mean)")
+    snaps = [r["snapshot"] for r in rows if "snapshot" in r]
+    if snaps:
+        print(f"snapshot: blocking {statistics.median(s['blocking_ms'] for s in snaps):.1f} ms, "
+              f"background CPU {statistics.median(s.get('write_cpu_ms', 0) for s in snaps):.1f} ms "
+              f"(median of {len(snaps)})")
 
 
 if __name__ == "__main__":

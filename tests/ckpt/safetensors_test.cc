@@ -154,6 +154,62 @@ TEST(Safetensors, ASpareOfOtherTensorsIsReplacedNotReused) {
             hash);
 }
 
+// A snapshot every step keeps its spares' mappings (SpareMappings): found
+// again by inode across the renames between a step's directory and the
+// spare, let go once the file is removed (a kept mapping would hold its
+// memory), at most `capacity` of them.
+TEST(Safetensors, KeptMappingsFollowTheFileAndLetGoOfRemovedOnes) {
+  TempDir dir;
+  std::vector<float> a = {1, 2, 3, 4, 5, 6};
+  SafetensorsWriter w;
+  w.add_f32("a", {2, 3}, a.data());
+  const fs::path spare = dir.path() / "spare.safetensors", file = dir.path() / "x.safetensors";
+  const auto read_a = [&](const fs::path& path) {
+    std::vector<float> back(6);
+    SafetensorsFile(path).read_f32("a", {2, 3}, back.data());
+    return back;
+  };
+  SpareMappings kept(4);
+  w.write(spare);
+  for (int round = 0; round < 3; ++round) {
+    a[0] = static_cast<float>(10 + round);
+    w.write(file, {.spare = spare, .checksum = false, .read = {}, .mappings = &kept});
+    EXPECT_EQ(read_a(file), a) << "round " << round;
+    EXPECT_EQ(kept.size(), 1u) << "round " << round << ": the same file, mapped again";
+    fs::rename(file, spare);
+  }
+  // A second file: two kept. Removing one lets its mapping go at the next write.
+  const fs::path other_spare = dir.path() / "other.safetensors";
+  w.write(other_spare);
+  w.write(dir.path() / "y.safetensors",
+          {.spare = other_spare, .checksum = false, .read = {}, .mappings = &kept});
+  EXPECT_EQ(kept.size(), 2u);
+  fs::remove(dir.path() / "y.safetensors");
+  a[0] = 99;
+  w.write(file, {.spare = spare, .checksum = false, .read = {}, .mappings = &kept});
+  EXPECT_EQ(read_a(file), a);
+  EXPECT_EQ(kept.size(), 1u) << "the removed file's mapping is still kept";
+  // A spare of other tensors is removed, and its mapping with it.
+  {
+    SafetensorsWriter wider;
+    const std::vector<float> b(12, 1.0f);
+    wider.add_f32("a", {3, 4}, b.data());
+    fs::rename(file, spare);
+    wider.write(file, {.spare = spare, .checksum = false, .read = {}, .mappings = &kept});
+  }
+  EXPECT_EQ(kept.size(), 0u);
+  // At most `capacity`, the least recently used let go.
+  SpareMappings two(2);
+  for (int i = 0; i < 3; ++i) {
+    const fs::path s = dir.path() / ("s" + std::to_string(i)),
+                   f = dir.path() / ("f" + std::to_string(i));
+    w.write(s);
+    w.write(f, {.spare = s, .checksum = false, .read = {}, .mappings = &two});
+    EXPECT_EQ(read_a(f), a);
+  }
+  EXPECT_EQ(two.size(), 2u);
+}
+
 TEST(Safetensors, TruncatedFileIsAnErrorNamingTheTensor) {
   TempDir dir;
   std::vector<float> a(100, 1.0f);

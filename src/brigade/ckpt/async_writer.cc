@@ -131,9 +131,11 @@ void AsyncCheckpointWriter::run(const Save& save) {
   // Phase 1, on every rank: a directory that cannot be made fails this
   // rank's part like a shard that cannot be written.
   create_checkpoint_directory(save.root, save.step);
+  ShardWriting writing = save.writing;
+  if (writing.recycle) writing.mappings = &spare_mappings_;
   stats_.bytes = write_checkpoint_shard(
       save.root, save.step, save.rank,
-      ParamLayout(save.config, save.tp_rank, save.tp_size, save.layers), pieces_, save.writing);
+      ParamLayout(save.config, save.tp_rank, save.tp_size, save.layers), pieces_, writing);
   if (save.written) save.written();
   if (!save.commits()) return;
   set_state(State::kWaiting);

@@ -32,6 +32,7 @@
 
 #include "brigade/ckpt/checkpoint.h"
 #include "brigade/ckpt/node_part.h"
+#include "brigade/ckpt/safetensors.h"
 
 namespace brigade {
 
@@ -134,6 +135,8 @@ class AsyncCheckpointWriter {
   std::unique_ptr<float[], FreeAligned> staging_;
   int64_t staging_floats_ = 0;
   std::vector<CheckpointPiece> pieces_;  // pointing into staging_, or the caller's (unstaged)
+  // A recycled shard's mapping, kept for the next save (used by the thread).
+  SpareMappings spare_mappings_;
   std::thread thread_;
   std::exception_ptr error_;
   std::atomic<State> state_{State::kIdle};

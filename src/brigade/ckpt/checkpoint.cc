@@ -217,7 +217,10 @@ int64_t write_checkpoint_shard(const fs::path& root, int64_t step, int rank,
   }
   const fs::path file = partial / shard_file(rank);
   SafetensorsWriter::Reuse reuse;
-  if (how.recycle) reuse.spare = spare_directory(root) / shard_file(rank);
+  if (how.recycle) {
+    reuse.spare = spare_directory(root) / shard_file(rank);
+    reuse.mappings = how.mappings;
+  }
   reuse.checksum = how.checksum;
   reuse.read = how.read;
   const uint64_t hash = writer.write(file, reuse);

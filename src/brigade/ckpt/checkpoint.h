@@ -56,6 +56,8 @@
 
 namespace brigade {
 
+class SpareMappings;  // ckpt/safetensors.h
+
 enum class StateKind { kParams, kExpAvg, kExpAvgSq };
 
 // The global tensor name of a parameter's state: "model/h.0.ln_1.weight",
@@ -101,10 +103,14 @@ void begin_checkpoint(const std::filesystem::path& root, int64_t step);
 // `read` is given every block of the pieces' data as the write reads it
 // (SafetensorsWriter::Reuse::read): how the replica check's hash of a
 // snapshot's state rides on the snapshot's copy (train/trainer.h).
+//
+// `mappings` (with recycle) keeps the spares' mappings from one save to the
+// next (SpareMappings); its owner outlives the saves that use it.
 struct ShardWriting {
   bool recycle = false;
   bool checksum = true;
   std::function<void(const void* data, size_t bytes)> read;
+  SpareMappings* mappings = nullptr;
 };
 
 // Returns the shard's size in bytes. The pieces are flat ranges of `layout`'s

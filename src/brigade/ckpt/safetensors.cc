@@ -125,13 +125,15 @@ void SafetensorsWriter::for_each_run(Fn&& fn) const {
 namespace {
 
 // The spare's mapping, whole, if it is a file of exactly `start` followed by
-// `data_bytes`; else null (the caller writes a fresh file).
+// `data_bytes`; else null (the caller writes a fresh file). Unmapped here
+// unless a SpareMappings keeps it.
 struct SpareMapping {
   int fd = -1;
   char* map = nullptr;
   size_t bytes = 0;
+  bool kept = false;
   ~SpareMapping() {
-    if (map != nullptr) ::munmap(map, bytes);
+    if (map != nullptr && !kept) ::munmap(map, bytes);
     if (fd >= 0) ::close(fd);
   }
 };
@@ -167,7 +169,7 @@ void store_fence() {
 }
 
 bool map_matching_spare(const std::filesystem::path& spare, const std::string& start,
-                        int64_t data_bytes, SpareMapping* out) {
+                        int64_t data_bytes, SpareMappings* mappings, SpareMapping* out) {
   out->fd = ::open(spare.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW);
   if (out->fd < 0) return false;
   struct stat st {};
@@ -175,16 +177,80 @@ bool map_matching_spare(const std::filesystem::path& spare, const std::string& s
   if (::fstat(out->fd, &st) != 0 || !S_ISREG(st.st_mode) ||
       static_cast<size_t>(st.st_size) != total)
     return false;
-  // MAP_POPULATE: the page table in one go, not a fault per page (half the
-  // cost of the copy on the development VM).
-  void* map = ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, out->fd, 0);
-  if (map == MAP_FAILED) return false;
-  out->map = static_cast<char*>(map);
   out->bytes = total;
+  if (mappings != nullptr) {
+    out->map = mappings->map(out->fd, total);
+    out->kept = true;
+    if (out->map == nullptr) return false;
+  } else {
+    // MAP_POPULATE: the page table in one go, not a fault per page (half
+    // the cost of the copy on the development VM).
+    void* map =
+        ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, out->fd, 0);
+    if (map == MAP_FAILED) return false;
+    out->map = static_cast<char*>(map);
+  }
   return std::memcmp(out->map, start.data(), start.size()) == 0;
 }
 
 }  // namespace
+
+SpareMappings::~SpareMappings() {
+  for (const Entry& e : entries_) release(e);
+}
+
+void SpareMappings::release(const Entry& e) {
+  ::munmap(e.map, e.bytes);
+  ::close(e.fd);
+}
+
+char* SpareMappings::map(int fd, size_t bytes) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return nullptr;
+  const auto dev = static_cast<uint64_t>(st.st_dev), ino = static_cast<uint64_t>(st.st_ino);
+  // Removed files first (their memory is freed only once unmapped), and a
+  // kept mapping of this file at another size.
+  std::erase_if(entries_, [&](const Entry& e) {
+    struct stat now {};
+    const bool gone = ::fstat(e.fd, &now) != 0 || now.st_nlink == 0 ||
+                      (e.dev == dev && e.ino == ino && e.bytes != bytes);
+    if (gone) release(e);
+    return gone;
+  });
+  for (Entry& e : entries_) {
+    if (e.dev == dev && e.ino == ino) {
+      e.last_use = ++uses_;
+      return e.map;
+    }
+  }
+  if (!entries_.empty() && entries_.size() >= capacity_) {
+    const auto oldest =
+        std::min_element(entries_.begin(), entries_.end(),
+                         [](const Entry& a, const Entry& b) { return a.last_use < b.last_use; });
+    release(*oldest);
+    entries_.erase(oldest);
+  }
+  void* map = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+  if (map == MAP_FAILED) return nullptr;
+  const int own = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  if (own < 0) {
+    ::munmap(map, bytes);
+    return nullptr;
+  }
+  entries_.push_back({dev, ino, own, static_cast<char*>(map), bytes, ++uses_});
+  return static_cast<char*>(map);
+}
+
+void SpareMappings::forget(int fd) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return;
+  std::erase_if(entries_, [&](const Entry& e) {
+    const bool same =
+        e.dev == static_cast<uint64_t>(st.st_dev) && e.ino == static_cast<uint64_t>(st.st_ino);
+    if (same) release(e);
+    return same;
+  });
+}
 
 uint64_t SafetensorsWriter::write(const std::filesystem::path& path, const Reuse& reuse) const {
   int64_t data_bytes = 0;
@@ -201,7 +267,7 @@ uint64_t SafetensorsWriter::write(const std::filesystem::path& path, const Reuse
 
   if (!reuse.spare.empty()) {
     SpareMapping spare;
-    if (map_matching_spare(reuse.spare, start, data_bytes, &spare)) {
+    if (map_matching_spare(reuse.spare, start, data_bytes, reuse.mappings, &spare)) {
       size_t at = start.size();
       for_each_run([&](const char* run, size_t bytes) {
         constexpr size_t kBlock = size_t{256} << 10;
@@ -221,6 +287,7 @@ uint64_t SafetensorsWriter::write(const std::filesystem::path& path, const Reuse
       return reuse.checksum ? XXH64_digest(hash) : 0;
     }
     // Another model's or layout's file: its memory is not kept waiting.
+    if (reuse.mappings != nullptr && spare.fd >= 0) reuse.mappings->forget(spare.fd);
     ::unlink(reuse.spare.c_str());
   }
   AtomicFileWriter out(path);

@@ -23,6 +23,46 @@ struct TensorEntry {
   int64_t numel() const;
 };
 
+// The shared mappings of recycled spare files (SafetensorsWriter::Reuse),
+// kept from one write to the next. Mapping a 743 MB tmpfs file with its
+// page table filled (MAP_POPULATE) and unmapping it again take 70 ms of CPU
+// on the development VM, more than the copy through the mapping (47 ms),
+// and a snapshot every step would pay that every step. A mapping is found
+// again by its file's inode, so it survives the renames that move a file
+// between a step's directory and the spares. A kept mapping holds its
+// file's memory even once the file is removed: each map() first lets go
+// of the mappings of removed files, and at most `capacity` are kept (the
+// least recently used goes). Not thread-safe: one writer thread uses it.
+class SpareMappings {
+ public:
+  explicit SpareMappings(size_t capacity = 4) : capacity_(capacity) {}
+  ~SpareMappings();
+  SpareMappings(const SpareMappings&) = delete;
+  SpareMappings& operator=(const SpareMappings&) = delete;
+  // The file open as `fd`, all `bytes` of it, mapped shared and writable:
+  // the kept mapping of the same file and size, else a new one; null if it
+  // cannot be mapped.
+  char* map(int fd, size_t bytes);
+  // Lets go of the file's mapping, if one is kept (before the file is
+  // removed, so its memory goes with it).
+  void forget(int fd);
+  // Mappings kept.
+  size_t size() const { return entries_.size(); }
+
+ private:
+  struct Entry {
+    uint64_t dev = 0, ino = 0;
+    int fd = -1;  // a duplicate: fstat tells when the file is removed
+    char* map = nullptr;
+    size_t bytes = 0;
+    uint64_t last_use = 0;
+  };
+  static void release(const Entry& e);
+  size_t capacity_;
+  uint64_t uses_ = 0;
+  std::vector<Entry> entries_;
+};
+
 // Builds a file in memory-order of add() calls and writes it atomically.
 class SafetensorsWriter {
  public:
@@ -51,10 +91,12 @@ class SafetensorsWriter {
   // is called on each block's source right after it is copied, while it is
   // still in cache; when a fresh file is written, on each run of tensors
   // adjacent in memory. Every byte of data is passed once, in file order.
+  // `mappings`, if set, keeps the spare's mapping for the next write.
   struct Reuse {
     std::filesystem::path spare;
     bool checksum = true;
     std::function<void(const void* data, size_t bytes)> read;
+    SpareMappings* mappings = nullptr;
   };
   uint64_t write(const std::filesystem::path& path, const Reuse& reuse) const;
 
