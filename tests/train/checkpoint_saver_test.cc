@@ -8,7 +8,8 @@
 // The same holds when the caller gathers the states (the training loop).
 // A save's start issues no collective once the previous save settled; a
 // dead attempt's half-written step never mixes into a new save of it; a
-// step directory that cannot be made fails the save like a failed shard.
+// step directory that cannot be made fails the save like a failed shard;
+// across nodes each node's committer clears its own area, and only its own.
 #include "brigade/train/checkpoint_saver.h"
 
 #include <gtest/gtest.h>
@@ -22,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "brigade/ckpt/node_part.h"
 #include "brigade/comm/shm_communicator.h"
 #include "brigade/core/config.h"
 #include "testing/forked_ranks.h"
@@ -397,6 +399,57 @@ TEST(CheckpointSaver, ADirectoryThatCannotBeMadeFailsTheSaveOnEveryRankAtOneStep
   EXPECT_FALSE(fs::exists(blocked));
   ASSERT_EQ(latest_checkpoint(root)->filename(), "step_00000003");
   EXPECT_NO_THROW(verify_checkpoint(root / "step_00000003"));
+}
+
+// Snapshots across nodes: each node writes its part into its own area (its
+// agent's memory), so the leftovers an earlier generation left there are
+// cleared by that node's committer (its lowest rank), not by rank 0, before
+// any rank of the job writes; what is not a save's stays, and each node
+// commits its own part.
+TEST(CheckpointSaver, EachNodesCommitterClearsItsOwnAreaBeforeTheFirstSave) {
+  testing::TempDir dir("brigade_saver_node_areas");
+  const GptConfig model = tiny_model();
+  const std::vector<fs::path> areas = {dir.path() / "node0", dir.path() / "node1"};
+  for (const fs::path& area : areas) {
+    for (const char* left :
+         {"step_00000006.partial", "step_00000004.old", "step_00000003.pruned", "notes"}) {
+      fs::create_directories(area / left);
+      std::ofstream(area / left / "shard_00003.safetensors") << "stale";
+    }
+  }
+  testing::run_shm_ranks(4, 0, /*shared=*/false, [&](Communicator& comm, float*) {
+    const int rank = comm.rank(), node = rank / 2;
+    CheckpointSaver saver(&comm, kCommitTimeoutMs);
+    const std::vector<float> state(static_cast<size_t>(ParamLayout(model).size()), 0.5f);
+    AsyncCheckpointWriter::Save save = save_of(model, 1, rank, areas[static_cast<size_t>(node)]);
+    save.num_shards = 4;
+    NodePart part;
+    part.step = 1;
+    part.node = node;
+    part.first_rank = 2 * node;
+    part.ranks = 2;
+    part.num_shards = 4;
+    part.config = model;
+    if (node == 0) part.header = save.header;
+    save.part = part;
+    // Rank r's quarter of each flat buffer.
+    const auto size = static_cast<int64_t>(state.size());
+    std::vector<CheckpointPiece> pieces;
+    for (StateKind kind : {StateKind::kParams, StateKind::kExpAvg, StateKind::kExpAvgSq}) {
+      pieces.push_back(
+          {kind, rank * size / 4, (rank + 1) * size / 4, state.data() + rank * size / 4});
+    }
+    saver.start(save, pieces);
+    saver.wait();
+  });
+  if (HasFailure()) return;
+  for (const fs::path& area : areas) {
+    std::vector<std::string> kept;
+    for (const auto& e : fs::directory_iterator(area)) kept.push_back(e.path().filename());
+    std::sort(kept.begin(), kept.end());
+    EXPECT_EQ(kept, (std::vector<std::string>{"notes", "step_00000001.part"})) << area;
+    EXPECT_NO_THROW(read_node_part(area / "step_00000001.part")) << area;
+  }
 }
 
 }  // namespace BRIGADE_TEST_FILE
