@@ -201,6 +201,46 @@ TEST_F(EtcdElectionTest, WhenTheLeadersNodeIsLostAnotherLeadsAndTheJobGoesOnWith
   EXPECT_EQ(n1.poll(t += 100 * kMs).state, State::kSucceeded);
 }
 
+// A leader that takes over keeps the losses the old one declared in this
+// generation, but they carry no stamps of its own (it never watched those
+// nodes go silent; it rebuilds them at its takeover): declared_lost gives
+// none for them, so the agent's incident does not take its stop and
+// detection times from a rebuilt record, while the losses it declares
+// itself carry its own.
+TEST_F(EtcdElectionTest, ATakenOverLeaderDeclaresOnlyTheLossesItSawItself) {
+  // --nnodes 1:3: the job may go on with node 1 alone.
+  EtcdAgent n0(etcd_->url(), 3, 1, 0), n1(etcd_->url(), 3, 1, 1), n2(etcd_->url(), 3, 1, 2);
+  int64_t t = 0;
+  for (; t <= 1'000 * kMs; t += 100 * kMs) {
+    for (EtcdAgent* a : {&n0, &n1, &n2}) ASSERT_EQ(a->poll(t).state, State::kRunning);
+  }
+  // Node 2's agent dies; the leader, node 0, declares it lost.
+  const int64_t silent_from = t;
+  ASSERT_TRUE(poll_until({&n0, &n1}, t, [&] { return n0.coordinator->declared_lost(2); }))
+      << "node 0 never declared node 2 lost";
+  const Incident* by_n0 = n0.coordinator->declared_lost(2);
+  EXPECT_LE(by_n0->fault_ns, silent_from);
+  EXPECT_GE(by_n0->detected_ns - by_n0->fault_ns, 1'000 * kMs) << "a silence of its own seeing";
+  // Then node 0's agent dies too, before the next generation opens.
+  ASSERT_TRUE(poll_until({&n1}, t, [&] { return n1.coordinator->leader(); }))
+      << "node 1 never took over";
+  EXPECT_EQ(n1.coordinator->declared_lost(2), nullptr)
+      << "node 2's loss was node 0's verdict: the new leader has no stamps of it";
+  ASSERT_TRUE(poll_until({&n1}, t, [&] { return n1.coordinator->declared_lost(0); }))
+      << "node 1 never declared node 0 lost";
+  const Incident* by_n1 = n1.coordinator->declared_lost(0);
+  EXPECT_GT(by_n1->detected_ns, by_n1->fault_ns);
+  EXPECT_EQ(n1.coordinator->declared_lost(2), nullptr);
+  // Both stay lost: the next generation runs on node 1 alone.
+  ASSERT_TRUE(poll_until({&n1}, t, [&] { return n1.poll(t).state == State::kFailing; }));
+  n1.coordinator->report_stopped(false);
+  n1.poll(t += 100 * kMs);
+  const JobView v = n1.poll(t += 100 * kMs);
+  ASSERT_EQ(v.state, State::kRestart) << v.why;
+  n1.coordinator->enter_next_generation();
+  EXPECT_EQ(n1.coordinator->members(), (std::vector<int>{1}));
+}
+
 TEST_F(EtcdElectionTest, WithoutAStandbyOrFewerNodesTheLeadersLossEndsTheJobNamingNodeZero) {
   EtcdAgent n0(etcd_->url(), 2, 0, 0), n1(etcd_->url(), 2, 0, 1);
   int64_t t = 0;
