@@ -25,8 +25,9 @@ the effect between separate runs; within three steps far less, and the
 median over the cycles leaves out a step a burst of other work hit. The
 ratio for a snapshot every step is 1 + that median over the clean steps'
 mean: it assumes a snapshot's cost stays in the step it overlaps (its copy
-ends well within one step). --skip should leave out the first three
-snapshots, which allocate the memory the later ones recycle.
+ends well within one step). --skip (in steps; default 4K here) leaves out
+the first snapshots: three write fresh files, the next ones map their
+spares for the first time.
 """
 
 import argparse
@@ -77,14 +78,18 @@ def main():
     parser.add_argument("--zero", type=int, default=0)
     parser.add_argument("--rounds", type=int, default=2, help="0: the --paired run alone")
     parser.add_argument("--every", type=int, default=1, help="train.snapshot_every of the runs with snapshots")
-    parser.add_argument("--skip", type=int, default=3, help="steps left out at the start")
+    parser.add_argument("--skip", type=int, default=None,
+                        help="steps left out at the start (default 3; with --paired K, 4K: "
+                             "the first three snapshots allocate, the next ones map their spares)")
     parser.add_argument("--paired", type=int, default=0, metavar="K",
                         help="also one run with snapshot_every=K, its cost read from its own steps")
     args = parser.parse_args()
     brigade = os.path.join(args.build, "brigade")
-    if args.paired == 1:
+    if args.paired < 0 or args.paired == 1:
         raise SystemExit("compare_snapshots: --paired needs K >= 2 (steps without a snapshot's "
                          "cost on either side of one with it)")
+    if args.skip is None:
+        args.skip = 4 * args.paired if args.paired else 3
 
     if args.rounds > 0:
         alternate(brigade, args)

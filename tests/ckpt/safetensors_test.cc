@@ -1,7 +1,9 @@
 #include "brigade/ckpt/safetensors.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -208,6 +210,61 @@ TEST(Safetensors, KeptMappingsFollowTheFileAndLetGoOfRemovedOnes) {
     EXPECT_EQ(read_a(f), a);
   }
   EXPECT_EQ(two.size(), 2u);
+}
+
+// SpareMappings as the process sees it (/proc/self/maps): one mapping per
+// file however often and under whatever name it is asked for, the least
+// recently used let go first, and a removed file's mapping gone at the
+// next sweep (while kept it holds the file's memory: "(deleted)").
+int mappings_of(const fs::path& path) {
+  std::ifstream maps("/proc/self/maps");
+  int count = 0;
+  for (std::string line; std::getline(maps, line);) {
+    if (line.find(path.string()) != std::string::npos) ++count;
+  }
+  return count;
+}
+
+TEST(Safetensors, SpareMappingsMapEachFileOnceAndLetGoOfTheOldestAndTheRemoved) {
+  TempDir dir;
+  constexpr size_t kBytes = size_t{1} << 20;
+  std::vector<fs::path> files;
+  std::vector<int> fds;
+  for (int i = 0; i < 3; ++i) {
+    files.push_back(dir.path() / ("f" + std::to_string(i)));
+    std::ofstream(files.back()) << "x";
+    fs::resize_file(files.back(), kBytes);
+  }
+  const auto open_rw = [&](const fs::path& path) {
+    fds.push_back(::open(path.c_str(), O_RDWR | O_CLOEXEC));
+    return fds.back();
+  };
+  {
+    SpareMappings two(2);
+    ASSERT_NE(two.map(open_rw(files[0]), kBytes), nullptr);
+    ASSERT_NE(two.map(open_rw(files[0]), kBytes), nullptr);
+    EXPECT_EQ(mappings_of(files[0]), 1) << "asked twice, mapped twice";
+    // Renamed, as a snapshot's file moves between a step and the spares.
+    const fs::path moved = dir.path() / "moved";
+    fs::rename(files[0], moved);
+    ASSERT_NE(two.map(open_rw(moved), kBytes), nullptr);
+    EXPECT_EQ(mappings_of(moved), 1) << "the same file under its new name, mapped again";
+    // f1, then the moved f0 again: f1 is the least recently used when f2 comes.
+    ASSERT_NE(two.map(open_rw(files[1]), kBytes), nullptr);
+    ASSERT_NE(two.map(open_rw(moved), kBytes), nullptr);
+    ASSERT_NE(two.map(open_rw(files[2]), kBytes), nullptr);
+    EXPECT_EQ(mappings_of(files[1]), 0) << "the least recently used is let go";
+    EXPECT_EQ(mappings_of(moved), 1);
+    EXPECT_EQ(mappings_of(files[2]), 1);
+    // Removed: kept, it holds the memory until the sweep.
+    fs::remove(files[2]);
+    EXPECT_EQ(mappings_of(files[2]), 1);
+    two.sweep();
+    EXPECT_EQ(mappings_of(files[2]), 0) << "a removed file's mapping outlived the sweep";
+    EXPECT_EQ(mappings_of(moved), 1);
+  }
+  EXPECT_EQ(mappings_of(dir.path()), 0) << "mappings outlived their SpareMappings";
+  for (const int fd : fds) ::close(fd);
 }
 
 TEST(Safetensors, TruncatedFileIsAnErrorNamingTheTensor) {

@@ -297,6 +297,11 @@ TEST(Pipeline, LayoutsNameTheirSchedule) {
             std::string::npos);
   l = with(Kind::kInterleaved, 1);
   EXPECT_NE(estimate(gpt3(), l, hw).invalid.find("needs vp >= 2"), std::string::npos);
+  // As brigade train refuses it: W needs every block's activations.
+  l = with(Kind::kZbH1);
+  l.recompute = PlanRecompute::kFull;
+  EXPECT_NE(estimate(gpt3(), l, hw).invalid.find("full recompute keeps one block's"),
+            std::string::npos);
 }
 
 }  // namespace BRIGADE_TEST_FILE

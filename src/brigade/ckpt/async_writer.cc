@@ -132,7 +132,12 @@ void AsyncCheckpointWriter::run(const Save& save) {
   // rank's part like a shard that cannot be written.
   create_checkpoint_directory(save.root, save.step);
   ShardWriting writing = save.writing;
-  if (writing.recycle) writing.mappings = &spare_mappings_;
+  spare_mappings_.sweep();
+  if (writing.recycle) {
+    // The kept saves and the one being written (keep 0: no pruning, no spares).
+    spare_mappings_.reserve(static_cast<size_t>(save.keep) + 2);
+    writing.mappings = &spare_mappings_;
+  }
   stats_.bytes = write_checkpoint_shard(
       save.root, save.step, save.rank,
       ParamLayout(save.config, save.tp_rank, save.tp_size, save.layers), pieces_, writing);

@@ -208,14 +208,12 @@ char* SpareMappings::map(int fd, size_t bytes) {
   struct stat st {};
   if (::fstat(fd, &st) != 0) return nullptr;
   const auto dev = static_cast<uint64_t>(st.st_dev), ino = static_cast<uint64_t>(st.st_ino);
-  // Removed files first (their memory is freed only once unmapped), and a
-  // kept mapping of this file at another size.
+  // Removed files first, and a kept mapping of this file at another size.
+  sweep();
   std::erase_if(entries_, [&](const Entry& e) {
-    struct stat now {};
-    const bool gone = ::fstat(e.fd, &now) != 0 || now.st_nlink == 0 ||
-                      (e.dev == dev && e.ino == ino && e.bytes != bytes);
-    if (gone) release(e);
-    return gone;
+    const bool resized = e.dev == dev && e.ino == ino && e.bytes != bytes;
+    if (resized) release(e);
+    return resized;
   });
   for (Entry& e : entries_) {
     if (e.dev == dev && e.ino == ino) {
@@ -239,6 +237,15 @@ char* SpareMappings::map(int fd, size_t bytes) {
   }
   entries_.push_back({dev, ino, own, static_cast<char*>(map), bytes, ++uses_});
   return static_cast<char*>(map);
+}
+
+void SpareMappings::sweep() {
+  std::erase_if(entries_, [](const Entry& e) {
+    struct stat now {};
+    const bool gone = ::fstat(e.fd, &now) != 0 || now.st_nlink == 0;
+    if (gone) release(e);
+    return gone;
+  });
 }
 
 void SpareMappings::forget(int fd) {

@@ -5,6 +5,7 @@
 // it and it cannot execute code on load.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
@@ -30,9 +31,11 @@ struct TensorEntry {
 // and a snapshot every step would pay that every step. A mapping is found
 // again by its file's inode, so it survives the renames that move a file
 // between a step's directory and the spares. A kept mapping holds its
-// file's memory even once the file is removed: each map() first lets go
+// file's memory even once the file is removed: map() and sweep() let go
 // of the mappings of removed files, and at most `capacity` are kept (the
-// least recently used goes). Not thread-safe: one writer thread uses it.
+// least recently used goes). The kept pages count in the process's RSS
+// (up to `capacity` shards' worth while snapshots run). Not thread-safe:
+// one writer thread uses it.
 class SpareMappings {
  public:
   explicit SpareMappings(size_t capacity = 4) : capacity_(capacity) {}
@@ -46,6 +49,12 @@ class SpareMappings {
   // Lets go of the file's mapping, if one is kept (before the file is
   // removed, so its memory goes with it).
   void forget(int fd);
+  // Lets go of the mappings of files removed since (a cleared area, a
+  // prune that left no spare): their memory is freed only once unmapped.
+  void sweep();
+  // Keeps at least `capacity` mappings from now on (the files a save
+  // rotates through: the kept saves and the one being written).
+  void reserve(size_t capacity) { capacity_ = std::max(capacity_, capacity); }
   // Mappings kept.
   size_t size() const { return entries_.size(); }
 

@@ -227,6 +227,10 @@ std::string why_invalid(const Workload& job, const Layout& l, const Hardware& hw
                        schedule::kind_name(kind));
   }
   if (l.sp && l.tp == 1) return "sequence parallelism needs tp > 1";
+  if (l.pp > 1 && kind == schedule::Kind::kZbH1 && l.recompute == PlanRecompute::kFull) {
+    return "ZB-H1 defers weight gradients, which needs every block's activations; full "
+           "recompute keeps one block's (Brigade refuses it too)";
+  }
   if (l.recompute == PlanRecompute::kSelective && job.features.flash_attention) {
     return "selective recompute drops the attention scores, which fused attention never keeps";
   }
