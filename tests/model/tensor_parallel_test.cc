@@ -272,25 +272,32 @@ TEST(SequenceParallelGpt, WithFullAndSelectiveRecomputeMatchesTheWholeModel) {
   expect_split_matches_whole(c, 4, true);
 }
 
+// Tp rank 0 of 2 of four_head_config(), for what it counts, not what it runs.
+struct TpRankZero {
+  const GptConfig c = four_head_config();
+  ThreadGroup group{2};
+  ThreadRank handle{group, 0};
+  const ParamLayout local{c, 0, 2};
+  FloatBuffer params{local.size()}, grads{local.size()};
+  Gpt model{c, params.data(), grads.data(), &handle};
+};
+
 // ZB-H1's split backward keeps each block's linear layers' output gradients
 // from B to W: per tp rank the projections' N x C whole and c_fc's and
 // c_attn's 7C/tp columns, for all N rows under sequence parallelism too (a
 // weight gradient reads every row), and the head's dlogits over this
 // rank's vocabulary rows.
 TEST(TensorParallelGpt, SplitBackwardCountsWhatEachTpRankKeeps) {
-  const GptConfig c = four_head_config();
-  ThreadGroup group(2);
-  ThreadRank handle(group, 0);
-  const ParamLayout local(c, 0, 2);
-  FloatBuffer params(local.size()), grads(local.size());
-  Gpt model(c, params.data(), grads.data(), &handle);
+  TpRankZero rank;
+  const GptConfig& c = rank.c;
+  Gpt& model = rank.model;
   const int64_t b = 2, t = c.block_size, n = b * t, e = c.n_embd;
   for (const bool sp : {false, true}) {
     model.set_sequence_parallel(sp);
     model.set_split_backward(false);
     const int64_t whole = model.activation_bytes(b, t);
     model.set_split_backward(true);
-    const int64_t kept = c.n_layer * n * (2 * e + 7 * e / 2) + n * local.vocab_rows();
+    const int64_t kept = c.n_layer * n * (2 * e + 7 * e / 2) + n * rank.local.vocab_rows();
     EXPECT_EQ(model.activation_bytes(b, t) - whole, static_cast<int64_t>(sizeof(float)) * kept)
         << "sequence parallel " << sp;
   }
@@ -299,12 +306,9 @@ TEST(TensorParallelGpt, SplitBackwardCountsWhatEachTpRankKeeps) {
 TEST(SequenceParallelGpt, HoldsATpthOfTheRowActivations) {
   // The tensors split by rows (LayerNorm in/outputs, residuals) shrink by
   // tp; the column-split ones do already under plain tensor parallelism.
-  const GptConfig c = four_head_config();
-  ThreadGroup group(2);
-  ThreadRank handle(group, 0);
-  const ParamLayout local(c, 0, 2);
-  FloatBuffer params(local.size()), grads(local.size());
-  Gpt model(c, params.data(), grads.data(), &handle);
+  TpRankZero rank;
+  const GptConfig& c = rank.c;
+  Gpt& model = rank.model;
   const int64_t b = 2, t = c.block_size, n = b * t, e = c.n_embd;
   const int64_t plain = model.activation_bytes(b, t);
   model.set_sequence_parallel(true);
