@@ -91,9 +91,9 @@ inline std::string root_cause_trial(const std::filesystem::path& config,
   EXPECT_TRUE(std::filesystem::exists(run_dir / "incidents" / "1" / "agent_node0.json"));
   // The incident's timeline (diag/incident_trace.h), written by the launcher
   // once the incident was resolved: the line on the culprit's own process
-  // (R + 1); the fault before its detection, and the detection after the
-  // survivors began the wait it ended (the steady clock's stamps and the
-  // dumps' wall clock agree).
+  // (R + 1); the fault before its detection, and a detection through the
+  // survivors' wait after that wait began (the steady clock's stamps and
+  // the dumps' wall clock agree).
   std::ifstream trace_file(run_dir / "incidents" / "1" / "trace.json");
   const nlohmann::json trace = nlohmann::json::parse(trace_file, nullptr, /*exceptions=*/false);
   EXPECT_FALSE(trace.is_discarded()) << "incidents/1/trace.json";
@@ -114,7 +114,11 @@ inline std::string root_cause_trial(const std::filesystem::path& config,
   EXPECT_TRUE(culprit) << "no event named the cause on rank " << rank << "'s process";
   EXPECT_GE(fault_us, 0) << "no fault instant in incidents/1/trace.json";
   EXPECT_GE(detected_us, fault_us);
-  if (first_wait_us >= 0) {
+  // A hang or a skipped or mismatched collective is found through the
+  // survivors' wait, so after it began; a crash is found from the process's
+  // exit, which may come before the survivors reach the collective they
+  // then wait in (CI's ASan run: detected 1.6 ms before the first wait).
+  if (first_wait_us >= 0 && kind != "kill") {
     EXPECT_GE(detected_us, first_wait_us);
   }
   std::printf("[ cause    ] %s (evidence %.0f ms)\n", line.c_str(),
