@@ -204,17 +204,22 @@ void SpareMappings::release(const Entry& e) {
   ::close(e.fd);
 }
 
+template <typename Pred>
+void SpareMappings::drop_if(Pred&& pred) {
+  std::erase_if(entries_, [&](const Entry& e) {
+    const bool drop = pred(e);
+    if (drop) release(e);
+    return drop;
+  });
+}
+
 char* SpareMappings::map(int fd, size_t bytes) {
   struct stat st {};
   if (::fstat(fd, &st) != 0) return nullptr;
   const auto dev = static_cast<uint64_t>(st.st_dev), ino = static_cast<uint64_t>(st.st_ino);
   // Removed files first, and a kept mapping of this file at another size.
   sweep();
-  std::erase_if(entries_, [&](const Entry& e) {
-    const bool resized = e.dev == dev && e.ino == ino && e.bytes != bytes;
-    if (resized) release(e);
-    return resized;
-  });
+  drop_if([&](const Entry& e) { return e.dev == dev && e.ino == ino && e.bytes != bytes; });
   for (Entry& e : entries_) {
     if (e.dev == dev && e.ino == ino) {
       e.last_use = ++uses_;
@@ -240,22 +245,17 @@ char* SpareMappings::map(int fd, size_t bytes) {
 }
 
 void SpareMappings::sweep() {
-  std::erase_if(entries_, [](const Entry& e) {
+  drop_if([](const Entry& e) {
     struct stat now {};
-    const bool gone = ::fstat(e.fd, &now) != 0 || now.st_nlink == 0;
-    if (gone) release(e);
-    return gone;
+    return ::fstat(e.fd, &now) != 0 || now.st_nlink == 0;
   });
 }
 
 void SpareMappings::forget(int fd) {
   struct stat st {};
   if (::fstat(fd, &st) != 0) return;
-  std::erase_if(entries_, [&](const Entry& e) {
-    const bool same =
-        e.dev == static_cast<uint64_t>(st.st_dev) && e.ino == static_cast<uint64_t>(st.st_ino);
-    if (same) release(e);
-    return same;
+  drop_if([&](const Entry& e) {
+    return e.dev == static_cast<uint64_t>(st.st_dev) && e.ino == static_cast<uint64_t>(st.st_ino);
   });
 }
 

@@ -67,6 +67,9 @@ class SpareMappings {
     uint64_t last_use = 0;
   };
   static void release(const Entry& e);
+  // Unmaps and forgets the entries `pred` picks.
+  template <typename Pred>
+  void drop_if(Pred&& pred);
   size_t capacity_;
   uint64_t uses_ = 0;
   std::vector<Entry> entries_;
