@@ -382,10 +382,15 @@ TEST(CheckpointSaver, ADirectoryThatCannotBeMadeFailsTheSaveOnEveryRankAtOneStep
     require(error.find("checkpoint of step 2 failed") != std::string::npos &&
                 error.find(blocked.string()) != std::string::npos,
             "rank {}: the error does not name the step and its directory: {}", rank, error);
-    // The committer's own error says why; a rank whose part had not failed
-    // yet when the gather showed the committer's names the committer's file.
-    require(rank != 0 || error.find("cannot create the checkpoint directory") != std::string::npos,
-            "rank 0: the error does not say the directory could not be made: {}", error);
+    // A rank among the failed ones says why in its own error; one whose part
+    // had not failed yet when the gather showed another's (either rank may
+    // reach the directory first) names the other's file only.
+    const bool own_part_listed = error.find(fmt::format("rank {} (", rank)) != std::string::npos;
+    require(!own_part_listed ||
+                error.find("cannot create the checkpoint directory") != std::string::npos,
+            "rank {}: its own part failed but the error does not say the directory could not be "
+            "made: {}",
+            rank, error);
     require(!saver.in_flight(), "rank {}: the failed save is still in flight", rank);
     // Training that goes on (a snapshot's failure stops snapshots only):
     // the next save commits.
