@@ -6,7 +6,7 @@
 #
 #   chaos_nodes.sh --out DIR [--steps N] [--mtbf S] [--seed N] [--bound-s S]
 #                  [--name NAME --net A.B.C] [--port P] [--brigade PATH]
-#                  [--min-ettr F] [--model-tolerance F]
+#                  [--min-ettr F] [--model-tolerance F] [--model-mtbf chaos|realized]
 #                  [--require-kinds kill+stop+...]
 #
 # The cluster manager: when a machine's launcher exits while the job runs
@@ -25,7 +25,8 @@
 # partition: partition, kill-agent: node_lost), and none elsewhere but
 # rejoins; the ETTR of the run, and `brigade ettr` against the failure
 # model (at least --min-ettr, 0.95 by default, and the model within 3
-# points); every kind of --require-kinds raised; no launcher left running
+# points, at the chaos mode's MTBF, or with --model-mtbf realized at the
+# run's own: a short run's few faults come by chance); every kind of --require-kinds raised; no launcher left running
 # 60 s after node 0 ended; no restart that redid more steps than the
 # snapshots allow. Exit 0 when every check holds.
 #
@@ -49,6 +50,7 @@ max_replacements=12
 kinds=kill+stop+partition+kill-agent
 min_ettr=0.95
 model_tolerance=0.03
+model_mtbf=chaos
 require_kinds=
 
 die() {
@@ -72,6 +74,7 @@ while [[ $# -gt 0 ]]; do
     --max-replacements) max_replacements=$2 ;;
     --min-ettr) min_ettr=$2 ;;
     --model-tolerance) model_tolerance=$2 ;;
+    --model-mtbf) model_mtbf=$2 ;;
     --require-kinds) require_kinds=$2 ;;
     *) die "unknown option $1 (see the top of $0)" ;;
   esac
@@ -230,4 +233,5 @@ trap - EXIT TERM INT
 python3 "$here/chaos_nodes_check.py" --brigade "$brigade" --out "$out" --run "$run" \
   --node0-status "$node0_status" --hang "$hang" --wall-s $((end - start)) \
   --replacements "$replacements" --leftover "$leftover" --min-ettr "$min_ettr" \
-  --model-tolerance "$model_tolerance" --require-kinds "$require_kinds"
+  --model-tolerance "$model_tolerance" --model-mtbf "$model_mtbf" \
+  --require-kinds "$require_kinds"

@@ -103,6 +103,11 @@ def main():
     ap.add_argument("--min-ettr", type=float, default=0.95)
     ap.add_argument("--model-tolerance", type=float, default=0.03,
                     help="the most brigade ettr's predicted ETTR may differ from the run's")
+    ap.add_argument("--model-mtbf", choices=["chaos", "realized"], default="chaos",
+                    help="the MTBF the failure model is given: the chaos mode's mean, or the "
+                         "run's own (training window over incidents), which a run of a minute "
+                         "or two needs: its few faults come by chance, and their count, not "
+                         "the model, decides its ETTR")
     ap.add_argument("--require-kinds", default="",
                     help="chaos kinds that must each have been raised, '+'-separated")
     ap.add_argument("--snapshot-every", type=int, default=1)
@@ -278,7 +283,10 @@ def main():
                             f"{a.wall_s:.0f} s (the harness's clock)")
         if ettr < a.min_ettr:
             failures.append(f"ETTR {ettr:.3f} is below --min-ettr {a.min_ettr}")
-    r = run_brigade([a.brigade, "ettr", a.run, "--json"], failures, "brigade ettr")
+    ettr_command = [a.brigade, "ettr", a.run, "--json"]
+    if a.model_mtbf == "realized" and summary is not None and summary.get("incidents", 0) > 0:
+        ettr_command += ["--mtbf-s", str(summary["training_s"] / summary["incidents"])]
+    r = run_brigade(ettr_command, failures, "brigade ettr")
     if r is not None and r.returncode != 0:
         failures.append(f"brigade ettr failed: {r.stderr.strip()}")
     elif r is not None:
