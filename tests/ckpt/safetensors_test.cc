@@ -5,6 +5,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstddef>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -210,6 +212,45 @@ TEST(Safetensors, KeptMappingsFollowTheFileAndLetGoOfRemovedOnes) {
     EXPECT_EQ(read_a(f), a);
   }
   EXPECT_EQ(two.size(), 2u);
+}
+
+// A claimed spare is the caller's to fill in place: the file moves to its
+// new name (a spare made afterwards under the old one is another file), the
+// pointers are each tensor's bytes in file order, and what is written
+// through them is what the file holds. A spare of other tensors is not
+// claimed and stays where it is.
+TEST(Safetensors, AClaimedSpareMovesAndHoldsWhatIsWrittenThroughIt) {
+  TempDir dir;
+  const std::vector<float> a = {1, 2, 3, 4, 5, 6}, b = {7, 8};
+  SafetensorsWriter w;
+  w.add_f32("a", {2, 3}, a.data());
+  w.add_f32("b", {2}, b.data());
+  const fs::path spare = dir.path() / "spare.safetensors", file = dir.path() / "x.safetensors";
+  SpareMappings kept(4);
+  EXPECT_TRUE(w.claim(spare, file, kept).empty()) << "claimed a spare that is not there";
+  {
+    SafetensorsWriter other;
+    other.add_f32("a", {6}, a.data());
+    other.write(spare);
+  }
+  EXPECT_TRUE(w.claim(spare, file, kept).empty()) << "claimed a spare of other tensors";
+  EXPECT_TRUE(fs::exists(spare));
+  w.write(spare);
+  const std::vector<char*> data = w.claim(spare, file, kept);
+  ASSERT_EQ(data.size(), 2u);
+  EXPECT_FALSE(fs::exists(spare));
+  EXPECT_EQ(data[1] - data[0], static_cast<std::ptrdiff_t>(a.size() * sizeof(float)));
+  const std::vector<float> new_a = {-1, -2, -3, -4, -5, -6}, new_b = {-7, -8};
+  std::memcpy(data[0], new_a.data(), new_a.size() * sizeof(float));
+  std::memcpy(data[1], new_b.data(), new_b.size() * sizeof(float));
+  // Another spare under the old name now is no concern of the claimed file.
+  w.write(spare);
+  const SafetensorsFile f(file);
+  std::vector<float> back_a(6), back_b(2);
+  f.read_f32("a", {2, 3}, back_a.data());
+  f.read_f32("b", {2}, back_b.data());
+  EXPECT_EQ(back_a, new_a);
+  EXPECT_EQ(back_b, new_b);
 }
 
 // SpareMappings as the process sees it (/proc/self/maps): one mapping per

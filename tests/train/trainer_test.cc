@@ -205,6 +205,50 @@ TEST_F(TrainerTest, ASnapshotHoldsItsStepWhileTheNextStepRuns) {
   EXPECT_TRUE(fs::exists(fs::path(opts.snapshot_dir) / "spare")) << "nothing was recycled";
 }
 
+// Once a spare shard is there, the update of a step whose snapshot follows
+// writes that snapshot as it computes the state (Trainer::claim_snapshot):
+// the snapshot must hold the step's parameters and both moments bit for
+// bit, as a staged checkpoint of the same step does.
+TEST_F(TrainerTest, AnUpdateWritesTheSnapshotOfItsStepOnceASpareIsThere) {
+  Config c = small_config(3);
+  const GptConfig model = GptConfig::from_config(c);
+  TrainOptions opts = TrainOptions::from_config(c);
+  opts.snapshot_dir = (dir_ / "snapshots").string();
+  opts.snapshot_every = 1;
+  opts.steps = 50;
+  fs::create_directories(opts.snapshot_dir);
+  Trainer t(model, opts);
+  ASSERT_TRUE(t.snapshots_enabled());
+  int written_by_update = 0;
+  for (int64_t step = 1; step <= 6; ++step) {
+    t.train_step();
+    const fs::path checkpoint = t.save_checkpoint();
+    t.start_snapshot();
+    // Settled (committed and pruned: the next update finds the spare).
+    std::optional<AsyncCheckpointWriter::Stats> stats;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+    while (t.snapshots_enabled() && !stats && std::chrono::steady_clock::now() < deadline) {
+      stats = t.poll_snapshot();
+    }
+    ASSERT_TRUE(stats.has_value()) << "the snapshot of step " << step << " never settled";
+    written_by_update += stats->prewritten ? 1 : 0;
+    const fs::path snapshot = fs::path(opts.snapshot_dir) / fmt::format("step_{:08d}", step);
+    const Manifest from_disk = verify_checkpoint(checkpoint);
+    const Manifest from_memory = verify_checkpoint(snapshot, /*snapshot=*/true);
+    const int64_t size = ParamLayout(model).size();
+    for (StateKind kind : {StateKind::kParams, StateKind::kExpAvg, StateKind::kExpAvgSq}) {
+      std::vector<float> a(static_cast<size_t>(size)), b(static_cast<size_t>(size));
+      load_checkpoint_state(checkpoint, from_disk, model, kind, a.data());
+      load_checkpoint_state(snapshot, from_memory, model, kind, b.data());
+      ASSERT_EQ(a, b) << "step " << step << ", state kind " << static_cast<int>(kind)
+                      << (stats->prewritten ? ", written by the update" : ", copied");
+    }
+  }
+  // Two snapshots kept under the replica checks and one being written:
+  // the first spare exists once the third committed.
+  EXPECT_GE(written_by_update, 3) << "the updates never wrote a snapshot";
+}
+
 // In-memory snapshots on a tmpfs the test mounts (root; CI runs as root):
 // one that has no room for two is refused at start, and one that fills up
 // stops the snapshots, not the training.

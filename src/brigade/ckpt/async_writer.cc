@@ -61,6 +61,19 @@ void AsyncCheckpointWriter::wait() {
   }
 }
 
+std::vector<float*> AsyncCheckpointWriter::claim(const Save& save,
+                                                 const std::vector<CheckpointPiece>& pieces) {
+  BRIGADE_CHECK(save.writing.recycle && state() != State::kWriting);
+  spare_mappings_.reserve(static_cast<size_t>(save.keep) + 2);
+  try {
+    return claim_checkpoint_shard(save.root, save.step, save.rank,
+                                  ParamLayout(save.config, save.tp_rank, save.tp_size, save.layers),
+                                  pieces, spare_mappings_);
+  } catch (const std::exception&) {
+    return {};  // the save itself meets the cause and reports it
+  }
+}
+
 void AsyncCheckpointWriter::abort() {
   abort_.store(true, std::memory_order_release);
   if (thread_.joinable()) thread_.join();
@@ -104,6 +117,7 @@ void AsyncCheckpointWriter::start(Save save, const std::vector<CheckpointPiece>&
     }
   }
   stats_ = Stats{save.step, 0, static_cast<double>(now_ns() - copy_start) * 1e-6, 0};
+  stats_.prewritten = save.writing.prewritten;
   stats_taken_ = false;
   abort_.store(false, std::memory_order_release);
   set_state(State::kWriting);

@@ -82,6 +82,13 @@ class AsyncCheckpointWriter {
   void start(Save save, const std::vector<CheckpointPiece>& pieces);
   // Waits for the save in flight, if any; rethrows its error.
   void wait();
+  // Claims this rank's spare shard file for `save` (a recycled one:
+  // claim_checkpoint_shard, through this writer's kept mappings) for the
+  // caller to write the pieces' data in place; start() then takes the save
+  // with save.writing.prewritten. Empty when there is no spare to claim
+  // (the save is then written as usual). On the caller's thread, while
+  // this writer's thread is not writing a shard (wait_until_written).
+  std::vector<float*> claim(const Save& save, const std::vector<CheckpointPiece>& pieces);
 
   // Where this rank's part of the save in flight stands. The ranks exchange
   // it (train/checkpoint_saver.h), so that a rank whose write failed stops
@@ -117,6 +124,9 @@ class AsyncCheckpointWriter {
     // where the ranks' compute fills every core (write_ms there is mostly
     // waiting for a core).
     double write_cpu_ms = 0;
+    // The data was written in place by the caller (a claimed spare:
+    // Save::writing.prewritten); the thread wrote only the shard's index.
+    bool prewritten = false;
   };
   // The stats of a save that has finished since the last call, without
   // waiting for one that has not; rethrows a finished save's error.

@@ -149,22 +149,28 @@ int64_t write_checkpoint_shard(const fs::path& root, int64_t step, int rank,
   return write_checkpoint_shard(root, step, rank, ParamLayout(config), pieces);
 }
 
-int64_t write_checkpoint_shard(const fs::path& root, int64_t step, int rank,
-                               const ParamLayout& layout,
-                               const std::vector<CheckpointPiece>& pieces,
-                               const ShardWriting& how) {
-  const fs::path partial = partial_directory(root, step);
+namespace {
+
+// A shard's file as the pieces make it: its tensors, in file order, and the
+// index's chunks.
+struct ShardPlan {
+  SafetensorsWriter writer;
+  std::deque<std::vector<float>> repacked;  // a deque: the writer keeps pointers into them
+  nlohmann::json chunks = nlohmann::json::array();
+};
+
+// False, and the plan incomplete, where a box needs repacking and `repack`
+// is false (a claimed shard cannot hold one: claim_checkpoint_shard).
+bool plan_shard(const ParamLayout& layout, const std::vector<CheckpointPiece>& pieces,
+                ShardPlan& plan, bool repack = true) {
   // Each piece is stored whole, as one 1-D tensor; the chunks say which
   // elements of it belong to which box of which model tensor. A box of a
   // shard that a run boundary cuts across rows (c_attn's q|k|v columns) is
   // not contiguous in the piece: its elements are copied out into a tensor
   // of their own.
-  SafetensorsWriter writer;
-  std::deque<std::vector<float>> repacked;  // a deque: the writer keeps pointers into them
-  nlohmann::json chunks = nlohmann::json::array();
   for (const CheckpointPiece& piece : pieces) {
     const std::string key = fmt::format("{}@{}", state_tensor_name(piece.kind, ""), piece.begin);
-    writer.add_f32(key, {piece.end - piece.begin}, piece.data);
+    plan.writer.add_f32(key, {piece.end - piece.begin}, piece.data);
     for (const ParamInfo& p : layout.params()) {
       const int64_t begin = std::max(piece.begin, p.offset);
       const int64_t end = std::min(piece.end, p.offset + p.numel);
@@ -194,41 +200,76 @@ int64_t write_checkpoint_shard(const fs::path& root, int64_t step, int rank,
             if (outer == 1) {
               chunk_offset = offset + from;
             } else {
-              std::vector<float>& copy = repacked.emplace_back();
+              if (!repack) return false;
+              std::vector<float>& copy = plan.repacked.emplace_back();
               copy.reserve(static_cast<size_t>(outer * count));
               for (int64_t o = 0; o < outer; ++o) {
                 const float* row = src + o * box.sizes[d] * inner + from;
                 copy.insert(copy.end(), row, row + count);
               }
-              chunk_key = fmt::format("{}.{}", key, repacked.size());
+              chunk_key = fmt::format("{}.{}", key, plan.repacked.size());
               chunk_offset = 0;
-              writer.add_f32(chunk_key, {static_cast<int64_t>(copy.size())}, copy.data());
+              plan.writer.add_f32(chunk_key, {static_cast<int64_t>(copy.size())}, copy.data());
             }
           }
-          chunks.push_back({{"name", name},
-                            {"key", chunk_key},
-                            {"offset", chunk_offset},
-                            {"offsets", cut.global.offsets},
-                            {"sizes", cut.global.sizes}});
+          plan.chunks.push_back({{"name", name},
+                                 {"key", chunk_key},
+                                 {"offset", chunk_offset},
+                                 {"offsets", cut.global.offsets},
+                                 {"sizes", cut.global.sizes}});
         }
         offset += box.numel();
       }
     }
   }
+  return true;
+}
+
+}  // namespace
+
+std::vector<float*> claim_checkpoint_shard(const fs::path& root, int64_t step, int rank,
+                                           const ParamLayout& layout,
+                                           const std::vector<CheckpointPiece>& pieces,
+                                           SpareMappings& mappings) {
+  ShardPlan plan;
+  if (!plan_shard(layout, pieces, plan, /*repack=*/false)) return {};
+  create_checkpoint_directory(root, step);
+  const std::vector<char*> data =
+      plan.writer.claim(spare_directory(root) / shard_file(rank),
+                        partial_directory(root, step) / shard_file(rank), mappings);
+  std::vector<float*> out;
+  for (char* d : data) out.push_back(reinterpret_cast<float*>(d));
+  return out;
+}
+
+int64_t write_checkpoint_shard(const fs::path& root, int64_t step, int rank,
+                               const ParamLayout& layout,
+                               const std::vector<CheckpointPiece>& pieces,
+                               const ShardWriting& how) {
+  const fs::path partial = partial_directory(root, step);
+  ShardPlan plan;
+  plan_shard(layout, pieces, plan);
   const fs::path file = partial / shard_file(rank);
-  SafetensorsWriter::Reuse reuse;
-  if (how.recycle) {
-    reuse.spare = spare_directory(root) / shard_file(rank);
-    reuse.mappings = how.mappings;
+  uint64_t hash = 0;
+  if (how.prewritten) {
+    BRIGADE_CHECK(!how.checksum && plan.repacked.empty());
+    if (!fs::exists(file))
+      throw_error("the claimed shard {} of step {} is gone", file.string(), step);
+  } else {
+    SafetensorsWriter::Reuse reuse;
+    if (how.recycle) {
+      reuse.spare = spare_directory(root) / shard_file(rank);
+      reuse.mappings = how.mappings;
+    }
+    reuse.checksum = how.checksum;
+    reuse.read = how.read;
+    hash = plan.writer.write(file, reuse);
   }
-  reuse.checksum = how.checksum;
-  reuse.read = how.read;
-  const uint64_t hash = writer.write(file, reuse);
   const nlohmann::json index = {
       {"file", shard_file(rank)},
       {"bytes", static_cast<int64_t>(fs::file_size(file))},
       {"xxh64", how.checksum ? nlohmann::json(fmt::format("{:016x}", hash)) : nullptr},
-      {"chunks", chunks}};
+      {"chunks", plan.chunks}};
   write_file_atomic(partial / shard_index_file(rank), index.dump());
   return index.at("bytes").get<int64_t>();
 }

@@ -106,12 +106,32 @@ void begin_checkpoint(const std::filesystem::path& root, int64_t step);
 //
 // `mappings` (with recycle) keeps the spares' mappings from one save to the
 // next (SpareMappings); its owner outlives the saves that use it.
+//
+// `prewritten`: the shard file is in the step's .partial directory with its
+// data already written (claim_checkpoint_shard); only its index is written.
 struct ShardWriting {
   bool recycle = false;
   bool checksum = true;
   std::function<void(const void* data, size_t bytes)> read;
   SpareMappings* mappings = nullptr;
+  bool prewritten = false;
 };
+
+// Claims this rank's spare shard file (ShardWriting) for step `step` of
+// these pieces, for the caller to write their data in place: how an
+// in-memory snapshot is written by the update that computes the state
+// instead of by a copy that reads it again. Makes the step's .partial
+// directory (phase 1) and moves the spare into it (SafetensorsWriter::
+// claim). Returns where each piece's data goes, in the pieces' order (the
+// pieces' own data pointers are not read); empty when no spare of this
+// layout is there, or when a piece's boxes must be repacked (tensor
+// parallelism's cut c_attn columns), which only write_checkpoint_shard
+// does. The save then goes through write_checkpoint_shard with
+// `prewritten`, the same pieces and layout, once the data is written.
+std::vector<float*> claim_checkpoint_shard(const std::filesystem::path& root, int64_t step,
+                                           int rank, const ParamLayout& layout,
+                                           const std::vector<CheckpointPiece>& pieces,
+                                           SpareMappings& mappings);
 
 // Returns the shard's size in bytes. The pieces are flat ranges of `layout`'s
 // buffers: under tensor parallelism a tp rank's layout (ParamLayout(config,

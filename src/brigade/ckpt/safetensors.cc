@@ -6,10 +6,6 @@
 #include <unistd.h>
 #include <xxhash.h>
 
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
-
 #include <algorithm>
 #include <cerrno>
 #include <cstdint>
@@ -19,6 +15,7 @@
 
 #include "brigade/core/error.h"
 #include "brigade/core/files.h"
+#include "brigade/core/stream_store.h"
 
 namespace brigade {
 namespace {
@@ -138,36 +135,6 @@ struct SpareMapping {
   }
 };
 
-// memcpy with streaming stores where the destination allows: the data is
-// not read back, so it bypasses the caches (and no cache line of it is read
-// for ownership first). store_fence() orders them before what follows.
-void copy_nontemporal(char* dst, const char* src, size_t n) {
-#if defined(__x86_64__)
-  const size_t head = std::min(n, (16 - reinterpret_cast<uintptr_t>(dst) % 16) % 16);
-  std::memcpy(dst, src, head);
-  size_t i = head;
-  for (; i + 64 <= n; i += 64) {
-    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
-    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 16));
-    const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 32));
-    const __m128i d = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 48));
-    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i), a);
-    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 16), b);
-    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 32), c);
-    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 48), d);
-  }
-  std::memcpy(dst + i, src + i, n - i);
-#else
-  std::memcpy(dst, src, n);
-#endif
-}
-
-void store_fence() {
-#if defined(__x86_64__)
-  _mm_sfence();
-#endif
-}
-
 bool map_matching_spare(const std::filesystem::path& spare, const std::string& start,
                         int64_t data_bytes, SpareMappings* mappings, SpareMapping* out) {
   out->fd = ::open(spare.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW);
@@ -214,11 +181,12 @@ void SpareMappings::drop_if(Pred&& pred) {
 }
 
 char* SpareMappings::map(int fd, size_t bytes) {
+  const std::lock_guard<std::mutex> lock(mutex_);
   struct stat st {};
   if (::fstat(fd, &st) != 0) return nullptr;
   const auto dev = static_cast<uint64_t>(st.st_dev), ino = static_cast<uint64_t>(st.st_ino);
   // Removed files first, and a kept mapping of this file at another size.
-  sweep();
+  sweep_locked();
   drop_if([&](const Entry& e) { return e.dev == dev && e.ino == ino && e.bytes != bytes; });
   for (Entry& e : entries_) {
     if (e.dev == dev && e.ino == ino) {
@@ -245,6 +213,11 @@ char* SpareMappings::map(int fd, size_t bytes) {
 }
 
 void SpareMappings::sweep() {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  sweep_locked();
+}
+
+void SpareMappings::sweep_locked() {
   drop_if([](const Entry& e) {
     struct stat now {};
     return ::fstat(e.fd, &now) != 0 || now.st_nlink == 0;
@@ -252,6 +225,7 @@ void SpareMappings::sweep() {
 }
 
 void SpareMappings::forget(int fd) {
+  const std::lock_guard<std::mutex> lock(mutex_);
   struct stat st {};
   if (::fstat(fd, &st) != 0) return;
   drop_if([&](const Entry& e) {
@@ -306,6 +280,23 @@ uint64_t SafetensorsWriter::write(const std::filesystem::path& path, const Reuse
   });
   out.commit();
   return reuse.checksum ? XXH64_digest(hash) : 0;
+}
+
+std::vector<char*> SafetensorsWriter::claim(const std::filesystem::path& spare,
+                                            const std::filesystem::path& path,
+                                            SpareMappings& mappings) const {
+  int64_t data_bytes = 0;
+  const std::string start = file_start(&data_bytes);
+  SpareMapping mapping;
+  if (!map_matching_spare(spare, start, data_bytes, &mappings, &mapping)) return {};
+  if (::rename(spare.c_str(), path.c_str()) != 0) return {};
+  std::vector<char*> data;
+  char* next = mapping.map + start.size();
+  for (const Pending& t : tensors_) {
+    data.push_back(next);
+    next += t.bytes;
+  }
+  return data;
 }
 
 SafetensorsFile::SafetensorsFile(const std::filesystem::path& path) : path_(path) {

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -34,8 +35,9 @@ struct TensorEntry {
 // file's memory even once the file is removed: map() and sweep() let go
 // of the mappings of removed files, and at most `capacity` are kept (the
 // least recently used goes). The kept pages count in the process's RSS
-// (up to `capacity` shards' worth while snapshots run). Not thread-safe:
-// one writer thread uses it.
+// (up to `capacity` shards' worth while snapshots run). Thread-safe: the
+// writer thread maps the spares it copies into, the training thread the
+// one an update writes into (SafetensorsWriter::claim).
 class SpareMappings {
  public:
   explicit SpareMappings(size_t capacity = 4) : capacity_(capacity) {}
@@ -54,9 +56,15 @@ class SpareMappings {
   void sweep();
   // Keeps at least `capacity` mappings from now on (the files a save
   // rotates through: the kept saves and the one being written).
-  void reserve(size_t capacity) { capacity_ = std::max(capacity_, capacity); }
+  void reserve(size_t capacity) {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    capacity_ = std::max(capacity_, capacity);
+  }
   // Mappings kept.
-  size_t size() const { return entries_.size(); }
+  size_t size() const {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    return entries_.size();
+  }
 
  private:
   struct Entry {
@@ -70,6 +78,8 @@ class SpareMappings {
   // Unmaps and forgets the entries `pred` picks.
   template <typename Pred>
   void drop_if(Pred&& pred);
+  void sweep_locked();
+  mutable std::mutex mutex_;
   size_t capacity_;
   uint64_t uses_ = 0;
   std::vector<Entry> entries_;
@@ -111,6 +121,17 @@ class SafetensorsWriter {
     SpareMappings* mappings = nullptr;
   };
   uint64_t write(const std::filesystem::path& path, const Reuse& reuse) const;
+
+  // Claims `spare` for the caller to write the data in place: a spare that
+  // matches (as for write(): the same header) is mapped through `mappings`,
+  // which keeps the mapping, and renamed to `path`; the rename makes it the
+  // caller's, whatever renames another spare to `spare` afterwards. Returns
+  // where each tensor's data starts in the mapping, in add() order; empty,
+  // with nothing claimed, if no spare matches. The caller then writes every
+  // tensor's bytes and fences its stores (core/stream_store.h). The `data`
+  // pointers given to add() are not read.
+  std::vector<char*> claim(const std::filesystem::path& spare, const std::filesystem::path& path,
+                           SpareMappings& mappings) const;
 
  private:
   // The 8-byte size, the header and its padding; *data_bytes: the data's size.

@@ -126,7 +126,7 @@ double adamw_params_per_s() {
   const double s = best_seconds(
       [&] {
         cpu::adamw_update(p.data(), g.data(), m.data(), v.data(), n,
-                          {1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, ++step, 1.0f});
+                          {1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, ++step, 1.0f}, {});
       },
       0.3);
   return static_cast<double>(n) / s;

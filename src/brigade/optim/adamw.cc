@@ -31,6 +31,11 @@ AdamW::AdamW(const AdamWConfig& config, const std::vector<DecayRange>& ranges,
 }
 
 void AdamW::step(float* params, const float* grads, double lr, double grad_scale) {
+  step(params, grads, lr, grad_scale, {});
+}
+
+void AdamW::step(float* params, const float* grads, double lr, double grad_scale,
+                 const std::vector<StateCopy>& copies) {
   ++step_count_;
   for (const Piece& p : pieces_) {
     const cpu::AdamWStep s{static_cast<float>(lr),
@@ -40,8 +45,26 @@ void AdamW::step(float* params, const float* grads, double lr, double grad_scale
                            p.decay ? static_cast<float>(config_.weight_decay) : 0.0f,
                            step_count_,
                            static_cast<float>(grad_scale)};
-    cpu::adamw_update(params + p.begin, grads + p.begin, m_.data() + p.moment, v_.data() + p.moment,
-                      p.n, s);
+    // The piece in runs that a copy covers or none does; the update is
+    // elementwise, so cutting it changes no value.
+    const auto update = [&](int64_t begin, int64_t end, const cpu::AdamWCopy& copy) {
+      const int64_t moment = p.moment + (begin - p.begin);
+      cpu::adamw_update(params + begin, grads + begin, m_.data() + moment, v_.data() + moment,
+                        end - begin, s, copy);
+    };
+    const int64_t end = p.begin + p.n;
+    int64_t at = p.begin;
+    for (const StateCopy& c : copies) {
+      if (c.end <= at) continue;
+      if (c.begin >= end) break;
+      if (c.begin > at) update(at, c.begin, {});
+      const int64_t to = std::min(end, c.end);
+      const int64_t shift = std::max(at, c.begin) - c.begin;
+      const auto place = [shift](float* base) { return base != nullptr ? base + shift : nullptr; };
+      update(std::max(at, c.begin), to, {place(c.to.params), place(c.to.m), place(c.to.v)});
+      at = to;
+    }
+    if (at < end) update(at, end, {});
   }
 }
 

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "brigade/core/aligned_buffer.h"
+#include "brigade/kernels/cpu/vector_ops.h"
 
 namespace brigade {
 
@@ -35,6 +36,15 @@ struct Slice {
   int64_t end = 0;
 };
 
+// Where an update also writes the new values of the flat elements [begin,
+// end): a run of end - begin floats each for the parameters and the two
+// moments (any may be null).
+struct StateCopy {
+  int64_t begin = 0;
+  int64_t end = 0;
+  cpu::AdamWCopy to;
+};
+
 class AdamW {
  public:
   // Updates all of [0, size).
@@ -48,6 +58,13 @@ class AdamW {
   // and written. step_count() increments first, so the first update has
   // bias-correction step 1.
   void step(float* params, const float* grads, double lr, double grad_scale = 1.0);
+  // The same update, which also writes the new values of the elements that
+  // `copies` cover (sorted by begin, disjoint; elements it does not update
+  // are not written) where they say, bit for bit what it stores: how an
+  // in-memory snapshot is taken without a pass of its own over the state
+  // (train/trainer.h).
+  void step(float* params, const float* grads, double lr, double grad_scale,
+            const std::vector<StateCopy>& copies);
 
   const std::vector<Slice>& slices() const { return slices_; }
   // Elements updated: the length of m and v.

@@ -92,6 +92,16 @@ class CheckpointSaver {
   // Not collective: blocks until this rank's part of the save in flight has
   // been written (or failed), so an unstaged save's pieces may change.
   void wait_until_written() { writer_.wait_until_written(); }
+  // Not collective: claims this rank's spare shard file for `save`, the
+  // recycled save this rank start()s next, for the caller to write the
+  // pieces' data in place (AsyncCheckpointWriter::claim); then start() it
+  // with save.writing.prewritten. Empty before this saver's first save
+  // (whose phase 0 clears its root) and where there is no spare. Call once
+  // this rank's part of the save in flight is written (wait_until_written).
+  std::vector<float*> claim(const AsyncCheckpointWriter::Save& save,
+                            const std::vector<CheckpointPiece>& pieces) {
+    return cleared_ ? writer_.claim(save, pieces) : std::vector<float*>{};
+  }
   // Not collective: gives up the save in flight, for a group that can no
   // longer agree (a peer died). Rank 0 removes the step's .partial
   // directory; the previous checkpoint stays the newest.

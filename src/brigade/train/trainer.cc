@@ -501,12 +501,17 @@ StepMetrics Trainer::train_step() {
     } reset{fused_hash_};
     if (before_update_) before_update_();
   }
+  std::vector<StateCopy> snapshot_copies;
+  if (snapshot_saver_) {
+    const StepClock::Section claim(clock_, StepPart::kCheckpoint);
+    snapshot_copies = claim_snapshot();
+  }
   ++state_version_;  // the update (and ZeRO 1/2's gather) writes the state
   {
     const StepClock::Section update(clock_, StepPart::kOptimizer);
     const int64_t update_start = now_ns();
     optimizer_->step(params_.data(), grads_.data(), m.lr,
-                     clip_scale(m.grad_norm, options_.grad_clip));
+                     clip_scale(m.grad_norm, options_.grad_clip), snapshot_copies);
     m.optimizer_ms = static_cast<double>(now_ns() - update_start) * 1e-6;
   }
   if (zero_ == 1 || zero_ == 2) {

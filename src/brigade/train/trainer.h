@@ -346,9 +346,29 @@ class Trainer {
   void start_snapshots_if_room();
   void stop_snapshots(const std::string& why);
   // Starts this rank's part of a save of the current step under root; a
-  // snapshot's is unstaged and recycled (see start_save).
+  // snapshot's is unstaged and recycled (see save_of).
   void start_save(CheckpointSaver& saver, const std::filesystem::path& root, int64_t keep,
                   bool snapshot);
+  // What a save of `step` records: this rank's owned slices of the
+  // parameters and moments (three pieces a slice), and the save's settings.
+  std::vector<CheckpointPiece> state_pieces();
+  AsyncCheckpointWriter::Save save_of(const std::filesystem::path& root, int64_t keep,
+                                      bool snapshot, int64_t step) const;
+  // Right before an update whose state the training loop snapshots next:
+  // claims this rank's spare shard file, and says where the update writes
+  // each owned element's new value (AdamW::step), so the snapshot costs a
+  // streaming store of each element the update computes and no pass of
+  // its own over 3 x 4 bytes a parameter. Empty (the snapshot copies as
+  // before) when there is no spare yet, or under tensor parallelism's
+  // repacked shards (claim_checkpoint_shard).
+  std::vector<StateCopy> claim_snapshot();
+  // The step and state (state_version_) the claimed shard holds once the
+  // update wrote it; start_save takes it as written only if both still hold.
+  struct SnapshotClaim {
+    int64_t step = -1;
+    uint64_t state_version = 0;
+  };
+  SnapshotClaim snapshot_claim_;
   std::unique_ptr<Dataset> dataset_;
   std::unique_ptr<GlobalSampler> sampler_;
   std::vector<int32_t> inputs_, targets_;  // one micro-batch, (B,T) each

@@ -163,8 +163,7 @@ std::optional<AsyncCheckpointWriter::Stats> Trainer::poll_snapshot(
   }
 }
 
-void Trainer::start_save(CheckpointSaver& saver, const fs::path& root, int64_t keep,
-                         bool snapshot) {
+std::vector<CheckpointPiece> Trainer::state_pieces() {
   // Every rank writes its slices of every bucket, whatever the ZeRO stage:
   // its moments are exactly those (or, replicated, include them), and its
   // parameter slices are current on it. So the writes are spread evenly and
@@ -182,9 +181,14 @@ void Trainer::start_save(CheckpointSaver& saver, const fs::path& root, int64_t k
     }
     compact += slice.size();
   }
+  return pieces;
+}
+
+AsyncCheckpointWriter::Save Trainer::save_of(const fs::path& root, int64_t keep, bool snapshot,
+                                             int64_t step) const {
   AsyncCheckpointWriter::Save save;
   save.root = root;
-  save.step = step_;
+  save.step = step;
   save.rank = world_rank();
   save.num_shards = dp_size() * tp_size() * pp_size();
   save.config = model_config();
@@ -193,12 +197,13 @@ void Trainer::start_save(CheckpointSaver& saver, const fs::path& root, int64_t k
   save.layers = layout().parts();
   save.keep = keep;
   if (snapshot) {
-    // One copy, straight from the live state into last-but-one snapshot's
-    // memory, while the next step's forward and backward run (train_step
-    // waits for it before the update): ckpt/checkpoint.h, ShardWriting.
+    // Unstaged and recycled: one copy, straight from the live state into
+    // the last-but-one snapshot's memory, while the next step's forward and
+    // backward run (train_step waits for it before the update), or none at
+    // all when that update wrote it (claim_snapshot): ckpt/checkpoint.h,
+    // ShardWriting.
     save.writing = {.recycle = true, .checksum = false, .read = {}};
     save.staged = false;
-    hash_while_snapshotting(save);
     if (options_.snapshot_part.ranks > 0) {
       NodePart part;
       part.node = options_.snapshot_part.node;
@@ -211,12 +216,48 @@ void Trainer::start_save(CheckpointSaver& saver, const fs::path& root, int64_t k
       save.keep = keep + 1;
     }
   }
+  return save;
+}
+
+std::vector<StateCopy> Trainer::claim_snapshot() {
+  snapshot_claim_ = {};
+  const int64_t next = step_ + 1;
+  if (!snapshot_saver_ || options_.snapshot_every <= 0 || next % options_.snapshot_every != 0 ||
+      next >= options_.steps) {
+    return {};
+  }
+  const std::vector<CheckpointPiece> pieces = state_pieces();
+  const std::vector<float*> places = snapshot_saver_->claim(
+      save_of(options_.snapshot_dir, snapshots_kept(), /*snapshot=*/true, next), pieces);
+  if (places.empty()) return {};
+  // Each owned slice is three pieces, its parameters and two moments.
+  std::vector<StateCopy> copies;
+  for (size_t i = 0; i + 2 < pieces.size(); i += 3) {
+    copies.push_back({pieces[i].begin, pieces[i].end, {places[i], places[i + 1], places[i + 2]}});
+  }
+  std::sort(copies.begin(), copies.end(),
+            [](const StateCopy& a, const StateCopy& b) { return a.begin < b.begin; });
+  // The update and ZeRO 1/2's gather are the one write start_snapshot expects.
+  snapshot_claim_ = {next, state_version_ + 1};
+  return copies;
+}
+
+void Trainer::start_save(CheckpointSaver& saver, const fs::path& root, int64_t keep,
+                         bool snapshot) {
+  AsyncCheckpointWriter::Save save = save_of(root, keep, snapshot, step_);
+  if (snapshot) {
+    // The update wrote it, unless something wrote the state since.
+    save.writing.prewritten =
+        snapshot_claim_.step == step_ && snapshot_claim_.state_version == state_version_;
+    snapshot_claim_ = {};
+    hash_while_snapshotting(save);
+  }
   if (world_rank() == 0) {
     save.header = {{{"dp", dp_size()}, {"tp", tp_size()}, {"pp", pp_size()}, {"zero", zero_}},
                    state_json(),
                    dataset_ ? dataset_->tokenizer_spec() : ""};
   }
-  saver.start(std::move(save), pieces);
+  saver.start(std::move(save), state_pieces());
 }
 
 void Trainer::wait_for_checkpoint() {

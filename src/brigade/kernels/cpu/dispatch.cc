@@ -50,7 +50,7 @@
   X(void, lm_head_loss, (const LmHeadLossArgs& args), (args))                                    \
   X(double, sum_squares, (const float* x, int64_t n), (x, n))                                    \
   X(void, adamw_update, (float* params, const float* grads, float* m, float* v, int64_t n,       \
-    const AdamWStep& s), (params, grads, m, v, n, s))                                            \
+    const AdamWStep& s, const AdamWCopy& copy), (params, grads, m, v, n, s, copy))               \
   X(const char*, kernels_compiled_for, (), ())
 // clang-format on
 

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <vector>
 
+#include "brigade/core/stream_store.h"
 #include "brigade/kernels/cpu/isa_variant.h"
 #include "brigade/kernels/cpu/parallel.h"
 
@@ -33,21 +34,43 @@ double sum_squares(const float* x, int64_t n) {
 }
 
 void adamw_update(float* params, const float* grads, float* m, float* v, int64_t n,
-                  const AdamWStep& s) {
+                  const AdamWStep& s, const AdamWCopy& copy) {
   const float bias1 = 1.0f - static_cast<float>(std::pow(static_cast<double>(s.beta1), s.step));
   const float bias2 = 1.0f - static_cast<float>(std::pow(static_cast<double>(s.beta2), s.step));
   const float step_size = s.lr / bias1;
   const float bias2_sqrt = std::sqrt(bias2);
   const float decay = 1.0f - s.lr * s.weight_decay;
-#pragma omp parallel for simd schedule(static) if (worth_threading(n))
-  for (int64_t i = 0; i < n; ++i) {
-    const float g = grads[i] * s.grad_scale;
-    const float mi = s.beta1 * m[i] + (1.0f - s.beta1) * g;
-    const float vi = s.beta2 * v[i] + (1.0f - s.beta2) * g * g;
-    m[i] = mi;
-    v[i] = vi;
-    const float denom = std::sqrt(vi) / bias2_sqrt + s.eps;
-    params[i] = params[i] * decay - step_size * mi / denom;
+  // Blocks of 2048 elements (8 KB of each array): a block's new values are
+  // copied out while they are still in L1. One loop body whether or not a
+  // copy is asked for, so the two round identically.
+  constexpr int64_t kBlock = 2048;
+  const int64_t num_blocks = (n + kBlock - 1) / kBlock;
+  const bool copying = copy.params != nullptr || copy.m != nullptr || copy.v != nullptr;
+#pragma omp parallel if (worth_threading(n))
+  {
+#pragma omp for schedule(static)
+    for (int64_t blk = 0; blk < num_blocks; ++blk) {
+      const int64_t begin = blk * kBlock;
+      const int64_t end = std::min(n, begin + kBlock);
+#pragma omp simd
+      for (int64_t i = begin; i < end; ++i) {
+        const float g = grads[i] * s.grad_scale;
+        const float mi = s.beta1 * m[i] + (1.0f - s.beta1) * g;
+        const float vi = s.beta2 * v[i] + (1.0f - s.beta2) * g * g;
+        m[i] = mi;
+        v[i] = vi;
+        const float denom = std::sqrt(vi) / bias2_sqrt + s.eps;
+        params[i] = params[i] * decay - step_size * mi / denom;
+      }
+      if (copying) {
+        const auto bytes = static_cast<size_t>(end - begin) * sizeof(float);
+        if (copy.params) copy_nontemporal(copy.params + begin, params + begin, bytes);
+        if (copy.m) copy_nontemporal(copy.m + begin, m + begin, bytes);
+        if (copy.v) copy_nontemporal(copy.v + begin, v + begin, bytes);
+      }
+    }
+    // Each thread's streaming stores, before the team joins.
+    if (copying) store_fence();
   }
 }
 

@@ -20,7 +20,16 @@ struct AdamWStep {
   int64_t step;  // 1-based, for bias correction
   float grad_scale = 1.0f;
 };
+// Where the updated values also go, element for element (each may be
+// null): an in-memory snapshot's file, written by the update that computes
+// them instead of by a copy that reads them again (optim/adamw.h). Streaming
+// stores, fenced before the call returns.
+struct AdamWCopy {
+  float* params = nullptr;
+  float* m = nullptr;
+  float* v = nullptr;
+};
 void adamw_update(float* params, const float* grads, float* m, float* v, int64_t n,
-                  const AdamWStep& s);
+                  const AdamWStep& s, const AdamWCopy& copy);
 
 }  // namespace brigade::cpu
