@@ -16,18 +16,21 @@ and background times. The runs alternate (off, on,
 off, on) so a drift of the machine shows. Exits non-zero if a run fails or
 the snapshots were turned off.
 
-With --paired K (K >= 2) it also runs once with train.snapshot_every=K and
+With --paired K (K >= 3) it also runs once with train.snapshot_every=K and
 reads each snapshot's cost from neighbouring steps of that one run: the
-snapshot started after step s is copied while step s+1 runs, so its cost
-is loop_ms(s+1) less the mean of loop_ms(s) and loop_ms(s+2), which carry
-none of it. This VM's speed drifts by up to 30% over minutes, more than
-the effect between separate runs; within three steps far less, and the
-median over the cycles leaves out a step a burst of other work hit. The
-ratio for a snapshot every step is 1 + that median over the clean steps'
-mean: it assumes a snapshot's cost stays in the step it overlaps (its copy
-ends well within one step). --skip (in steps; default 4K here) leaves out
-the first snapshots: three write fresh files, the next ones map their
-spares for the first time.
+snapshot of step s is written by step s's update (once a spare exists;
+before that, and when it is copied instead, while step s+1 runs) and
+committed while step s+1 runs, so its cost is loop_ms(s) + loop_ms(s+1)
+less loop_ms(s-1) + loop_ms(s+2), which carry none of it. This VM's speed
+drifts by up to 30% over minutes, more than the effect between separate
+runs; within four steps far less, and the median over the cycles leaves
+out a step a burst of other work hit. The ratio for a snapshot every step
+is 1 + that median over the clean steps' mean: it assumes a snapshot's
+cost stays in those two steps (the writer's work ends well within one).
+--skip (in steps; default 4K here) leaves out the first snapshots: three
+write fresh files, the next ones map their spares for the first time.
+(Before the update wrote the snapshots, session 18, the cost was
+loop_ms(s+1) less the mean of loop_ms(s) and loop_ms(s+2), with K = 2.)
 """
 
 import argparse
@@ -85,8 +88,8 @@ def main():
                         help="also one run with snapshot_every=K, its cost read from its own steps")
     args = parser.parse_args()
     brigade = os.path.join(args.build, "brigade")
-    if args.paired < 0 or args.paired == 1:
-        raise SystemExit("compare_snapshots: --paired needs K >= 2 (steps without a snapshot's "
+    if args.paired < 0 or args.paired in (1, 2):
+        raise SystemExit("compare_snapshots: --paired needs K >= 3 (steps without a snapshot's "
                          "cost on either side of one with it)")
     if args.skip is None:
         args.skip = 4 * args.paired if args.paired else 3
@@ -129,22 +132,24 @@ def paired(rows, args):
     k = args.paired
     loop = {r["step"]: r["loop_ms"] for r in rows if "loop_ms" in r}
     costs, clean = [], []
-    # The snapshot started after step s is copied while step s+1 runs; s and
-    # s+2 carry none of it. Cycles before --skip (the first snapshots
-    # allocate their memory) and the last step are left out.
+    # The snapshot of step s is written by step s's update and committed
+    # (or copied) while step s+1 runs; s-1 and s+2 carry none of it. Cycles
+    # before --skip (the first snapshots allocate their memory) and the
+    # last step are left out.
     for s in range(k, args.steps, k):
-        if s <= args.skip or s + 2 >= args.steps or any(t not in loop for t in (s, s + 1, s + 2)):
+        steps = (s - 1, s, s + 1, s + 2)
+        if s <= args.skip or s + 2 >= args.steps or any(t not in loop for t in steps):
             continue
-        without = (loop[s] + loop[s + 2]) / 2
-        costs.append(loop[s + 1] - without)
-        clean.append(without)
+        without = loop[s - 1] + loop[s + 2]
+        costs.append(loop[s] + loop[s + 1] - without)
+        clean.append(without / 2)
     if not costs:
         raise SystemExit(f"compare_snapshots: --paired {k} needs more steps (--steps)")
     cost, base = statistics.median(costs), statistics.mean(clean)
     print(f"\none run, a snapshot every {k} steps, wall time per step (loop_ms):")
     print("  " + " ".join(f"{loop[t]:.0f}" for t in sorted(loop)))
-    print(f"cost per snapshot, {len(costs)} cycles (the step it overlaps less the mean of its "
-          f"neighbours): median {cost:.1f} ms, mean {statistics.mean(costs):.1f} ms "
+    print(f"cost per snapshot, {len(costs)} cycles (the two steps it touches less the two "
+          f"beside them): median {cost:.1f} ms, mean {statistics.mean(costs):.1f} ms "
           f"{[round(c) for c in costs]}")
     print(f"steps without: {base:.1f} ms; a snapshot every step: {1 + cost / base:.3f}x "
           f"(median), {1 + statistics.mean(costs) / base:.3f}x (mean)")

@@ -217,8 +217,8 @@ TEST(Safetensors, KeptMappingsFollowTheFileAndLetGoOfRemovedOnes) {
 // A claimed spare is the caller's to fill in place: the file moves to its
 // new name (a spare made afterwards under the old one is another file), the
 // pointers are each tensor's bytes in file order, and what is written
-// through them is what the file holds. A spare of other tensors is not
-// claimed and stays where it is.
+// through them is what the file holds. A spare of other tensors (of the
+// same size) is not claimed, and removed as a write removes it.
 TEST(Safetensors, AClaimedSpareMovesAndHoldsWhatIsWrittenThroughIt) {
   TempDir dir;
   const std::vector<float> a = {1, 2, 3, 4, 5, 6}, b = {7, 8};
@@ -230,11 +230,18 @@ TEST(Safetensors, AClaimedSpareMovesAndHoldsWhatIsWrittenThroughIt) {
   EXPECT_TRUE(w.claim(spare, file, kept).empty()) << "claimed a spare that is not there";
   {
     SafetensorsWriter other;
-    other.add_f32("a", {6}, a.data());
+    other.add_f32("c", {2, 3}, a.data());
+    other.add_f32("d", {2}, b.data());
     other.write(spare);
   }
+  ASSERT_EQ(fs::file_size(spare), [&] {
+    w.write(dir.path() / "same_size");
+    return fs::file_size(dir.path() / "same_size");
+  }());
   EXPECT_TRUE(w.claim(spare, file, kept).empty()) << "claimed a spare of other tensors";
-  EXPECT_TRUE(fs::exists(spare));
+  EXPECT_FALSE(fs::exists(spare));
+  EXPECT_FALSE(fs::exists(file));
+  EXPECT_EQ(kept.size(), 0u) << "the other tensors' mapping is kept";
   w.write(spare);
   const std::vector<char*> data = w.claim(spare, file, kept);
   ASSERT_EQ(data.size(), 2u);

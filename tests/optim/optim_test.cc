@@ -1,6 +1,8 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <utility>
 #include <vector>
 
 #include "brigade/optim/adamw.h"
@@ -70,6 +72,57 @@ TEST(AdamW, MatchesTheFormulaAndDecaysOnlyMarkedRanges) {
   for (int i = 0; i < 4; ++i) EXPECT_NEAR(p[i], ref[i], 1e-5) << "element " << i;
   EXPECT_NE(p[0], p[2]);  // same gradient, but only element 0 decayed
   EXPECT_EQ(opt.step_count(), 3);
+}
+
+// The copies an in-memory snapshot takes from the update (AdamW::step with
+// StateCopy): each covered element's new parameter and moments, bit for bit
+// what the update stores, nothing outside the covered runs, and the update
+// itself bit for bit the one without copies, though the copies cut its
+// pieces (here across a decay boundary, into destinations not 16-byte
+// aligned, on the OpenMP threads: 200K elements).
+TEST(AdamW, CopiesHoldWhatTheUpdateStoresAndChangeNothing) {
+  const int64_t n = 200'000;
+  const std::vector<DecayRange> ranges = {{0, 120'000, true}, {120'000, n, false}};
+  AdamW with(AdamWConfig{}, ranges, n), without(AdamWConfig{}, ranges, n);
+  std::vector<float> p1(n), g(n);
+  for (int64_t i = 0; i < n; ++i) {
+    p1[i] = 0.01f * static_cast<float>(i % 97 - 48);
+    g[i] = 0.001f * static_cast<float>(i % 31 - 15);
+  }
+  std::vector<float> p2 = p1;
+  const float sentinel = -12345.0f;
+  // Two runs, [10000, 130000) across the decay boundary and [150000, n),
+  // each into buffers offset by one float from their allocation.
+  const std::vector<std::pair<int64_t, int64_t>> runs = {{10'000, 130'000}, {150'000, n}};
+  std::vector<std::vector<float>> out;
+  std::vector<StateCopy> copies;
+  for (const auto& [begin, end] : runs) {
+    for (int k = 0; k < 3; ++k) out.emplace_back(static_cast<size_t>(end - begin + 1), sentinel);
+  }
+  for (size_t r = 0; r < runs.size(); ++r) {
+    copies.push_back(
+        {runs[r].first,
+         runs[r].second,
+         {out[3 * r].data() + 1, out[3 * r + 1].data() + 1, out[3 * r + 2].data() + 1}});
+  }
+  for (int step = 0; step < 3; ++step) {
+    for (auto& o : out) std::fill(o.begin(), o.end(), sentinel);
+    with.step(p1.data(), g.data(), 1e-3, 0.5, copies);
+    without.step(p2.data(), g.data(), 1e-3, 0.5);
+    ASSERT_EQ(p1, p2) << "step " << step << ": the copies changed the update";
+    for (size_t r = 0; r < runs.size(); ++r) {
+      const auto [begin, end] = runs[r];
+      const float* state[3] = {p1.data() + begin, with.m().data() + begin, with.v().data() + begin};
+      for (int k = 0; k < 3; ++k) {
+        const std::vector<float>& o = out[3 * r + static_cast<size_t>(k)];
+        EXPECT_EQ(o[0], sentinel) << "written before run " << r;
+        ASSERT_TRUE(std::equal(o.begin() + 1, o.end(), state[k]))
+            << "step " << step << ", run " << r << ", state " << k;
+      }
+    }
+  }
+  EXPECT_EQ(std::vector<float>(with.m().data(), with.m().data() + n),
+            std::vector<float>(without.m().data(), without.m().data() + n));
 }
 
 }  // namespace BRIGADE_TEST_FILE

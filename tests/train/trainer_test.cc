@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -217,11 +218,16 @@ TEST_F(TrainerTest, AnUpdateWritesTheSnapshotOfItsStepOnceASpareIsThere) {
   opts.snapshot_every = 1;
   opts.steps = 50;
   fs::create_directories(opts.snapshot_dir);
-  Trainer t(model, opts);
+  auto trainer = std::make_unique<Trainer>(model, opts);
+  Trainer& t = *trainer;
   ASSERT_TRUE(t.snapshots_enabled());
   int written_by_update = 0;
   for (int64_t step = 1; step <= 6; ++step) {
     t.train_step();
+    // A write of the state after the update (an injected flip) makes the
+    // snapshot a copy of the state as it is when its save starts.
+    const bool flipped = step == 5;
+    if (flipped) t.flip_parameter_bit();
     const fs::path checkpoint = t.save_checkpoint();
     t.start_snapshot();
     // Settled (committed and pruned: the next update finds the spare).
@@ -231,6 +237,9 @@ TEST_F(TrainerTest, AnUpdateWritesTheSnapshotOfItsStepOnceASpareIsThere) {
       stats = t.poll_snapshot();
     }
     ASSERT_TRUE(stats.has_value()) << "the snapshot of step " << step << " never settled";
+    if (flipped) {
+      EXPECT_FALSE(stats->prewritten) << "the update's values, not the flipped state";
+    }
     written_by_update += stats->prewritten ? 1 : 0;
     const fs::path snapshot = fs::path(opts.snapshot_dir) / fmt::format("step_{:08d}", step);
     const Manifest from_disk = verify_checkpoint(checkpoint);
@@ -244,9 +253,16 @@ TEST_F(TrainerTest, AnUpdateWritesTheSnapshotOfItsStepOnceASpareIsThere) {
                       << (stats->prewritten ? ", written by the update" : ", copied");
     }
   }
-  // Two snapshots kept under the replica checks and one being written:
-  // the first spare exists once the third committed.
-  EXPECT_GE(written_by_update, 3) << "the updates never wrote a snapshot";
+  // One snapshot kept (no replicas to check) and one being written: the
+  // first spare is there once the second committed (steps 3, 4 and 6).
+  EXPECT_GE(written_by_update, 3) << "the updates wrote too few snapshots";
+  // A claim whose snapshot never starts (a stop agreed after the update,
+  // the end of the run) leaves no shard behind once the trainer is gone.
+  t.train_step();
+  const fs::path claimed = partial_shard_path(opts.snapshot_dir, 7, 0);
+  EXPECT_TRUE(fs::exists(claimed)) << "the update of step 7 claimed no spare";
+  trainer.reset();
+  EXPECT_FALSE(fs::exists(claimed)) << "a claimed shard outlived its trainer";
 }
 
 // In-memory snapshots on a tmpfs the test mounts (root; CI runs as root):

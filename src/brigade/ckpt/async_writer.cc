@@ -64,6 +64,8 @@ void AsyncCheckpointWriter::wait() {
 std::vector<float*> AsyncCheckpointWriter::claim(const Save& save,
                                                  const std::vector<CheckpointPiece>& pieces) {
   BRIGADE_CHECK(save.writing.recycle && state() != State::kWriting);
+  // A failed save stops the snapshots at the next poll: nothing to claim for.
+  if (state() == State::kFailed) return {};
   spare_mappings_.reserve(static_cast<size_t>(save.keep) + 2);
   try {
     return claim_checkpoint_shard(save.root, save.step, save.rank,

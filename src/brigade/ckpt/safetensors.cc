@@ -287,9 +287,17 @@ std::vector<char*> SafetensorsWriter::claim(const std::filesystem::path& spare,
                                             SpareMappings& mappings) const {
   int64_t data_bytes = 0;
   const std::string start = file_start(&data_bytes);
-  SpareMapping mapping;
-  if (!map_matching_spare(spare, start, data_bytes, &mappings, &mapping)) return {};
+  // The rename first: it takes whatever file is the spare at that instant,
+  // which a prune on another thread may replace at any time; the file
+  // mapped is then the one at `path`, which nothing else renames.
   if (::rename(spare.c_str(), path.c_str()) != 0) return {};
+  SpareMapping mapping;
+  if (!map_matching_spare(path, start, data_bytes, &mappings, &mapping)) {
+    // Another model's or layout's file: its memory is not kept waiting.
+    if (mapping.fd >= 0) mappings.forget(mapping.fd);
+    ::unlink(path.c_str());
+    return {};
+  }
   std::vector<char*> data;
   char* next = mapping.map + start.size();
   for (const Pending& t : tensors_) {

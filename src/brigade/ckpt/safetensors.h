@@ -122,12 +122,13 @@ class SafetensorsWriter {
   };
   uint64_t write(const std::filesystem::path& path, const Reuse& reuse) const;
 
-  // Claims `spare` for the caller to write the data in place: a spare that
-  // matches (as for write(): the same header) is mapped through `mappings`,
-  // which keeps the mapping, and renamed to `path`; the rename makes it the
-  // caller's, whatever renames another spare to `spare` afterwards. Returns
-  // where each tensor's data starts in the mapping, in add() order; empty,
-  // with nothing claimed, if no spare matches. The caller then writes every
+  // Claims `spare` for the caller to write the data in place: it is
+  // renamed to `path` (the rename makes it the caller's, whatever renames
+  // another spare to `spare` before or after), and if it matches (as for
+  // write(): the same header) mapped through `mappings`, which keeps the
+  // mapping. Returns where each tensor's data starts in the mapping, in
+  // add() order; empty if there is no spare, or it does not match (then it
+  // is removed, as write() removes one). The caller then writes every
   // tensor's bytes and fences its stores (core/stream_store.h). The `data`
   // pointers given to add() are not read.
   std::vector<char*> claim(const std::filesystem::path& spare, const std::filesystem::path& path,

@@ -255,7 +255,9 @@ void Trainer::set_aside_abandoned_branch() {
                moved.front().parent_path().string().c_str());
 }
 
-Trainer::~Trainer() = default;
+Trainer::~Trainer() {
+  drop_snapshot_claim();
+}
 
 void Trainer::fill_batch(int64_t first_sample, int64_t num_samples) {
   if (sampler_) {

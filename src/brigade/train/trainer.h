@@ -369,6 +369,9 @@ class Trainer {
     uint64_t state_version = 0;
   };
   SnapshotClaim snapshot_claim_;
+  // Removes a claimed shard whose save never started (a stop the ranks
+  // agreed on after the update, snapshots stopped by a failure, the end).
+  void drop_snapshot_claim();
   std::unique_ptr<Dataset> dataset_;
   std::unique_ptr<GlobalSampler> sampler_;
   std::vector<int32_t> inputs_, targets_;  // one micro-batch, (B,T) each

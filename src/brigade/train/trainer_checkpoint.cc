@@ -107,6 +107,7 @@ void Trainer::start_snapshots_if_room() {
 
 void Trainer::stop_snapshots(const std::string& why) {
   snapshot_saver_.reset();
+  drop_snapshot_claim();
   if (world_rank() == 0) {
     // Every rank's writer has stopped (the failure was agreed after they
     // did): the spares would hold a copy of the state in memory for nothing.
@@ -219,8 +220,18 @@ AsyncCheckpointWriter::Save Trainer::save_of(const fs::path& root, int64_t keep,
   return save;
 }
 
-std::vector<StateCopy> Trainer::claim_snapshot() {
+void Trainer::drop_snapshot_claim() {
+  if (snapshot_claim_.step < 0) return;
+  // The memory of a shard whose save never started goes at once, not at
+  // the next generation's clearing.
+  std::error_code ignored;
+  fs::remove(partial_shard_path(options_.snapshot_dir, snapshot_claim_.step, world_rank()),
+             ignored);
   snapshot_claim_ = {};
+}
+
+std::vector<StateCopy> Trainer::claim_snapshot() {
+  drop_snapshot_claim();
   const int64_t next = step_ + 1;
   if (!snapshot_saver_ || options_.snapshot_every <= 0 || next % options_.snapshot_every != 0 ||
       next >= options_.steps) {
