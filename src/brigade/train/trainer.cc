@@ -486,11 +486,15 @@ StepMetrics Trainer::train_step() {
     }
   }
   m.lr = options_.lr.at(step_);
-  // The update writes what an unstaged snapshot is still reading.
+  // The update writes what an unstaged snapshot is still reading. That
+  // wait and a snapshot's claim below are the saves' time (kCheckpoint),
+  // left out of the step's own time (m.step_ms) as the loop's saves are.
+  const int64_t save_start = now_ns();
   if (snapshot_saver_) {
     const StepClock::Section stall(clock_, StepPart::kCheckpoint);
     snapshot_saver_->wait_until_written();
   }
+  int64_t save_ns = now_ns() - save_start;
   // Before the update: every replica still holds the last update's result,
   // and whatever the snapshot read has been read (and hashed, for the
   // replica check: compare_replicas).
@@ -506,7 +510,9 @@ StepMetrics Trainer::train_step() {
   std::vector<StateCopy> snapshot_copies;
   if (snapshot_saver_) {
     const StepClock::Section claim(clock_, StepPart::kCheckpoint);
+    const int64_t claim_start = now_ns();
     snapshot_copies = claim_snapshot();
+    save_ns += now_ns() - claim_start;
   }
   ++state_version_;  // the update (and ZeRO 1/2's gather) writes the state
   {
@@ -533,7 +539,7 @@ StepMetrics Trainer::train_step() {
   }
   ++step_;
   if (after_update_) after_update_();
-  m.step_ms = sw.elapsed_ms();
+  m.step_ms = sw.elapsed_ms() - static_cast<double>(save_ns) * 1e-6;
   m.compute_ms = m.step_ms - m.exposed_comm_ms;
   m.tokens_per_s = static_cast<double>(tokens_per_step()) / (m.step_ms * 1e-3);
   return m;
