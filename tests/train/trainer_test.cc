@@ -19,6 +19,7 @@
 #include "brigade/core/config.h"
 #include "brigade/core/error.h"
 #include "brigade/model/param_layout.h"
+#include "testing/saved_states.h"
 #include "testing/temp_dir.h"
 
 namespace brigade {
@@ -192,15 +193,9 @@ TEST_F(TrainerTest, ASnapshotHoldsItsStepWhileTheNextStepRuns) {
       t.poll_snapshot();
     }
     ASSERT_TRUE(fs::exists(snapshot / "manifest.json")) << snapshot;
-    const Manifest from_disk = verify_checkpoint(checkpoint);
-    const Manifest from_memory = verify_checkpoint(snapshot, /*snapshot=*/true);
-    const int64_t size = ParamLayout(model).size();
-    for (StateKind kind : {StateKind::kParams, StateKind::kExpAvg, StateKind::kExpAvgSq}) {
-      std::vector<float> a(static_cast<size_t>(size)), b(static_cast<size_t>(size));
-      load_checkpoint_state(checkpoint, from_disk, model, kind, a.data());
-      load_checkpoint_state(snapshot, from_memory, model, kind, b.data());
-      ASSERT_EQ(a, b) << "step " << step << ", state kind " << static_cast<int>(kind);
-    }
+    verify_checkpoint(checkpoint);  // with its checksums
+    const auto differs = testing::first_differing_state(model, checkpoint, snapshot);
+    ASSERT_FALSE(differs) << "step " << step << ", state kind " << static_cast<int>(*differs);
     t.train_step();
   }
   EXPECT_TRUE(fs::exists(fs::path(opts.snapshot_dir) / "spare")) << "nothing was recycled";
@@ -242,16 +237,10 @@ TEST_F(TrainerTest, AnUpdateWritesTheSnapshotOfItsStepOnceASpareIsThere) {
     }
     written_by_update += stats->prewritten ? 1 : 0;
     const fs::path snapshot = fs::path(opts.snapshot_dir) / fmt::format("step_{:08d}", step);
-    const Manifest from_disk = verify_checkpoint(checkpoint);
-    const Manifest from_memory = verify_checkpoint(snapshot, /*snapshot=*/true);
-    const int64_t size = ParamLayout(model).size();
-    for (StateKind kind : {StateKind::kParams, StateKind::kExpAvg, StateKind::kExpAvgSq}) {
-      std::vector<float> a(static_cast<size_t>(size)), b(static_cast<size_t>(size));
-      load_checkpoint_state(checkpoint, from_disk, model, kind, a.data());
-      load_checkpoint_state(snapshot, from_memory, model, kind, b.data());
-      ASSERT_EQ(a, b) << "step " << step << ", state kind " << static_cast<int>(kind)
-                      << (stats->prewritten ? ", written by the update" : ", copied");
-    }
+    verify_checkpoint(checkpoint);  // with its checksums
+    const auto differs = testing::first_differing_state(model, checkpoint, snapshot);
+    ASSERT_FALSE(differs) << "step " << step << ", state kind " << static_cast<int>(*differs)
+                          << (stats->prewritten ? ", written by the update" : ", copied");
   }
   // One snapshot kept (no replicas to check) and one being written: the
   // first spare is there once the second committed (steps 3, 4 and 6).
