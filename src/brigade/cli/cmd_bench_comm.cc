@@ -39,6 +39,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <iterator>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -168,12 +169,12 @@ std::vector<Op> parse_ops(const std::string& text) {
   return ops;
 }
 
-// Bytes this network namespace has transmitted on every interface but
-// loopback, or -1 if /proc/self/net/dev cannot be read.
-int64_t network_tx_bytes() {
+// Bytes this network namespace has transmitted, by interface (loopback
+// left out); empty if /proc/self/net/dev cannot be read.
+std::map<std::string, int64_t> network_tx_bytes() {
+  std::map<std::string, int64_t> sent;
   std::FILE* file = std::fopen("/proc/self/net/dev", "r");
-  if (file == nullptr) return -1;
-  int64_t total = 0;
+  if (file == nullptr) return sent;
   char line[512];
   int line_number = 0;
   while (std::fgets(line, sizeof(line), file) != nullptr) {
@@ -188,10 +189,22 @@ int64_t network_tx_bytes() {
     if (std::sscanf(colon + 1, "%llu %llu %llu %llu %llu %llu %llu %llu %llu", &fields[0],
                     &fields[1], &fields[2], &fields[3], &fields[4], &fields[5], &fields[6],
                     &fields[7], &fields[8]) == 9) {
-      total += static_cast<int64_t>(fields[8]);
+      sent[name] = static_cast<int64_t>(fields[8]);
     }
   }
   std::fclose(file);
+  return sent;
+}
+
+// What the interfaces present at both readings sent in between: one made
+// or removed meanwhile (another program's veth pair) is not this run's.
+int64_t tx_bytes_between(const std::map<std::string, int64_t>& before,
+                         const std::map<std::string, int64_t>& after) {
+  int64_t total = 0;
+  for (const auto& [name, bytes] : after) {
+    const auto it = before.find(name);
+    if (it != before.end() && bytes >= it->second) total += bytes - it->second;
+  }
   return total;
 }
 
@@ -364,7 +377,7 @@ std::string check_op(Communicator& comm, Op op, Buffers& buffers) {
 double time_ops(Communicator& comm, Op op, Buffers& buffers, int64_t iters,
                 int64_t* tx_bytes = nullptr, bool count_node = false) {
   comm.barrier()->wait();
-  int64_t tx_before = 0;
+  std::map<std::string, int64_t> tx_before;
   if (tx_bytes != nullptr) {
     if (count_node) tx_before = network_tx_bytes();
     comm.barrier()->wait();
@@ -374,7 +387,7 @@ double time_ops(Communicator& comm, Op op, Buffers& buffers, int64_t iters,
   const std::chrono::duration<double> elapsed = Clock::now() - start;
   if (tx_bytes != nullptr) {
     comm.barrier()->wait();
-    *tx_bytes = count_node ? network_tx_bytes() - tx_before : 0;
+    *tx_bytes = count_node ? tx_bytes_between(tx_before, network_tx_bytes()) : 0;
   }
   return elapsed.count() / static_cast<double>(iters);
 }
