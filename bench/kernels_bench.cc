@@ -16,6 +16,7 @@
 #include "brigade/kernels/cpu/layernorm.h"
 #include "brigade/kernels/cpu/lm_head_loss.h"
 #include "brigade/kernels/cpu/vector_ops.h"
+#include "brigade/parallel/replica_check.h"
 
 namespace {
 using brigade::FloatBuffer;
@@ -159,6 +160,52 @@ void adamw_gpt2_small_with_snapshot(benchmark::State& state) {
       benchmark::Counter(40.0 * n, benchmark::Counter::kIsIterationInvariantRate);
 }
 BENCHMARK(adamw_gpt2_small_with_snapshot)->UseRealTime()->Unit(benchmark::kMillisecond);
+
+// The same again, also taking the replica check's hash of what it writes
+// (cpu::state_hash from L1), against a pass of the check's own over the
+// state afterwards (state_hash_gpt2_small, reading 12 bytes a parameter).
+void adamw_gpt2_small_with_snapshot_and_hash(benchmark::State& state) {
+  const int64_t n = 124439808;
+  FloatBuffer p = filled(n, 1e-3f), g = filled(n, 1e-4f), m(n), v(n);
+  FloatBuffer snap_p = filled(n, 0.0f), snap_m = filled(n, 0.0f), snap_v = filled(n, 0.0f);
+  int64_t step = 0;
+  uint64_t hash = 0;
+  for (auto _ : state) {
+    brigade::cpu::adamw_update(p.data(), g.data(), m.data(), v.data(), n,
+                               {1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, ++step, 1.0f},
+                               {snap_p.data(), snap_m.data(), snap_v.data()}, &hash, 0);
+  }
+  benchmark::DoNotOptimize(hash);
+  state.counters["GB/s"] =
+      benchmark::Counter(40.0 * n, benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(adamw_gpt2_small_with_snapshot_and_hash)->UseRealTime()->Unit(benchmark::kMillisecond);
+
+void state_hash_gpt2_small(benchmark::State& state) {
+  const int64_t n = 124439808;
+  FloatBuffer p = filled(n, 1e-3f), m = filled(n, 1e-4f), v = filled(n, 1e-5f);
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(brigade::cpu::state_hash(p.data(), m.data(), v.data(), n, 0));
+  }
+  state.counters["GB/s"] =
+      benchmark::Counter(12.0 * n, benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(state_hash_gpt2_small)->UseRealTime()->Unit(benchmark::kMillisecond);
+
+// The hash the check took of the same state before (XXH3 of each buffer,
+// hash_floats), which a snapshot's writer thread took from memory.
+void xxh3_state_gpt2_small(benchmark::State& state) {
+  const int64_t n = 124439808;
+  FloatBuffer p = filled(n, 1e-3f), m = filled(n, 1e-4f), v = filled(n, 1e-5f);
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(brigade::combine_hashes({brigade::hash_floats(p.data(), n),
+                                                      brigade::hash_floats(m.data(), n),
+                                                      brigade::hash_floats(v.data(), n)}));
+  }
+  state.counters["GB/s"] =
+      benchmark::Counter(12.0 * n, benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(xxh3_state_gpt2_small)->UseRealTime()->Unit(benchmark::kMillisecond);
 
 }  // namespace
 

@@ -350,7 +350,7 @@ TEST(RootCause, SilentCorruptionNamesTheOddReplicaAndTheStep) {
   EXPECT_EQ(c.step, 6);
   EXPECT_EQ(c.line,
             "incident 3: rank 3 (node 1): silent data corruption after step 6: its parameters "
-            "(28032 floats) differ from those of the 3 other replicas of group world (xxh3 bb "
+            "(28032 floats) differ from those of the 3 other replicas of group world (hash bb "
             "against aa)");
 }
 

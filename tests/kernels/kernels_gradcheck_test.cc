@@ -1,6 +1,8 @@
 // Every kernel's backward against finite differences of its forward.
 #include <gtest/gtest.h>
 
+#include <cstring>
+
 #include "brigade/core/threads.h"
 #include "brigade/kernels/cpu/attention.h"
 #include "brigade/kernels/cpu/embedding.h"
@@ -289,6 +291,71 @@ TEST(VectorOps, SumOfSquaresIsTheSameForAnyThreadCount) {
     EXPECT_EQ(cpu::sum_squares(x.data(), static_cast<int64_t>(x.size())), one);
   }
   EXPECT_NEAR(one, dot(x, x), 1e-9 * one);
+}
+
+// The replica check's hash under ZeRO 0 (cpu::state_hash): its formula,
+// written out here one element at a time, at each instruction-set level
+// (the test runs under both); the same on any thread count and as a sum of
+// the hashes of any cut of the range, which is what lets the update take
+// it block by block wherever its runs are cut.
+uint64_t state_hash_by_formula(const std::vector<float>* state, int64_t n, int64_t first) {
+  uint64_t sum = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    for (uint32_t k = 0; k < 3; ++k) {
+      uint32_t x = 0;
+      std::memcpy(&x, &state[k][static_cast<size_t>(i)], sizeof(x));
+      const uint32_t a = 0x9E3779B1u * static_cast<uint32_t>(3 * (first + i) + k) ^ x;
+      sum += static_cast<uint64_t>(a) * (a ^ 0x5BD1E995u);
+    }
+  }
+  return sum;
+}
+
+TEST(VectorOps, StateHashIsItsFormulaOnAnyThreadsAndAddsUpOverAnyCut) {
+  const int64_t n = 100'003, first = 12'345;
+  const std::vector<float> state[3] = {random_vector(n, 1), random_vector(n, 2),
+                                       random_vector(n, 3)};
+  const auto hash = [&](int64_t begin, int64_t end) {
+    return cpu::state_hash(state[0].data() + begin, state[1].data() + begin,
+                           state[2].data() + begin, end - begin, first + begin);
+  };
+  const uint64_t want = state_hash_by_formula(state, n, first);
+  set_num_threads(1);
+  EXPECT_EQ(hash(0, n), want);
+  set_num_threads(2);
+  EXPECT_EQ(hash(0, n), want);
+  for (const int64_t cut : {int64_t{1}, int64_t{2047}, int64_t{50'001}, n - 1}) {
+    EXPECT_EQ(hash(0, cut) + hash(cut, n), want) << "cut at " << cut;
+  }
+}
+
+TEST(VectorOps, StateHashSeesEveryFlippedBitAndMovedValue) {
+  const int64_t n = 48;
+  std::vector<float> state[3] = {random_vector(n, 4), random_vector(n, 5), random_vector(n, 6)};
+  const auto hash = [&] {
+    return cpu::state_hash(state[0].data(), state[1].data(), state[2].data(), n, 7);
+  };
+  const uint64_t clean = hash();
+  for (int k = 0; k < 3; ++k) {
+    for (int64_t i = 0; i < n; ++i) {
+      float& value = state[k][static_cast<size_t>(i)];
+      for (int bit = 0; bit < 32; ++bit) {
+        uint32_t x = 0;
+        std::memcpy(&x, &value, sizeof(x));
+        x ^= 1u << bit;
+        std::memcpy(&value, &x, sizeof(x));
+        ASSERT_NE(hash(), clean) << "buffer " << k << ", element " << i << ", bit " << bit;
+        x ^= 1u << bit;
+        std::memcpy(&value, &x, sizeof(x));
+      }
+    }
+  }
+  ASSERT_EQ(hash(), clean);
+  std::swap(state[0][3], state[0][30]);
+  EXPECT_NE(hash(), clean) << "two parameters swapped";
+  std::swap(state[0][3], state[0][30]);
+  std::swap(state[1], state[2]);
+  EXPECT_NE(hash(), clean) << "the moments swapped";
 }
 
 }  // namespace BRIGADE_TEST_FILE

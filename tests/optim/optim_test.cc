@@ -125,5 +125,37 @@ TEST(AdamW, CopiesHoldWhatTheUpdateStoresAndChangeNothing) {
             std::vector<float>(without.m().data(), without.m().data() + n));
 }
 
+// The replica check's hash that the update takes of what it writes
+// (AdamW::step with a hash): the one AdamW::state_hash reads from memory
+// afterwards, however copies cut the update, and the update bit for bit the
+// one without it. The last elements belong to no decay range (padding):
+// never updated, not hashed.
+TEST(AdamW, TheUpdatesHashIsThatOfTheStateItWrote) {
+  const int64_t n = 200'000, covered = n - 100;
+  const std::vector<DecayRange> ranges = {{0, 120'000, true}, {120'000, covered, false}};
+  AdamW with(AdamWConfig{}, ranges, n), without(AdamWConfig{}, ranges, n);
+  std::vector<float> p1(n), g(n), copied(3 * 50'000);
+  for (int64_t i = 0; i < n; ++i) {
+    p1[i] = 0.01f * static_cast<float>(i % 89 - 44);
+    g[i] = 0.001f * static_cast<float>(i % 29 - 14);
+  }
+  std::vector<float> p2 = p1;
+  const std::vector<StateCopy> copies = {
+      {100'000, 150'000, {copied.data(), copied.data() + 50'000, copied.data() + 100'000}}};
+  for (int step = 0; step < 3; ++step) {
+    uint64_t by_update = 0, by_plain_update = 0;
+    with.step(p1.data(), g.data(), 1e-3, 0.5, copies, &by_update);
+    without.step(p2.data(), g.data(), 1e-3, 0.5, {}, &by_plain_update);
+    ASSERT_EQ(p1, p2) << "step " << step;
+    EXPECT_EQ(by_update, with.state_hash(p1.data())) << "step " << step;
+    EXPECT_EQ(by_plain_update, by_update) << "step " << step << ": the copies' cuts changed it";
+  }
+  const uint64_t before = with.state_hash(p1.data());
+  p1[n - 1] += 1.0f;
+  EXPECT_EQ(with.state_hash(p1.data()), before) << "padding hashed";
+  p1[covered - 1] += 1.0f;
+  EXPECT_NE(with.state_hash(p1.data()), before);
+}
+
 }  // namespace BRIGADE_TEST_FILE
 }  // namespace brigade

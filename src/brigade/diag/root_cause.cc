@@ -366,7 +366,7 @@ std::optional<RootCause> corruption(const IncidentEvidence& evidence) {
     }
     c.line = fmt::format(
         "{}: silent data corruption after step {}: the {} replicas of group {} hold different {} "
-        "(xxh3 {}); with no majority (two replicas, or a tie) nothing says which copy is right, "
+        "(hashes {}); with no majority (two replicas, or a tie) nothing says which copy is right, "
         "so every one is named",
         head, report.step, report.members.size(), report.group, report.compared, seen);
     return c;
@@ -385,7 +385,7 @@ std::optional<RootCause> corruption(const IncidentEvidence& evidence) {
   c.waiting = others;
   c.line = fmt::format(
       "{}: silent data corruption after step {}: its {} differ from those of the {} of group "
-      "{} (xxh3 {} against {})",
+      "{} (hash {} against {})",
       head, report.step, report.compared, plural(others, "other replica"), report.group, odd,
       majority);
   return c;

@@ -35,7 +35,7 @@ void AdamW::step(float* params, const float* grads, double lr, double grad_scale
 }
 
 void AdamW::step(float* params, const float* grads, double lr, double grad_scale,
-                 const std::vector<StateCopy>& copies) {
+                 const std::vector<StateCopy>& copies, uint64_t* hash) {
   ++step_count_;
   for (const Piece& p : pieces_) {
     const cpu::AdamWStep s{static_cast<float>(lr),
@@ -50,7 +50,7 @@ void AdamW::step(float* params, const float* grads, double lr, double grad_scale
     const auto update = [&](int64_t begin, int64_t end, const cpu::AdamWCopy& copy) {
       const int64_t moment = p.moment + (begin - p.begin);
       cpu::adamw_update(params + begin, grads + begin, m_.data() + moment, v_.data() + moment,
-                        end - begin, s, copy);
+                        end - begin, s, copy, hash, begin);
     };
     const int64_t end = p.begin + p.n;
     int64_t at = p.begin;
@@ -66,6 +66,15 @@ void AdamW::step(float* params, const float* grads, double lr, double grad_scale
     }
     if (at < end) update(at, end, {});
   }
+}
+
+uint64_t AdamW::state_hash(const float* params) const {
+  uint64_t sum = 0;
+  for (const Piece& p : pieces_) {
+    sum +=
+        cpu::state_hash(params + p.begin, m_.data() + p.moment, v_.data() + p.moment, p.n, p.begin);
+  }
+  return sum;
 }
 
 }  // namespace brigade

@@ -63,8 +63,15 @@ class AdamW {
   // are not written) where they say, bit for bit what it stores: how an
   // in-memory snapshot is taken without a pass of its own over the state
   // (train/trainer.h).
+  // With `hash` (non-null), also adds to *hash the state_hash of what it
+  // updated, as state_hash() below would read it afterwards.
   void step(float* params, const float* grads, double lr, double grad_scale,
-            const std::vector<StateCopy>& copies);
+            const std::vector<StateCopy>& copies, uint64_t* hash = nullptr);
+  // cpu::state_hash of the elements it updates (parameters at their flat
+  // offsets, moments), read from memory: equal on replicas that hold the
+  // same state. Under ZeRO 0 that is every parameter element of the model
+  // and both whole moments (the buffers' padding is never updated).
+  uint64_t state_hash(const float* params) const;
 
   const std::vector<Slice>& slices() const { return slices_; }
   // Elements updated: the length of m and v.

@@ -6,8 +6,11 @@
 // under ZeRO 0 the same Adam moments too. A rank whose copy differs was
 // corrupted: by a faulty unit in its update, a flipped bit in its memory, a
 // bad transfer. Comparing the replicas costs one 64-bit hash of the buffers
-// per rank (XXH3, memory-bound: it reads them once, in chunks spread over
-// the OpenMP threads) and one all-gather of 8 bytes per rank. What the
+// per rank and one all-gather of 8 bytes per rank. The hash is XXH3 of the
+// parameters under ZeRO 1/2 (hash_floats, below), and under ZeRO 0
+// cpu::state_hash of parameters and moments, a sum of per-element terms
+// that the optimizer's update can take block by block from L1 while it
+// writes them (AdamW::step), however its work is cut. What the
 // group computed identically from one corrupted input (an all-reduced
 // gradient that one rank's faulty backward polluted) stays identical and
 // cannot be caught this way, nor what exists once (ZeRO 3's parameter
@@ -79,8 +82,9 @@ struct ReplicaComparison {
   std::vector<uint64_t> hashes;  // by rank of the group
   std::vector<int> suspects;     // odd_replicas(hashes)
   std::string compared;          // what was hashed, for people: "parameters (1234 floats)"
-  // This rank's hash came from the copy of an in-memory snapshot of the
-  // same state (Trainer::compare_replicas) instead of a pass of its own.
+  // This rank's hash came from the update that wrote the state (ZeRO 0)
+  // or from an in-memory snapshot's copy of it (ZeRO 1/2) instead of a
+  // pass of its own (Trainer::compare_replicas).
   bool fused = false;
   bool clean() const { return suspects.empty(); }
 };

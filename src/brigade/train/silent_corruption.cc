@@ -55,9 +55,11 @@ SilentCorruptionGuard::SilentCorruptionGuard(Trainer& trainer, Communicator* wor
                  "parallelism (a replay's forward would involve the other groups); the "
                  "parameters are still checked\n");
   }
-  trainer.on_before_update([this] {
-    if (due(trainer_.step())) check(trainer_.step());
-  });
+  trainer.on_before_update(
+      [this] {
+        if (due(trainer_.step())) check(trainer_.step());
+      },
+      [this](int64_t done) { return due(done) || done == trainer_.options().steps; });
   if (at_rest_) {
     recorded_ = trainer.owned_state_hash();
     recorded_step_ = trainer.step();

@@ -19,11 +19,13 @@
 // keep train.keep_checkpoints; with 1, a failed check right after a
 // checkpoint leaves none to resume from.
 //
-// With a snapshot every step the check runs every step, so its hash rides
-// on the snapshot's copy instead of a pass of its own over the parameters
-// and moments (Trainer::compare_replicas: the copy's writer hashes them on
-// its way, and the check takes that hash only where it is provably of the
-// state before the update; otherwise it makes its own pass).
+// With a snapshot every step the check runs every step, so its hash is
+// not a pass of its own over the state: under ZeRO 0 the update that
+// writes the state a check is due on hashes the parameters and moments
+// from L1 as it computes them (cpu::state_hash), under ZeRO 1/2 the
+// snapshot's copy hashes the parameters on its way; the check takes such a
+// hash only where it is provably of the state before the update, and
+// otherwise makes its own pass (Trainer::compare_replicas).
 //
 // On a disagreement each rank of the group writes what it saw to
 // RUN_DIR/sdc_rank<R>_step<S>.json (S: the steps completed when the check

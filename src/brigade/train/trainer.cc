@@ -518,8 +518,15 @@ StepMetrics Trainer::train_step() {
   {
     const StepClock::Section update(clock_, StepPart::kOptimizer);
     const int64_t update_start = now_ns();
+    // Under ZeRO 0 the update writes every replicated element: it hashes
+    // them for a coming check while they are in L1 (compare_replicas).
+    uint64_t hash = 0;
+    const bool hashing = zero_ == 0 && replica_checks_on() && check_due_ && check_due_(step_ + 1);
     optimizer_->step(params_.data(), grads_.data(), m.lr,
-                     clip_scale(m.grad_norm, options_.grad_clip), snapshot_copies);
+                     clip_scale(m.grad_norm, options_.grad_clip), snapshot_copies,
+                     hashing ? &hash : nullptr);
+    update_hash_.reset();
+    if (hashing) update_hash_ = UpdateHash{state_version_, hash};
     m.optimizer_ms = static_cast<double>(now_ns() - update_start) * 1e-6;
   }
   if (zero_ == 1 || zero_ == 2) {

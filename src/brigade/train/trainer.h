@@ -145,12 +145,14 @@ class Trainer {
   // both Adam moments too (ZeRO 1/2 shard them: each slice exists once).
   // ZeRO 3 holds no replica at all, so there is nothing to compare.
   //
-  // Right before an update that follows an in-memory snapshot of the same
-  // state, the hash is the one the snapshot's copy took on its way
-  // (start_save: the copy reads half of each replica's state anyway, while
-  // it is in cache, and hashes the rest behind the step's forward and
-  // backward), not a second pass over the buffers: `fused` says so. See
-  // take_snapshot_hash for why it is the hash of the state at the check.
+  // Not a second pass over the buffers where one already saw this very
+  // state (`fused` says so): under ZeRO 0 the update that computed it
+  // hashed it from L1 as it went (cpu::state_hash, when on_before_update's
+  // `due` asked for the check), under ZeRO 1/2 an in-memory snapshot's copy
+  // of it (take_snapshot_hash). Either counts only while state_version_
+  // says nothing wrote the state since; a bit flipped in between without
+  // a write of ours is then in neither the hash nor that state's snapshot,
+  // and the next check sees it (take_snapshot_hash says why that is safe).
   ReplicaComparison compare_replicas();
   // Whether diag.sdc_every's checks run (train/silent_corruption.h): dp > 1
   // and sdc_every > 0 (replicas compared under ZeRO 0-2; under ZeRO 3,
@@ -191,7 +193,13 @@ class Trainer {
   void discard_saves(int64_t step);
   // Runs `check` in every train_step right before the update, once an
   // unstaged snapshot has been read (train/silent_corruption.h). Empty: none.
-  void on_before_update(std::function<void()> check) { before_update_ = std::move(check); }
+  // `due(done)`: whether a check of the state after `done` steps is coming
+  // (compare_replicas, in `check` or before a save), so that the update
+  // writing that state hashes it on its way (ZeRO 0).
+  void on_before_update(std::function<void()> check, std::function<bool(int64_t)> due = {}) {
+    before_update_ = std::move(check);
+    check_due_ = std::move(due);
+  }
   // Runs `record` right after every update (ZeRO 1/2: after the gather).
   void on_after_update(std::function<void()> record) { after_update_ = std::move(record); }
   // In every forward_backward where due() says so: the peer's micro-batches
@@ -378,6 +386,7 @@ class Trainer {
   int64_t step_ = 0;
   StepClock clock_;
   std::function<void()> before_update_;
+  std::function<bool(int64_t)> check_due_;
   std::function<void()> after_update_;
   std::function<bool()> local_gradients_due_;
   std::function<void()> local_gradients_check_;
@@ -408,16 +417,21 @@ class Trainer {
   // mean the same state.
   uint64_t state_version_ = 0;
   // Between the snapshot's wait and the update only: the snapshot's hash
-  // of this very state, for compare_replicas.
+  // of this very state, for compare_replicas (ZeRO 1/2).
   std::optional<uint64_t> fused_hash_;
   // The snapshot's hash once its copy is complete, if it is of the state
   // the check is about to compare; consumed.
   std::optional<uint64_t> take_snapshot_hash();
-  // The buffers compare_replicas hashes, in order.
-  std::vector<std::pair<const float*, int64_t>> replicated_state() const;
-  // Makes a snapshot's save (start_save) hash them as it copies, under the
-  // replica checks (ZeRO 0-2).
+  // Makes a snapshot's save (start_save) hash the parameters as it copies,
+  // under the replica checks of ZeRO 1/2.
   void hash_while_snapshotting(AsyncCheckpointWriter::Save& save);
+  // ZeRO 0: the last update's AdamW::state_hash of what it wrote, and
+  // state_version_ right after it.
+  struct UpdateHash {
+    uint64_t state_version = 0;
+    uint64_t hash = 0;
+  };
+  std::optional<UpdateHash> update_hash_;
   int64_t poisoned_step_ = -1;
   int poisoned_losses_ = 0;
 };

@@ -114,22 +114,11 @@ void Trainer::discard_saves(int64_t step) {
   fs::remove_all(step_directory(fs::path(options_.run_dir) / "checkpoints", step), ec);
 }
 
-// Which buffers the replica check hashes (compare_replicas), in its order:
-// the parameters, and under ZeRO 0 both moments.
-std::vector<std::pair<const float*, int64_t>> Trainer::replicated_state() const {
-  std::vector<std::pair<const float*, int64_t>> buffers = {{params_.data(), params_.size()}};
-  if (zero_ == 0) {
-    buffers.emplace_back(optimizer_->m().data(), optimizer_->m().size());
-    buffers.emplace_back(optimizer_->v().data(), optimizer_->v().size());
-  }
-  return buffers;
-}
-
 void Trainer::hash_while_snapshotting(AsyncCheckpointWriter::Save& save) {
   snapshot_hash_.reset();
-  if (!replica_checks_on() || zero_ >= 3) return;
+  if (!replica_checks_on() || (zero_ != 1 && zero_ != 2)) return;
   auto h = std::make_shared<SnapshotHash>();
-  for (const auto& [data, n] : replicated_state()) h->hash.add(data, n);
+  h->hash.add(params_.data(), params_.size());
   h->step = step_;
   h->state_version = state_version_;
   save.writing.read = [h](const void* data, size_t bytes) { h->hash.feed(data, bytes); };
@@ -160,20 +149,20 @@ std::optional<uint64_t> Trainer::take_snapshot_hash() {
       !h->hash.finished()) {
     return std::nullopt;
   }
-  const std::vector<uint64_t>& hashes = h->hash.hashes();
-  return hashes.size() == 1 ? hashes[0] : combine_hashes(hashes);
+  return h->hash.hashes().front();
 }
 
 ReplicaComparison Trainer::compare_replicas() {
   BRIGADE_CHECK(dp_group_ != nullptr && dp_size() > 1 && zero_ < 3);
   uint64_t mine = 0;
-  const bool fused = fused_hash_.has_value();
-  if (fused) {
-    mine = *fused_hash_;
+  bool fused = false;
+  if (zero_ == 0) {
+    // Every rank's update covers the same elements, so the hashes compare.
+    fused = update_hash_ && update_hash_->state_version == state_version_;
+    mine = fused ? update_hash_->hash : optimizer_->state_hash(params_.data());
   } else {
-    std::vector<uint64_t> hashes;
-    for (const auto& [data, n] : replicated_state()) hashes.push_back(hash_floats(data, n));
-    mine = hashes.size() == 1 ? hashes[0] : combine_hashes(hashes);
+    fused = fused_hash_.has_value();
+    mine = fused ? *fused_hash_ : hash_floats(params_.data(), params_.size());
   }
   ReplicaComparison c = brigade::compare_replicas(*dp_group_, mine);
   c.compared = zero_ == 0

@@ -50,7 +50,10 @@
   X(void, lm_head_loss, (const LmHeadLossArgs& args), (args))                                    \
   X(double, sum_squares, (const float* x, int64_t n), (x, n))                                    \
   X(void, adamw_update, (float* params, const float* grads, float* m, float* v, int64_t n,       \
-    const AdamWStep& s, const AdamWCopy& copy), (params, grads, m, v, n, s, copy))               \
+    const AdamWStep& s, const AdamWCopy& copy, uint64_t* hash, int64_t first),                   \
+    (params, grads, m, v, n, s, copy, hash, first))                                              \
+  X(uint64_t, state_hash, (const float* p, const float* m, const float* v, int64_t n,            \
+    int64_t first), (p, m, v, n, first))                                                         \
   X(const char*, kernels_compiled_for, (), ())
 // clang-format on
 

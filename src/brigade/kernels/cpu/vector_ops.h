@@ -29,7 +29,25 @@ struct AdamWCopy {
   float* m = nullptr;
   float* v = nullptr;
 };
+// With `hash` (non-null), adds to *hash the state_hash of the updated
+// values (first: the flat offset of params[0]), taken from L1 block by
+// block as they are computed: how the replica check gets its hash of the
+// state without a pass of its own over it (parallel/replica_check.h).
 void adamw_update(float* params, const float* grads, float* m, float* v, int64_t n,
-                  const AdamWStep& s, const AdamWCopy& copy);
+                  const AdamWStep& s, const AdamWCopy& copy, uint64_t* hash = nullptr,
+                  int64_t first = 0);
+
+// A 64-bit hash of the parameters p and Adam moments m and v of the flat
+// elements [first, first + n), for replicas to compare bit for bit:
+//   sum over i in [0, n) and k in {p, m, v} of (x ^ a) * (x ^ a ^ D)  mod 2^64
+// with x the 32 bits of k[i], a = 0x9E3779B1 * (3 (first + i) + k's index)
+// mod 2^32 (the element's place, so moved values count) and D = 0x5BD1E995.
+// Each term is a product of two 32-bit factors, so a flipped bit in one
+// value always changes it (D has more than one bit set: the two factors
+// cannot trade the flip's 2^b between them) and so the sum; several
+// changes cancel by chance only. A sum, so a range hashed in pieces, in
+// any order, on any threads, adds up to the same value: the update adds
+// its blocks wherever its runs are cut. Threaded.
+uint64_t state_hash(const float* p, const float* m, const float* v, int64_t n, int64_t first);
 
 }  // namespace brigade::cpu
