@@ -181,29 +181,30 @@ void adamw_gpt2_small_with_snapshot_and_hash(benchmark::State& state) {
 }
 BENCHMARK(adamw_gpt2_small_with_snapshot_and_hash)->UseRealTime()->Unit(benchmark::kMillisecond);
 
-void state_hash_gpt2_small(benchmark::State& state) {
+// A pass of `hash` over GPT-2 small's parameters and moments in memory.
+template <typename Hash>
+void hash_gpt2_small_state(benchmark::State& state, Hash hash) {
   const int64_t n = 124439808;
   FloatBuffer p = filled(n, 1e-3f), m = filled(n, 1e-4f), v = filled(n, 1e-5f);
-  for (auto _ : state) {
-    benchmark::DoNotOptimize(brigade::cpu::state_hash(p.data(), m.data(), v.data(), n, 0));
-  }
+  for (auto _ : state) benchmark::DoNotOptimize(hash(p.data(), m.data(), v.data(), n));
   state.counters["GB/s"] =
       benchmark::Counter(12.0 * n, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void state_hash_gpt2_small(benchmark::State& state) {
+  hash_gpt2_small_state(state, [](const float* p, const float* m, const float* v, int64_t n) {
+    return brigade::cpu::state_hash(p, m, v, n, 0);
+  });
 }
 BENCHMARK(state_hash_gpt2_small)->UseRealTime()->Unit(benchmark::kMillisecond);
 
 // The hash the check took of the same state before (XXH3 of each buffer,
 // hash_floats), which a snapshot's writer thread took from memory.
 void xxh3_state_gpt2_small(benchmark::State& state) {
-  const int64_t n = 124439808;
-  FloatBuffer p = filled(n, 1e-3f), m = filled(n, 1e-4f), v = filled(n, 1e-5f);
-  for (auto _ : state) {
-    benchmark::DoNotOptimize(brigade::combine_hashes({brigade::hash_floats(p.data(), n),
-                                                      brigade::hash_floats(m.data(), n),
-                                                      brigade::hash_floats(v.data(), n)}));
-  }
-  state.counters["GB/s"] =
-      benchmark::Counter(12.0 * n, benchmark::Counter::kIsIterationInvariantRate);
+  hash_gpt2_small_state(state, [](const float* p, const float* m, const float* v, int64_t n) {
+    return brigade::combine_hashes(
+        {brigade::hash_floats(p, n), brigade::hash_floats(m, n), brigade::hash_floats(v, n)});
+  });
 }
 BENCHMARK(xxh3_state_gpt2_small)->UseRealTime()->Unit(benchmark::kMillisecond);
 
