@@ -127,10 +127,31 @@ TEST(StepClock, CountsComputesWaitForACore) {
   EXPECT_LE(b.compute_runqueue_ms, b[StepPart::kCompute]);
 }
 
+// The process's CPU in the window counts every thread's work, not the
+// clock's thread's: a snapshot's writer burns its CPU beside the step.
+// Lower bounds again: what the other thread itself measured it used.
+TEST(StepClock, CountsTheCpuOfEveryThreadOfTheProcess) {
+  StepClock clock;
+  std::atomic<int64_t> worker_cpu_ns{0};
+  std::thread worker([&] {
+    const int64_t start = thread_cpu_ns();
+    while (thread_cpu_ns() - start < 150 * kNsPerMs) {
+    }
+    worker_cpu_ns = thread_cpu_ns() - start;
+  });
+  worker.join();
+  const StepBreakdown b = clock.end_step();
+  EXPECT_GE(b.process_cpu_ms, static_cast<double>(worker_cpu_ns.load()) * 1e-6);
+  // The next window starts where this one ended: none of it there.
+  const StepBreakdown next = clock.end_step();
+  EXPECT_LT(next.process_cpu_ms, 100.0);
+}
+
 TEST(StepBreakdown, TravelsAsAVectorAndPrintsPercentages) {
   StepBreakdown b;
   b.step_ms = 100;
   b.compute_runqueue_ms = 3;
+  b.process_cpu_ms = 180;
   b[StepPart::kCompute] = 71;
   b[StepPart::kComm] = 12;
   b[StepPart::kBubble] = 9;
@@ -142,6 +163,7 @@ TEST(StepBreakdown, TravelsAsAVectorAndPrintsPercentages) {
   EXPECT_EQ(back.ms, b.ms);
   EXPECT_EQ(back.step_ms, 100);
   EXPECT_EQ(back.compute_runqueue_ms, 3);
+  EXPECT_EQ(back.process_cpu_ms, 180);
   EXPECT_EQ(b.percentages(), "compute 71% comm 12% bubble 9% data 1% ckpt 0% other 7%");
   b[StepPart::kOptimizer] = 4;
   EXPECT_EQ(b.percentages(), "compute 71% opt 4% comm 12% bubble 9% data 1% ckpt 0% other 7%");

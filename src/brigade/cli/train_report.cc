@@ -84,7 +84,8 @@ nlohmann::json straggler_json(const StragglerEvent& e) {
 void add_breakdown(nlohmann::json& line, const RankStepStats& ranks) {
   const StepBreakdown& mine = ranks.breakdown.front();
   line["breakdown"] = {{"step_ms", mine.step_ms},
-                       {"compute_runqueue_ms", mine.compute_runqueue_ms}};
+                       {"compute_runqueue_ms", mine.compute_runqueue_ms},
+                       {"process_cpu_ms", mine.process_cpu_ms}};
   for (int i = 0; i < kStepParts; ++i) {
     line["breakdown"][fmt::format("{}_ms", step_part_name(static_cast<StepPart>(i)))] =
         mine.ms[static_cast<size_t>(i)];
@@ -97,6 +98,7 @@ void add_breakdown(nlohmann::json& line, const RankStepStats& ranks) {
     };
     per_rank("step_ms", [](const StepBreakdown& b) { return b.step_ms; });
     per_rank("compute_runqueue_ms", [](const StepBreakdown& b) { return b.compute_runqueue_ms; });
+    per_rank("process_cpu_ms", [](const StepBreakdown& b) { return b.process_cpu_ms; });
     for (int i = 0; i < kStepParts; ++i) {
       const auto part = static_cast<StepPart>(i);
       per_rank(fmt::format("{}_ms", step_part_name(part)),

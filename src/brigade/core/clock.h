@@ -42,11 +42,18 @@ inline int64_t steady_to_unix_us(int64_t steady_ns) {
 // conversions compare, to the machines' clock synchronisation.
 std::string boot_id();
 
+inline int64_t cpu_clock_ns(clockid_t clock) {
+  timespec t{};
+  ::clock_gettime(clock, &t);
+  return static_cast<int64_t>(t.tv_sec) * 1'000'000'000 + t.tv_nsec;
+}
 // CPU time the calling thread has used, in ns.
 inline int64_t thread_cpu_ns() {
-  timespec t{};
-  ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
-  return static_cast<int64_t>(t.tv_sec) * 1'000'000'000 + t.tv_nsec;
+  return cpu_clock_ns(CLOCK_THREAD_CPUTIME_ID);
+}
+// CPU time all threads of this process have used, in ns.
+inline int64_t process_cpu_ns() {
+  return cpu_clock_ns(CLOCK_PROCESS_CPUTIME_ID);
 }
 
 // Measures elapsed time since construction or the last reset().

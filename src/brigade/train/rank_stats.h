@@ -7,7 +7,7 @@
 // section.
 //
 // Why every step and every rank: the detector needs each step's compute
-// times (a straggler named within 20 steps), and the vector is 15 doubles a
+// times (a straggler named within 20 steps), and the vector is 16 doubles a
 // rank, the cost of any one of the small collectives it replaces (the RSS
 // and bubble gathers, the saves' polls, the stop agreement).
 //

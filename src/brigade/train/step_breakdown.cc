@@ -46,7 +46,7 @@ double StepBreakdown::compute_on_cpu_ms() const {
 }
 
 std::vector<double> StepBreakdown::to_vector() const {
-  std::vector<double> v = {step_ms, compute_runqueue_ms};
+  std::vector<double> v = {step_ms, compute_runqueue_ms, process_cpu_ms};
   v.insert(v.end(), ms.begin(), ms.end());
   return v;
 }
@@ -55,7 +55,8 @@ StepBreakdown StepBreakdown::from_vector(const double* values) {
   StepBreakdown b;
   b.step_ms = values[0];
   b.compute_runqueue_ms = values[1];
-  for (int i = 0; i < kStepParts; ++i) b.ms[static_cast<size_t>(i)] = values[2 + i];
+  b.process_cpu_ms = values[2];
+  for (int i = 0; i < kStepParts; ++i) b.ms[static_cast<size_t>(i)] = values[3 + i];
   return b;
 }
 
@@ -125,6 +126,7 @@ void StepClock::entered(StepPart was) {
 void StepClock::restart() {
   window_ = StepBreakdown{};
   window_start_ns_ = last_ns_ = now_ns();
+  window_start_cpu_ns_ = process_cpu_ns();
 }
 
 StepBreakdown StepClock::end_step() {
@@ -132,6 +134,8 @@ StepBreakdown StepClock::end_step() {
   charge(now);
   StepBreakdown b = window_;
   b.step_ms = static_cast<double>(now - window_start_ns_) * 1e-6;
+  const int64_t cpu = process_cpu_ns();
+  b.process_cpu_ms = static_cast<double>(cpu - window_start_cpu_ns_) * 1e-6;
   // "other" is what no section claimed: the window minus the rest (which
   // also absorbs the rounding of the per-section sums).
   double claimed = 0;
@@ -141,6 +145,7 @@ StepBreakdown StepClock::end_step() {
   b[StepPart::kOther] = b.step_ms - claimed;
   window_ = StepBreakdown{};
   window_start_ns_ = now;
+  window_start_cpu_ns_ = cpu;
   return b;
 }
 

@@ -65,6 +65,12 @@ struct StepBreakdown {
   double compute_runqueue_ms = 0;
   // Compute less that wait: what the rank's own speed decides.
   double compute_on_cpu_ms() const;
+  // The CPU time the rank's whole process spent in the window, every thread
+  // (training, OpenMP, communication, a save's writer). Where the ranks fill
+  // the cores, work added beside the step (a snapshot's) costs the step this
+  // much wall time, and it is read without the noise of who waited for a
+  // core: bench/compare_snapshots.py compares runs by it.
+  double process_cpu_ms = 0;
 
   double& operator[](StepPart p) { return ms[static_cast<size_t>(p)]; }
   double operator[](StepPart p) const { return ms[static_cast<size_t>(p)]; }
@@ -73,7 +79,7 @@ struct StepBreakdown {
   // all-gather each step.
   std::vector<double> to_vector() const;
   static StepBreakdown from_vector(const double* values);
-  static constexpr int kVectorSize = 2 + kStepParts;
+  static constexpr int kVectorSize = 3 + kStepParts;
   // "compute 71% comm 12% bubble 9% data 1% ckpt 0% other 1%" (optimizer
   // and eval only when they took any time).
   std::string percentages() const;
@@ -132,6 +138,7 @@ class StepClock {
   std::vector<int64_t> opened_ns_;  // when each open section opened: its trace span
   StepBreakdown window_;
   int64_t window_start_ns_ = 0;
+  int64_t window_start_cpu_ns_ = 0;  // the process's CPU time then
   int64_t last_ns_ = 0;
 };
 
