@@ -37,9 +37,10 @@ spent in a step (metrics.jsonl's process_cpu_ms_per_rank, summed), every
 thread counted, the snapshot's writer included. Where the ranks fill the
 cores (two ranks of one thread on two cores here) a snapshot's work costs
 the step that much CPU divided among the cores, and the CPU of a step does
-not move with who waited for a core, the larger part of this VM's noise in
-wall time. It does move with memory stalls, so a snapshot's stores that
-slow the step's own work show in it.
+not move with who waited for a core. It does move with memory stalls, so a
+snapshot's stores that slow the step's own work show in it, and so does the
+host's load: on this VM it drifted as much as wall time (docs/PERFORMANCE.md,
+session 21).
 
 --paired K reads high on a VM that makes memory idle for tens of seconds
 dearer to write again (this one: 743 MB of streaming stores into a tmpfs

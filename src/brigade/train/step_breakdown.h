@@ -68,8 +68,9 @@ struct StepBreakdown {
   // The CPU time the rank's whole process spent in the window, every thread
   // (training, OpenMP, communication, a save's writer). Where the ranks fill
   // the cores, work added beside the step (a snapshot's) costs the step this
-  // much wall time, and it is read without the noise of who waited for a
-  // core: bench/compare_snapshots.py compares runs by it.
+  // much wall time; unlike wall time it does not count who waited for a
+  // core (it still drifts with the host's load on memory).
+  // bench/compare_snapshots.py compares runs by it too.
   double process_cpu_ms = 0;
 
   double& operator[](StepPart p) { return ms[static_cast<size_t>(p)]; }
