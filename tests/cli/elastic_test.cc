@@ -21,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "brigade/train/train_options.h"
 #include "testing/processes.h"
 #include "testing/run_brigade.h"
 #include "testing/run_records.h"
@@ -436,6 +437,19 @@ TEST_F(Elastic, EttrReadsTheLastLaunchOfARunDirectory) {
   EXPECT_NEAR(e.at("restart_s").get<double>(), 0.5 - 0.020, 1e-12)
       << e;  // 10 + 490 ms, less a step
   EXPECT_DOUBLE_EQ(e.at("work_s").get<double>(), 4.0) << e;
+  EXPECT_EQ(e.at("snapshot_every").get<int64_t>(), 2) << e;
+  // The snapshot interval: the config's, TrainOptions' default where it
+  // sets none, the checkpoints' where snapshots are off.
+  auto interval_with = [&](const std::string& train_table) {
+    std::ofstream(run / "config.toml") << "[train]\n" << train_table;
+    const auto with = run_brigade({"ettr", run.string(), "--mtbf-s", "60", "--json"});
+    EXPECT_EQ(with.status, 0) << with.err;
+    return nlohmann::json::parse(with.out).at("snapshot_every").get<int64_t>();
+  };
+  const int64_t by_default = TrainOptions{}.snapshot_every;
+  EXPECT_EQ(interval_with("checkpoint_every = 5\n"), by_default > 0 ? by_default : 5);
+  EXPECT_EQ(interval_with("snapshot_every = 3\ncheckpoint_every = 5\n"), 3);
+  EXPECT_EQ(interval_with("snapshot_every = 0\ncheckpoint_every = 5\n"), 5);
   // A third launch with steps and no summary yet.
   std::ofstream(run / "metrics.jsonl", std::ios::app) << step(12, 2) << "\n";
   const auto running = run_brigade({"ettr", run.string(), "--mtbf-s", "60"});

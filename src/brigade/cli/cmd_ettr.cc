@@ -7,7 +7,8 @@
 // recovery's time), the step records (metrics.jsonl, rank 0's breakdown:
 // a step's time on the loop's clock less its saves and evaluations, and
 // those), and the snapshot interval
-// (config.toml's train.snapshot_every, else its checkpoint_every). The MTBF
+// (config.toml's train.snapshot_every, its default where the file does not
+// set it, else its checkpoint_every when it turns snapshots off). The MTBF
 // is the chaos mode's (elastic/fault_injection.h) unless --mtbf-s says; the
 // restart cost is the mean of the run's recoveries, fault to the first step
 // after it, less one step (that step is training), unless --restart-s says.
@@ -29,6 +30,7 @@
 #include "brigade/core/config.h"
 #include "brigade/core/error.h"
 #include "brigade/sim/failure_model.h"
+#include "brigade/train/train_options.h"
 
 namespace brigade::cli {
 namespace fs = std::filesystem;
@@ -148,7 +150,7 @@ Comparison compare(const fs::path& run_dir, std::optional<double> mtbf_s,
   c.run.overhead_s = overhead_ms * 1e-3 / steps;
 
   Config config = Config::from_file(run_dir / "config.toml");
-  c.run.snapshot_every = config.get_int("train.snapshot_every", 0);
+  c.run.snapshot_every = config.get_int("train.snapshot_every", TrainOptions{}.snapshot_every);
   if (c.run.snapshot_every < 1) c.run.snapshot_every = config.get_int("train.checkpoint_every", 0);
   if (c.run.snapshot_every < 1) {
     throw_error(

@@ -67,8 +67,10 @@ struct TrainOptions {
   // rank's shard of the state into a spare file beside its own buffers and
   // hashes the state for the replica check that a snapshot brings, and on
   // GPT-2 small dp 2 on 2 cores the update takes 100-140 ms more a step
-  // (1.8-2.6%); end to end 0.997x in session 21's alternating runs, whose
-  // rounds spread over +-3 points (docs/PERFORMANCE.md, "In-memory snapshots").
+  // (1.8-2.6%); end to end 0.997x in session 21's alternating runs and
+  // 1.139x in session 22's, the same code: on this VM the cost moves with
+  // the host by more than the 1.03x floor (docs/PERFORMANCE.md, "In-memory
+  // snapshots").
   int64_t snapshot_every = 0;
   std::string snapshot_dir;
   // Across nodes each node's snapshot is its own part (ckpt/node_part.h):
