@@ -4,12 +4,14 @@
 // by an injected fault: both nodes stop, the coordinator opens generation 1
 // for both, and the job ends bit-identical to a run without faults. Node 1's
 // network cut: node 0 names the node within 3 s of its last heartbeat and
-// ends the job, long before any collective timeout. Needs root; skipped
-// otherwise. Every launcher is stopped by pid whatever happens (Started),
-// then the cluster is brought down.
+// ends the job, long before any collective timeout; cut just long enough
+// for node 1's agent to give up, node 1 leaves though the cable came back.
+// Needs root; skipped otherwise. Every launcher is stopped by pid whatever
+// happens (Started), then the cluster is brought down.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <filesystem>
@@ -199,6 +201,66 @@ TEST_F(ElasticNodesCluster, ANodeCutOffTheNetworkIsNamedAndEndsTheJob) {
   EXPECT_EQ(lines[0].at("node"), 1) << lines[0];
   EXPECT_GE(lines[0].at("detected_after_ms").get<double>(), 2'000.0) << lines[0];
   EXPECT_LE(lines[0].at("detected_after_ms").get<double>(), 3'000.0) << lines[0];
+}
+
+// Node 1's cable pulled just long enough for its agent to give up (a store
+// call's 1 s) and put back before node 0's 2 s of silence: node 1 leaves
+// all the same, and node 0 names it lost. A node that stayed after the
+// cable came back would report its generation stopped with no failure and
+// beat again: nothing would end node 0's workers, waiting in collectives
+// with node 1's killed ones, but their 30 s timeout.
+TEST_F(ElasticNodesCluster, ANodeCutOffBrieflyLeavesAndIsNamedLost) {
+  SKIP_WITHOUT_FAKE_CLUSTER();
+  up("brgeb", "10.88.14");
+  const std::vector<std::string> train = {"--set", "train.steps=100000"};
+  const fs::path log0 = log_of("blip", 0), log1 = log_of("blip", 1);
+  Started started;  // the ASSERTs below return early
+  const pid_t node1 = started.add(cluster_->start_on(1, launch(1, "blip", 29535, {}, train), log1));
+  const pid_t node0 = started.add(cluster_->start_on(0, launch(0, "blip", 29535, {}, train), log0));
+  const fs::path second = dir_.path() / "blip" / "checkpoints" / "step_00000002";
+  auto deadline = std::chrono::steady_clock::now() + 120s;
+  while (!fs::exists(second) && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(10ms);
+  }
+  ASSERT_TRUE(fs::exists(second)) << testing::read_all(log0) << testing::read_all(log1);
+  // Node 1's processes (launcher, agent's workers): fewer once its agent
+  // gave up and killed its workers; then the cable goes back at once.
+  auto processes_on_node_1 = [&] {
+    const fs::path list = dir_.path() / "blip_pids.txt";
+    const ClusterResult r = testing::finish(
+        testing::spawn({"/bin/sh", "-c", "ip netns pids " + cluster_->netns(1)}, list), list, 30s);
+    return std::count(r.output.begin(), r.output.end(), '\n');
+  };
+  const auto before = processes_on_node_1();
+  ASSERT_GE(before, 3) << "a launcher and two workers";
+  ASSERT_EQ(cluster_->script({"cut", "1"}).status, 0);
+  const auto cut_at = std::chrono::steady_clock::now();
+  deadline = cut_at + 20s;
+  while (processes_on_node_1() >= before && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(20ms);
+  }
+  ASSERT_EQ(cluster_->script({"heal", "1"}).status, 0);
+  const double healed_after_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - cut_at).count();
+  const ClusterResult r0 = started.finish(node0, log0, 60s);
+  const double node0_ended_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - cut_at).count();
+  const ClusterResult r1 = started.finish(node1, log1, 60s);
+  // Node 1 says why it left: the store it could not reach, or, when a call
+  // begun during the cut came back after node 0's verdict, that verdict.
+  EXPECT_NE(r1.status, 0) << r1.output;
+  EXPECT_TRUE(r1.output.find("stopped 2 workers on node 1: lost contact with the coordinator") !=
+                  std::string::npos ||
+              r1.output.find("stopped 2 workers on node 1: node 1 is lost") != std::string::npos)
+      << r1.output;
+  EXPECT_EQ(r1.output.find("restarting the workers"), std::string::npos) << r1.output;
+  EXPECT_EQ(r0.status, 1) << r0.output;
+  EXPECT_NE(r0.output.find("node 1 is lost: its agent sent no heartbeat for"), std::string::npos)
+      << r0.output << "\nhealed after " << healed_after_s << " s\nnode 1:\n"
+      << r1.output;
+  // Detection (2 s of silence) and the workers' 5 s grace, not their 30 s
+  // collective timeout.
+  EXPECT_LT(node0_ended_s, 20.0) << r0.output;
 }
 
 // Node 1's launcher SIGKILLs its workers and itself after step 4: a

@@ -225,16 +225,31 @@ void Agent::follow_job(const JobView& view, WorkerGroup* group) {
 
 Agent::Outcome Agent::settle_generation(Outcome outcome) {
   using State = JobView::State;
+  // Cut off from the job (its store unreachable for a call's time, deposed,
+  // or declared lost): this node leaves, even if the store answers again by
+  // now. Had it reported its generation stopped after a short cut, it would
+  // wait as a member without a failure report that any leader decides on,
+  // its peers' workers in collectives with its killed ones (under etcd,
+  // with every node cut by the same blip, forever). The leader finds it
+  // silent and goes on without it, or ends the job. Nor does it restart its
+  // workers by itself: a failure of its own that came first had set
+  // will_restart_, and no generation follows without the coordinator.
+  if (lost_coordinator_) {
+    will_restart_ = false;
+    return failure_ ? Outcome::kFailed : Outcome::kRemoteFailure;
+  }
   try {
     coordinator_->report_stopped(outcome == Outcome::kSucceeded);
   } catch (const NotLeader&) {
     // Another node leads now: it decides this generation, not this node.
     remote_failure_ = coordinator_->deposed_view().why;
     lost_coordinator_ = true;
+    will_restart_ = false;
     return failure_ ? Outcome::kFailed : Outcome::kRemoteFailure;
   } catch (const Error& e) {
     remote_failure_ = fmt::format("lost contact with the coordinator: {}", e.what());
     lost_coordinator_ = !coordinator_->leader() || coordinator_->elects_leader();
+    will_restart_ = false;
     return failure_ ? Outcome::kFailed : Outcome::kRemoteFailure;
   }
   if (outcome == Outcome::kSignalled) return outcome;
