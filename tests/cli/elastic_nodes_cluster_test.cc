@@ -60,6 +60,25 @@ class ElasticNodesCluster : public testing::TwoNodeJob {
  protected:
   ElasticNodesCluster() : TwoNodeJob("elastic_nodes", kTraining) {}
 
+  // Both nodes of a job that trains on and on into run directory `run`,
+  // once both are in training, with checkpoints (step 2's written): their
+  // workers are in collectives. False, saying why, if they never got there.
+  bool start_training(Started& started, const std::string& run, int port, pid_t& node0,
+                      pid_t& node1) {
+    const std::vector<std::string> train = {"--set", "train.steps=100000"};
+    node1 = started.add(cluster_->start_on(1, launch(1, run, port, {}, train), log_of(run, 1)));
+    node0 = started.add(cluster_->start_on(0, launch(0, run, port, {}, train), log_of(run, 0)));
+    const fs::path second = dir_.path() / run / "checkpoints" / "step_00000002";
+    const auto deadline = std::chrono::steady_clock::now() + 120s;
+    while (!fs::exists(second) && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(10ms);
+    }
+    if (fs::exists(second)) return true;
+    ADD_FAILURE() << "no step 2 within 120 s:\n"
+                  << testing::read_all(log_of(run, 0)) << testing::read_all(log_of(run, 1));
+    return false;
+  }
+
   std::string reference_hash() { return TwoNodeJob::reference_hash(29531); }
 
   // A fault injected on rank 3 (node 1) after step 4: recovered on both
@@ -166,18 +185,10 @@ TEST_F(ElasticNodesCluster, AWorkerStoppedOnNodeOneRestartsBothNodesBitIdentical
 TEST_F(ElasticNodesCluster, ANodeCutOffTheNetworkIsNamedAndEndsTheJob) {
   SKIP_WITHOUT_FAKE_CLUSTER();
   up("brgec", "10.88.13");
-  const std::vector<std::string> train = {"--set", "train.steps=100000"};
   const fs::path log0 = log_of("cut", 0), log1 = log_of("cut", 1);
   Started started;  // the ASSERTs below return early
-  const pid_t node1 = started.add(cluster_->start_on(1, launch(1, "cut", 29533, {}, train), log1));
-  const pid_t node0 = started.add(cluster_->start_on(0, launch(0, "cut", 29533, {}, train), log0));
-  // Training, with checkpoints: both nodes' workers are in collectives.
-  const fs::path second = dir_.path() / "cut" / "checkpoints" / "step_00000002";
-  const auto deadline = std::chrono::steady_clock::now() + 120s;
-  while (!fs::exists(second) && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(10ms);
-  }
-  ASSERT_TRUE(fs::exists(second)) << testing::read_all(log0) << testing::read_all(log1);
+  pid_t node0 = 0, node1 = 0;
+  ASSERT_TRUE(start_training(started, "cut", 29533, node0, node1));
   ASSERT_EQ(cluster_->script({"cut", "1"}).status, 0);
   const auto cut_at = std::chrono::steady_clock::now();
   const ClusterResult r0 = started.finish(node0, log0, 60s);
@@ -212,17 +223,10 @@ TEST_F(ElasticNodesCluster, ANodeCutOffTheNetworkIsNamedAndEndsTheJob) {
 TEST_F(ElasticNodesCluster, ANodeCutOffBrieflyLeavesAndIsNamedLost) {
   SKIP_WITHOUT_FAKE_CLUSTER();
   up("brgeb", "10.88.14");
-  const std::vector<std::string> train = {"--set", "train.steps=100000"};
   const fs::path log0 = log_of("blip", 0), log1 = log_of("blip", 1);
   Started started;  // the ASSERTs below return early
-  const pid_t node1 = started.add(cluster_->start_on(1, launch(1, "blip", 29535, {}, train), log1));
-  const pid_t node0 = started.add(cluster_->start_on(0, launch(0, "blip", 29535, {}, train), log0));
-  const fs::path second = dir_.path() / "blip" / "checkpoints" / "step_00000002";
-  auto deadline = std::chrono::steady_clock::now() + 120s;
-  while (!fs::exists(second) && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(10ms);
-  }
-  ASSERT_TRUE(fs::exists(second)) << testing::read_all(log0) << testing::read_all(log1);
+  pid_t node0 = 0, node1 = 0;
+  ASSERT_TRUE(start_training(started, "blip", 29535, node0, node1));
   // Node 1's processes (launcher, agent's workers): fewer once its agent
   // gave up and killed its workers; then the cable goes back at once.
   auto processes_on_node_1 = [&] {
@@ -235,7 +239,7 @@ TEST_F(ElasticNodesCluster, ANodeCutOffBrieflyLeavesAndIsNamedLost) {
   ASSERT_GE(before, 3) << "a launcher and two workers";
   ASSERT_EQ(cluster_->script({"cut", "1"}).status, 0);
   const auto cut_at = std::chrono::steady_clock::now();
-  deadline = cut_at + 20s;
+  const auto deadline = cut_at + 20s;
   while (processes_on_node_1() >= before && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(20ms);
   }
