@@ -236,6 +236,7 @@ Agent::Outcome Agent::settle_generation(Outcome outcome) {
   // will_restart_, and no generation follows without the coordinator.
   if (lost_coordinator_) {
     will_restart_ = false;
+    if (outcome == Outcome::kSignalled) return outcome;  // exits 128 + the signal
     return failure_ ? Outcome::kFailed : Outcome::kRemoteFailure;
   }
   try {
