@@ -234,10 +234,16 @@ Agent::Outcome Agent::settle_generation(Outcome outcome) {
   // silent and goes on without it, or ends the job. Nor does it restart its
   // workers by itself: a failure of its own that came first had set
   // will_restart_, and no generation follows without the coordinator.
-  if (lost_coordinator_) {
+  auto leave = [this] {
     will_restart_ = false;
-    if (outcome == Outcome::kSignalled) return outcome;  // exits 128 + the signal
     return failure_ ? Outcome::kFailed : Outcome::kRemoteFailure;
+  };
+  if (lost_coordinator_) {
+    if (outcome == Outcome::kSignalled) {
+      will_restart_ = false;
+      return outcome;  // exits 128 + the signal
+    }
+    return leave();
   }
   try {
     coordinator_->report_stopped(outcome == Outcome::kSucceeded);
@@ -245,13 +251,11 @@ Agent::Outcome Agent::settle_generation(Outcome outcome) {
     // Another node leads now: it decides this generation, not this node.
     remote_failure_ = coordinator_->deposed_view().why;
     lost_coordinator_ = true;
-    will_restart_ = false;
-    return failure_ ? Outcome::kFailed : Outcome::kRemoteFailure;
+    return leave();
   } catch (const Error& e) {
     remote_failure_ = fmt::format("lost contact with the coordinator: {}", e.what());
     lost_coordinator_ = !coordinator_->leader() || coordinator_->elects_leader();
-    will_restart_ = false;
-    return failure_ ? Outcome::kFailed : Outcome::kRemoteFailure;
+    return leave();
   }
   if (outcome == Outcome::kSignalled) return outcome;
   const sigset_t watched = watched_signals();
