@@ -4,7 +4,7 @@
 // dnnl_sgemm, oneDNN's matmul primitive (created once per shape, as a
 // backend that caches primitives would), and BLIS.
 //
-//   gemm_backends [--threads N] [--model tiny|gpt2|all] [--backends a,b,...]
+//   gemm_backends [--threads N] [--model tiny|gpt2|all|tn-grid] [--backends a,b,...]
 //
 // Prints one line per shape and backend: GFLOP/s, best of several timed
 // batches of at least 50 ms each. BLIS is loaded with dlopen(RTLD_DEEPBIND)
@@ -173,6 +173,17 @@ int main(int argc, char** argv) {
   if (model == "gpt2" || model == "all") {
     auto s = shapes_for("gpt2", 768, 1024, 50257, 667);
     shapes.insert(shapes.end(), s.begin(), s.end());
+  }
+  // A^T B over a grid of outputs: where each backend's weight-gradient
+  // product is fast (gemm.cc's choice at the AVX2 level is read off it).
+  if (model == "tn-grid") {
+    for (const int64_t k : {256, 1024, 4096}) {
+      for (const int64_t m : {64, 128, 256, 512, 1024, 3072}) {
+        for (const int64_t n : {64, 128, 256, 512, 1024, 3072}) {
+          shapes.push_back({"grid", "A^T B", m, n, k, true, false});
+        }
+      }
+    }
   }
   std::map<std::string, Gemm> all;
   all["openblas"] = openblas;

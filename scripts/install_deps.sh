@@ -15,6 +15,7 @@ packages=(
   libxxhash-dev # checksums of checkpoint shards
   libjs-chart.js  # Chart.js, inlined into the page `brigade report` writes
   libcurl4-openssl-dev  # HTTP to etcd's v3 gateway (brigade launch --rdzv-backend etcd)
+  libopenblas0-openmp  # the weight gradients at the AVX2 level (kernels/cpu/gemm.h)
 )
 if [[ "${1:-}" == "--test" ]]; then
   packages+=(

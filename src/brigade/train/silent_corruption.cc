@@ -32,8 +32,9 @@ SilentCorruptionGuard::SilentCorruptionGuard(Trainer& trainer, Communicator* wor
   if (trainer.gradient_replay_supported()) {
     // Bit-identical recomputation needs the same reduction orders: the
     // same thread count and the same kernels on every rank: Brigade's own
-    // (BRIGADE_CPU_ISA) and oneDNN's GEMMs, which at the AVX-512 level pick
-    // their own code path by CPU generation.
+    // (BRIGADE_CPU_ISA) and the GEMMs': oneDNN picks its code path by CPU
+    // generation at the AVX-512 level, and at the AVX2 level the weight
+    // gradients run in OpenBLAS only where it is installed.
     constexpr size_t kFacts = 3;
     const int64_t mine[kFacts] = {num_threads(), static_cast<int64_t>(cpu::active_isa()),
                                   cpu::gemm_isa()};
