@@ -2,7 +2,7 @@
 """The planner against training runs on this machine, in one run.
 
   check_plan_local.py [--build build] [--steps 8] [--repeat 2]
-                      [--quick | --tiny-parallel | --pipeline | --tp]
+                      [--quick | --tiny-parallel | --pipeline | --tp | --zero]
 
 Measures the shm all-reduce once (`brigade bench calibrate`), then for each
 case, --repeat times: re-times the compute figures (`bench calibrate
@@ -43,6 +43,7 @@ CASES = [
     ("tiny, grad_accum 4", "examples/tiny.toml", 1, ["train.grad_accum=4"]),
     ("tiny, dp 2 ZeRO 0", "examples/tiny.toml", 2, ["parallel.zero=0"]),
     ("tiny, dp 2 ZeRO 1", "examples/tiny.toml", 2, ["parallel.zero=1"]),
+    ("tiny, dp 2 ZeRO 2", "examples/tiny.toml", 2, ["parallel.zero=2"]),
     ("tiny, dp 2 ZeRO 3", "examples/tiny.toml", 2, ["parallel.zero=3"]),
     ("tiny, tp 2", "examples/tiny.toml", 2, ["parallel.tp=2"]),
     ("tiny, pp 2 1F1B, 4 micro", "examples/tiny.toml", 2,
@@ -67,6 +68,9 @@ PIPELINE = {"tiny, 1 process", "tiny, pp 2 1F1B, 4 micro", "tiny, pp 2 GPipe, 4 
             "tiny, pp 2 interleaved v2, 4 micro", "tiny, pp 2 ZB-H1, 4 micro"}
 # --tp: tensor parallelism at both shapes, and their one-process baselines.
 TP = {"tiny, 1 process", "tiny, tp 2", "GPT-2 small, 1 process", "GPT-2 small, tp 2"}
+# --zero: tiny at dp 2 under each ZeRO stage, and its baseline.
+ZERO = {"tiny, 1 process", "tiny, dp 2 ZeRO 0", "tiny, dp 2 ZeRO 1", "tiny, dp 2 ZeRO 2",
+        "tiny, dp 2 ZeRO 3"}
 
 
 def run(argv):
@@ -120,11 +124,14 @@ def main():
                         help="tiny at pp 2 under each schedule, and its one-process case")
     subset.add_argument("--tp", action="store_true",
                         help="tp 2 on tiny and GPT-2 small, and their one-process cases")
+    subset.add_argument("--zero", action="store_true",
+                        help="tiny at dp 2 under each ZeRO stage, and its one-process case")
     args = parser.parse_args()
     brigade = os.path.join(args.build, "brigade")
 
     chosen = (QUICK if args.quick else TINY_PARALLEL if args.tiny_parallel
-              else PIPELINE if args.pipeline else TP if args.tp else None)
+              else PIPELINE if args.pipeline else TP if args.tp else ZERO if args.zero
+              else None)
     cases = [c for c in CASES if chosen is None or c[0] in chosen]
     with tempfile.TemporaryDirectory(prefix="brigade_plan_local_") as tmp:
         full = os.path.join(tmp, "calibration.json")

@@ -17,7 +17,7 @@
 
 #include "brigade/comm/shm_communicator.h"
 #include "brigade/core/aligned_buffer.h"
-#include "brigade/parallel/release_pages.h"
+#include "brigade/core/pages.h"
 #include "testing/forked_ranks.h"
 #include "testing/shm_ranks.h"
 
@@ -165,6 +165,73 @@ TEST_P(GradSyncTest, ReleaseReturnsTheUnownedPages) {
       }
     });
   }
+}
+
+// Backward writes the buckets in reduction order; under release each one's
+// unowned pages come back in one call just before (when the step is armed
+// for bucket 0, when its predecessor is launched for the others), not page
+// by page under the kernels, and not earlier: the rest stay released.
+TEST_P(GradSyncTest, TheNextBucketsPagesComeBackJustBeforeBackwardWritesThem) {
+  const BucketPlan plan(kElements, kRanks, kBucket);
+  run_ranks(GetParam(), plan, [&](Communicator& comm, float* grads) {
+    const int rank = comm.rank();
+    GradSync sync(comm, plan, grads, GradSync::Mode::kReduceScatterAndRelease, GetParam());
+    auto unowned_resident = [&](size_t index) {
+      const FlatRange bucket = plan.buckets()[index];
+      const FlatRange mine = plan.slice(static_cast<int64_t>(index), rank);
+      // Whole pages only: the edges' partial pages never leave.
+      auto whole = [&](int64_t begin, int64_t end) -> int64_t {
+        const auto first = (reinterpret_cast<uintptr_t>(grads + begin) + kPage - 1) / kPage * kPage;
+        const auto last = reinterpret_cast<uintptr_t>(grads + end) / kPage * kPage;
+        return last > first ? resident_bytes(reinterpret_cast<const void*>(first),
+                                             reinterpret_cast<const void*>(last))
+                            : 0;
+      };
+      return whole(bucket.begin, mine.begin) + whole(mine.end, bucket.end);
+    };
+    auto unowned_bytes = [&](size_t index) {
+      return (plan.buckets()[index].size() - plan.slice(static_cast<int64_t>(index), rank).size()) *
+             4;
+    };
+    // A first step leaves only the owned slices.
+    sync.arm();
+    write_gradients(grads, rank, 0, kElements);
+    sync.on_ready(0);
+    sync.finish();
+    for (size_t i = 0; i < 3; ++i) {
+      require(unowned_resident(i) == 0, "bucket {}: {} unowned bytes resident after the step", i,
+              unowned_resident(i));
+    }
+    const int64_t slack = 2 * kPage;
+    sync.arm();
+    require(unowned_resident(0) >= unowned_bytes(0) - slack,
+            "armed: bucket 0 has {} of its {} unowned bytes back", unowned_resident(0),
+            unowned_bytes(0));
+    require(unowned_resident(1) == 0 && unowned_resident(2) == 0,
+            "armed: buckets 1 and 2 came back early ({} and {} bytes)", unowned_resident(1),
+            unowned_resident(2));
+    const FlatRange first = plan.buckets()[0];
+    write_gradients(grads, rank, first.begin, first.end);
+    sync.on_ready(first.begin);
+    require(unowned_resident(1) >= unowned_bytes(1) - slack,
+            "bucket 0 launched: bucket 1 has {} of its {} unowned bytes back", unowned_resident(1),
+            unowned_bytes(1));
+    require(unowned_resident(2) == 0, "bucket 0 launched: bucket 2 came back early ({} bytes)",
+            unowned_resident(2));
+    write_gradients(grads, rank, 0, first.begin);
+    sync.on_ready(0);
+    sync.finish();
+    for (int64_t i = 0; i < kElements; ++i) {
+      const bool owned = [&] {
+        for (const FlatRange& s : plan.owned(rank)) {
+          if (i >= s.begin && i < s.end) return true;
+        }
+        return false;
+      }();
+      require(grads[i] == (owned ? summed(i) : 0.0f), "element {} is {} after the second step", i,
+              grads[i]);
+    }
+  });
 }
 
 INSTANTIATE_TEST_SUITE_P(Buffer, GradSyncTest, ::testing::Values(true, false),

@@ -20,7 +20,7 @@
 
 #include "brigade/comm/shm_communicator.h"
 #include "brigade/core/aligned_buffer.h"
-#include "brigade/parallel/release_pages.h"
+#include "brigade/core/pages.h"
 #include "testing/forked_ranks.h"
 #include "testing/shm_ranks.h"
 

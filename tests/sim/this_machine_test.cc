@@ -79,6 +79,41 @@ TEST(ThisMachine, TwoWorkersShareTheChip) {
   EXPECT_DOUBLE_EQ(h.kernel_overhead_s, 2e-6);        // the one-thread measurement
 }
 
+// ZeRO 2 releases the unowned gradient shards after each step's
+// reduce-scatter: the owner pays to write them again (refault), and inside
+// a node the peer that reduces them reads them in place, mapping each page
+// again (peer refault). A calibration from before the second was measured
+// leaves it out; ZeRO 1 releases nothing and pays neither.
+TEST(ThisMachine, ReleasedGradientsCostTheOwnersRefaultAndThePeersReads) {
+  nlohmann::json with_peer = calibration();
+  with_peer["compute"][0]["peer_refault_bytes_per_s"] = 4e9;
+  const Hardware peer = this_machine_hardware(with_peer, 2);
+  const Hardware old = this_machine_hardware(calibration(), 2);
+  EXPECT_DOUBLE_EQ(peer.peer_refault_bytes_per_s, 4e9);  // one writer per core
+  EXPECT_DOUBLE_EQ(old.peer_refault_bytes_per_s, 0.0);
+  Workload job;
+  job.model.n_layer = 2;
+  job.model.n_embd = 256;
+  job.model.n_head = 4;
+  job.model.vocab_size = 256;
+  job.model.block_size = 64;
+  job.seq_len = 64;
+  job.global_batch = 8;
+  job.features = brigade_cpu_features();
+  Layout l;
+  l.dp = 2;
+  l.micro = 4;
+  l.zero = 2;
+  const double unowned =
+      0.5 * job.features.grad_bytes * stage_params_per_gpu(job.model, job.seq_len, l, true, true);
+  const Estimate with = estimate(job, l, peer), without = estimate(job, l, old);
+  ASSERT_TRUE(with.valid && without.valid) << with.invalid << without.invalid;
+  EXPECT_NEAR(with.dp_comm_s - without.dp_comm_s, unowned / 4e9, 1e-12);
+  EXPECT_NEAR(with.time.dp_exposed_s - without.time.dp_exposed_s, unowned / 4e9, 1e-12);
+  l.zero = 1;
+  EXPECT_DOUBLE_EQ(estimate(job, l, peer).dp_comm_s, estimate(job, l, old).dp_comm_s);
+}
+
 TEST(ThisMachine, AllReduceBandwidthFromTheLargestLatencyFromTheFastestSmall) {
   const Hardware h = this_machine_hardware(calibration(), 2);
   EXPECT_DOUBLE_EQ(h.intra_bytes_per_s, 16777216.0 / 8e-3);

@@ -23,7 +23,7 @@
 
 #include "brigade/comm/shm_communicator.h"
 #include "brigade/core/config.h"
-#include "brigade/parallel/release_pages.h"
+#include "brigade/core/pages.h"
 #include "brigade/train/trainer.h"
 #include "testing/forked_ranks.h"
 #include "testing/temp_dir.h"

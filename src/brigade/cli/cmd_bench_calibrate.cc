@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -29,6 +30,7 @@
 #include "brigade/core/clock.h"
 #include "brigade/core/error.h"
 #include "brigade/core/files.h"
+#include "brigade/core/pages.h"
 #include "brigade/core/signals.h"
 #include "brigade/core/threads.h"
 #include "brigade/kernels/cpu/attention.h"
@@ -37,7 +39,6 @@
 #include "brigade/kernels/cpu/gemm.h"
 #include "brigade/kernels/cpu/isa.h"
 #include "brigade/kernels/cpu/vector_ops.h"
-#include "brigade/parallel/release_pages.h"
 #include "brigade/sim/this_machine.h"
 
 namespace brigade::cli {
@@ -132,25 +133,64 @@ double adamw_params_per_s() {
   return static_cast<double>(n) / s;
 }
 
-// Bytes per second at which memory handed back to the system (ZeRO 2 and
-// 3 release the shards a rank does not own, see parallel/release_pages.h)
-// comes back when written again: the page faults and the zeroing, over and
-// above the write itself. Measured on a shared mapping, like training's
-// flat buffers in the shm segment.
-double refault_bytes_per_s() {
+// Released pages coming back, the two costs ZeRO 2 and 3 pay for releasing
+// the shards a rank does not own (core/pages.h), over and above the copies.
+struct Refault {
+  // The owner writing them again: the release, taking the pages back in one
+  // call (as the gathers and the gradient buckets do) and the zeroing.
+  double bytes_per_s = 0;
+  // A peer reading them in place afterwards: the release unmapped them from
+  // every process, so the peer's reads fault each page into its own view
+  // (the reduce-scatter reads the peers' gradient shards where they lie).
+  double peer_bytes_per_s = 0;
+};
+
+// Measured on a shared mapping, like training's flat buffers in the shm
+// segment, mapped twice: the second view is the peer's.
+Refault measure_refault() {
   const size_t bytes = size_t{64} << 20;
-  void* map = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  if (map == MAP_FAILED) throw_error("calibration: cannot map 64 MiB of shared memory");
-  float* begin = static_cast<float*>(map);
+  const int fd = ::memfd_create("brigade-calibrate", 0);
+  if (fd < 0 || ::ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+    if (fd >= 0) ::close(fd);
+    throw_error("calibration: cannot create 64 MiB of shared memory: {}", std::strerror(errno));
+  }
+  void* own = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  void* peer = ::mmap(nullptr, bytes, PROT_READ, MAP_SHARED, fd, 0);
+  ::close(fd);
+  if (own == MAP_FAILED || peer == MAP_FAILED) {
+    if (own != MAP_FAILED) ::munmap(own, bytes);
+    if (peer != MAP_FAILED) ::munmap(peer, bytes);
+    throw_error("calibration: cannot map 64 MiB of shared memory twice");
+  }
+  float* begin = static_cast<float*>(own);
   float* end = begin + bytes / sizeof(float);
-  std::memset(map, 1, bytes);
-  const double write_s = best_seconds([&] { std::memset(map, 1, bytes); });
+  const auto* seen = static_cast<const float*>(peer);
+  volatile float sink = 0;
+  auto read_peer = [&] {
+    float sum = 0;
+    for (size_t i = 0; i < bytes / sizeof(float); i += 16) sum += seen[i];
+    sink = sum;
+  };
+  std::memset(own, 1, bytes);
+  read_peer();
+  const double write_s = best_seconds([&] { std::memset(own, 1, bytes); });
   const double refault_s = best_seconds([&] {
     release_as_zeros(begin, end, /*shared=*/true);
-    std::memset(map, 1, bytes);
+    populate_for_write(begin, end);
+    std::memset(own, 1, bytes);
   });
-  ::munmap(map, bytes);
-  return static_cast<double>(bytes) / std::max(refault_s - write_s, 1e-9);
+  const double read_s = best_seconds(read_peer);
+  const double both_s = best_seconds([&] {
+    release_as_zeros(begin, end, /*shared=*/true);
+    populate_for_write(begin, end);
+    std::memset(own, 1, bytes);
+    read_peer();
+  });
+  (void)sink;
+  ::munmap(own, bytes);
+  ::munmap(peer, bytes);
+  const double b = static_cast<double>(bytes);
+  return {b / std::max(refault_s - write_s, 1e-9), b / std::max(both_s - refault_s - read_s, 1e-9)};
 }
 
 // The last-level cache, from sysfs (0 if the kernel does not say).
@@ -207,6 +247,7 @@ nlohmann::json measure_threads(int threads) {
   // The peak MFU is against (as `brigade train` takes it): the planner's
   // MFU then means what the runs' does.
   const cpu::MachinePeak peak = cpu::machine_peak(threads, best_gemm_gflops);
+  const Refault refault = measure_refault();
   return {{"threads", threads},
           {"peak_gflops", peak.gflops},
           {"peak_source", peak.source},
@@ -222,7 +263,8 @@ nlohmann::json measure_threads(int threads) {
           {"cache_stream_bytes_per_s", stream_bytes_per_s(int64_t{8} << 20)},
           {"stream_bytes_per_s", stream_bytes_per_s(int64_t{768} << 20)},
           {"adamw_params_per_s", adamw_params_per_s()},
-          {"refault_bytes_per_s", refault_bytes_per_s()},
+          {"refault_bytes_per_s", refault.bytes_per_s},
+          {"peer_refault_bytes_per_s", refault.peer_bytes_per_s},
           {"attention_gflops", attention_gflops()},
           {"kernel_overhead_s", kernel_overhead_s()}};
 }

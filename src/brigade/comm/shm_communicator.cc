@@ -23,6 +23,7 @@
 #include "brigade/comm/shm_op_shape.h"
 #include "brigade/comm/shm_primitives.h"
 #include "brigade/core/clock.h"
+#include "brigade/core/pages.h"
 
 namespace brigade {
 namespace {
@@ -646,6 +647,7 @@ void ShmCommunicator::Impl::all_gather(const std::byte* input, std::byte* output
                                        DType dtype) {
   begin({Collective::kAllGather, Protocol::kStaged, dtype, ReduceOp::kSum, 0, count});
   const int64_t elem = dtype_bytes(dtype);
+  populate_for_write(output, output + size * count * elem);
   const int64_t chunk = half_bytes / elem;
   for (int64_t offset = 0; offset < count; offset += chunk) {
     const int64_t n = std::min(chunk, count - offset);
@@ -733,6 +735,9 @@ void ShmCommunicator::Impl::all_gather_in_place(const std::byte* input, std::byt
                                                 int64_t count, DType dtype) {
   begin({Collective::kAllGather, Protocol::kInPlace, dtype, ReduceOp::kSum, 0, count});
   const int64_t elem = dtype_bytes(dtype);
+  // ZeRO 3 gathers into pages it released after their last use: take them
+  // back at once, before the peers are waited for.
+  populate_for_write(output, output + size * count * elem);
   const std::vector<const std::byte*> operands = exchange_operands(input, "operands ready");
   for (int p = 0; p < size; ++p) {
     if (output + p * count * elem != operands[p]) {

@@ -3,7 +3,7 @@
 #include "brigade/comm/communicator.h"
 #include "brigade/core/clock.h"
 #include "brigade/core/error.h"
-#include "brigade/parallel/release_pages.h"
+#include "brigade/core/pages.h"
 
 namespace brigade {
 
@@ -36,6 +36,15 @@ void GradSync::arm() {
   next_ = 0;
   armed_ns_ = now_ns();
   backward_end_ms_ = -1.0;
+  populate_next();
+}
+
+void GradSync::populate_next() {
+  if (mode_ != Mode::kReduceScatterAndRelease || next_ >= plan_.buckets().size()) return;
+  const FlatRange bucket = plan_.buckets()[next_];
+  const FlatRange mine = plan_.slice(static_cast<int64_t>(next_), comm_.rank());
+  populate_for_write(grads_ + bucket.begin, grads_ + mine.begin);
+  populate_for_write(grads_ + mine.end, grads_ + bucket.end);
 }
 
 void GradSync::stamp_backward_end() {
@@ -62,8 +71,10 @@ void GradSync::on_ready(int64_t ready_from) {
   // Stamped before launching: what the last call launches did not overlap.
   if (ready_from == 0) stamp_backward_end();
   const auto& buckets = plan_.buckets();
+  const size_t before = next_;
   while (next_ < buckets.size() && buckets[next_].begin >= ready_from) launch(next_++);
   if (mode_ == Mode::kReduceScatterAndRelease) release_finished(false);
+  if (next_ != before) populate_next();
 }
 
 void GradSync::release_finished(bool wait) {

@@ -17,7 +17,11 @@
 // pages of the bucket outside this rank's slice go back to the operating
 // system (madvise; MADV_REMOVE for shared memory) and read as zeros after,
 // so the rank keeps only its slices between steps, and the next backward
-// starts from zeros there without touching them.
+// starts from zeros there without touching them. Backward writes the
+// buckets in reduction order, so the next one's released pages are taken
+// back in one call (populate_for_write) when its predecessor is launched
+// (bucket 0's when armed) rather than faulted in one by one by the kernels:
+// one bucket ahead, within the peak the release keeps.
 #pragma once
 
 #include <cstdint>
@@ -73,6 +77,9 @@ class GradSync {
   void launch(size_t index);
   // Records backward_end_ms() once per step.
   void stamp_backward_end();
+  // Takes back the released pages of bucket next_ (ZeRO 2), which backward
+  // writes next.
+  void populate_next();
   // Releases the finished buckets' unowned parts (ZeRO 2).
   void release_finished(bool wait);
 

@@ -5,7 +5,7 @@
 #include "brigade/comm/communicator.h"
 #include "brigade/core/clock.h"
 #include "brigade/core/error.h"
-#include "brigade/parallel/release_pages.h"
+#include "brigade/core/pages.h"
 
 namespace brigade {
 

@@ -455,13 +455,18 @@ Estimate estimate(const Workload& job, const Layout& l, const Hardware& hw) {
     // Pages a rank gives back and writes again every step (Brigade's CPU
     // engine): ZeRO 2/3 release the unowned gradient shards after the
     // reduce-scatter; ZeRO 3 also releases each gathered block after its
-    // forward and again after its backward.
+    // forward and again after its backward. Inside a node the next
+    // reduce-scatter reads the released gradient shards in place, each page
+    // mapped again into the peer that owns it.
     double refault_s = 0;
     if (hw.refault_bytes_per_s > 0 && l.zero >= 2) {
       const double unowned = (d - 1.0) / d;
       double released = grads * unowned;
       if (l.zero == 3) released += 2.0 * mb * weights * unowned;
       refault_s = released / hw.refault_bytes_per_s;
+      if (inside_node && hw.peer_refault_bytes_per_s > 0) {
+        refault_s += grads * unowned / hw.peer_refault_bytes_per_s;
+      }
     }
     switch (l.zero) {
       case 0:

@@ -53,6 +53,11 @@ struct Hardware {
   // 0: releasing is free (GPU allocators keep the memory). this-machine:
   // each worker's rate, every worker faulting at once (this_machine.cc).
   double refault_bytes_per_s = 0;
+  // Bytes per second at which a peer's view of such pages comes back when it
+  // reads them in place (the shm reduce-scatter reads the peers' gradient
+  // shards where they lie, and the owner's release unmapped them from every
+  // process); 0: free, or no such reads.
+  double peer_refault_bytes_per_s = 0;
   // GEMM efficiency by size: (FLOPs per call, fraction of the best rate),
   // ascending, interpolated in log(FLOPs) and multiplied into
   // gemm_efficiency. Empty: no size dependence beyond the roofline (GPUs).

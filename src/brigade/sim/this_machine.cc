@@ -232,6 +232,11 @@ Hardware this_machine_hardware(const nlohmann::json& calibration, int64_t device
   // them as the compute does.
   h.refault_bytes_per_s =
       positive(c, "refault_bytes_per_s", "compute") * core_per_worker(cores, machine_devices);
+  // Calibrations before it was measured (2026-12-04) leave the term out.
+  if (c.contains("peer_refault_bytes_per_s")) {
+    h.peer_refault_bytes_per_s = positive(c, "peer_refault_bytes_per_s", "compute") *
+                                 core_per_worker(cores, machine_devices);
+  }
   h.optimizer_params_per_s = std::min(positive(c, "adamw_params_per_s", "compute") * scale,
                                       positive(all, "adamw_params_per_s", "compute") * share);
   h.memory_efficiency = 1.0;

@@ -1,4 +1,4 @@
-#include "brigade/parallel/release_pages.h"
+#include "brigade/core/pages.h"
 
 #include <sys/mman.h>
 #include <unistd.h>
@@ -30,6 +30,21 @@ void release_as_zeros(float* begin, float* end, bool shared) {
                 shared ? MADV_REMOVE : MADV_DONTNEED) != 0) {
     std::memset(reinterpret_cast<void*>(page_begin), 0, page_end - page_begin);
   }
+}
+
+void populate_for_write(void* begin, void* end) {
+#ifdef MADV_POPULATE_WRITE
+  constexpr uintptr_t kPage = 4096;
+  const uintptr_t first = (reinterpret_cast<uintptr_t>(begin) + kPage - 1) / kPage * kPage;
+  const uintptr_t last = reinterpret_cast<uintptr_t>(end) / kPage * kPage;
+  if (first < last) {
+    // EINVAL on kernels before 5.14: the copy's faults do the same work.
+    (void)::madvise(reinterpret_cast<void*>(first), last - first, MADV_POPULATE_WRITE);
+  }
+#else
+  (void)begin;
+  (void)end;
+#endif
 }
 
 int64_t resident_bytes(const void* begin, const void* end) {
