@@ -35,21 +35,11 @@ class Mapping {
   void* data_;
 };
 
-// Whether this kernel has MADV_POPULATE_WRITE (5.14 on); before it the
-// helper leaves the pages to be faulted in, which is only slower.
-bool kernel_populates() {
-#ifdef MADV_POPULATE_WRITE
-  Mapping probe(false);
-  return ::madvise(probe.floats(), kPage, MADV_POPULATE_WRITE) == 0;
-#else
-  return false;
-#endif
-}
-
 class PagesTest : public ::testing::TestWithParam<bool> {};
 
 TEST_P(PagesTest, ReleasedPagesReadAsZerosAndComeBackWholeInOneCall) {
-  if (!kernel_populates()) GTEST_SKIP() << "this kernel has no MADV_POPULATE_WRITE (Linux 5.14)";
+  if (!populates_in_one_call())
+    GTEST_SKIP() << "this kernel has no MADV_POPULATE_WRITE (Linux 5.14)";
   Mapping m(GetParam());
   ASSERT_EQ(m.resident(), kPages * kPage);
   // A range with partial pages at both ends, as a shard's edges are.

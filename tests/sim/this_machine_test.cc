@@ -110,6 +110,11 @@ TEST(ThisMachine, ReleasedGradientsCostTheOwnersRefaultAndThePeersReads) {
   ASSERT_TRUE(with.valid && without.valid) << with.invalid << without.invalid;
   EXPECT_NEAR(with.dp_comm_s - without.dp_comm_s, unowned / 4e9, 1e-12);
   EXPECT_NEAR(with.time.dp_exposed_s - without.time.dp_exposed_s, unowned / 4e9, 1e-12);
+  // ZeRO 3 releases the same gradient shards (and its weights, which no
+  // peer reads in place).
+  l.zero = 3;
+  EXPECT_NEAR(estimate(job, l, peer).dp_comm_s - estimate(job, l, old).dp_comm_s, unowned / 4e9,
+              1e-12);
   l.zero = 1;
   EXPECT_DOUBLE_EQ(estimate(job, l, peer).dp_comm_s, estimate(job, l, old).dp_comm_s);
 }

@@ -47,6 +47,22 @@ void populate_for_write(void* begin, void* end) {
 #endif
 }
 
+bool populates_in_one_call() {
+#ifdef MADV_POPULATE_WRITE
+  static const bool populates = [] {
+    const auto page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+    void* probe = ::mmap(nullptr, page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (probe == MAP_FAILED) return false;
+    const bool ok = ::madvise(probe, page, MADV_POPULATE_WRITE) == 0;
+    ::munmap(probe, page);
+    return ok;
+  }();
+  return populates;
+#else
+  return false;
+#endif
+}
+
 int64_t resident_bytes(const void* begin, const void* end) {
   if (begin >= end) return 0;
   const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));

@@ -25,6 +25,9 @@ void release_as_zeros(float* begin, float* end, bool shared);
 // writes fault the pages in as before.
 void populate_for_write(void* begin, void* end);
 
+// Whether populate_for_write takes pages back on this kernel (probed once).
+bool populates_in_one_call();
+
 // Bytes of the pages overlapping [begin, end) that are in memory now
 // (mincore; for shared memory, whether the page is in the segment). What a
 // buffer really costs, which release_as_zeros lowers: the check that ZeRO's

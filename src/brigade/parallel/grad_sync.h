@@ -21,7 +21,9 @@
 // buckets in reduction order, so the next one's released pages are taken
 // back in one call (populate_for_write) when its predecessor is launched
 // (bucket 0's when armed) rather than faulted in one by one by the kernels:
-// one bucket ahead, within the peak the release keeps.
+// one bucket ahead, within the peak the release keeps. Only the last
+// micro-batch's backward is armed: with grad_accum > 1 (and in a pipeline's
+// micro-batches) the first backward of the step has faulted them in already.
 #pragma once
 
 #include <cstdint>

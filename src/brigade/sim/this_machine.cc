@@ -321,6 +321,11 @@ std::string describe_calibration(const nlohmann::json& calibration) {
         c.at("adamw_params_per_s").get<double>() * 1e-6,
         c.at("refault_bytes_per_s").get<double>() * 1e-9, c.at("attention_gflops").get<double>(),
         c.at("kernel_overhead_s").get<double>() * 1e6);
+    if (c.contains("peer_refault_bytes_per_s")) {
+      out += fmt::format("{} thread(s): a peer's view of released pages back at {:.1f} GB/s\n",
+                         c.at("threads").get<int>(),
+                         c.at("peer_refault_bytes_per_s").get<double>() * 1e-9);
+    }
   }
   for (const auto& [key, what] : {std::pair<const char*, const char*>{"all_reduce", "shm"},
                                   std::pair<const char*, const char*>{"gloo_all_reduce", "Gloo"}}) {
