@@ -511,6 +511,20 @@ TEST(WorkerGroup, StartsRanksWithTheirVariablesAndTheInheritedDescriptorOnly) {
   }
 }
 
+// The workers' GLIBC_TUNABLES: the malloc cache off, added to what the user
+// set, and the user's own cache size kept.
+TEST(WorkerGroup, WorkersRunWithoutGlibcsMallocCacheUnlessTheUserSizedIt) {
+  EXPECT_EQ(worker_glibc_tunables(""), "glibc.malloc.tcache_count=0");
+  EXPECT_EQ(worker_glibc_tunables("glibc.malloc.arena_max=2"),
+            "glibc.malloc.arena_max=2:glibc.malloc.tcache_count=0");
+  EXPECT_EQ(worker_glibc_tunables("glibc.malloc.tcache_count=3"), "glibc.malloc.tcache_count=3");
+  EXPECT_EQ(worker_glibc_tunables("glibc.malloc.arena_max=2:glibc.malloc.tcache_count=3"),
+            "glibc.malloc.arena_max=2:glibc.malloc.tcache_count=3");
+  // A name that merely ends the same way is not the cache's size.
+  EXPECT_EQ(worker_glibc_tunables("x.glibc.malloc.tcache_count=3"),
+            "x.glibc.malloc.tcache_count=3:glibc.malloc.tcache_count=0");
+}
+
 // A rejoin takes a number (its generation) and keeps no evidence: the next
 // launch's first incident must not be given that number again.
 TEST(IncidentEvidence, ANumberTakenWithoutADirectoryIsNotGivenAgain) {

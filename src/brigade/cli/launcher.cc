@@ -293,6 +293,12 @@ void set_interface(const LaunchOptions& o, Environment& worker_env) {
   if (!o.iface.empty()) worker_env.set("GLOO_SOCKET_IFNAME", o.iface);
 }
 
+// glibc's malloc cache off in the workers (elastic::worker_glibc_tunables says why).
+void set_malloc_tunables(Environment& worker_env) {
+  const std::string* user = worker_env.get("GLIBC_TUNABLES");
+  worker_env.set("GLIBC_TUNABLES", elastic::worker_glibc_tunables(user ? *user : ""));
+}
+
 [[noreturn]] void exec_slurm_task(const LaunchOptions& o) {
   check_interface(o);
   const int rank = env_int("SLURM_PROCID");
@@ -355,6 +361,7 @@ void set_interface(const LaunchOptions& o, Environment& worker_env) {
   worker_env.set("BRIGADE_STORE_TOKEN", token);
   worker_env.set("BRIGADE_STORE_OWNER", "rank0");
   set_interface(o, worker_env);
+  set_malloc_tunables(worker_env);
   // Slurm may already have bound this task to its own CPUs; then its
   // affinity mask is its share and is not divided again.
   const int threads = env("SLURM_CPUS_PER_TASK") ? env_int("SLURM_CPUS_PER_TASK")
@@ -561,6 +568,7 @@ int run_launch(const LaunchOptions& o) {
   worker_env.set("BRIGADE_STORE_TOKEN", token);
   worker_env.set("BRIGADE_STORE_OWNER", "launcher");
   set_interface(o, worker_env);
+  set_malloc_tunables(worker_env);
   // More threads than cores, summed over the node's workers, costs more in
   // contention than it gains.
   worker_env.set_default("OMP_NUM_THREADS",

@@ -75,6 +75,14 @@ void Environment::materialize(std::vector<std::string>* entries, std::vector<cha
   envp->push_back(nullptr);
 }
 
+std::string worker_glibc_tunables(const std::string& user) {
+  // GLIBC_TUNABLES is a colon-separated list of name=value.
+  if (fmt::format(":{}", user).find(":glibc.malloc.tcache_count=") != std::string::npos) {
+    return user;
+  }
+  return fmt::format("{}{}glibc.malloc.tcache_count=0", user, user.empty() ? "" : ":");
+}
+
 std::vector<char*> argv_pointers(std::vector<std::string>& argv) {
   std::vector<char*> pointers;
   for (std::string& a : argv) pointers.push_back(a.data());

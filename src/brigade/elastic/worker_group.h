@@ -37,6 +37,11 @@ class Environment {
     vars_.emplace(name, value);
   }
   void unset(const std::string& name) { vars_.erase(name); }
+  // The variable's value, or nullptr if it is not set.
+  const std::string* get(const std::string& name) const {
+    const auto it = vars_.find(name);
+    return it == vars_.end() ? nullptr : &it->second;
+  }
   // NAME=VALUE strings and the null-terminated pointer array execve wants;
   // `envp` points into `entries`.
   void materialize(std::vector<std::string>* entries, std::vector<char*>* envp) const;
@@ -44,6 +49,17 @@ class Environment {
  private:
   std::map<std::string, std::string> vars_;
 };
+
+// GLIBC_TUNABLES for a worker: the user's (`user`, empty if unset) with
+// glibc's per-thread malloc cache (tcache) turned off, unless the user set
+// its size. Under glibc 2.36 (Debian 12) a pipeline stage's heap grew ~9 MB
+// a step with the cache on (tiny, pp 2: 142 -> 441 MB in 33 steps, 10 MB of
+// it in use), every new page a fault; off, it stays flat. The likely cause:
+// oneDNN's page-aligned scratch on every GEMM (posix_memalign), whose cut-off
+// pieces sit in the cache marked in use and pin the heap, the cache kept
+// draining by send/recv records that another thread frees
+// (docs/ARCHITECTURE.md, "Threads").
+std::string worker_glibc_tunables(const std::string& user);
 
 // argv's strings as the null-terminated array execve wants.
 std::vector<char*> argv_pointers(std::vector<std::string>& argv);
