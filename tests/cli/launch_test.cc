@@ -219,6 +219,20 @@ TEST_F(LaunchTest, ThreadsAreSplitAmongWorkersUnlessTheUserChose) {
   EXPECT_EQ(sorted_lines(r.out), (std::vector<std::string>{"7", "7"}));
 }
 
+// Brigade's own workers run with glibc's malloc cache off (PipelineMemory,
+// WorkerGroup tests); any other program launched gets the environment as
+// the user set it.
+TEST_F(LaunchTest, AnotherProgramKeepsTheUsersMallocSettings) {
+  const std::vector<std::string> args = {"launch", "--nproc-per-node",          "1", "--", "sh",
+                                         "-c",     "echo \"[$GLIBC_TUNABLES]\""};
+  RunResult r = run(args);
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(r.out, "[]\n");
+  r = run(args, {{"GLIBC_TUNABLES", "glibc.malloc.arena_max=2"}});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(r.out, "[glibc.malloc.arena_max=2]\n");
+}
+
 TEST_F(LaunchTest, BrigadeVerbRunsWithThisBinary) {
   const RunResult r = run({"launch", "--nproc-per-node", "1", "--", "tokenizer", "--help"});
   ASSERT_EQ(r.status, 0) << r.err;

@@ -520,6 +520,8 @@ TEST(WorkerGroup, WorkersRunWithoutGlibcsMallocCacheUnlessTheUserSizedIt) {
   EXPECT_EQ(worker_glibc_tunables("glibc.malloc.tcache_count=3"), "glibc.malloc.tcache_count=3");
   EXPECT_EQ(worker_glibc_tunables("glibc.malloc.arena_max=2:glibc.malloc.tcache_count=3"),
             "glibc.malloc.arena_max=2:glibc.malloc.tcache_count=3");
+  EXPECT_EQ(worker_glibc_tunables("glibc.malloc.arena_max=2:"),
+            "glibc.malloc.arena_max=2::glibc.malloc.tcache_count=0");  // glibc skips the empty one
   // A name that merely ends the same way is not the cache's size.
   EXPECT_EQ(worker_glibc_tunables("x.glibc.malloc.tcache_count=3"),
             "x.glibc.malloc.tcache_count=3:glibc.malloc.tcache_count=0");

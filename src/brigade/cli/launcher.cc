@@ -20,7 +20,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <optional>
+#include <system_error>
 #include <utility>
 
 #include "brigade/cli/launch_nodes.h"
@@ -293,8 +295,12 @@ void set_interface(const LaunchOptions& o, Environment& worker_env) {
   if (!o.iface.empty()) worker_env.set("GLOO_SOCKET_IFNAME", o.iface);
 }
 
-// glibc's malloc cache off in the workers (elastic::worker_glibc_tunables says why).
-void set_malloc_tunables(Environment& worker_env) {
+// glibc's malloc cache off in Brigade's own workers (elastic::worker_glibc_tunables
+// says why); another program launched (`brigade launch -- python ...`) keeps
+// the environment it was given.
+void set_malloc_tunables(const Program& program, Environment& worker_env) {
+  std::error_code error;
+  if (!std::filesystem::equivalent(program.path, "/proc/self/exe", error)) return;
   const std::string* user = worker_env.get("GLIBC_TUNABLES");
   worker_env.set("GLIBC_TUNABLES", elastic::worker_glibc_tunables(user ? *user : ""));
 }
@@ -361,7 +367,7 @@ void set_malloc_tunables(Environment& worker_env) {
   worker_env.set("BRIGADE_STORE_TOKEN", token);
   worker_env.set("BRIGADE_STORE_OWNER", "rank0");
   set_interface(o, worker_env);
-  set_malloc_tunables(worker_env);
+  set_malloc_tunables(program, worker_env);
   // Slurm may already have bound this task to its own CPUs; then its
   // affinity mask is its share and is not divided again.
   const int threads = env("SLURM_CPUS_PER_TASK") ? env_int("SLURM_CPUS_PER_TASK")
@@ -568,7 +574,7 @@ int run_launch(const LaunchOptions& o) {
   worker_env.set("BRIGADE_STORE_TOKEN", token);
   worker_env.set("BRIGADE_STORE_OWNER", "launcher");
   set_interface(o, worker_env);
-  set_malloc_tunables(worker_env);
+  set_malloc_tunables(program, worker_env);
   // More threads than cores, summed over the node's workers, costs more in
   // contention than it gains.
   worker_env.set_default("OMP_NUM_THREADS",
