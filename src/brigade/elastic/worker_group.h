@@ -55,11 +55,10 @@ class Environment {
 // its size. Under glibc 2.36 (Debian 12) a pipeline stage's heap grew ~9 MB
 // a step with the cache on (tiny, pp 2: peak RSS 142 -> 441 MB in 33 steps;
 // malloc_stats later: 450 MB held, 10 MB in use), every new page a fault;
-// off, it stays flat. The likely cause:
-// oneDNN's page-aligned scratch on every GEMM (posix_memalign), whose cut-off
-// pieces sit in the cache marked in use and pin the heap, the cache kept
-// draining by send/recv records that another thread frees
-// (docs/ARCHITECTURE.md, "Threads").
+// off, it stays flat. The likely cause: oneDNN's page-aligned scratch on
+// every GEMM (posix_memalign), whose cut-off pieces sit in the cache marked
+// in use and pin the heap, the cache kept draining by send/recv records
+// that another thread frees (docs/ARCHITECTURE.md, "Threads").
 std::string worker_glibc_tunables(const std::string& user);
 
 // argv's strings as the null-terminated array execve wants.
