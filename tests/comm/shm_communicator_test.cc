@@ -14,7 +14,9 @@
 #include <algorithm>
 #include <chrono>
 #include <csignal>
+#include <cstdint>
 #include <cstdio>
+#include <fstream>
 #include <functional>
 #include <string>
 #include <thread>
@@ -169,6 +171,58 @@ TEST_P(ShmCommunicatorRanks, SharedBuffersAreReducedAndGatheredInPlace) {
       /*shared_bytes=*/64 * 1024);
   const auto codes = reap_all(pids, kHangLimit);
   for (int rank = 0; rank < size; ++rank) EXPECT_EQ(codes[rank], 0) << "rank " << rank;
+}
+
+// The permissions ("rw-s", "r--s", ...) of the mapping holding `address`,
+// from /proc/self/maps; "" if none does.
+std::string mapping_permissions(const void* address) {
+  const auto at = reinterpret_cast<uintptr_t>(address);
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  while (std::getline(maps, line)) {
+    uintptr_t begin = 0, end = 0;
+    char permissions[5] = {};
+    if (std::sscanf(line.c_str(), "%lx-%lx %4s", &begin, &end, permissions) == 3 && begin <= at &&
+        at < end) {
+      return permissions;
+    }
+  }
+  return "";
+}
+
+// A rank may write its own shared region and only read its peers': the
+// zero-copy collectives never write a peer's region, and a read-only view
+// is what makes reading a peer's freshly rewritten pages cheap on a
+// paravirtualised guest (shm_communicator.cc, protect_peer_regions). The
+// regions lie one after another in the segment, rank by rank, so the bytes
+// just past rank 0's region are rank 1's and those just before rank 1's
+// are rank 0's.
+TEST(ShmCommunicator, PeersSharedRegionsAreReadOnlyInEachRank) {
+  constexpr int64_t kSharedBytes = 64 * 1024;
+  const auto pids = fork_ranks(
+      2, 5000,
+      [&](ShmCommunicator& comm) {
+        auto* mine = static_cast<std::byte*>(comm.shared_buffer());
+        require(mapping_permissions(mine) == "rw-s", "own region start: {}",
+                mapping_permissions(mine));
+        require(mapping_permissions(mine + kSharedBytes - 1) == "rw-s", "own region end: {}",
+                mapping_permissions(mine + kSharedBytes - 1));
+        const std::byte* peer = comm.rank() == 0 ? mine + kSharedBytes : mine - kSharedBytes;
+        require(mapping_permissions(peer) == "r--s", "peer region start: {}",
+                mapping_permissions(peer));
+        require(mapping_permissions(peer + kSharedBytes - 1) == "r--s", "peer region end: {}",
+                mapping_permissions(peer + kSharedBytes - 1));
+        // And the collectives that read it still run.
+        float* region = reinterpret_cast<float*>(mine);
+        for (int i = 0; i < 2048; ++i) region[i] = static_cast<float>(comm.rank() + 1);
+        comm.reduce_scatter(region, region + 1024 * comm.rank(), 1024, DType::kF32, ReduceOp::kSum)
+            ->wait();
+        require(region[1024 * comm.rank()] == 3.0f, "reduce_scatter read {}",
+                region[1024 * comm.rank()]);
+      },
+      kSharedBytes);
+  const auto codes = reap_all(pids, kHangLimit);
+  for (int rank = 0; rank < 2; ++rank) EXPECT_EQ(codes[rank], 0) << "rank " << rank;
 }
 
 TEST_P(ShmCommunicatorRanks, SendRecvMatchByPeerAndTagWithoutDeadlock) {

@@ -115,7 +115,8 @@ class ShmCommunicator final : public Communicator {
                              uint32_t tag) override;
 
   // This rank's region of options.shared_bytes inside the segment, which
-  // every peer can read. all_reduce on data inside it (above the 64 KiB
+  // every peer can read (read-only: each rank maps its peers' regions so,
+  // and a write there faults). all_reduce on data inside it (above the 64 KiB
   // small path, which always copies through the slots), reduce_scatter with
   // input inside it and all_gather with input inside it take the zero-copy
   // path; each rank may use a different offset within its region, but all
