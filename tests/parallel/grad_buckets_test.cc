@@ -30,6 +30,12 @@ void expect_consistent(const BucketPlan& plan) {
       EXPECT_EQ(s.begin, next);
       EXPECT_EQ(s.begin % BucketPlan::kAlignFloats, 0);
       EXPECT_EQ(s.size(), b.size() / plan.dp());
+      // What a rank releases: the bucket's parts before and after its slice.
+      const auto unowned = plan.unowned(static_cast<int64_t>(i), r);
+      EXPECT_EQ(unowned[0].begin, b.begin);
+      EXPECT_EQ(unowned[0].end, s.begin);
+      EXPECT_EQ(unowned[1].begin, s.end);
+      EXPECT_EQ(unowned[1].end, b.end);
       next = s.end;
     }
     EXPECT_EQ(next, b.end);

@@ -8,6 +8,7 @@
 // those of a run without snapshots.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <optional>
@@ -72,9 +73,14 @@ void check_zero(int zero) {
       t.train_step();
       const fs::path checkpoint = t.save_checkpoint();  // staged: the step as it is
       t.start_snapshot();
+      // Bounded by time, not by a count of polls: a loaded machine slows the
+      // writer, not the polls. Each poll is a collective that both ranks
+      // agree on, so they leave the loop together unless one runs out.
       std::optional<AsyncCheckpointWriter::Stats> stats;
-      for (int i = 0; i < 100'000 && !stats && t.snapshots_enabled(); ++i)
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+      while (!stats && t.snapshots_enabled() && std::chrono::steady_clock::now() < deadline) {
         stats = t.poll_snapshot();
+      }
       testing::require(stats.has_value(), "rank {}: the snapshot of step {} never settled", rank,
                        step);
       written_by_update += stats->prewritten ? 1 : 0;

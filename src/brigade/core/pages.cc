@@ -12,13 +12,17 @@
 
 namespace brigade {
 
+WholePages whole_pages(const void* begin, const void* end) {
+  static const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  return {(reinterpret_cast<uintptr_t>(begin) + page - 1) / page * page,
+          reinterpret_cast<uintptr_t>(end) / page * page};
+}
+
 void release_as_zeros(float* begin, float* end, bool shared) {
   if (begin >= end) return;
-  constexpr uintptr_t kPage = 4096;
   const auto first = reinterpret_cast<uintptr_t>(begin);
   const auto last = reinterpret_cast<uintptr_t>(end);
-  const uintptr_t page_begin = (first + kPage - 1) / kPage * kPage;
-  const uintptr_t page_end = last / kPage * kPage;
+  const auto [page_begin, page_end] = whole_pages(begin, end);
   if (page_begin >= page_end) {
     std::memset(begin, 0, (last - first));
     return;
@@ -34,9 +38,7 @@ void release_as_zeros(float* begin, float* end, bool shared) {
 
 void populate_for_write(void* begin, void* end) {
 #ifdef MADV_POPULATE_WRITE
-  constexpr uintptr_t kPage = 4096;
-  const uintptr_t first = (reinterpret_cast<uintptr_t>(begin) + kPage - 1) / kPage * kPage;
-  const uintptr_t last = reinterpret_cast<uintptr_t>(end) / kPage * kPage;
+  const auto [first, last] = whole_pages(begin, end);
   if (first < last) {
     // EINVAL on kernels before 5.14: the copy's faults do the same work.
     (void)::madvise(reinterpret_cast<void*>(first), last - first, MADV_POPULATE_WRITE);

@@ -7,6 +7,15 @@
 
 namespace brigade {
 
+// The whole pages of this system inside [begin, end): [first, last), empty
+// (first >= last) if none. What the calls below act on, and what can be
+// protected or advised without touching the bytes around the range.
+struct WholePages {
+  uintptr_t first = 0;
+  uintptr_t last = 0;
+};
+WholePages whole_pages(const void* begin, const void* end);
+
 // Afterwards every float in [begin, end) reads as zero. The whole pages
 // inside the range go back to the system (MADV_DONTNEED for private memory,
 // MADV_REMOVE for a shared mapping, whose backing would otherwise stay), so

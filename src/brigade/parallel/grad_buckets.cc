@@ -45,6 +45,12 @@ FlatRange BucketPlan::slice(int64_t index, int rank) const {
   return {bucket.begin + rank * share, bucket.begin + (rank + 1) * share};
 }
 
+std::array<FlatRange, 2> BucketPlan::unowned(int64_t index, int rank) const {
+  const FlatRange mine = slice(index, rank);
+  const FlatRange& bucket = buckets_[static_cast<size_t>(index)];
+  return {FlatRange{bucket.begin, mine.begin}, FlatRange{mine.end, bucket.end}};
+}
+
 std::vector<FlatRange> BucketPlan::owned(int rank) const {
   std::vector<FlatRange> slices;
   for (int64_t i = 0; i < static_cast<int64_t>(buckets_.size()); ++i) {

@@ -15,6 +15,7 @@
 //   reduce order: bucket 0 (the tail) first
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -49,6 +50,9 @@ class BucketPlan {
   const std::vector<FlatRange>& buckets() const { return buckets_; }
   // Rank `rank`'s slice of bucket `index`.
   FlatRange slice(int64_t index, int rank) const;
+  // The two parts of bucket `index` outside that slice (before it, after
+  // it; either may be empty): what ZeRO 2 and 3 release and take back.
+  std::array<FlatRange, 2> unowned(int64_t index, int rank) const;
   // Rank `rank`'s slices of every bucket, in reduction order.
   std::vector<FlatRange> owned(int rank) const;
   // Elements rank `rank` owns in total: padded_size() / dp.

@@ -41,10 +41,9 @@ void GradSync::arm() {
 
 void GradSync::populate_next() {
   if (mode_ != Mode::kReduceScatterAndRelease || next_ >= plan_.buckets().size()) return;
-  const FlatRange bucket = plan_.buckets()[next_];
-  const FlatRange mine = plan_.slice(static_cast<int64_t>(next_), comm_.rank());
-  populate_for_write(grads_ + bucket.begin, grads_ + mine.begin);
-  populate_for_write(grads_ + mine.end, grads_ + bucket.end);
+  for (const FlatRange part : plan_.unowned(static_cast<int64_t>(next_), comm_.rank())) {
+    populate_for_write(grads_ + part.begin, grads_ + part.end);
+  }
 }
 
 void GradSync::stamp_backward_end() {
@@ -84,10 +83,9 @@ void GradSync::release_finished(bool wait) {
     timings_[i].done_ms = static_cast<double>(works_[i]->finished_ns() - armed_ns_) * 1e-6;
     works_[i].reset();
     if (mode_ != Mode::kReduceScatterAndRelease) continue;
-    const FlatRange bucket = plan_.buckets()[i];
-    const FlatRange mine = plan_.slice(static_cast<int64_t>(i), comm_.rank());
-    release_as_zeros(grads_ + bucket.begin, grads_ + mine.begin, grads_shared_);
-    release_as_zeros(grads_ + mine.end, grads_ + bucket.end, grads_shared_);
+    for (const FlatRange part : plan_.unowned(static_cast<int64_t>(i), comm_.rank())) {
+      release_as_zeros(grads_ + part.begin, grads_ + part.end, grads_shared_);
+    }
   }
 }
 

@@ -54,10 +54,9 @@ void ShardedParams::start_gather(size_t index) {
 }
 
 void ShardedParams::drop(size_t index) {
-  const FlatRange bucket = plan_.buckets()[index];
-  const FlatRange mine = plan_.slice(static_cast<int64_t>(index), comm_.rank());
-  release_as_zeros(params_ + bucket.begin, params_ + mine.begin, shared_memory_);
-  release_as_zeros(params_ + mine.end, params_ + bucket.end, shared_memory_);
+  for (const FlatRange part : plan_.unowned(static_cast<int64_t>(index), comm_.rank())) {
+    release_as_zeros(params_ + part.begin, params_ + part.end, shared_memory_);
+  }
   buckets_[index].state = State::kReleased;
 }
 
