@@ -206,15 +206,15 @@ TEST(ShmCommunicator, PeersSharedRegionsAreReadOnlyInEachRank) {
       2, 5000,
       [&](ShmCommunicator& comm) {
         auto* mine = static_cast<std::byte*>(comm.shared_buffer());
-        require(mapping_permissions(mine) == "rw-s", "own region start: {}",
-                mapping_permissions(mine));
-        require(mapping_permissions(mine + kSharedBytes - 1) == "rw-s", "own region end: {}",
-                mapping_permissions(mine + kSharedBytes - 1));
+        const auto expect = [](const std::byte* at, const char* want, const char* what) {
+          const std::string got = mapping_permissions(at);
+          require(got == want, "{}: {}", what, got);
+        };
+        expect(mine, "rw-s", "own region start");
+        expect(mine + kSharedBytes - 1, "rw-s", "own region end");
         const std::byte* peer = comm.rank() == 0 ? mine + kSharedBytes : mine - kSharedBytes;
-        require(mapping_permissions(peer) == "r--s", "peer region start: {}",
-                mapping_permissions(peer));
-        require(mapping_permissions(peer + kSharedBytes - 1) == "r--s", "peer region end: {}",
-                mapping_permissions(peer + kSharedBytes - 1));
+        expect(peer, "r--s", "peer region start");
+        expect(peer + kSharedBytes - 1, "r--s", "peer region end");
         // And the collectives that read it still run.
         float* region = reinterpret_cast<float*>(mine);
         for (int i = 0; i < 2048; ++i) region[i] = static_cast<float>(comm.rank() + 1);
