@@ -20,9 +20,12 @@
 # anything.
 #
 # `run` replaces itself with the command (ip netns exec), so the caller's pid
-# is the command's. `cut` takes the node's bridge port down: the node stays
-# up with its link dead, as if its cable were pulled, the partition fault;
-# `heal` brings it back. `down` stops every process still running on the
+# is the command's. `cut` takes the node's port off the bridge: the node
+# stays up, its own link too, but nothing gets to or from the others, as if
+# its cable were pulled, the partition fault; `heal` puts the port back, and
+# traffic flows again at once (a link taken down and up again carries
+# nothing until the kernel's link watch, up to a second later, notices:
+# too late for a test of a brief cut). `down` stops every process still running on the
 # nodes (TERM, then KILL), removes what `up` made (listed in the state file
 # /run/brigade-fake-cluster/NAME as it is made, so a failed `up` is undone
 # too) and does nothing when nothing is up.
@@ -259,7 +262,7 @@ cmd_status() {
   for ((i = 0; i < count; i++)); do
     ns=$(ns_of $i)
     state_of="cut"
-    ip link show "$(host_end_of $i)" 2>/dev/null | grep -q 'state UP' && state_of=up
+    ip link show "$(host_end_of $i)" 2>/dev/null | grep -q "master $bridge " && state_of=up
     printf 'node %d  netns %s  %s  link %s  processes %d\n' "$i" "$ns" \
       "$(sed -n 's/^net //p' "$state").$((10 + i))" "$state_of" \
       "$(ip netns pids "$ns" 2>/dev/null | wc -l)"
@@ -276,9 +279,13 @@ cmd_run() {
 }
 
 cmd_link() {
-  [[ $# -eq 2 ]] || die "$verb wants one node: fake_cluster.sh $verb 1"
+  [[ $# -eq 1 ]] || die "$verb wants one node: fake_cluster.sh $verb 1"
   check_node "$1"
-  ip link set "$(host_end_of $((10#$1)))" "$2"
+  if [[ $verb == cut ]]; then
+    ip link set "$(host_end_of $((10#$1)))" nomaster
+  else
+    ip link set "$(host_end_of $((10#$1)))" master "$bridge"
+  fi
 }
 
 case "$verb" in
@@ -290,7 +297,6 @@ case "$verb" in
     ;;
   status) cmd_status ;;
   run) cmd_run "$@" ;;
-  cut) cmd_link "$@" down ;;
-  heal) cmd_link "$@" up ;;
+  cut | heal) cmd_link "$@" ;;
   *) die "unknown verb '$verb': use up, run, cut, heal, status or down" ;;
 esac

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -119,6 +120,81 @@ TEST_F(EtcdLaunch, AKilledWorkerRestartsEveryNodeThroughEtcd) {
   job.use_run(run);
   EXPECT_EQ(job.try_get(elastic::coordinator_key("gen/1/open")), "1");
   EXPECT_EQ(job.try_get(elastic::coordinator_key("gen/0/worker_store")), rdzv);
+}
+
+// etcd itself stops answering for about a second (SIGSTOP, as a stalled
+// disk or an election would): every node's agent gives up on it after a
+// call's 1 s and kills its workers; etcd answers again before the
+// leader's lease and any node's silence run out, so each node reports the
+// loss as its failure and both restart in place as generation 1. Leaving
+// instead, every node would end the job.
+TEST_F(EtcdLaunch, AnEtcdBlipThatCutsEveryNodeRestartsThemInPlace) {
+  const std::string out = dir_.path().string();
+  const std::string script = "if [ $BRIGADE_GENERATION = 0 ]; then echo $$ > " + out +
+                             "/started.$RANK.tmp && mv " + out + "/started.$RANK.tmp " + out +
+                             "/started.$RANK && exec sleep 100; fi; echo $BRIGADE_GENERATION > " +
+                             out + "/done.$RANK";
+  const std::string rdzv = "127.0.0.1:" + std::to_string(testing::free_port());
+  std::vector<Output> r(2);
+  std::vector<std::thread> nodes;
+  for (int node = 0; node < 2; ++node) {
+    std::vector<std::string> args = launch_args(node, rdzv, etcd_->url(), kToken);
+    for (const char* a : {"--max-restarts", "1", "--", "sh", "-c"}) args.push_back(a);
+    args.push_back(script);
+    nodes.emplace_back(
+        [&r, node, args] { r[node] = run_brigade(args, std::chrono::seconds(120)); });
+  }
+  // Every worker of generation 0 runs: their pids.
+  std::vector<pid_t> workers;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  for (int rank = 0; rank < 4 && std::chrono::steady_clock::now() < deadline;) {
+    std::ifstream in(dir_.path() / ("started." + std::to_string(rank)));
+    pid_t pid = 0;
+    if (in >> pid) {
+      workers.push_back(pid);
+      ++rank;
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+  bool stopped = false;
+  // No ASSERT before the launchers' threads are joined.
+  if (workers.size() == 4 && ::kill(etcd_->pid(), SIGSTOP) == 0) {
+    // Until every agent gave up on etcd and killed its workers.
+    const auto cut_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    auto gone = [&] {
+      for (const pid_t pid : workers) {
+        if (::kill(pid, 0) == 0) return false;
+      }
+      return true;
+    };
+    while (!(stopped = gone()) && std::chrono::steady_clock::now() < cut_deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    ::kill(etcd_->pid(), SIGCONT);
+  }
+  for (std::thread& t : nodes) t.join();
+  const std::string both = "node 0:\n" + r[0].err + "\nnode 1:\n" + r[1].err;
+  ASSERT_EQ(workers.size(), 4u) << "generation 0's workers did not all start\n" << both;
+  EXPECT_TRUE(stopped) << "the agents did not stop their workers within 20 s of etcd's stop\n"
+                       << both;
+  EXPECT_EQ(r[0].status, 0) << both;
+  EXPECT_EQ(r[1].status, 0) << both;
+  for (int node = 0; node < 2; ++node) {
+    EXPECT_NE(
+        r[node].err.find("node " + std::to_string(node) + " lost the coordinator's store for"),
+        std::string::npos)
+        << both;
+    EXPECT_NE(r[node].err.find("it reached the store again: restarting in place"),
+              std::string::npos)
+        << both;
+  }
+  for (int rank = 0; rank < 4; ++rank) {
+    std::ifstream in(dir_.path() / ("done." + std::to_string(rank)));
+    std::string generation;
+    std::getline(in, generation);
+    EXPECT_EQ(generation, "1") << "rank " << rank << "\n" << both;
+  }
 }
 
 TEST_F(EtcdLaunch, AWrongTokenOrADeadEndpointIsOneLineNamingTheFix) {

@@ -302,6 +302,65 @@ TEST_F(CoordinatorTest, AStoreCallThatTimedOutEndsOnlyItsNode) {
       << leader.why;
 }
 
+// Node 1 loses the store for a call but reaches it again before the
+// leader's 2 s: its loss becomes its failure report, which outranks node
+// 0's workers' error exits (their peers were killed by node 1's agent),
+// and both nodes restart in place. Later, found silent first, the same
+// node is told the job ended without it.
+TEST_F(CoordinatorTest, ANodeThatReachesTheStoreAgainInTimeRestartsInPlace) {
+  auto n0 = node(0);
+  TcpStore client("127.0.0.1", server_.port(), kToken, 1'000);
+  TcpCoordinatorStore real(client);
+  FlakyStore flaky(real);
+  CoordinatorOptions o;
+  o.nnodes = 2;
+  o.node_rank = 1;
+  o.max_restarts = 3;
+  Coordinator n1(flaky, o, 0);
+  int64_t t = 0;
+  for (; t <= 1'000 * kMs; t += 100 * kMs) {
+    ASSERT_EQ(n1.poll(t).state, State::kRunning) << t / kMs;
+    ASSERT_EQ(n0->coordinator->poll(t).state, State::kRunning) << t / kMs;
+  }
+  flaky.failing = 2;
+  const JobView v = n1.poll(t);
+  ASSERT_EQ(v.state, State::kEnded);
+  EXPECT_TRUE(v.lost_coordinator);
+  EXPECT_TRUE(v.store_unreachable);
+  Incident lost;
+  lost.kind = "store_lost";
+  lost.rank = -1;
+  lost.what = "node 1 lost the coordinator's store";
+  EXPECT_THROW(n1.regain_store(lost, t += 100 * kMs), Error);  // not yet
+  EXPECT_FALSE(n1.regain_store(lost, t += 100 * kMs).has_value());
+  n0->coordinator->report_failure(crash(0, false, false));
+  n1.report_stopped(false);
+  n0->coordinator->report_stopped(false);
+  n0->coordinator->poll(t += 100 * kMs);  // the leader decides: 1.3 s of silence
+  for (Coordinator* c : {n0->coordinator.get(), &n1}) {
+    const JobView next = c->poll(t += 100 * kMs);
+    ASSERT_EQ(next.state, State::kRestart) << next.why;
+    EXPECT_EQ(next.cause->kind, "store_lost");
+    EXPECT_EQ(next.cause->node, 1);
+    c->enter_next_generation();
+    EXPECT_EQ(c->members(), (std::vector<int>{0, 1}));
+  }
+  // Generation 1: node 1 loses the store for longer than node 0 waits.
+  ASSERT_EQ(n1.poll(t += 100 * kMs).state, State::kRunning);
+  flaky.failing = 1'000;
+  ASSERT_TRUE(n1.poll(t).store_unreachable);
+  for (int i = 0; i < 25; ++i) n0->coordinator->poll(t += 100 * kMs);
+  flaky.failing = 0;
+  const auto out = n1.regain_store(lost, t += 100 * kMs);
+  ASSERT_TRUE(out.has_value());
+  // The job ended without it (no standby, no fewer nodes allowed): node 1
+  // leaves with the leader's reason, and reports nothing.
+  EXPECT_EQ(out->state, State::kEnded);
+  EXPECT_NE(out->why.find("node 1 is lost: its agent sent no heartbeat"), std::string::npos)
+      << out->why;
+  EXPECT_FALSE(real.try_get(coordinator_key("gen/1/failure/1")));
+}
+
 // A report the store did not take (its call timed out) is sent again: the
 // failure is not lost with it.
 TEST_F(CoordinatorTest, AFailureReportTheStoreDidNotTakeIsSentAgain) {

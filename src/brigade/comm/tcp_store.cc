@@ -667,9 +667,11 @@ void TcpStore::disconnect() {
 
 namespace {
 
-// One connection attempt to each address of host:port; the connected socket
-// (non-blocking), or -1 with *error saying why not.
-int try_connect(const std::string& host, uint16_t port, int64_t deadline_ns, std::string* error) {
+// One connection attempt to each address of host:port, each given at most
+// attempt_ms; the connected socket (non-blocking), or -1 with *error saying
+// why not.
+int try_connect(const std::string& host, uint16_t port, int64_t deadline_ns, int64_t attempt_ms,
+                std::string* error) {
   AddrInfoList addrs;
   if (auto failure = resolve(host, port, /*passive=*/false, &addrs)) {
     *error = *failure;
@@ -685,9 +687,9 @@ int try_connect(const std::string& host, uint16_t port, int64_t deadline_ns, std
     if (::connect(fd, a->ai_addr, a->ai_addrlen) != 0) {
       err = errno;
       if (err == EINPROGRESS || err == EINTR) {
-        // An unreachable host can hold a connect for minutes; give each
-        // attempt at most a second so the retry loop keeps its pace.
-        const int64_t attempt_deadline_ns = std::min(deadline_ns, now_ns() + 1000 * kNsPerMs);
+        // An unreachable host can hold a connect for minutes: the retry
+        // loop keeps its own pace.
+        const int64_t attempt_deadline_ns = std::min(deadline_ns, now_ns() + attempt_ms * kNsPerMs);
         socklen_t len = sizeof(err);
         if (!wait_ready(fd, POLLOUT, attempt_deadline_ns)) {
           err = ETIMEDOUT;
@@ -713,7 +715,14 @@ void TcpStore::connect_and_authenticate() {
   const int64_t deadline_ns = now_ns() + timeout_ms_ * kNsPerMs;
   std::string last_error = "no address";
   int64_t backoff_ms = 10;
-  while ((fd_ = try_connect(host_, port_, deadline_ns, &last_error)) < 0) {
+  // A SYN lost to a link that was down is sent again only after 1 s (then
+  // 3 s, ...): a fresh attempt every few hundred ms reaches a store whose
+  // link came back at once, as an agent cut off for a moment must, before
+  // the leader takes it for lost (elastic/coordinator.h). Growing to 1 s,
+  // a store farther away than the first attempt's 200 ms is reached too.
+  int64_t attempt_ms = 200;
+  while ((fd_ = try_connect(host_, port_, deadline_ns, attempt_ms, &last_error)) < 0) {
+    attempt_ms = std::min<int64_t>(attempt_ms * 2, 1000);
     const int64_t left_ms = (deadline_ns - now_ns()) / kNsPerMs;
     if (left_ms <= 0) {
       throw_error(

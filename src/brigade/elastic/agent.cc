@@ -79,6 +79,7 @@ Agent::Agent(AgentOptions options) : options_(std::move(options)) {
     c.train_grad_accum = options_.train_grad_accum;
     c.worker_store = options_.worker_store;
     coordinator_.emplace(*options_.store, c, now_ns());
+    store_answered_ns_ = now_ns();  // it registered through the store
   }
   if (options_.standby) {
     if (!coordinator_) throw_error("a standby node's agent needs the coordinator's store");
@@ -118,6 +119,7 @@ int Agent::run(const sigset_t& child_mask) {
       env.set(kMachinePeakVariable, fmt::format("{:.17g}", machine_peak_gflops_));
     }
     failure_.reset();
+    store_lost_.reset();
     exits_.clear();
     will_restart_ = false;
     Outcome outcome;
@@ -226,7 +228,14 @@ Agent::Outcome Agent::supervise(WorkerGroup& group, const HeartbeatTable& table)
     // SIGTERM from another node (its interrupt checkpoint saved, 128 + 15)
     // is then seen stopping with the job, not as a crash (the rejoin's key
     // is written before any node's workers are signalled).
-    if (coordinator_) follow_job(coordinator_->poll(now_ns()), &group);
+    // Cut off from the job, the workers are reaped at once, not after
+    // another call that may take its whole timeout: regain_store() tries
+    // the store again.
+    if (coordinator_ && !lost_coordinator_) {
+      const JobView view = coordinator_->poll(now_ns());
+      note_store_loss(view, table);
+      follow_job(view, &group);
+    }
     const std::vector<WorkerExit> exits = by_likely_cause(group.reap(), table);
     for (const WorkerExit& ended : exits) exits_[ended.worker.rank] = ended.wait_status;
     for (const WorkerExit& ended : exits) {
@@ -374,13 +383,7 @@ int64_t Agent::inject_chaos(WorkerGroup& group, const HeartbeatTable& table) {
   return std::min<int64_t>(kAgentTickMs, (chaos_->due_ns() - now + kNsPerMs - 1) / kNsPerMs);
 }
 
-void Agent::on_failure(WorkerGroup& group, const HeartbeatTable& table, Incident incident) {
-  // The previous failure's recovery first: this generation may have
-  // completed its steps and failed again between two looks.
-  if (generation_ > 0) check_recovery(table);
-  // Not recovered (overtaken): its redone steps still count as lost.
-  note_resumed_from(incidents_, generation_, table.read(0).start_step);
-  incident.generation = generation_;
+void Agent::measure_progress(const HeartbeatTable& table, Incident& incident) {
   // The last step any worker completed, and how long steps took.
   int64_t start_step = -1, train_ns = 0;
   for (int r = 0; r < table.slots(); ++r) {
@@ -395,6 +398,16 @@ void Agent::on_failure(WorkerGroup& group, const HeartbeatTable& table, Incident
   if (start_step >= 0 && incident.last_step > start_step) {
     incident.mean_step_ms = train_ns * 1e-6 / static_cast<double>(incident.last_step - start_step);
   }
+}
+
+void Agent::on_failure(WorkerGroup& group, const HeartbeatTable& table, Incident incident) {
+  // The previous failure's recovery first: this generation may have
+  // completed its steps and failed again between two looks.
+  if (generation_ > 0) check_recovery(table);
+  // Not recovered (overtaken): its redone steps still count as lost.
+  note_resumed_from(incidents_, generation_, table.read(0).start_step);
+  incident.generation = generation_;
+  measure_progress(table, incident);
   gather_evidence(group, table, incident);
   progress_.account(incident);  // steps lost from the highest step the job completed
   will_restart_ = restarts_ < options_.max_restarts && received_signal_ == 0;

@@ -261,7 +261,17 @@ class Agent {
   // failure anywhere or the job's end), and after a generation waits for
   // the coordinator's decision: kFailed with will_restart_ to restart.
   void follow_job(const JobView& view, WorkerGroup* group);
+  // Keeps when the store last answered; at the poll that found it gone,
+  // what this node's failure is should the store answer again in time
+  // (store_lost_).
+  void note_store_loss(const JobView& view, const HeartbeatTable& table);
   Outcome settle_generation(Outcome outcome);
+  // The store lost (store_lost_), the workers stopped: tries it again
+  // until the leader has surely declared this node lost (twice
+  // agent_timeout_ms after it last answered). True once it answered and
+  // took this node's report: the job restarts in place. False to leave
+  // (remote_failure_ says why), or on a signal (received_signal_).
+  bool regain_store();
   // A standby: waits for a node (true: options_.node_rank and generation_
   // are set), or returns false with *status the launcher's exit status.
   bool wait_for_a_node(int* status);
@@ -275,6 +285,8 @@ class Agent {
   // interface could not be taken down (empty once it is down).
   std::string strike_node(const NodeFault& fault, WorkerGroup& group);
   void record_job_incident(const JobView& view);
+  // The last step the node's workers completed and their mean step time.
+  void measure_progress(const HeartbeatTable& table, Incident& incident);
   // Numbers this node's workers among the nodes of the generation the
   // coordinator opened (fewer after a node was left out).
   void take_membership();
@@ -324,6 +336,10 @@ class Agent {
   int64_t failing_seen_ns_ = 0;
   std::vector<int> lost_nodes_;
   bool lost_coordinator_ = false;
+  // When a poll last reached the store, and (this generation) the failure
+  // this node reports if it reaches the store again after losing it.
+  int64_t store_answered_ns_ = 0;
+  std::optional<Incident> store_lost_;
   std::optional<ChaosSchedule> chaos_;
   int chaos_raised_ = 0;
   JobProgress progress_;            // the highest step this agent's generations completed

@@ -223,27 +223,85 @@ void Agent::follow_job(const JobView& view, WorkerGroup* group) {
   }
 }
 
+void Agent::note_store_loss(const JobView& view, const HeartbeatTable& table) {
+  if (!view.store_unreachable) {
+    store_answered_ns_ = now_ns();
+    return;
+  }
+  if (store_lost_ || !view.lost_coordinator || received_signal_ != 0) return;
+  Incident incident;
+  incident.kind = "store_lost";
+  incident.rank = -1;  // the node's, not one worker's
+  incident.node = options_.node_rank;
+  incident.generation = generation_;
+  incident.fault_ns = store_answered_ns_ != 0 ? store_answered_ns_ : now_ns();
+  incident.detected_ns = now_ns();
+  incident.what = view.why;
+  measure_progress(table, incident);
+  progress_.account(incident);
+  store_lost_ = std::move(incident);
+}
+
+bool Agent::regain_store() {
+  if (!store_lost_) return false;
+  const int64_t give_up_ns =
+      store_lost_->fault_ns + 2 * coordinator_->agent_timeout_ms() * kNsPerMs;
+  const sigset_t watched = watched_signals();
+  for (;;) {
+    const int64_t now = now_ns();
+    Incident incident = *store_lost_;
+    incident.what = fmt::format(
+        "node {} lost the coordinator's store for {:.1f} s and its agent stopped its workers ({})",
+        options_.node_rank, (now - incident.fault_ns) * 1e-9, store_lost_->what);
+    try {
+      if (const auto out = coordinator_->regain_store(incident, now)) {
+        remote_failure_ = out->why;
+        return false;
+      }
+      std::fprintf(stderr, "brigade launch: %s; it reached the store again: restarting in place\n",
+                   incident.what.c_str());
+      std::fflush(stderr);
+      lost_coordinator_ = false;
+      remote_failure_.clear();
+      if (!failure_) failure_ = std::move(incident);
+      return true;
+    } catch (const Error&) {
+      // Not yet: the store still does not answer.
+    }
+    if (now_ns() >= give_up_ns) return false;
+    const timespec tick{0, kAgentTickMs * kNsPerMs};
+    const int sig = ::sigtimedwait(&watched, nullptr, &tick);
+    if (sig == SIGINT || sig == SIGTERM || sig == SIGHUP) {
+      received_signal_ = sig;
+      return false;
+    }
+  }
+}
+
 Agent::Outcome Agent::settle_generation(Outcome outcome) {
   using State = JobView::State;
-  // Cut off from the job (its store unreachable for a call's time, deposed,
-  // or declared lost): this node leaves, even if the store answers again by
-  // now. Had it reported its generation stopped after a short cut, it would
-  // wait as a member without a failure report that any leader decides on,
-  // its peers' workers in collectives with its killed ones (under etcd,
-  // with every node cut by the same blip, forever). The leader finds it
-  // silent and goes on without it, or ends the job. Nor does it restart its
-  // workers by itself: a failure of its own that came first had set
-  // will_restart_, and no generation follows without the coordinator.
+  // Cut off from the job (its store unreachable for longer than a call,
+  // deposed, or declared lost): this node leaves, unless the store answers
+  // again while the leader still counts it in (regain_store()): it then
+  // reports the loss as its own failure, and every node restarts in place.
+  // Had it only reported its generation stopped after a short cut, it
+  // would wait as a member without a failure report that any leader
+  // decides on, its peers' workers in collectives with its killed ones
+  // (under etcd, with every node cut by the same blip, forever). A node
+  // that leaves is found silent by the leader, which goes on without it or
+  // ends the job. Nor does it restart its workers by itself: a failure of
+  // its own that came first had set will_restart_, and no generation
+  // follows without the coordinator.
   auto leave = [this] {
     will_restart_ = false;
     return failure_ ? Outcome::kFailed : Outcome::kRemoteFailure;
   };
   if (lost_coordinator_) {
-    if (outcome == Outcome::kSignalled) {
+    if (outcome == Outcome::kSignalled || (!regain_store() && received_signal_ != 0)) {
       will_restart_ = false;
-      return outcome;  // exits 128 + the signal
+      return Outcome::kSignalled;  // exits 128 + the signal
     }
-    return leave();
+    if (lost_coordinator_) return leave();
   }
   try {
     coordinator_->report_stopped(outcome == Outcome::kSucceeded);

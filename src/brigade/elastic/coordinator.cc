@@ -95,7 +95,7 @@ Incident parse_report(const std::string& key, const nlohmann::json& j, int64_t n
   const std::string kind = j.at("kind");
   const double detected_after_ms = j.at("detected_after_ms");
   if ((kind != "crash" && kind != "hang" && kind != "node_lost" && kind != "partition" &&
-       kind != "rejoin") ||
+       kind != "store_lost" && kind != "rejoin") ||
       !(detected_after_ms >= 0)) {
     return fail();
   }
@@ -339,6 +339,7 @@ JobView Coordinator::poll(int64_t now_ns) {
     // With an electing store the job may go on under another leader: this
     // node's workers stop at once, as a follower's do.
     v.lost_coordinator = !leader() || store_.elects_leader();
+    v.store_unreachable = true;
     v.why = fmt::format("lost contact with the coordinator's store at {}: {}", store_.address(),
                         e.what());
     // This node leaves, and ends no one else: a store that is only slow
@@ -512,10 +513,12 @@ std::optional<JobView> Coordinator::lead_end(const nlohmann::json& end, int64_t 
 std::optional<Incident> Coordinator::choose_cause() {
   std::optional<Incident> best;
   // The likeliest cause first: an injected fault, a worker killed by a
-  // signal, a hang, then an error exit (most often a peer's death seen
-  // through a collective); then by node.
+  // signal or a node that lost the store (its agent killed its workers), a
+  // hang, then an error exit (most often a peer's death seen through a
+  // collective); then by node.
   auto rank_of = [](const Incident& i) {
-    return std::make_tuple(!i.injected, !i.signal.has_value(), i.kind != "hang", i.node);
+    return std::make_tuple(!i.injected, !i.signal.has_value() && i.kind != "store_lost",
+                           i.kind != "hang", i.node);
   };
   const bool rejoin = read_rejoin(generation_).has_value();
   for (Incident& i : read_failures()) {

@@ -59,13 +59,17 @@
 //     store that no longer answers (each call is bounded by the store
 //     client's timeout, at most half of agent_timeout_ms, so that one slow
 //     call cannot make a healthy agent look silent) as its own end
-//     (lost_coordinator): it stops its workers and leaves, writing
-//     nothing, so that a store that was only slow does not end a healthy
-//     job; the leader finds the node silent within agent_timeout_ms and
-//     gives its rank to a standby or stops every node, so node 0's workers
-//     do not sit in collectives with this node's until the collective
-//     timeout. An agent that finds the leader silent still tries once to
-//     end the job for everyone.
+//     (lost_coordinator): it stops its workers at once and writes nothing
+//     that could end a healthy job when the store was only slow. If the
+//     store answers again while the node is still in the job
+//     (regain_store()), the node reports the loss as its failure (kind
+//     "store_lost", ranked with a worker killed by a signal: its peers'
+//     collective errors are its consequences) and every node restarts in
+//     place. Otherwise it leaves, and the leader finds it silent within
+//     agent_timeout_ms and gives its rank to a standby or stops every
+//     node, so node 0's workers do not sit in collectives with this
+//     node's until the collective timeout. An agent that finds the leader
+//     silent still tries once to end the job for everyone.
 // With the built-in store node 0 leads for good: its launcher hosts the
 // store, so its loss ends the job. With a store that elects a leader
 // (etcd: CoordinatorStore::elects_leader()), node 0 campaigns first and
@@ -264,6 +268,9 @@ struct JobView {
   std::vector<int> lost_nodes;
   // kEnded because this agent lost the store or the leader.
   bool lost_coordinator = false;
+  // kEnded (lost_coordinator) because a store call failed: the store may
+  // answer again, and this node may still be in the job (regain_store()).
+  bool store_unreachable = false;
   // kFailing for a rejoin, not a failure: stop the workers as on a signal
   // (they save a checkpoint at a step boundary), not with SIGKILL.
   bool rejoin = false;
@@ -378,6 +385,19 @@ class Coordinator {
   // does). False once there is no point going on: the job's end is written,
   // this node was declared lost, or the store is gone.
   bool keep_alive(int64_t now_ns);
+
+  // After poll() said the store did not answer (store_unreachable) and the
+  // agent stopped its workers: the store is tried again. When it answers
+  // and this node is still in the job (not declared lost, the job not
+  // ended, its lease alive if it led), `incident` becomes this node's
+  // failure report (unless one of its own came first) and the agent beats
+  // again: the leader stops every node and restarts them in place, the
+  // same world size, rather than finding this node silent and going on
+  // without it. Its view of the other agents' beats starts afresh: it saw
+  // none while it was cut off. Returns nullopt then, or the view to leave
+  // by (kEnded); throws Error while the store still does not answer.
+  std::optional<JobView> regain_store(Incident incident, int64_t now_ns);
+  int64_t agent_timeout_ms() const { return options_.agent_timeout_ms; }
 
   // Moves to the generation the last poll() said is open. Throws Error if
   // none is (an agent that did not take part in the previous generation

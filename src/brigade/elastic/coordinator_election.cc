@@ -116,6 +116,34 @@ void Coordinator::take_over(int old, int64_t now_ns) {
   settle_until_ns_ = now_ns + 3 * options_.beat_interval_ms * kNsPerMs;
 }
 
+std::optional<JobView> Coordinator::regain_store(Incident incident, int64_t now_ns) {
+  try {
+    if (const auto lost = check_not_lost()) return *lost;
+    if (const auto end = store_.try_get(end_key()); end && !end_from_lost_node(*end)) {
+      return ended_view(*end);
+    }
+    if (store_.elects_leader() && leader() && !store_.renew_lease()) return deposed_view();
+    // A leader's silence clocks ran on while it saw nothing (under etcd a
+    // blip cuts every node at once): from now, as after a takeover.
+    for (int n = 0; n < options_.nnodes; ++n) {
+      last_beat_[n] = -1;
+      beat_changed_ns_[n] = now_ns;
+    }
+    report_failure(std::move(incident));
+    store_.add(beat_key_, 1);
+    next_beat_ns_ = now_ns + options_.beat_interval_ms * kNsPerMs;
+    return std::nullopt;
+  } catch (const MalformedValue& e) {
+    JobView v;
+    v.state = JobView::State::kEnded;
+    v.lost_coordinator = true;
+    v.why = e.what();
+    return v;
+  } catch (const NotLeader&) {
+    return deposed_view();
+  }
+}
+
 JobView Coordinator::deposed_view() {
   deposed_ = true;
   JobView v;

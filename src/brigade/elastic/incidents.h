@@ -50,8 +50,11 @@
 namespace brigade::elastic {
 
 struct Incident {
-  // "crash", "hang", "node_lost" or "partition", as the agents saw it; or
-  // "rejoin": the job stopped to grow back, which is no failure.
+  // "crash", "hang", "node_lost" or "partition", as the agents saw it;
+  // "store_lost": a node's agent lost the coordinator's store for longer
+  // than a call and stopped its workers, then reached it again in time to
+  // restart in place; or "rejoin": the job stopped to grow back, which is
+  // no failure.
   std::string kind;
   bool failure() const { return kind != "rejoin"; }
   int rank = 0;
