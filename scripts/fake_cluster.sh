@@ -25,10 +25,10 @@
 # its cable were pulled, the partition fault; `heal` puts the port back, and
 # traffic flows again at once (a link taken down and up again carries
 # nothing until the kernel's link watch, up to a second later, notices:
-# too late for a test of a brief cut). `down` stops every process still running on the
-# nodes (TERM, then KILL), removes what `up` made (listed in the state file
-# /run/brigade-fake-cluster/NAME as it is made, so a failed `up` is undone
-# too) and does nothing when nothing is up.
+# too late for a test of a brief cut). `down` stops every process still
+# running on the nodes (TERM, then KILL), removes what `up` made (listed in
+# the state file /run/brigade-fake-cluster/NAME as it is made, so a failed
+# `up` is undone too) and does nothing when nothing is up.
 set -euo pipefail
 
 name=brg

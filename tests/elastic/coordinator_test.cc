@@ -336,7 +336,7 @@ TEST_F(CoordinatorTest, ANodeThatReachesTheStoreAgainInTimeRestartsInPlace) {
   n0->coordinator->report_failure(crash(0, false, false));
   n1.report_stopped(false);
   n0->coordinator->report_stopped(false);
-  n0->coordinator->poll(t += 100 * kMs);  // the leader decides: 1.3 s of silence
+  n0->coordinator->poll(t += 100 * kMs);  // the leader decides (node 1 beat again)
   for (Coordinator* c : {n0->coordinator.get(), &n1}) {
     const JobView next = c->poll(t += 100 * kMs);
     ASSERT_EQ(next.state, State::kRestart) << next.why;

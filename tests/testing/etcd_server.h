@@ -39,7 +39,10 @@ class EtcdServer {
 
   // Fails the test (ADD_FAILURE) and leaves ok() false when etcd does not
   // come up; with `auth`, authentication is enabled before it returns.
-  explicit EtcdServer(bool auth = true) : dir_("brigade_etcd") {
+  // `host`: an address it also listens on besides loopback (namespace
+  // nodes reach it at their bridge's), which clients are given (url()).
+  explicit EtcdServer(bool auth = true, std::string host = "127.0.0.1")
+      : dir_("brigade_etcd"), host_(std::move(host)) {
     // Its data in memory: etcd syncs every write, which a loaded disk can
     // hold up past the coordinator's one-second call timeout.
     // Its WAL alone preallocates 64 MiB: on disk where /dev/shm is small.
@@ -51,13 +54,16 @@ class EtcdServer {
             ("brigade_etcd_" + std::to_string(::getpid()) + "_" + std::to_string(count++));
     client_port_ = free_port();
     const uint16_t peer_port = free_port();
-    const std::string client = "http://127.0.0.1:" + std::to_string(client_port_);
+    const std::string loopback = "http://127.0.0.1:" + std::to_string(client_port_);
+    const std::string client = url();
     const std::string peer = "http://127.0.0.1:" + std::to_string(peer_port);
     process_ = std::make_unique<ChildProcess>(
         std::vector<std::string>{find_program("etcd"), "--name", "t", "--data-dir", data_.string(),
-                                 "--listen-client-urls", client, "--advertise-client-urls", client,
-                                 "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-                                 "--initial-cluster", "t=" + peer, "--logger", "zap", "--log-level",
+                                 "--listen-client-urls",
+                                 client == loopback ? client : loopback + "," + client,
+                                 "--advertise-client-urls", client, "--listen-peer-urls", peer,
+                                 "--initial-advertise-peer-urls", peer, "--initial-cluster",
+                                 "t=" + peer, "--logger", "zap", "--log-level",
                                  // The least hashing of passwords: each
                                  // authentication costs little CPU.
                                  "error", "--bcrypt-cost", "4"},
@@ -90,7 +96,7 @@ class EtcdServer {
 
   bool ok() const { return ok_; }
   uint16_t port() const { return client_port_; }
-  std::string url() const { return "http://127.0.0.1:" + std::to_string(client_port_); }
+  std::string url() const { return "http://" + host_ + ":" + std::to_string(client_port_); }
   pid_t pid() const { return process_->pid(); }
 
   // Runs etcdctl against this etcd (as root once authentication is on);
@@ -150,6 +156,7 @@ class EtcdServer {
   }
 
   TempDir dir_;
+  std::string host_;
   std::filesystem::path data_;
   uint16_t client_port_ = 0;
   std::unique_ptr<ChildProcess> process_;

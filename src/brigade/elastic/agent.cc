@@ -79,7 +79,6 @@ Agent::Agent(AgentOptions options) : options_(std::move(options)) {
     c.train_grad_accum = options_.train_grad_accum;
     c.worker_store = options_.worker_store;
     coordinator_.emplace(*options_.store, c, now_ns());
-    store_answered_ns_ = now_ns();  // it registered through the store
   }
   if (options_.standby) {
     if (!coordinator_) throw_error("a standby node's agent needs the coordinator's store");
@@ -120,6 +119,8 @@ int Agent::run(const sigset_t& child_mask) {
     }
     failure_.reset();
     store_lost_.reset();
+    // A generation starts on the coordinator's word, just read.
+    store_answered_ns_ = now_ns();
     exits_.clear();
     will_restart_ = false;
     Outcome outcome;
@@ -578,7 +579,9 @@ bool Agent::cut_off_from_job() const {
 
 int Agent::finish(Outcome outcome, int stopped) {
   write_incidents(/*final=*/true);
-  if (coordinator_ && coordinator_->leader()) {
+  // A leader cut off from an electing store has nothing to release: the
+  // job goes on under another leader.
+  if (coordinator_ && coordinator_->leader() && !cut_off_from_job()) {
     try {
       coordinator_->release_standbys();
     } catch (const Error& e) {

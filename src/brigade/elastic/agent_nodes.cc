@@ -234,7 +234,7 @@ void Agent::note_store_loss(const JobView& view, const HeartbeatTable& table) {
   incident.rank = -1;  // the node's, not one worker's
   incident.node = options_.node_rank;
   incident.generation = generation_;
-  incident.fault_ns = store_answered_ns_ != 0 ? store_answered_ns_ : now_ns();
+  incident.fault_ns = store_answered_ns_;
   incident.detected_ns = now_ns();
   incident.what = view.why;
   measure_progress(table, incident);
@@ -250,6 +250,9 @@ bool Agent::regain_store() {
   for (;;) {
     const int64_t now = now_ns();
     Incident incident = *store_lost_;
+    // The job learns of it only now: the detection, as the leader places
+    // the fault, ends here.
+    incident.detected_ns = now;
     incident.what = fmt::format(
         "node {} lost the coordinator's store for {:.1f} s and its agent stopped its workers ({})",
         options_.node_rank, (now - incident.fault_ns) * 1e-9, store_lost_->what);
@@ -272,7 +275,10 @@ bool Agent::regain_store() {
     const timespec tick{0, kAgentTickMs * kNsPerMs};
     const int sig = ::sigtimedwait(&watched, nullptr, &tick);
     if (sig == SIGINT || sig == SIGTERM || sig == SIGHUP) {
+      // The launcher's signal ends the job on every node, as anywhere else.
       received_signal_ = sig;
+      report_end(
+          fmt::format("the launcher of node {} received {}", options_.node_rank, signal_name(sig)));
       return false;
     }
   }
@@ -338,7 +344,7 @@ Agent::Outcome Agent::settle_generation(Outcome outcome) {
       case State::kEnded:
         // This node's own failure, the job's cause, is said as on one node.
         if (failure_ && view.cause && view.cause->node == options_.node_rank &&
-            view.cause->rank == failure_->rank) {
+            view.cause->rank == failure_->rank && view.cause->kind == failure_->kind) {
           will_restart_ = false;
           return Outcome::kFailed;
         }

@@ -512,12 +512,13 @@ std::optional<JobView> Coordinator::lead_end(const nlohmann::json& end, int64_t 
 
 std::optional<Incident> Coordinator::choose_cause() {
   std::optional<Incident> best;
-  // The likeliest cause first: an injected fault, a worker killed by a
-  // signal or a node that lost the store (its agent killed its workers), a
-  // hang, then an error exit (most often a peer's death seen through a
+  // The likeliest cause first: an injected fault, a node that lost the
+  // store (its own agent killed its workers: any peer's death, by a signal
+  // or an error, follows from it), a worker killed by a signal, a hang,
+  // then an error exit (most often a peer's death seen through a
   // collective); then by node.
   auto rank_of = [](const Incident& i) {
-    return std::make_tuple(!i.injected, !i.signal.has_value() && i.kind != "store_lost",
+    return std::make_tuple(!i.injected, i.kind != "store_lost", !i.signal.has_value(),
                            i.kind != "hang", i.node);
   };
   const bool rejoin = read_rejoin(generation_).has_value();

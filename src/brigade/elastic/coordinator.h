@@ -25,9 +25,10 @@
 //   - A failure reported anywhere in g stops every node's workers (each
 //     agent sees reports > 0 on its next poll). Once every node has said its
 //     workers of g are gone, the leader picks the likeliest cause among the
-//     reports (an injected fault, then a worker killed by a signal, then a
-//     hang, then an error exit, which is most often a peer's death seen
-//     through a collective), and opens g+1 for all nodes at once while
+//     reports (an injected fault, then a node that lost the store, then a
+//     worker killed by a signal, then a hang, then an error exit, which is
+//     most often a peer's death seen through a collective), and opens g+1
+//     for all nodes at once while
 //     restarts are left (g < max_restarts: restarts are counted across the
 //     job, never per node), else ends the job with that cause.
 //   - An agent whose beat has not moved for agent_timeout_ms (2 s: its
@@ -63,9 +64,10 @@
 //     that could end a healthy job when the store was only slow. If the
 //     store answers again while the node is still in the job
 //     (regain_store()), the node reports the loss as its failure (kind
-//     "store_lost", ranked with a worker killed by a signal: its peers'
-//     collective errors are its consequences) and every node restarts in
-//     place. Otherwise it leaves, and the leader finds it silent within
+//     "store_lost": its peers' deaths are its consequences) and every node
+//     restarts in place. A loss while the workers are already stopped (the
+//     generation's decision awaited) is not regained. Otherwise it leaves,
+//     and the leader finds it silent within
 //     agent_timeout_ms and gives its rank to a standby or stops every
 //     node, so node 0's workers do not sit in collectives with this
 //     node's until the collective timeout. An agent that finds the leader

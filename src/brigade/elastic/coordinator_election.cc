@@ -117,11 +117,16 @@ void Coordinator::take_over(int old, int64_t now_ns) {
 }
 
 std::optional<JobView> Coordinator::regain_store(Incident incident, int64_t now_ns) {
-  try {
+  // Out of the job: declared lost, or the job ended without this node.
+  auto out = [this]() -> std::optional<JobView> {
     if (const auto lost = check_not_lost()) return *lost;
     if (const auto end = store_.try_get(end_key()); end && !end_from_lost_node(*end)) {
       return ended_view(*end);
     }
+    return std::nullopt;
+  };
+  try {
+    if (auto view = out()) return view;
     if (store_.elects_leader() && leader() && !store_.renew_lease()) return deposed_view();
     // A leader's silence clocks ran on while it saw nothing (under etcd a
     // blip cuts every node at once): from now, as after a takeover.
@@ -132,7 +137,9 @@ std::optional<JobView> Coordinator::regain_store(Incident incident, int64_t now_
     report_failure(std::move(incident));
     store_.add(beat_key_, 1);
     next_beat_ns_ = now_ns + options_.beat_interval_ms * kNsPerMs;
-    return std::nullopt;
+    // Declared lost (or the job ended) between the first look and the
+    // report, which send_report() then left out: leave all the same.
+    return out();
   } catch (const MalformedValue& e) {
     JobView v;
     v.state = JobView::State::kEnded;
