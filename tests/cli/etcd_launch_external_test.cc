@@ -58,6 +58,20 @@ class EtcdLaunch : public ::testing::Test {
   void TearDown() override {
     EXPECT_TRUE(testing::wait_until_gone(dir_.path().string(), std::chrono::seconds(30)));
   }
+  // Both nodes' launchers of `sh -c script` (one restart allowed) at `rdzv`,
+  // each in a thread writing its outcome into r (2 entries) once it ends.
+  std::vector<std::thread> start_nodes(const std::string& rdzv, const std::string& script,
+                                       std::vector<Output>& r) {
+    std::vector<std::thread> nodes;
+    for (int node = 0; node < 2; ++node) {
+      std::vector<std::string> args = launch_args(node, rdzv, etcd_->url(), kToken);
+      for (const char* a : {"--max-restarts", "1", "--", "sh", "-c"}) args.push_back(a);
+      args.push_back(script);
+      nodes.emplace_back(
+          [&r, node, args] { r[node] = run_brigade(args, std::chrono::seconds(120)); });
+    }
+    return nodes;
+  }
   std::unique_ptr<testing::EtcdServer> etcd_;
   testing::TempDir dir_{"brigade_etcd_launch"};
 };
@@ -82,14 +96,7 @@ TEST_F(EtcdLaunch, AKilledWorkerRestartsEveryNodeThroughEtcd) {
   const uint16_t port = testing::free_port();
   const std::string rdzv = "127.0.0.1:" + std::to_string(port);
   std::vector<Output> r(2);
-  std::vector<std::thread> nodes;
-  for (int node = 0; node < 2; ++node) {
-    std::vector<std::string> args = launch_args(node, rdzv, etcd_->url(), kToken);
-    for (const char* a : {"--max-restarts", "1", "--", "sh", "-c"}) args.push_back(a);
-    args.push_back(script);
-    nodes.emplace_back(
-        [&r, node, args] { r[node] = run_brigade(args, std::chrono::seconds(120)); });
-  }
+  std::vector<std::thread> nodes = start_nodes(rdzv, script, r);
   for (std::thread& t : nodes) t.join();
   EXPECT_EQ(r[0].status, 0) << "node 0:\n" << r[0].err << "\nnode 1:\n" << r[1].err;
   EXPECT_EQ(r[1].status, 0) << "node 1:\n" << r[1].err << "\nnode 0:\n" << r[0].err;
@@ -136,14 +143,7 @@ TEST_F(EtcdLaunch, AnEtcdBlipThatCutsEveryNodeRestartsThemInPlace) {
                              out + "/done.$RANK";
   const std::string rdzv = "127.0.0.1:" + std::to_string(testing::free_port());
   std::vector<Output> r(2);
-  std::vector<std::thread> nodes;
-  for (int node = 0; node < 2; ++node) {
-    std::vector<std::string> args = launch_args(node, rdzv, etcd_->url(), kToken);
-    for (const char* a : {"--max-restarts", "1", "--", "sh", "-c"}) args.push_back(a);
-    args.push_back(script);
-    nodes.emplace_back(
-        [&r, node, args] { r[node] = run_brigade(args, std::chrono::seconds(120)); });
-  }
+  std::vector<std::thread> nodes = start_nodes(rdzv, script, r);
   // Every worker of generation 0 runs: their pids.
   std::vector<pid_t> workers;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);

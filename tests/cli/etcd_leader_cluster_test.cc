@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "brigade/elastic/etcd_store.h"
+#include "testing/etcd_leader_job.h"
 #include "testing/etcd_server.h"
 #include "testing/fake_cluster.h"
 #include "testing/run_brigade.h"
@@ -35,23 +36,6 @@ using namespace std::chrono_literals;
 constexpr char kToken[] = "etcd-leader-cluster-token";
 constexpr char kNet[] = "10.88.31";
 
-constexpr char kTraining[] = R"(
-[train]
-micro_batch = 2
-grad_accum = 2
-steps = 8
-seed = 5
-checkpoint_every = 1
-[optim]
-lr = 3e-3
-min_lr = 3e-3
-[data]
-synthetic = true
-[parallel]
-dp = 3
-timeout_s = 30
-)";
-
 TEST(EtcdLeaderCluster, ALeaderCutOffIsReplacedAndLeavesByItself) {
   SKIP_WITHOUT_FAKE_CLUSTER();
   if (!testing::etcd_installed()) GTEST_SKIP() << testing::etcd_skip_reason();
@@ -65,7 +49,7 @@ TEST(EtcdLeaderCluster, ALeaderCutOffIsReplacedAndLeavesByItself) {
   ASSERT_TRUE(etcd.ok());
   ASSERT_TRUE(etcd.add_job(elastic::etcd_user(kToken), kToken, elastic::etcd_prefix(kToken)));
   const fs::path config = dir.path() / "config.toml";
-  std::ofstream(config) << testing::kTinyModelToml << kTraining;
+  std::ofstream(config) << testing::kTinyModelToml << testing::kEtcdLeaderTraining;
   const fs::path run = dir.path() / "run";
   Started started;  // the ASSERTs below return early
   std::vector<pid_t> pids(3);

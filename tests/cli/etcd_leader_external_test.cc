@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "brigade/elastic/etcd_store.h"
+#include "testing/etcd_leader_job.h"
 #include "testing/etcd_server.h"
 #include "testing/free_port.h"
 #include "testing/processes.h"
@@ -35,23 +36,6 @@ using testing::read_failures;
 using testing::run_brigade;
 constexpr char kToken[] = "etcd-leader-test-token";
 
-constexpr char kTraining[] = R"(
-[train]
-micro_batch = 2
-grad_accum = 2
-steps = 8
-seed = 5
-checkpoint_every = 1
-[optim]
-lr = 3e-3
-min_lr = 3e-3
-[data]
-synthetic = true
-[parallel]
-dp = 3
-timeout_s = 30
-)";
-
 class EtcdLeader : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -59,7 +43,7 @@ class EtcdLeader : public ::testing::Test {
     etcd_ = std::make_unique<testing::EtcdServer>();
     ASSERT_TRUE(etcd_->ok());
     ASSERT_TRUE(etcd_->add_job(elastic::etcd_user(kToken), kToken, elastic::etcd_prefix(kToken)));
-    std::ofstream(config_) << testing::kTinyModelToml << kTraining;
+    std::ofstream(config_) << testing::kTinyModelToml << testing::kEtcdLeaderTraining;
   }
   void TearDown() override {
     EXPECT_TRUE(testing::wait_until_gone(dir_.path().string(), std::chrono::seconds(30)));

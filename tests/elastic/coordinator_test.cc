@@ -92,6 +92,30 @@ class CoordinatorTest : public ::testing::Test {
   TcpStoreServer server_{"127.0.0.1", 0, kToken};
 };
 
+// Node 1 of 2 (3 restarts) over a FlakyStore, and node 0, both polled
+// from 0 to 1 s: their beats seen, nothing failed.
+class FlakyNodeTest : public CoordinatorTest {
+ protected:
+  FlakyNodeTest() {
+    CoordinatorOptions o;
+    o.nnodes = 2;
+    o.node_rank = 1;
+    o.max_restarts = 3;
+    n1 = std::make_unique<Coordinator>(flaky, o, 0);
+    for (; t <= 1'000 * kMs; t += 100 * kMs) {
+      EXPECT_EQ(n1->poll(t).state, State::kRunning) << t / kMs;
+      EXPECT_EQ(n0->poll(t).state, State::kRunning) << t / kMs;
+    }
+  }
+  std::unique_ptr<Node> node0 = node(0);
+  Coordinator* n0 = node0->coordinator.get();
+  TcpStore client{"127.0.0.1", server_.port(), kToken, 1'000};
+  TcpCoordinatorStore real{client};
+  FlakyStore flaky{real};
+  std::unique_ptr<Coordinator> n1;
+  int64_t t = 0;
+};
+
 TEST_F(CoordinatorTest, AFailureAnywhereStopsEveryNodeAndAllRestartTogether) {
   auto n0 = node(0), n1 = node(1);
   int64_t t = 50 * kMs;
@@ -267,22 +291,9 @@ TEST_F(CoordinatorTest, TheOtherNodesNoticeASilentLeaderAndEndTheJob) {
 // node): node 1 leaves (lost_coordinator) and writes no end, so a store
 // that was only slow ends no healthy job; the leader finds node 1 silent
 // after the allowed 2 s and names it lost, not the store.
-TEST_F(CoordinatorTest, AStoreCallThatTimedOutEndsOnlyItsNode) {
-  auto n0 = node(0);
-  TcpStore client("127.0.0.1", server_.port(), kToken, 1'000);
-  TcpCoordinatorStore real(client);
-  FlakyStore flaky(real);
-  CoordinatorOptions o;
-  o.nnodes = 2;
-  o.node_rank = 1;
-  Coordinator n1(flaky, o, 0);
-  int64_t t = 0;
-  for (; t <= 1'000 * kMs; t += 100 * kMs) {
-    EXPECT_EQ(n1.poll(t).state, State::kRunning) << t / kMs;
-    EXPECT_EQ(n0->coordinator->poll(t).state, State::kRunning) << t / kMs;
-  }
+TEST_F(FlakyNodeTest, AStoreCallThatTimedOutEndsOnlyItsNode) {
   flaky.failing = 1;
-  const JobView v = n1.poll(t);
+  const JobView v = n1->poll(t);
   ASSERT_EQ(v.state, State::kEnded);
   EXPECT_TRUE(v.lost_coordinator);
   EXPECT_NE(v.why.find("lost contact with the coordinator's store at 127.0.0.1:"),
@@ -292,9 +303,9 @@ TEST_F(CoordinatorTest, AStoreCallThatTimedOutEndsOnlyItsNode) {
   EXPECT_FALSE(real.try_get(detail::end_key()));
   // The last beat node 0 saw was at 1000 ms.
   for (; t <= 3'000 * kMs; t += 100 * kMs) {
-    EXPECT_EQ(n0->coordinator->poll(t).state, State::kRunning) << t / kMs;
+    EXPECT_EQ(n0->poll(t).state, State::kRunning) << t / kMs;
   }
-  const JobView leader = n0->coordinator->poll(t);
+  const JobView leader = n0->poll(t);
   ASSERT_EQ(leader.state, State::kEnded);
   EXPECT_EQ(leader.lost_node, 1);
   EXPECT_FALSE(leader.lost_coordinator);
@@ -307,23 +318,9 @@ TEST_F(CoordinatorTest, AStoreCallThatTimedOutEndsOnlyItsNode) {
 // 0's workers' error exits (their peers were killed by node 1's agent),
 // and both nodes restart in place. Later, found silent first, the same
 // node is told the job ended without it.
-TEST_F(CoordinatorTest, ANodeThatReachesTheStoreAgainInTimeRestartsInPlace) {
-  auto n0 = node(0);
-  TcpStore client("127.0.0.1", server_.port(), kToken, 1'000);
-  TcpCoordinatorStore real(client);
-  FlakyStore flaky(real);
-  CoordinatorOptions o;
-  o.nnodes = 2;
-  o.node_rank = 1;
-  o.max_restarts = 3;
-  Coordinator n1(flaky, o, 0);
-  int64_t t = 0;
-  for (; t <= 1'000 * kMs; t += 100 * kMs) {
-    ASSERT_EQ(n1.poll(t).state, State::kRunning) << t / kMs;
-    ASSERT_EQ(n0->coordinator->poll(t).state, State::kRunning) << t / kMs;
-  }
+TEST_F(FlakyNodeTest, ANodeThatReachesTheStoreAgainInTimeRestartsInPlace) {
   flaky.failing = 2;
-  const JobView v = n1.poll(t);
+  const JobView v = n1->poll(t);
   ASSERT_EQ(v.state, State::kEnded);
   EXPECT_TRUE(v.lost_coordinator);
   EXPECT_TRUE(v.store_unreachable);
@@ -331,13 +328,13 @@ TEST_F(CoordinatorTest, ANodeThatReachesTheStoreAgainInTimeRestartsInPlace) {
   lost.kind = "store_lost";
   lost.rank = -1;
   lost.what = "node 1 lost the coordinator's store";
-  EXPECT_THROW(n1.regain_store(lost, t += 100 * kMs), Error);  // not yet
-  EXPECT_FALSE(n1.regain_store(lost, t += 100 * kMs).has_value());
-  n0->coordinator->report_failure(crash(0, false, false));
-  n1.report_stopped(false);
-  n0->coordinator->report_stopped(false);
-  n0->coordinator->poll(t += 100 * kMs);  // the leader decides (node 1 beat again)
-  for (Coordinator* c : {n0->coordinator.get(), &n1}) {
+  EXPECT_THROW(n1->regain_store(lost, t += 100 * kMs), Error);  // not yet
+  EXPECT_FALSE(n1->regain_store(lost, t += 100 * kMs).has_value());
+  n0->report_failure(crash(0, false, false));
+  n1->report_stopped(false);
+  n0->report_stopped(false);
+  n0->poll(t += 100 * kMs);  // the leader decides (node 1 beat again)
+  for (Coordinator* c : {n0, n1.get()}) {
     const JobView next = c->poll(t += 100 * kMs);
     ASSERT_EQ(next.state, State::kRestart) << next.why;
     EXPECT_EQ(next.cause->kind, "store_lost");
@@ -346,12 +343,12 @@ TEST_F(CoordinatorTest, ANodeThatReachesTheStoreAgainInTimeRestartsInPlace) {
     EXPECT_EQ(c->members(), (std::vector<int>{0, 1}));
   }
   // Generation 1: node 1 loses the store for longer than node 0 waits.
-  ASSERT_EQ(n1.poll(t += 100 * kMs).state, State::kRunning);
+  ASSERT_EQ(n1->poll(t += 100 * kMs).state, State::kRunning);
   flaky.failing = 1'000;
-  ASSERT_TRUE(n1.poll(t).store_unreachable);
-  for (int i = 0; i < 25; ++i) n0->coordinator->poll(t += 100 * kMs);
+  ASSERT_TRUE(n1->poll(t).store_unreachable);
+  for (int i = 0; i < 25; ++i) n0->poll(t += 100 * kMs);
   flaky.failing = 0;
-  const auto out = n1.regain_store(lost, t += 100 * kMs);
+  const auto out = n1->regain_store(lost, t += 100 * kMs);
   ASSERT_TRUE(out.has_value());
   // The job ended without it (no standby, no fewer nodes allowed): node 1
   // leaves with the leader's reason, and reports nothing.
