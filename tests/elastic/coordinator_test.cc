@@ -358,6 +358,27 @@ TEST_F(FlakyNodeTest, ANodeThatReachesTheStoreAgainInTimeRestartsInPlace) {
   EXPECT_FALSE(real.try_get(coordinator_key("gen/1/failure/1")));
 }
 
+// Node 1 loses the store while the generation's decision is awaited (its
+// workers stopped for node 0's failure): back in time it only beats again,
+// reporting nothing, and the cause stays node 0's.
+TEST_F(FlakyNodeTest, ALossWhileTheDecisionIsAwaitedIsRegainedWithoutAReport) {
+  n0->report_failure(crash(0, false, true));
+  ASSERT_EQ(n1->poll(t += 100 * kMs).state, State::kFailing);
+  n1->report_stopped(false);
+  flaky.failing = 1;
+  ASSERT_TRUE(n1->poll(t += 100 * kMs).store_unreachable);
+  EXPECT_FALSE(n1->regain_store(std::nullopt, t += 100 * kMs).has_value());
+  EXPECT_FALSE(real.try_get(coordinator_key("gen/0/failure/1")));
+  n0->report_stopped(false);
+  n0->poll(t += 100 * kMs);  // the leader decides
+  for (Coordinator* c : {n0, n1.get()}) {
+    const JobView next = c->poll(t += 100 * kMs);
+    ASSERT_EQ(next.state, State::kRestart) << next.why;
+    EXPECT_EQ(next.cause->node, 0);
+    EXPECT_EQ(next.cause->kind, "crash");
+  }
+}
+
 // A report the store did not take (its call timed out) is sent again: the
 // failure is not lost with it.
 TEST_F(CoordinatorTest, AFailureReportTheStoreDidNotTakeIsSentAgain) {

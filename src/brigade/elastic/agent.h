@@ -266,12 +266,12 @@ class Agent {
   // (store_lost_).
   void note_store_loss(const JobView& view, const HeartbeatTable& table);
   Outcome settle_generation(Outcome outcome);
-  // The store lost (store_lost_), the workers stopped: tries it again
-  // until the leader has surely declared this node lost (twice
-  // agent_timeout_ms after it last answered). True once it answered and
-  // took this node's report: the job restarts in place. False to leave
-  // (remote_failure_ says why), or on a signal (received_signal_).
-  bool regain_store();
+  // The store lost, the workers stopped: tries it again until the leader
+  // has surely declared this node lost (twice agent_timeout_ms after it
+  // last answered). True once it answered (and, with `report`, took
+  // store_lost_ as this node's failure: the job restarts in place). False
+  // to leave (remote_failure_ says why), or on a signal (received_signal_).
+  bool regain_store(bool report);
   // A standby: waits for a node (true: options_.node_rank and generation_
   // are set), or returns false with *status the launcher's exit status.
   bool wait_for_a_node(int* status);

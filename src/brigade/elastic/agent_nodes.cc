@@ -242,31 +242,41 @@ void Agent::note_store_loss(const JobView& view, const HeartbeatTable& table) {
   store_lost_ = std::move(incident);
 }
 
-bool Agent::regain_store() {
-  if (!store_lost_) return false;
-  const int64_t give_up_ns =
-      store_lost_->fault_ns + 2 * coordinator_->agent_timeout_ms() * kNsPerMs;
+bool Agent::regain_store(bool report) {
+  if (report && !store_lost_) return false;
+  const int64_t give_up_ns = store_answered_ns_ + 2 * coordinator_->agent_timeout_ms() * kNsPerMs;
   const sigset_t watched = watched_signals();
   for (;;) {
     const int64_t now = now_ns();
-    Incident incident = *store_lost_;
-    // The job learns of it only now: the detection, as the leader places
-    // the fault, ends here.
-    incident.detected_ns = now;
-    incident.what = fmt::format(
-        "node {} lost the coordinator's store for {:.1f} s and its agent stopped its workers ({})",
-        options_.node_rank, (now - incident.fault_ns) * 1e-9, store_lost_->what);
+    std::optional<Incident> incident;
+    if (report) {
+      incident = *store_lost_;
+      // The job learns of it only now: the detection, as the leader places
+      // the fault, ends here.
+      incident->detected_ns = now;
+      incident->what = fmt::format(
+          "node {} lost the coordinator's store for {:.1f} s and its agent stopped its workers "
+          "({})",
+          options_.node_rank, (now - incident->fault_ns) * 1e-9, store_lost_->what);
+    }
     try {
       if (const auto out = coordinator_->regain_store(incident, now)) {
         remote_failure_ = out->why;
         return false;
       }
-      std::fprintf(stderr, "brigade launch: %s; it reached the store again: restarting in place\n",
-                   incident.what.c_str());
+      const std::string what =
+          report ? incident->what
+                 : fmt::format("node {} lost the coordinator's store for {:.1f} s",
+                               options_.node_rank, (now - store_answered_ns_) * 1e-9);
+      std::fprintf(stderr, "brigade launch: %s; it reached the store again%s\n", what.c_str(),
+                   report ? ": restarting in place" : "");
       std::fflush(stderr);
+      store_answered_ns_ = now;
       lost_coordinator_ = false;
-      remote_failure_.clear();
-      if (!failure_) failure_ = std::move(incident);
+      if (report) {
+        remote_failure_.clear();
+        if (!failure_) failure_ = std::move(*incident);
+      }
       return true;
     } catch (const Error&) {
       // Not yet: the store still does not answer.
@@ -303,7 +313,8 @@ Agent::Outcome Agent::settle_generation(Outcome outcome) {
     return failure_ ? Outcome::kFailed : Outcome::kRemoteFailure;
   };
   if (lost_coordinator_) {
-    if (outcome == Outcome::kSignalled || (!regain_store() && received_signal_ != 0)) {
+    if (outcome == Outcome::kSignalled ||
+        (!regain_store(/*report=*/true) && received_signal_ != 0)) {
       will_restart_ = false;
       return Outcome::kSignalled;  // exits 128 + the signal
     }
@@ -325,7 +336,20 @@ Agent::Outcome Agent::settle_generation(Outcome outcome) {
   const sigset_t watched = watched_signals();
   for (;;) {
     const JobView view = coordinator_->poll(now_ns());
+    if (!view.store_unreachable) store_answered_ns_ = now_ns();
+    const std::string said = remote_failure_;
     follow_job(view, nullptr);
+    if (view.store_unreachable && lost_coordinator_) {
+      // Lost while the decision is awaited, the workers stopped already:
+      // back in time, this node only waits on (an etcd blip cuts every
+      // node at once, the leader too).
+      if (regain_store(/*report=*/false)) {
+        remote_failure_ = said;
+        continue;
+      }
+      will_restart_ = false;
+      return received_signal_ != 0 ? Outcome::kSignalled : Outcome::kRemoteFailure;
+    }
     switch (view.state) {
       case State::kSucceeded:
         return Outcome::kSucceeded;

@@ -116,7 +116,7 @@ void Coordinator::take_over(int old, int64_t now_ns) {
   settle_until_ns_ = now_ns + 3 * options_.beat_interval_ms * kNsPerMs;
 }
 
-std::optional<JobView> Coordinator::regain_store(Incident incident, int64_t now_ns) {
+std::optional<JobView> Coordinator::regain_store(std::optional<Incident> incident, int64_t now_ns) {
   // Out of the job: declared lost, or the job ended without this node.
   auto out = [this]() -> std::optional<JobView> {
     if (const auto lost = check_not_lost()) return *lost;
@@ -134,7 +134,7 @@ std::optional<JobView> Coordinator::regain_store(Incident incident, int64_t now_
       last_beat_[n] = -1;
       beat_changed_ns_[n] = now_ns;
     }
-    report_failure(std::move(incident));
+    if (incident) report_failure(std::move(*incident));
     store_.add(beat_key_, 1);
     next_beat_ns_ = now_ns + options_.beat_interval_ms * kNsPerMs;
     // Declared lost (or the job ended) between the first look and the
