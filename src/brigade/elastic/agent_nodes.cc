@@ -261,7 +261,9 @@ bool Agent::regain_store(bool report) {
     }
     try {
       if (const auto out = coordinator_->regain_store(incident, now)) {
-        remote_failure_ = out->why;
+        // Declared lost, deposed, or the job ended: the view says why (and
+        // an end is no longer a lost coordinator's: it is read as such).
+        follow_job(*out, nullptr);
         return false;
       }
       const std::string what =
@@ -320,36 +322,61 @@ Agent::Outcome Agent::settle_generation(Outcome outcome) {
     }
     if (lost_coordinator_) return leave();
   }
-  try {
-    coordinator_->report_stopped(outcome == Outcome::kSucceeded);
-  } catch (const NotLeader&) {
-    // Another node leads now: it decides this generation, not this node.
-    remote_failure_ = coordinator_->deposed_view().why;
+  // The store lost once this node's part is in (its failure reported, its
+  // stop being reported or the decision awaited; an etcd blip cuts every
+  // node at once, the leader too): back in time, it only beats again and
+  // goes on waiting. True to look again (back, or the job's end to read);
+  // false to leave, remote_failure_ saying why, or on a signal.
+  auto regained = [&](const std::string& why) {
+    const std::string said = remote_failure_;
+    remote_failure_ = why;
     lost_coordinator_ = true;
-    return leave();
-  } catch (const Error& e) {
-    remote_failure_ = fmt::format("lost contact with the coordinator: {}", e.what());
-    lost_coordinator_ = !coordinator_->leader() || coordinator_->elects_leader();
-    return leave();
+    if (regain_store(/*report=*/false)) {
+      remote_failure_ = said;
+      return true;
+    }
+    return !lost_coordinator_ && received_signal_ == 0;
+  };
+  auto signalled = [this] {
+    will_restart_ = false;
+    stopped_count_ = 0;  // stopped before the signal came
+    return Outcome::kSignalled;
+  };
+  for (;;) {
+    try {
+      coordinator_->report_stopped(outcome == Outcome::kSucceeded);
+      break;
+    } catch (const NotLeader&) {
+      // Another node leads now: it decides this generation, not this node.
+      remote_failure_ = coordinator_->deposed_view().why;
+      lost_coordinator_ = true;
+      return leave();
+    } catch (const Error& e) {
+      const std::string why = fmt::format("lost contact with the coordinator: {}", e.what());
+      // Node 0's own store (the built-in backend) is nothing to wait for,
+      // nor is any store once the launcher had a signal.
+      if (outcome == Outcome::kSignalled ||
+          (coordinator_->leader() && !coordinator_->elects_leader())) {
+        remote_failure_ = why;
+        lost_coordinator_ = !coordinator_->leader() || coordinator_->elects_leader();
+        return leave();
+      }
+      if (regained(why)) continue;
+      if (received_signal_ != 0) return signalled();
+      return leave();
+    }
   }
   if (outcome == Outcome::kSignalled) return outcome;
   const sigset_t watched = watched_signals();
   for (;;) {
     const JobView view = coordinator_->poll(now_ns());
-    if (!view.store_unreachable) store_answered_ns_ = now_ns();
-    const std::string said = remote_failure_;
-    follow_job(view, nullptr);
-    if (view.store_unreachable && lost_coordinator_) {
-      // Lost while the decision is awaited, the workers stopped already:
-      // back in time, this node only waits on (an etcd blip cuts every
-      // node at once, the leader too).
-      if (regain_store(/*report=*/false)) {
-        remote_failure_ = said;
-        continue;
-      }
-      will_restart_ = false;
-      return received_signal_ != 0 ? Outcome::kSignalled : Outcome::kRemoteFailure;
+    if (view.store_unreachable && view.lost_coordinator) {
+      if (regained(view.why)) continue;
+      if (received_signal_ != 0) return signalled();
+      return leave();
     }
+    if (!view.store_unreachable) store_answered_ns_ = now_ns();
+    follow_job(view, nullptr);
     switch (view.state) {
       case State::kSucceeded:
         return Outcome::kSucceeded;

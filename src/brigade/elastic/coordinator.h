@@ -65,10 +65,10 @@
 //     store answers again while the node is still in the job
 //     (regain_store()), the node reports the loss as its failure (kind
 //     "store_lost": its peers' deaths are its consequences) and every node
-//     restarts in place; a loss while the generation's decision is awaited
-//     (its workers already stopped) is regained without a report, the
-//     cause being another's. Otherwise it leaves, and the leader finds it
-//     silent within
+//     restarts in place; a loss once its part is in (its stop being
+//     reported, or the generation's decision awaited) is regained without
+//     a report: there is nothing more to say. Otherwise it leaves, and the
+//     leader finds it silent within
 //     agent_timeout_ms and gives its rank to a standby or stops every
 //     node, so node 0's workers do not sit in collectives with this
 //     node's until the collective timeout. An agent that finds the leader
@@ -396,8 +396,8 @@ class Coordinator {
   // failure report (unless one of its own came first) and the agent beats
   // again: the leader stops every node and restarts them in place, the
   // same world size, rather than finding this node silent and going on
-  // without it. Without an incident (the loss came while the generation's
-  // decision was awaited, its cause another's) it only beats again. Its
+  // without it. Without an incident (the loss came once this node's part
+  // was in: its stop reported, the decision awaited) it only beats again. Its
   // view of the other agents' beats starts afresh: it saw none while it
   // was cut off. Returns nullopt then, or the view to leave by (kEnded);
   // throws Error while the store still does not answer.
