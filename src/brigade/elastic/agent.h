@@ -270,7 +270,9 @@ class Agent {
   // has surely declared this node lost (twice agent_timeout_ms after it
   // last answered). True once it answered (and, with `report`, took
   // store_lost_ as this node's failure: the job restarts in place). False
-  // to leave (remote_failure_ says why), or on a signal (received_signal_).
+  // to leave (remote_failure_ says why), on a signal (received_signal_), or
+  // when the store answered with the job's end (lost_coordinator_ false:
+  // the end is read as any node's).
   bool regain_store(bool report);
   // A standby: waits for a node (true: options_.node_rank and generation_
   // are set), or returns false with *status the launcher's exit status.
