@@ -68,11 +68,11 @@
 //     restarts in place; a loss once its part is in (its stop being
 //     reported, or the generation's decision awaited) is regained without
 //     a report: there is nothing more to say. Otherwise it leaves, and the
-//     leader finds it silent within
-//     agent_timeout_ms and gives its rank to a standby or stops every
-//     node, so node 0's workers do not sit in collectives with this
-//     node's until the collective timeout. An agent that finds the leader
-//     silent still tries once to end the job for everyone.
+//     leader finds it silent within agent_timeout_ms and gives its rank to
+//     a standby or stops every node, so node 0's workers do not sit in
+//     collectives with this node's until the collective timeout. An agent
+//     that finds the leader silent still tries once to end the job for
+//     everyone.
 // With the built-in store node 0 leads for good: its launcher hosts the
 // store, so its loss ends the job. With a store that elects a leader
 // (etcd: CoordinatorStore::elects_leader()), node 0 campaigns first and
@@ -397,9 +397,9 @@ class Coordinator {
   // again: the leader stops every node and restarts them in place, the
   // same world size, rather than finding this node silent and going on
   // without it. Without an incident (the loss came once this node's part
-  // was in: its stop reported, the decision awaited) it only beats again. Its
-  // view of the other agents' beats starts afresh: it saw none while it
-  // was cut off. Returns nullopt then, or the view to leave by (kEnded);
+  // was in: its stop reported, the decision awaited) it only beats again.
+  // Its view of the other agents' beats starts afresh: it saw none while
+  // it was cut off. Returns nullopt then, or the view to leave by (kEnded);
   // throws Error while the store still does not answer.
   std::optional<JobView> regain_store(std::optional<Incident> incident, int64_t now_ns);
   int64_t agent_timeout_ms() const { return options_.agent_timeout_ms; }
