@@ -102,6 +102,10 @@ TEST(EtcdLeaderCluster, ALeaderCutOffIsReplacedAndLeavesByItself) {
   EXPECT_EQ(incident.at("kind"), "node_lost") << incident.dump();
   EXPECT_EQ(incident.at("node"), 0) << incident.dump();
   EXPECT_EQ(incident.value("nodes", 0), 2) << incident.dump();
+  // Scope 2: a node's loss of the network known within 3 s, the leader's
+  // too (its silence past 2 s and its lease's expiry, at the takeover).
+  EXPECT_GE(incident.at("detected_after_ms").get<double>(), 2'000) << incident.dump();
+  EXPECT_LE(incident.at("detected_after_ms").get<double>(), 3'000) << incident.dump();
   EXPECT_EQ(lines.back().at("kind"), "summary") << lines.back().dump();
   // Every step was trained: the last checkpoint is step 8's.
   EXPECT_TRUE(fs::exists(run / "checkpoints" / "step_00000008")) << all;

@@ -169,9 +169,14 @@ TEST_F(EtcdElectionTest, WhenTheLeadersNodeIsLostAnotherLeadsAndTheJobGoesOnWith
     ASSERT_EQ(n1.poll(t).state, State::kRunning);
   }
   // Node 0's agent dies: it neither beats nor renews its lease.
+  const int64_t silent_from = t;
   ASSERT_TRUE(poll_until({&n1}, t, [&] { return n1.coordinator->leader(); }))
       << "node 1 never took over";
+  const int64_t took_over = t;
   EXPECT_EQ(n1.coordinator->leader_node(), 1);
+  // No standby to see beat first: node 0 is declared lost at the next poll.
+  n1.poll(t += 100 * kMs);
+  EXPECT_NE(n1.coordinator->declared_lost(0), nullptr);
   // The new leader declared node 0 lost: node 1 stops its workers.
   ASSERT_TRUE(poll_until({&n1}, t, [&] { return n1.poll(t).state == State::kFailing; }));
   n1.coordinator->report_stopped(false);
@@ -183,6 +188,14 @@ TEST_F(EtcdElectionTest, WhenTheLeadersNodeIsLostAnotherLeadsAndTheJobGoesOnWith
   EXPECT_EQ(v.cause->node, 0);
   EXPECT_EQ(v.cause->nodes, 1);
   EXPECT_NE(v.cause->what.find("node 0 is lost"), std::string::npos) << v.cause->what;
+  // Detected when node 1 took over (the silence past 2 s, the lease gone),
+  // not after it settled: within scope 2's 3 s of the last beat it saw.
+  const Incident* lost = n1.coordinator->declared_lost(0);
+  ASSERT_NE(lost, nullptr);
+  EXPECT_EQ(lost->detected_ns, took_over);
+  EXPECT_LE(lost->fault_ns, silent_from);
+  EXPECT_GE(lost->detected_ns - lost->fault_ns, 2'000 * kMs);
+  EXPECT_LE(lost->detected_ns - lost->fault_ns, 3'000 * kMs);
   n1.coordinator->enter_next_generation();
   EXPECT_EQ(n1.coordinator->members(), (std::vector<int>{1}));
   EXPECT_EQ(n1.coordinator->member_index(), 0);

@@ -590,6 +590,7 @@ void Coordinator::enter_next_generation() {
   restarts_used_ = next_restarts_;
   lost_.clear();
   inherited_lost_.clear();
+  taken_from_ = -1;  // a later silence of that node is a new loss
   reported_failure_ = false;
   pending_report_.reset();
   reported_stopped_ = false;

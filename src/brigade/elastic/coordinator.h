@@ -540,6 +540,11 @@ class Coordinator {
   int leader_node_ = 0;
   bool deposed_ = false;
   int64_t settle_until_ns_ = 0;
+  // A new leader: the node it took over from and when. That node's loss was
+  // known then (silent past agent_timeout_ms, its lease gone); the settling
+  // after it is the recovery's, not the detection's.
+  int taken_from_ = -1;
+  int64_t taken_over_ns_ = 0;
 };
 
 // Throws Error unless `id` can name a machine (CoordinatorOptions::host):

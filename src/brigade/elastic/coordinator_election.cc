@@ -112,8 +112,12 @@ void Coordinator::take_over(int old, int64_t now_ns) {
     }
   }
   // A few of the standbys' beats before a decision on the old leader's
-  // node: a standby never seen beating is not free.
-  settle_until_ns_ = now_ns + 3 * options_.beat_interval_ms * kNsPerMs;
+  // node: a standby never seen beating is not free. With none that could
+  // be, nothing to wait for.
+  settle_until_ns_ =
+      standbys_->any_untaken() ? now_ns + 3 * options_.beat_interval_ms * kNsPerMs : now_ns;
+  taken_from_ = old;
+  taken_over_ns_ = now_ns;
 }
 
 std::optional<JobView> Coordinator::regain_store(std::optional<Incident> incident, int64_t now_ns) {

@@ -122,7 +122,7 @@ Incident Coordinator::lost_incident(int n, int64_t now_ns) {
   lost.node = n;
   lost.rank = -1;
   lost.generation = generation_;
-  lost.detected_ns = now_ns;
+  lost.detected_ns = n == taken_from_ ? taken_over_ns_ : now_ns;
   lost.fault_ns = beat_changed_ns_[n];
   lost.last_step = -1;
   const std::string key = node_fault_key(generation_, n);
@@ -133,7 +133,7 @@ Incident Coordinator::lost_incident(int n, int64_t now_ns) {
     lost.injected = true;
     if (*fault == "partition") lost.kind = "partition";
   }
-  const double silent_s = (now_ns - beat_changed_ns_[n]) * 1e-9;
+  const double silent_s = (lost.detected_ns - beat_changed_ns_[n]) * 1e-9;
   lost.what = fmt::format(
       "node {} is lost: its agent sent no heartbeat for {:.1f} s (the agent died, or the node "
       "lost its network{})",

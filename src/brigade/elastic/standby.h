@@ -24,6 +24,7 @@
 // the node's old key, which nobody watches any more.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -72,6 +73,12 @@ class StandbyPool {
   // for good, whether or not it ever starts.
   void assign(int standby, int node, int64_t generation);
   int registered() const { return static_cast<int>(standbys_.size()); }
+  // Whether a registered standby has no node: one a new leader must see
+  // beat before it can tell whether it is free.
+  bool any_untaken() const {
+    return std::any_of(standbys_.begin(), standbys_.end(),
+                       [](const Standby& s) { return !s.taken; });
+  }
 
  private:
   struct Standby {
