@@ -3,6 +3,7 @@
 // the agent strikes one of its workers (SIGKILL or SIGSTOP) or, across
 // nodes, its whole node (a partition or its own end). Kept apart from
 // agent.cc, whose loop only asks when the next one is due.
+#include <algorithm>
 #include <csignal>
 #include <cstdio>
 #include <vector>
