@@ -189,13 +189,13 @@ TEST_F(EtcdElectionTest, WhenTheLeadersNodeIsLostAnotherLeadsAndTheJobGoesOnWith
   EXPECT_EQ(v.cause->nodes, 1);
   EXPECT_NE(v.cause->what.find("node 0 is lost"), std::string::npos) << v.cause->what;
   // Detected when node 1 took over (the silence past 2 s, the lease gone),
-  // not after it settled: within scope 2's 3 s of the last beat it saw.
+  // not after it settled (the cluster test bounds it by 3 s in real time:
+  // here the lease runs out in real time and t lags it).
   const Incident* lost = n1.coordinator->declared_lost(0);
   ASSERT_NE(lost, nullptr);
   EXPECT_EQ(lost->detected_ns, took_over);
   EXPECT_LE(lost->fault_ns, silent_from);
   EXPECT_GE(lost->detected_ns - lost->fault_ns, 2'000 * kMs);
-  EXPECT_LE(lost->detected_ns - lost->fault_ns, 3'000 * kMs);
   n1.coordinator->enter_next_generation();
   EXPECT_EQ(n1.coordinator->members(), (std::vector<int>{1}));
   EXPECT_EQ(n1.coordinator->member_index(), 0);
@@ -212,6 +212,33 @@ TEST_F(EtcdElectionTest, WhenTheLeadersNodeIsLostAnotherLeadsAndTheJobGoesOnWith
   // Generation 1 succeeds on node 1 alone.
   n1.coordinator->report_stopped(true);
   EXPECT_EQ(n1.poll(t += 100 * kMs).state, State::kSucceeded);
+}
+
+// A new leader that lost the store between its takeover and its verdict
+// counts the old leader's silence afresh once it has the store again: the
+// loss is stamped when that silence ran out, never before its fault.
+TEST_F(EtcdElectionTest, ANewLeaderThatRegainsTheStoreStampsTheOldLeadersLossAfresh) {
+  EtcdAgent n0(etcd_->url(), 3, 1, 0), n1(etcd_->url(), 3, 1, 1), n2(etcd_->url(), 3, 1, 2);
+  int64_t t = 0;
+  for (; t <= 1'000 * kMs; t += 100 * kMs) {
+    for (EtcdAgent* a : {&n0, &n1, &n2}) ASSERT_EQ(a->poll(t).state, State::kRunning);
+  }
+  // Node 0's agent dies; one of the others takes over.
+  ASSERT_TRUE(poll_until({&n1, &n2}, t, [&] {
+    return n1.coordinator->leader() || n2.coordinator->leader();
+  })) << "nobody took over";
+  EtcdAgent& leader = n1.coordinator->leader() ? n1 : n2;
+  EtcdAgent& other = n1.coordinator->leader() ? n2 : n1;
+  // Its store call failed at once and it got through again: every silence
+  // is counted from here.
+  const int64_t regained = t;
+  ASSERT_FALSE(leader.coordinator->regain_store(std::nullopt, regained));
+  ASSERT_TRUE(poll_until({&leader, &other}, t, [&] {
+    return leader.coordinator->declared_lost(0);
+  })) << "node 0 never declared lost";
+  const Incident* lost = leader.coordinator->declared_lost(0);
+  EXPECT_GE(lost->fault_ns, regained);
+  EXPECT_GE(lost->detected_ns - lost->fault_ns, 2'000 * kMs);
 }
 
 // A leader that takes over keeps the losses the old one declared in this

@@ -122,7 +122,10 @@ Incident Coordinator::lost_incident(int n, int64_t now_ns) {
   lost.node = n;
   lost.rank = -1;
   lost.generation = generation_;
-  lost.detected_ns = n == taken_from_ ? taken_over_ns_ : now_ns;
+  // The node this leader took over from was known lost at the takeover,
+  // unless its silence was counted afresh since (a regained store).
+  lost.detected_ns =
+      n == taken_from_ && beat_changed_ns_[n] <= taken_over_ns_ ? taken_over_ns_ : now_ns;
   lost.fault_ns = beat_changed_ns_[n];
   lost.last_step = -1;
   const std::string key = node_fault_key(generation_, n);
@@ -192,7 +195,7 @@ std::optional<JobView> Coordinator::on_silent_node(int n, int64_t now_ns) {
                    {"lost_nodes", lost_nodes},
                    {"generation", generation_},
                    {"what", lost.what},
-                   {"silent_ms", (now_ns - beat_changed_ns_[n]) * 1e-6}},
+                   {"silent_ms", (lost.detected_ns - beat_changed_ns_[n]) * 1e-6}},
                   now_ns);
 }
 
