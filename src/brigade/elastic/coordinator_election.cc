@@ -133,13 +133,11 @@ std::optional<JobView> Coordinator::regain_store(std::optional<Incident> inciden
     if (auto view = out()) return view;
     if (store_.elects_leader() && leader() && !store_.renew_lease()) return deposed_view();
     // A leader's silence clocks ran on while it saw nothing (under etcd a
-    // blip cuts every node at once): from now, as after a takeover. A node
-    // this leader took over from is then judged on its silence from now too.
+    // blip cuts every node at once): from now, as after a takeover.
     for (int n = 0; n < options_.nnodes; ++n) {
       last_beat_[n] = -1;
       beat_changed_ns_[n] = now_ns;
     }
-    taken_from_ = -1;
     if (incident) report_failure(std::move(*incident));
     store_.add(beat_key_, 1);
     next_beat_ns_ = now_ns + options_.beat_interval_ms * kNsPerMs;

@@ -123,9 +123,10 @@ Incident Coordinator::lost_incident(int n, int64_t now_ns) {
   lost.rank = -1;
   lost.generation = generation_;
   // The node this leader took over from was known lost at the takeover,
-  // unless its silence was counted afresh since (a regained store).
+  // while the silence counted is still the one seen then (not counted
+  // afresh since: a regained store, a beat that moved).
   lost.detected_ns =
-      n == taken_from_ && beat_changed_ns_[n] <= taken_over_ns_ ? taken_over_ns_ : now_ns;
+      n == taken_from_ && beat_changed_ns_[n] < taken_over_ns_ ? taken_over_ns_ : now_ns;
   lost.fault_ns = beat_changed_ns_[n];
   lost.last_step = -1;
   const std::string key = node_fault_key(generation_, n);
@@ -136,7 +137,7 @@ Incident Coordinator::lost_incident(int n, int64_t now_ns) {
     lost.injected = true;
     if (*fault == "partition") lost.kind = "partition";
   }
-  const double silent_s = (lost.detected_ns - beat_changed_ns_[n]) * 1e-9;
+  const double silent_s = (lost.detected_ns - lost.fault_ns) * 1e-9;
   lost.what = fmt::format(
       "node {} is lost: its agent sent no heartbeat for {:.1f} s (the agent died, or the node "
       "lost its network{})",
@@ -195,7 +196,7 @@ std::optional<JobView> Coordinator::on_silent_node(int n, int64_t now_ns) {
                    {"lost_nodes", lost_nodes},
                    {"generation", generation_},
                    {"what", lost.what},
-                   {"silent_ms", (lost.detected_ns - beat_changed_ns_[n]) * 1e-6}},
+                   {"silent_ms", (lost.detected_ns - lost.fault_ns) * 1e-6}},
                   now_ns);
 }
 
